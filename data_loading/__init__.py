@@ -1,0 +1,1 @@
+"""Reading, preprocessing and augmenting KiTS19 volumes."""

@@ -1,0 +1,1 @@
+"""Network, loss and metric of the 3D U-Net benchmark."""

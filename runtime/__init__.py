@@ -1,0 +1,1 @@
+"""Training and evaluation loops, distributed helpers, logging and checkpoints."""

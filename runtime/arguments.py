@@ -1,0 +1,266 @@
+"""Command line -> one frozen, validated :class:`Config`.
+
+Every flag of the MLCommons reference keeps its name, default and meaning; the flags added
+here are marked "(new)" in their help. ``parse_args`` validates once and exits with code 2
+and a single line naming the flag on a bad value.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from model.layers import ACTIVATIONS, NORMALIZATIONS
+from model.unet3d import DEFAULT_FILTERS
+
+SHAPE_DIVISOR = 32  # 2 ** (number of down-sampling stages incl. the bottleneck)
+
+
+@dataclass(frozen=True)
+class Config:
+    # data and files
+    data_dir: str = "/data"
+    log_dir: str = "/tmp"
+    save_ckpt_path: str = ""
+    load_ckpt_path: str = ""
+    resume: bool = False
+    loader: str = "pytorch"
+    cache: str = "auto"
+    num_workers: int = 8
+    prefetch: int = 2
+    brightness: str = "reference"
+    # process
+    local_rank: int = 0
+    device: str = "auto"
+    exec_mode: str = "train"
+    benchmark: bool = False
+    seed: int = -1
+    verbose: bool = False
+    # schedule
+    epochs: int = 1
+    quality_threshold: float = 0.908
+    ga_steps: int = 1
+    warmup_steps: int = 4
+    batch_size: int = 2
+    evaluate_every: int | None = None
+    start_eval_at: int | None = None
+    # shapes
+    layout: str = "NCDHW"
+    input_shape: tuple[int, ...] = (128, 128, 128)
+    val_input_shape: tuple[int, ...] = (128, 128, 128)
+    # optimisation
+    optimizer: str = "sgd"
+    learning_rate: float = 1.0
+    init_learning_rate: float = 1e-4
+    lr_warmup_epochs: int = 0
+    lr_decay_epochs: tuple[int, ...] = ()
+    lr_decay_factor: float = 1.0
+    lamb_betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    # model
+    normalization: str = "instancenorm"
+    activation: str = "relu"
+    filters: tuple[int, ...] = DEFAULT_FILTERS
+    include_background: bool = False
+    # augmentation and evaluation
+    oversampling: float = 0.4
+    overlap: float = 0.5
+    sw_batch_size: int = 2
+    # speed
+    amp: bool = False
+    amp_dtype: str = "auto"
+    channels_last: bool = False
+    compile: bool = False
+    cuda_graphs: bool = False
+    fused_optimizer: bool = False
+    cudnn_benchmark: bool = False
+    cudnn_deterministic: bool = False
+    # MLPerf submission metadata
+    submission_org: str = "reference_implementation"
+    submission_platform: str = "unknown"
+    submission_division: str = "closed"
+    submission_status: str = "onprem"
+
+    @property
+    def is_train(self) -> bool:
+        return self.exec_mode == "train"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports errors in one line (no usage dump) and exits with code 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
+    p = _OneLineParser(prog=prog, description="3D U-Net on KiTS19 (MLPerf Training image "
+                       "segmentation): train, evaluate and benchmark.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = Config()
+    g = p.add_argument_group("data and files")
+    g.add_argument("--data_dir", default=d.data_dir, help="preprocessed dataset (case_XXXXX_x/_y.npy)")
+    g.add_argument("--log_dir", default=d.log_dir, help="folder for unet3d.log (MLPerf) and log.json")
+    g.add_argument("--save_ckpt_path", default=d.save_ckpt_path, help="checkpoint file to write ('' = none)")
+    g.add_argument("--load_ckpt_path", default=d.load_ckpt_path, help="checkpoint to load (evaluate, or warm start)")
+    g.add_argument("--resume", action="store_true", help="(new) continue the run saved at --save_ckpt_path")
+    g.add_argument("--loader", default=d.loader, choices=["pytorch", "synthetic"],
+                   help="real data pipeline, or random tensors for pure compute benchmarks")
+    g.add_argument("--cache", default=d.cache, choices=["auto", "none", "memory", "device"],
+                   help="(new) where training volumes live: re-read per sample, memory-mapped in RAM, "
+                        "or on the GPU with augmentations there; auto = device on CUDA, memory on CPU")
+    g.add_argument("--num_workers", type=int, default=d.num_workers, help="CPU data-loading workers")
+    g.add_argument("--prefetch", type=int, default=d.prefetch,
+                   help="(new) batches prepared ahead in a background thread (0 = off)")
+    g.add_argument("--brightness", default=d.brightness, choices=["reference", "centered"],
+                   help="(new) brightness augmentation factor: reference = x(1+U(0.7,1.3)) as the "
+                        "MLCommons code does; centered = xU(0.7,1.3)")
+    g = p.add_argument_group("process")
+    g.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
+                   help="GPU index on this node (torchrun sets LOCAL_RANK)")
+    g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
+                   help="(new) auto = CUDA/ROCm when available, else CPU")
+    g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate"])
+    g.add_argument("--benchmark", action="store_true", help="time iterations; no evaluation or checkpoints")
+    g.add_argument("--seed", type=int, default=d.seed, help="master seed; -1 = random from the OS")
+    g.add_argument("--verbose", "-v", action="store_true", help="progress bars")
+    g = p.add_argument_group("schedule")
+    g.add_argument("--epochs", type=int, default=d.epochs, help="maximum number of epochs")
+    g.add_argument("--quality_threshold", type=float, default=d.quality_threshold, help="target mean_dice")
+    g.add_argument("--ga_steps", type=_positive_int, default=d.ga_steps, help="gradient accumulation steps")
+    g.add_argument("--warmup_steps", type=int, default=d.warmup_steps, help="untimed iterations in --benchmark")
+    g.add_argument("--batch_size", type=_positive_int, default=d.batch_size, help="per-process batch size")
+    g.add_argument("--evaluate_every", "--eval_every", dest="evaluate_every", type=int, default=None,
+                   help="epochs between evaluations (default from samples_per_epoch, as MLPerf)")
+    g.add_argument("--start_eval_at", type=int, default=None,
+                   help="first epoch evaluated (default from samples_per_epoch, as MLPerf)")
+    g = p.add_argument_group("shapes")
+    g.add_argument("--layout", default=d.layout, choices=["NCDHW"], help="tensor layout")
+    g.add_argument("--input_shape", nargs="+", type=int, default=list(d.input_shape), help="training patch")
+    g.add_argument("--val_input_shape", nargs="+", type=int, default=list(d.val_input_shape),
+                   help="sliding-window size")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adam", "lamb"])
+    g.add_argument("--learning_rate", type=float, default=d.learning_rate)
+    g.add_argument("--init_learning_rate", type=float, default=d.init_learning_rate, help="warm-up start")
+    g.add_argument("--lr_warmup_epochs", type=int, default=d.lr_warmup_epochs)
+    g.add_argument("--lr_decay_epochs", nargs="*", type=int, default=list(d.lr_decay_epochs),
+                   help="MultiStepLR milestones (epochs)")
+    g.add_argument("--lr_decay_factor", type=float, default=d.lr_decay_factor)
+    g.add_argument("--lamb_betas", nargs=2, type=float, default=list(d.lamb_betas),
+                   help="LAMB/Adam betas (floats; the reference's type=int was a defect)")
+    g.add_argument("--momentum", type=float, default=d.momentum, help="SGD (Nesterov) momentum")
+    g.add_argument("--weight_decay", type=float, default=d.weight_decay)
+    g = p.add_argument_group("model")
+    g.add_argument("--normalization", default=d.normalization, choices=list(NORMALIZATIONS))
+    g.add_argument("--activation", default=d.activation, choices=list(ACTIVATIONS))
+    g.add_argument("--filters", nargs="+", type=int, default=list(d.filters),
+                   help="(new) channel widths; the default is the benchmark's model")
+    g.add_argument("--include_background", action="store_true", help="count background in the Dice loss")
+    g = p.add_argument_group("augmentation and evaluation")
+    g.add_argument("--oversampling", type=float, default=d.oversampling,
+                   help="probability of a foreground-centred crop")
+    g.add_argument("--overlap", type=float, default=d.overlap, help="sliding-window overlap in [0, 1)")
+    g.add_argument("--sw_batch_size", type=_positive_int, default=d.sw_batch_size,
+                   help="(new) sliding windows per forward pass (same result, faster)")
+    g = p.add_argument_group("speed")
+    g.add_argument("--amp", action="store_true", help="mixed precision (autocast)")
+    g.add_argument("--amp_dtype", default=d.amp_dtype, choices=["auto", "fp16", "bf16"],
+                   help="(new) autocast type; auto = fp16 + grad scaler on CUDA, bf16 on CPU")
+    g.add_argument("--channels_last", action="store_true", help="(new) channels-last 3-D memory format")
+    g.add_argument("--compile", action="store_true", help="(new) torch.compile the model and loss")
+    g.add_argument("--cuda_graphs", action="store_true", help="(new) capture the training step in a CUDA graph")
+    g.add_argument("--fused_optimizer", action="store_true", help="(new) fused optimizer step where supported")
+    g.add_argument("--cudnn_benchmark", action="store_true")
+    g.add_argument("--cudnn_deterministic", action="store_true")
+    g = p.add_argument_group("MLPerf submission metadata (new)")
+    g.add_argument("--submission_org", default=d.submission_org)
+    g.add_argument("--submission_platform", default=d.submission_platform)
+    g.add_argument("--submission_division", default=d.submission_division, choices=["closed", "open"])
+    g.add_argument("--submission_status", default=d.submission_status,
+                   choices=["onprem", "cloud", "preview", "research"])
+    return p
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every problem with ``cfg``, as one message each naming the flag."""
+    errors = []
+
+    def check(ok: bool, message: str):
+        if not ok:
+            errors.append(message)
+
+    check(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")
+    for name in ("num_workers", "prefetch", "warmup_steps", "lr_warmup_epochs"):
+        check(getattr(cfg, name) >= 0, f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    for name in ("evaluate_every", "start_eval_at"):
+        value = getattr(cfg, name)
+        check(value is None or value >= 1, f"--{name} must be >= 1, got {value}")
+    for name in ("input_shape", "val_input_shape"):
+        shape = getattr(cfg, name)
+        check(len(shape) == 3, f"--{name} needs 3 sizes, got {len(shape)}")
+        check(all(s > 0 and s % SHAPE_DIVISOR == 0 for s in shape),
+              f"--{name} sizes must be positive multiples of {SHAPE_DIVISOR}, got {list(shape)}")
+    check(len(cfg.filters) == 5 and all(f > 0 for f in cfg.filters),
+          f"--filters needs 5 positive widths, got {list(cfg.filters)}")
+    check(0.0 <= cfg.overlap < 1.0, f"--overlap must be in [0, 1), got {cfg.overlap}")
+    check(0.0 <= cfg.oversampling <= 1.0, f"--oversampling must be in [0, 1], got {cfg.oversampling}")
+    check(all(0.0 <= b < 1.0 for b in cfg.lamb_betas),
+          f"--lamb_betas must be in [0, 1), got {list(cfg.lamb_betas)}")
+    check(0.0 <= cfg.momentum < 1.0, f"--momentum must be in [0, 1), got {cfg.momentum}")
+    check(cfg.learning_rate > 0, f"--learning_rate must be > 0, got {cfg.learning_rate}")
+    check(cfg.init_learning_rate >= 0, f"--init_learning_rate must be >= 0, got {cfg.init_learning_rate}")
+    check(cfg.weight_decay >= 0, f"--weight_decay must be >= 0, got {cfg.weight_decay}")
+    check(cfg.lr_decay_factor > 0, f"--lr_decay_factor must be > 0, got {cfg.lr_decay_factor}")
+    check(all(e >= 1 for e in cfg.lr_decay_epochs),
+          f"--lr_decay_epochs must be >= 1, got {list(cfg.lr_decay_epochs)}")
+    check(0.0 < cfg.quality_threshold <= 1.0,
+          f"--quality_threshold must be in (0, 1], got {cfg.quality_threshold}")
+    check(cfg.seed >= -1, f"--seed must be -1 (random) or >= 0, got {cfg.seed}")
+    check(cfg.local_rank >= 0, f"--local_rank must be >= 0, got {cfg.local_rank}")
+    if cfg.loader == "pytorch":
+        check(os.path.isdir(cfg.data_dir), f"--data_dir {cfg.data_dir!r} does not exist or is not a folder")
+    if cfg.exec_mode == "evaluate" and not cfg.benchmark:
+        check(bool(cfg.load_ckpt_path), "--exec_mode evaluate needs --load_ckpt_path")
+    if cfg.load_ckpt_path:
+        check(os.path.isfile(cfg.load_ckpt_path), f"--load_ckpt_path {cfg.load_ckpt_path!r} does not exist")
+    if cfg.resume:
+        check(bool(cfg.save_ckpt_path), "--resume needs --save_ckpt_path (the checkpoint to continue)")
+    return errors
+
+
+def config_from_namespace(ns: argparse.Namespace) -> Config:
+    values = vars(ns).copy()
+    for name in ("input_shape", "val_input_shape", "filters", "lr_decay_epochs", "lamb_betas"):
+        values[name] = tuple(values[name])
+    return Config(**values)
+
+
+def parse_args(argv: Sequence[str] | None = None, prog: str = "main.py") -> Config:
+    """Parse and validate; on any bad value print one line naming the flag and exit 2."""
+    parser = build_parser(prog)
+    cfg = config_from_namespace(parser.parse_args(argv))
+    errors = validate(cfg)
+    if errors:
+        parser.exit(2, f"{prog}: error: {errors[0]}\n")
+    return cfg
+
+
+def replace(cfg: Config, **changes) -> Config:
+    """A new Config with ``changes`` (the config itself is never mutated)."""
+    return dataclasses.replace(cfg, **changes)
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience
+    print(parse_args(sys.argv[1:]))

@@ -1,0 +1,94 @@
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runtime.arguments import Config, build_parser, parse_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+REFERENCE_FLAGS = """--data_dir --log_dir --save_ckpt_path --load_ckpt_path --loader --local_rank --epochs
+--quality_threshold --ga_steps --warmup_steps --batch_size --layout --input_shape --val_input_shape
+--seed --num_workers --exec_mode --benchmark --amp --optimizer --learning_rate --init_learning_rate
+--lr_warmup_epochs --lr_decay_epochs --lr_decay_factor --lamb_betas --momentum --weight_decay
+--evaluate_every --eval_every --start_eval_at --verbose --normalization --activation --oversampling
+--overlap --include_background --cudnn_benchmark --cudnn_deterministic --filters""".split()
+
+
+def test_help_lists_every_reference_flag():
+    out = subprocess.run([sys.executable, "main.py", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    for flag in REFERENCE_FLAGS:
+        assert flag in out, flag
+
+
+def test_reference_defaults(tmp_path):
+    cfg = parse_args(["--data_dir", str(tmp_path)])
+    assert cfg.epochs == 1 and cfg.batch_size == 2 and cfg.learning_rate == 1.0
+    assert cfg.init_learning_rate == 1e-4 and cfg.oversampling == 0.4 and cfg.overlap == 0.5
+    assert cfg.input_shape == (128, 128, 128) and cfg.quality_threshold == 0.908
+    assert cfg.optimizer == "sgd" and cfg.momentum == 0.9 and cfg.seed == -1
+    assert cfg.evaluate_every is None and cfg.start_eval_at is None
+    assert cfg.filters == (32, 64, 128, 256, 320)
+
+
+def test_config_is_frozen(tmp_path):
+    cfg = parse_args(["--data_dir", str(tmp_path)])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.epochs = 3  # type: ignore[misc]
+
+
+def test_eval_every_alias_and_float_betas(tmp_path):
+    cfg = parse_args(["--data_dir", str(tmp_path), "--eval_every", "7", "--lamb_betas", "0.8", "0.95"])
+    assert cfg.evaluate_every == 7 and cfg.lamb_betas == (0.8, 0.95)
+
+
+def test_every_flag_has_a_config_field():
+    fields = {f.name for f in dataclasses.fields(Config)}
+    for action in build_parser()._actions:
+        if action.dest != "help":
+            assert action.dest in fields, action.dest
+
+
+BAD = [
+    (["--epochs", "-1"], "--epochs"),
+    (["--input_shape", "128", "100", "128"], "--input_shape"),
+    (["--val_input_shape", "64", "64"], "--val_input_shape"),
+    (["--overlap", "1.0"], "--overlap"),
+    (["--overlap", "-0.1"], "--overlap"),
+    (["--lamb_betas", "0.9", "1.5"], "--lamb_betas"),
+    (["--oversampling", "1.5"], "--oversampling"),
+    (["--batch_size", "0"], "--batch_size"),
+    (["--learning_rate", "0"], "--learning_rate"),
+    (["--filters", "8", "16"], "--filters"),
+    (["--exec_mode", "predict"], "--exec_mode"),
+    (["--optimizer", "rmsprop"], "--optimizer"),
+    (["--epochs", "abc"], "--epochs"),
+]
+
+
+@pytest.mark.parametrize("argv, flag", BAD)
+def test_bad_values_one_line_exit_2(tmp_path, capsys, argv, flag):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--data_dir", str(tmp_path)] + argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("mode", ["train", "evaluate"])
+def test_missing_data_dir_named(tmp_path, mode):
+    missing = str(tmp_path / "nowhere")
+    ckpt = tmp_path / "c.pt"
+    ckpt.write_bytes(b"x")
+    proc = subprocess.run([sys.executable, "main.py", "--exec_mode", mode, "--data_dir", missing,
+                           "--load_ckpt_path", str(ckpt)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--data_dir" in proc.stderr and missing in proc.stderr
+
+
+def test_synthetic_loader_needs_no_data_dir():
+    cfg = parse_args(["--loader", "synthetic", "--data_dir", "/definitely/not/here"])
+    assert cfg.loader == "synthetic"
