@@ -1,0 +1,65 @@
+"""Geometry of the sliding-window evaluation (pure functions, no tensors).
+
+Shared by the evaluator (which slides the windows) and the loader (which balances evaluation
+volumes across ranks by their number of windows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class WindowGeometry:
+    """How one volume is trimmed, padded and tiled.
+
+    Every tuple has one entry per spatial axis. ``trim`` and ``pad`` are ``(before, after)``
+    pairs; ``trimmed_shape`` is the volume (and label) after trimming, ``padded_shape`` after
+    padding, ``grid`` the number of window positions per axis.
+    """
+
+    strides: tuple[int, ...]
+    trim: tuple[tuple[int, int], ...]
+    trimmed_shape: tuple[int, ...]
+    pad: tuple[tuple[int, int], ...]
+    padded_shape: tuple[int, ...]
+    grid: tuple[int, ...]
+
+    @property
+    def n_windows(self) -> int:
+        return prod(self.grid)
+
+    def window_origins(self) -> list[tuple[int, ...]]:
+        """Start corner of every window in the padded volume, in raster order."""
+        origins = [()]
+        for count, stride in zip(self.grid, self.strides):
+            origins = [o + (i * stride,) for o in origins for i in range(count)]
+        return origins
+
+
+def window_geometry(shape: Sequence[int], roi: Sequence[int], overlap: float) -> WindowGeometry:
+    """Trim, pad and grid of the benchmark's sliding window for a volume of ``shape``.
+
+    Per axis: stride ``int(roi * (1 - overlap))``; a remainder ``size % stride`` below half a
+    stride is trimmed (half before, the rest after); the trimmed volume is padded (centred) to a
+    multiple of the stride that is at least ``roi``.
+    """
+    strides, trim, trimmed, pad, padded, grid = [], [], [], [], [], []
+    for size, window in zip(shape, roi):
+        stride = max(1, int(window * (1 - overlap)))
+        remainder = size % stride
+        cut = remainder if remainder < stride // 2 else 0
+        size_t = size - cut
+        extra = (stride - size_t % stride) % stride
+        if size_t + extra < window:
+            extra += stride * -(-(window - size_t - extra) // stride)
+        size_p = size_t + extra
+        strides.append(stride)
+        trim.append((cut // 2, cut - cut // 2))
+        trimmed.append(size_t)
+        pad.append((extra // 2, extra - extra // 2))
+        padded.append(size_p)
+        grid.append((size_p - window) // stride + 1)
+    return WindowGeometry(tuple(strides), tuple(trim), tuple(trimmed), tuple(pad), tuple(padded),
+                          tuple(grid))
