@@ -63,9 +63,8 @@ def weight_init_tensor_names(n_levels: int = len(DEFAULT_FILTERS),
         return [f"{prefix}_block_{i}_{kind}" for i in (0, 1) for kind in ("conv", norm)]
 
     names = [f"input_block_{i}_{kind}" for i in (0, 1) for kind in ("conv", norm)]
-    for idx in range(n_levels - 1):
+    for idx in range(n_levels):  # the bottleneck is the last "down" block in these names
         names += block(f"down{idx}")
-    names += block("bottleneck")
     for idx in range(n_levels):
         names += [f"up{idx}_deconv"] + block(f"up{idx}")
     names.append("output_conv")

@@ -65,7 +65,7 @@ def test_weight_init_names():
     names = weight_init_tensor_names()
     assert len(names) == 50 and len(set(names)) == 50
     for expected in ("input_block_0_conv", "down2_block_1_instancenorm", "up1_deconv", "output_conv",
-                     "bottleneck_block_0_conv"):
+                     "down4_block_0_conv", "up4_block_1_instancenorm"):
         assert expected in names
     assert len(weight_init_tensor_names(len(DEFAULT_FILTERS), "batchnorm")) == 50
 
