@@ -1,0 +1,93 @@
+"""Process-group helpers: one code path for one process and many.
+
+Every collective here is a no-op when no process group is initialised (world size 1).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def select_device(requested: str, local_rank: int) -> torch.device:
+    """``auto`` -> the local GPU (CUDA or ROCm) when there is one, else the CPU."""
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but no CUDA/ROCm GPU is available")
+    return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+
+
+def init_distributed(requested_device: str, local_rank: int) -> DistInfo:
+    """Read torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE) and join the process group.
+
+    NCCL (RCCL on ROCm) for GPUs, gloo on the CPU. Without torchrun: rank 0 of 1, no group.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", local_rank))
+    device = select_device(requested_device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend=backend, **kwargs)
+    return DistInfo(rank, local_rank, world_size, device)
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if is_dist():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks in place and return it."""
+    if is_dist():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def broadcast_int(value: int, device: torch.device) -> int:
+    """Rank 0's ``value`` on every rank."""
+    if not is_dist():
+        return int(value)
+    holder = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.broadcast(holder, src=0)
+    return int(holder.item())
+
+
+def resolve_master_seed(seed: int, device: torch.device) -> int:
+    """``seed`` itself, or (for -1) a seed drawn from the OS on rank 0 and broadcast."""
+    if seed < 0:
+        seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    return broadcast_int(seed, device)
+
+
+def rank_seed(master_seed: int, rank: int) -> int:
+    """One seed per rank, derived from the master seed."""
+    return int(np.random.default_rng([master_seed, 0xC0FFEE]).integers(0, 2**31 - 1, size=rank + 1)[rank])
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

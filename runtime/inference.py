@@ -1,0 +1,96 @@
+"""Sliding-window evaluation of whole volumes, exactly as the benchmark defines it."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from functools import lru_cache
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.signal import windows
+
+from data_loading.windows import window_geometry
+from runtime.distributed import all_reduce_sum
+
+PAD_VALUE = -2.2  # (clip minimum - mean) / std, i.e. air after normalisation
+
+
+@lru_cache(maxsize=8)
+def _gaussian_map_np(roi: tuple[int, ...], sigma_scale: float) -> np.ndarray:
+    axes = [windows.gaussian(n, sigma_scale * n) for n in roi]
+    weights = np.cbrt(axes[0][:, None, None] * axes[1][None, :, None] * axes[2][None, None, :])
+    return weights / weights.max()
+
+
+def gaussian_importance_map(roi: Sequence[int], device=None, dtype=torch.float32,
+                            sigma_scale: float = 0.125) -> torch.Tensor:
+    """``roi``-shaped weights: outer product of 1-D Gaussians (std 0.125·n), cube root, max 1."""
+    return torch.as_tensor(_gaussian_map_np(tuple(roi), sigma_scale), dtype=dtype, device=device)
+
+
+def sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor,
+                             label: torch.Tensor, roi: Sequence[int], overlap: float,
+                             sw_batch_size: int = 1, n_class: int = 3,
+                             pad_value: float = PAD_VALUE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian-weighted sliding-window logits of one volume.
+
+    ``image`` (1, C, D, H, W) float, ``label`` (1, 1, D, H, W). Returns ``(logits, label)`` for
+    the trimmed volume: logits (1, n_class, D', H', W') float32 and the label trimmed alike.
+    ``sw_batch_size`` windows go through ``predict`` at once; the result does not depend on it.
+    """
+    geo = window_geometry(image.shape[2:], roi, overlap)
+    trim = tuple(slice(b, b + s) for (b, _), s in zip(geo.trim, geo.trimmed_shape))
+    image = image[(..., *trim)]
+    label = label[(..., *trim)]
+    pad = [p for before_after in reversed(geo.pad) for p in before_after]  # F.pad: last axis first
+    padded = F.pad(image, pad, mode="constant", value=pad_value)
+    weight = gaussian_importance_map(roi, device=image.device)
+    total = torch.zeros((1, n_class, *geo.padded_shape), dtype=torch.float32, device=image.device)
+    norm = torch.zeros((1, 1, *geo.padded_shape), dtype=torch.float32, device=image.device)
+    origins = geo.window_origins()
+    for start in range(0, len(origins), sw_batch_size):
+        group = origins[start:start + sw_batch_size]
+        slices = [tuple(slice(o, o + r) for o, r in zip(origin, roi)) for origin in group]
+        batch = torch.cat([padded[(..., *s)] for s in slices], dim=0)
+        logits = predict(batch).float()
+        for i, s in enumerate(slices):
+            total[(..., *s)] += logits[i:i + 1] * weight
+            norm[(..., *s)] += weight
+    total /= norm
+    crop = tuple(slice(b, b + s) for (b, _), s in zip(geo.pad, geo.trimmed_shape))
+    return total[(..., *crop)], label
+
+
+def evaluate(model: torch.nn.Module, volumes: Iterable, loss_fn, score_fn, roi: Sequence[int],
+             overlap: float, sw_batch_size: int, device: torch.device,
+             autocast: Callable[[], object] = nullcontext, progress=None) -> dict[str, float]:
+    """Evaluate the volumes of this rank and combine all ranks exactly.
+
+    ``volumes`` yields ``(image, label, case_id)``. Per-case loss and Dice are summed on each
+    rank, the sums and case counts are summed across ranks, then divided: every case weighs the
+    same whatever the world size, and a rank with no case contributes zeros.
+    """
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, kidney, tumour, cases
+
+    def predict(x):
+        with autocast():
+            return model(x)
+
+    with torch.no_grad():
+        for image, label, _case in (progress(volumes) if progress else volumes):
+            image = image.to(device, non_blocking=True)
+            label = label.to(device, non_blocking=True)
+            logits, label = sliding_window_inference(predict, image, label, roi, overlap, sw_batch_size)
+            sums[0] += loss_fn(logits, label).double()
+            sums[1:3] += score_fn(logits, label).double()
+            sums[3] += 1
+    all_reduce_sum(sums)
+    model.train()
+    loss, kidney, tumour, cases = sums.tolist()
+    if cases == 0:
+        raise RuntimeError("no evaluation case on any rank")
+    kidney, tumour = kidney / cases, tumour / cases
+    return {"eval_loss": loss / cases, "l1_dice": kidney, "l2_dice": tumour,
+            "mean_dice": (kidney + tumour) / 2, "eval_cases": int(cases)}

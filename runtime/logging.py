@@ -1,0 +1,116 @@
+"""MLPerf logging (``<log_dir>/unet3d.log``) and the JSON-lines metrics file (``log.json``).
+
+Loggers are built once, by the runtime, on rank 0; on other ranks they are silent no-ops.
+Nothing is configured at import.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from mlperf_logging import mllog
+from mlperf_logging.mllog import constants as C
+
+from model.unet3d import weight_init_tensor_names
+from runtime.arguments import Config
+
+MLPERF_LOG_NAME = "unet3d.log"
+METRICS_LOG_NAME = "log.json"
+
+
+class MLPerfLogger:
+    """``:::MLLOG`` lines through ``mlperf_logging.mllog``, written by rank 0 only."""
+
+    def __init__(self, log_dir: str, enabled: bool, echo: bool = False):
+        self.enabled = enabled
+        self._handlers: list[logging.Handler] = []
+        self._logger = None
+        if not enabled:
+            return
+        os.makedirs(log_dir, exist_ok=True)
+        self.path = os.path.join(log_dir, MLPERF_LOG_NAME)
+        base = logging.getLogger(f"unet3d.mlperf.{id(self)}")
+        base.setLevel(logging.INFO)
+        base.propagate = False
+        handlers = [logging.FileHandler(self.path, mode="a")]
+        if echo:
+            handlers.append(logging.StreamHandler())
+        for handler in handlers:
+            handler.setLevel(logging.INFO)
+            base.addHandler(handler)
+        self._handlers = handlers
+        self._base = base
+        self._logger = mllog.mllog.MLLogger(logger=base, default_stack_offset=2,
+                                            root_dir=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def event(self, key: str, value: Any = None, metadata: dict | None = None, sync: bool = False) -> None:
+        if self._logger:
+            self._logger.event(key=key, value=value, metadata=metadata)
+
+    def start(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        if self._logger:
+            self._logger.start(key=key, value=value, metadata=metadata)
+
+    def end(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        if self._logger:
+            self._logger.end(key=key, value=value, metadata=metadata)
+
+    def close(self) -> None:
+        for handler in self._handlers:
+            handler.close()
+            self._base.removeHandler(handler)
+        self._handlers = []
+        self._logger = None
+
+    # -- the benchmark's fixed records ---------------------------------------------------------
+    def submission_info(self, config: Config) -> None:
+        self.event(C.CACHE_CLEAR, value=True)
+        self.event(C.SUBMISSION_BENCHMARK, value=C.UNET3D)
+        self.event(C.SUBMISSION_ORG, value=config.submission_org)
+        self.event(C.SUBMISSION_DIVISION, value=config.submission_division)
+        self.event(C.SUBMISSION_STATUS, value=config.submission_status)
+        self.event(C.SUBMISSION_PLATFORM, value=config.submission_platform)
+
+    def weights_initialization(self, config: Config) -> None:
+        for name in weight_init_tensor_names(len(config.filters), config.normalization):
+            self.event(C.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
+
+    def hyperparameters(self, config: Config, world_size: int, train_samples: int, eval_samples: int,
+                        samples_per_epoch: int) -> None:
+        self.event(C.SEED, value=config.seed)
+        self.event(C.GLOBAL_BATCH_SIZE, value=config.batch_size * world_size * config.ga_steps)
+        self.event(C.GRADIENT_ACCUMULATION_STEPS, value=config.ga_steps)
+        self.event(C.OPT_NAME, value=config.optimizer)
+        self.event(C.OPT_BASE_LR, value=config.learning_rate)
+        self.event(C.OPT_LR_WARMUP_EPOCHS, value=config.lr_warmup_epochs)
+        self.event(C.OPT_LR_DECAY_BOUNDARY_EPOCHS, value=list(config.lr_decay_epochs))
+        self.event(C.OPT_LR_DECAY_FACTOR, value=config.lr_decay_factor)
+        self.event(C.OPT_WEIGHT_DECAY, value=config.weight_decay)
+        self.event("opt_momentum", value=config.momentum)
+        self.event("oversampling", value=config.oversampling)
+        self.event("training_input_shape", value=list(config.input_shape))
+        self.event("validation_input_shape", value=list(config.val_input_shape))
+        self.event("validation_overlap", value=config.overlap)
+        self.event(C.TRAIN_SAMPLES, value=train_samples)
+        self.event(C.EVAL_SAMPLES, value=eval_samples)
+        self.event("samples_per_epoch", value=samples_per_epoch)
+
+
+class MetricsWriter:
+    """One JSON object per line in ``<log_dir>/log.json`` (rank 0 only)."""
+
+    def __init__(self, log_dir: str, enabled: bool):
+        self.enabled = enabled
+        self.path = os.path.join(log_dir, METRICS_LOG_NAME)
+        if enabled:
+            os.makedirs(log_dir, exist_ok=True)
+
+    def write(self, kind: str, **values: Any) -> None:
+        if not self.enabled:
+            return
+        record = {"time": time.time(), "kind": kind, **values}
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")

@@ -1,0 +1,72 @@
+"""Optimizers: SGD (Nesterov), Adam and a pure-PyTorch LAMB (no apex)."""
+from __future__ import annotations
+
+import torch
+
+
+class Lamb(torch.optim.Optimizer):
+    """Layer-wise adaptive moments (You et al., 2019).
+
+    Adam moments with bias correction; per tensor, the update ``m̂ / (√v̂ + eps) + wd·p`` is
+    scaled by the trust ratio ``‖p‖ / ‖update‖`` (1 when either norm is zero).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                grad = p.grad.float()
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step = state["step"]
+                m_hat = exp_avg / (1 - beta1 ** step)
+                v_hat = exp_avg_sq / (1 - beta2 ** step)
+                update = m_hat / (v_hat.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
+def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                   betas=(0.9, 0.999), fused: bool = False) -> torch.optim.Optimizer:
+    """The optimizer named by ``--optimizer``. ``fused`` asks for a fused (CUDA) step and
+    falls back to the multi-tensor (foreach) step where torch or the device has none."""
+    params = list(params)
+    on_cuda = all(p.is_cuda for p in params)
+    speed = {"fused": True} if fused and on_cuda else {"foreach": True} if on_cuda else {}
+    if name == "sgd":
+        return _with_fallback(torch.optim.SGD, params, speed, lr=lr, momentum=momentum, nesterov=True,
+                              weight_decay=weight_decay)
+    if name == "adam":
+        return _with_fallback(torch.optim.Adam, params, speed, lr=lr, weight_decay=weight_decay)
+    if name == "lamb":
+        return Lamb(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def _with_fallback(cls, params, speed: dict, **kwargs):
+    try:
+        return cls(params, **kwargs, **speed)
+    except (TypeError, RuntimeError):  # older torch or a device without the fused kernel
+        return cls(params, **kwargs)

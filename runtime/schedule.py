@@ -1,0 +1,49 @@
+"""Pure functions of the training schedule (learning rate, evaluation epochs, sample counts)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+def learning_rate_at(epoch: int, base_lr: float, init_lr: float, warmup_epochs: int,
+                     decay_epochs: Sequence[int] = (), decay_factor: float = 1.0) -> float:
+    """Learning rate used during ``epoch`` (1-based).
+
+    Linear warm-up ``init + (base - init) * epoch / warmup`` for epochs 1..warmup, then the base
+    rate multiplied by ``decay_factor`` once per milestone already passed (MultiStepLR stepped
+    at the end of every epoch: a milestone ``m`` applies from epoch ``m + 1``).
+    """
+    if warmup_epochs > 0 and epoch <= warmup_epochs:
+        return init_lr + (base_lr - init_lr) * epoch / warmup_epochs
+    passed = sum(1 for m in decay_epochs if m <= epoch - 1)
+    return base_lr * decay_factor ** passed
+
+
+def samples_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int:
+    """Global samples trained per epoch: each rank gets ``ceil(n / world)`` samples (padded as a
+    distributed sampler does) and drops its last incomplete batch."""
+    per_rank = math.ceil(num_samples / world_size)
+    return world_size * batch_size * (per_rank // batch_size)
+
+
+@dataclass(frozen=True)
+class EvalSchedule:
+    start_eval_at: int
+    evaluate_every: int
+    fail_epoch: int  # a run not converged by this epoch has failed (MLPerf)
+
+    def is_eval_epoch(self, epoch: int) -> bool:
+        return epoch >= self.start_eval_at and (epoch - self.start_eval_at) % self.evaluate_every == 0
+
+
+def eval_schedule(samples_per_epoch_: int, num_train_cases: int = 168, start_eval_at: int | None = None,
+                  evaluate_every: int | None = None) -> EvalSchedule:
+    """MLPerf defaults: first evaluation after ~1000 epochs' worth of samples of a batch-1
+    single-device run, then every ~20, scaled to ``samples_per_epoch_``; explicit values win."""
+    if samples_per_epoch_ <= 0:
+        raise ValueError("samples_per_epoch must be positive (is the batch larger than the shard?)")
+    scale = num_train_cases / samples_per_epoch_
+    start = start_eval_at if start_eval_at is not None else math.ceil(1000 * scale)
+    every = evaluate_every if evaluate_every is not None else math.ceil(20 * scale)
+    return EvalSchedule(start, every, math.ceil(10000 * scale))
