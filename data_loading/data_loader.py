@@ -1,0 +1,211 @@
+"""Public entry point: ``get_data_loaders(config, num_shards, global_rank, device=None)``.
+
+Returns ``(train_loader, val_loader)``:
+
+* ``train_loader``: call ``set_epoch(epoch)`` (epochs from 1) before iterating each epoch;
+  yields ``(image, label)``, float32 and uint8, ``(B, 1, *input_shape)``, on ``device`` when
+  given (else CPU). ``len()`` = batches per epoch on this rank; ``samples_per_epoch`` = samples
+  trained per epoch on all ranks together; ``num_cases`` = training cases.
+* ``val_loader``: yields ``(image, label, case_id)`` for the evaluation cases of this rank
+  (``(1, 1, D, H, W)``, whole volumes), balanced across ranks by number of sliding windows;
+  ``len()`` = cases on this rank; ``num_cases`` = evaluation cases on all ranks.
+
+``config.cache`` chooses where training volumes live: ``none`` (read the .npy per sample),
+``memory`` (memory-mapped once, CPU workers crop), ``device`` (all volumes on the device,
+augmentations as batched tensor ops there, no CPU workers), ``auto`` (device on CUDA, else
+memory).
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet,
+                                  case_foreground_boxes, check_label_values, check_patch_fits,
+                                  discover_cases, load_array, read_evaluation_ids, split_cases)
+from data_loading.prefetch import prefetch
+from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
+                                  epoch_batches)
+from data_loading.transforms import add_noise, gather_patches, scale_brightness
+from data_loading.windows import window_geometry
+
+CACHE_MODES = ("auto", "none", "memory", "device")
+
+
+def resolve_cache(cache: str, device: torch.device | None) -> str:
+    """The cache mode actually used: ``auto`` -> ``device`` on CUDA, else ``memory``."""
+    if cache not in CACHE_MODES:
+        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    if cache == "auto":
+        return "device" if device is not None and device.type == "cuda" else "memory"
+    return cache
+
+
+class TrainLoader:
+    """This rank's training batches; see the module docstring for the contract.
+
+    The deterministic preparation (foreground boxes of every case, the device cache) runs in
+    the constructor when ``eager`` (training: bad data is reported before anything starts),
+    else at the first iteration (evaluation runs never pay for it).
+    """
+
+    def __init__(self, cases: Sequence[Case], *, patch: Sequence[int], oversampling: float,
+                 brightness: str, seed: int, num_shards: int, rank: int, batch_size: int,
+                 cache: str, device: torch.device | None, num_workers: int, prefetch_depth: int,
+                 eager: bool = True):
+        if cache not in ("none", "memory", "device"):
+            raise ValueError(f"TrainLoader cache must be none, memory or device, got {cache!r}")
+        self.cases, self.patch, self.seed = list(cases), tuple(patch), seed
+        self.oversampling, self.brightness = oversampling, brightness
+        self.batch_size, self.num_shards, self.rank = batch_size, num_shards, rank
+        self.cache, self.device = cache, device
+        self.num_workers = 0 if cache == "device" else num_workers
+        self.prefetch_depth = prefetch_depth
+        self.num_cases = len(self.cases)
+        self.samples_per_epoch = num_shards * batch_size * len(self)
+        self.epoch = 1
+        self.dataset: TrainingSet | None = None
+        self._sampler = EpochBatchSampler(seed, self.num_cases, num_shards, rank, batch_size)
+        self._loader = None
+        self._volumes: DeviceVolumes | None = None
+        if eager:
+            self.prepare()
+
+    def prepare(self) -> None:
+        """Compute the foreground boxes and fill the cache (once)."""
+        if self.dataset is not None:
+            return
+        boxes = compute_boxes(self.cases, max(1, self.num_workers))
+        self.dataset = TrainingSet(self.cases, boxes, self.patch, self.oversampling,
+                                   self.brightness, self.seed,
+                                   cache="memory" if self.cache == "device" else self.cache)
+        if self.cache == "device":
+            self._volumes = DeviceVolumes(self.cases, self.device or torch.device("cpu"))
+            return
+        cuda = self.device is not None and self.device.type == "cuda"
+        # An explicit generator: the DataLoader then draws its workers' base seed from it
+        # instead of from the global torch RNG (which it would otherwise advance every epoch).
+        self._loader = torch.utils.data.DataLoader(
+            self.dataset, batch_sampler=self._sampler, num_workers=self.num_workers,
+            pin_memory=cuda, persistent_workers=self.num_workers > 0,
+            generator=torch.Generator().manual_seed(self.seed))
+
+    def __len__(self) -> int:
+        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self._sampler.set_epoch(epoch)
+
+    def batch_keys(self, epoch: int | None = None) -> list[list[tuple[int, int, int]]]:
+        """This rank's ``(epoch, position, case)`` keys per batch (for inspection and tests)."""
+        return epoch_batches(self.seed, self.epoch if epoch is None else epoch,
+                             self.num_cases, self.num_shards, self.rank, self.batch_size)
+
+    def _device_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        volumes, dev = self._volumes, self._volumes.device
+        for keys in self.batch_keys():
+            augs = [self.dataset.augmentation(key) for key in keys]
+            # Two small host-to-device copies per batch: integer and float parameters.
+            ints = torch.tensor([[key[2], *a.start, *a.flips] for key, a in zip(keys, augs)],
+                                dtype=torch.int64).to(dev)
+            factors = torch.tensor([1.0 if a.brightness is None else a.brightness for a in augs],
+                                   dtype=torch.float32).to(dev)
+            cases, starts, flips = ints[:, 0], ints[:, 1:4], ints[:, 4:7].bool()
+            offsets, shapes = volumes.offsets[cases], volumes.shapes[cases]
+            images = gather_patches(volumes.images, offsets, shapes, starts, flips, self.patch)
+            labels = gather_patches(volumes.labels, offsets, shapes, starts, flips, self.patch)
+            scale_brightness(images, factors)
+            add_noise(images, [a.noise_std for a in augs], [a.noise_seed for a in augs])
+            yield images, labels
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.prepare()
+        # The DataLoader iterator (and its worker processes) is created here, in the calling
+        # thread; the prefetch thread only pulls batches from it.
+        batches = self._device_batches() if self._loader is None else iter(self._loader)
+        return prefetch(batches, self.device, self.prefetch_depth)
+
+
+class EvalLoader:
+    """This rank's evaluation volumes, whole, one at a time: ``(image, label, case_id)``."""
+
+    def __init__(self, cases: Sequence[Case], num_cases: int, device: torch.device | None,
+                 prefetch_depth: int):
+        self.cases, self.num_cases = list(cases), num_cases
+        self.device, self.prefetch_depth = device, prefetch_depth
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def _volumes(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, str]]:
+        for case in self.cases:
+            image = load_array(case.image_path, np.float32)
+            label = load_array(case.label_path, np.uint8)
+            check_label_values(case, label)
+            yield (torch.from_numpy(image).unsqueeze(0), torch.from_numpy(label).unsqueeze(0),
+                   case.case_id)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, str]]:
+        return prefetch(self._volumes(), self.device, min(self.prefetch_depth, 1))
+
+
+def assign_evaluation_cases(cases: Sequence[Case], roi: Sequence[int], overlap: float,
+                            num_shards: int) -> list[list[Case]]:
+    """Evaluation cases per rank, balanced by their number of sliding windows."""
+    costs = [window_geometry(c.shape, roi, overlap).n_windows for c in cases]
+    return [[cases[i] for i in shard] for shard in balance_by_cost(costs, num_shards)]
+
+
+def compute_boxes(cases: Sequence[Case], threads: int) -> list:
+    """Foreground boxes of every case, a few cases at a time (numpy and the labelling release
+    the GIL for most of the work)."""
+    threads = max(1, min(threads, os.cpu_count() or 1, len(cases)))
+    if threads == 1:
+        return [case_foreground_boxes(case) for case in cases]
+    with ThreadPoolExecutor(threads, thread_name_prefix="foreground-boxes") as pool:
+        return list(pool.map(case_foreground_boxes, cases))
+
+
+def get_data_loaders(config, num_shards: int, global_rank: int,
+                     device: torch.device | str | None = None):
+    """``(train_loader, val_loader)`` for this rank; see the module docstring.
+
+    ``config.seed`` must already be resolved (>= 0) and the same on every rank.
+    Raises :class:`~data_loading.dataset.DataError` (one line, naming the file or case) for a
+    dataset that cannot be used.
+    """
+    device = torch.device(device) if device is not None else None
+    if not 0 <= global_rank < num_shards:
+        raise ValueError(f"global_rank {global_rank} not in [0, {num_shards})")
+    if config.seed < 0:
+        raise ValueError(f"config.seed must be resolved (>= 0) before building loaders, got {config.seed}")
+    if getattr(config, "loader", "pytorch") == "synthetic":
+        from data_loading.synthetic_loader import get_synthetic_loaders
+        return get_synthetic_loaders(config, num_shards, global_rank, device)
+
+    cases = discover_cases(config.data_dir)
+    train_cases, eval_cases = split_cases(cases, read_evaluation_ids())
+    if config.is_train and not train_cases:
+        raise DataError(f"no training cases in {config.data_dir}: every case found is listed "
+                        "in evaluation_cases.txt")
+    if config.is_train and not config.benchmark and not eval_cases:
+        raise DataError(f"no evaluation case in {config.data_dir}: none of the ids in "
+                        "evaluation_cases.txt has a case_XXXXX_x.npy / _y.npy pair there")
+    check_patch_fits(train_cases, config.input_shape)
+
+    train_loader = TrainLoader(
+        train_cases, patch=config.input_shape, oversampling=config.oversampling,
+        brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
+        batch_size=config.batch_size, cache=resolve_cache(config.cache, device), device=device,
+        num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.is_train)
+    if config.is_train and len(train_loader) == 0:
+        raise DataError(f"{len(train_cases)} training cases in {config.data_dir} make no full "
+                        f"batch of {config.batch_size} on each of {num_shards} ranks")
+    shards = assign_evaluation_cases(eval_cases, config.val_input_shape, config.overlap, num_shards)
+    val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch)
+    return train_loader, val_loader

@@ -1,0 +1,278 @@
+"""Preprocessed KiTS19 cases on disk: discovery, split, validation and caching.
+
+A dataset folder holds ``case_XXXXX_x.npy`` (float32 image, ``(1, D, H, W)``) and
+``case_XXXXX_y.npy`` (uint8 label, same shape, 0 background, 1 kidney, 2 tumour) per case.
+The evaluation set is the ids listed in ``evaluation_cases.txt`` at the repository root; the
+other cases are the training set.
+
+What is deterministic is done once, when the dataset is opened: file headers are checked, and
+the bounding boxes of the two largest connected components of each foreground class are
+computed per training case (the reference re-labels the whole volume for every sample).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import scipy.ndimage
+import torch
+
+from data_loading.sampler import sample_rng
+from data_loading.transforms import (Box, ForegroundBoxes, apply_augmentation,
+                                     draw_augmentation)
+
+EVALUATION_CASES_FILE = Path(__file__).resolve().parents[1] / "evaluation_cases.txt"
+FOREGROUND_CLASSES = (1, 2)
+NUM_CLASSES = 3
+MAX_ANCHORS = 16
+_FILE_PATTERN = re.compile(r"^case_(\d+)_([xy])\.npy$")
+
+
+class DataError(ValueError):
+    """A dataset problem, with a one-line message naming the file or case."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case: its id (``"00003"``), files, and spatial shape ``(D, H, W)``."""
+
+    case_id: str
+    image_path: Path
+    label_path: Path
+    shape: tuple[int, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# discovery, validation, split
+
+def read_evaluation_ids(path: Path = EVALUATION_CASES_FILE) -> list[str]:
+    """Case ids of the evaluation set (one per line, e.g. ``00003``)."""
+    try:
+        lines = Path(path).read_text().split()
+    except OSError as err:
+        raise DataError(f"cannot read the evaluation case list {path}: {err.strerror}") from None
+    return [line.strip() for line in lines if line.strip()]
+
+
+def open_npy(path: Path) -> np.ndarray:
+    """Memory-map an .npy file (reads only its header now); DataError naming it if unreadable."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise DataError(f"corrupt or unreadable file {path}: {err}".splitlines()[0]) from None
+
+
+def _check_pair(case_id: str, image_path: Path, label_path: Path) -> tuple[int, ...]:
+    image, label = open_npy(image_path), open_npy(label_path)
+    if image.ndim != 4 or image.shape[0] != 1:
+        raise DataError(f"case {case_id}: {image_path.name} has shape {image.shape}, "
+                        "expected (1, D, H, W)")
+    if image.shape != label.shape:
+        raise DataError(f"case {case_id}: image {image_path.name} has shape {image.shape} but "
+                        f"label {label_path.name} has shape {label.shape}")
+    if image.dtype.kind != "f":
+        raise DataError(f"case {case_id}: {image_path.name} has dtype {image.dtype}, expected float32")
+    if label.dtype.kind not in "iub":
+        raise DataError(f"case {case_id}: {label_path.name} has dtype {label.dtype}, expected uint8")
+    return tuple(int(s) for s in image.shape[1:])
+
+
+def discover_cases(data_dir: str | Path) -> list[Case]:
+    """All ``case_XXXXX_x.npy``/``_y.npy`` pairs in ``data_dir``, sorted by id, headers checked.
+
+    Raises :class:`DataError` when the folder has no pair, an image has no label (or a label no
+    image), shapes differ, or a file cannot be read as .npy.
+    """
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"data directory {data_dir} does not exist or is not a folder")
+    files: dict[str, dict[str, Path]] = {}
+    for path in data_dir.iterdir():
+        match = _FILE_PATTERN.match(path.name)
+        if match:
+            files.setdefault(match.group(1), {})[match.group(2)] = path
+    if not files:
+        raise DataError(f"no case_XXXXX_x.npy / case_XXXXX_y.npy pairs found in {data_dir}")
+    cases = []
+    for case_id in sorted(files):
+        pair = files[case_id]
+        if "y" not in pair:
+            raise DataError(f"image {pair['x']} has no label case_{case_id}_y.npy")
+        if "x" not in pair:
+            raise DataError(f"label {pair['y']} has no image case_{case_id}_x.npy")
+        shape = _check_pair(case_id, pair["x"], pair["y"])
+        cases.append(Case(case_id, pair["x"], pair["y"], shape))
+    return cases
+
+
+def split_cases(cases: Sequence[Case], evaluation_ids: Sequence[str]) -> tuple[list[Case], list[Case]]:
+    """(training, evaluation): evaluation = the cases whose id is listed, training = the rest."""
+    listed = set(evaluation_ids)
+    return ([c for c in cases if c.case_id not in listed], [c for c in cases if c.case_id in listed])
+
+
+def check_patch_fits(cases: Sequence[Case], patch: Sequence[int]) -> None:
+    """DataError naming the first case smaller than ``patch`` along some axis."""
+    for case in cases:
+        for axis, (size, p) in enumerate(zip(case.shape, patch)):
+            if size < p:
+                raise DataError(f"case {case.case_id}: volume {case.image_path.name} of shape "
+                                f"{case.shape} is smaller than --input_shape {tuple(patch)} "
+                                f"on axis {axis}")
+
+
+def check_label_values(case: Case, label: np.ndarray) -> None:
+    """DataError if ``label`` holds a value outside 0..2."""
+    top = int(label.max()) if label.size else 0
+    if top >= NUM_CLASSES or (label.dtype.kind == "i" and int(label.min()) < 0):
+        raise DataError(f"case {case.case_id}: label {case.label_path.name} has values outside "
+                        f"0..{NUM_CLASSES - 1} (max {top})")
+
+
+def load_array(path: Path, dtype) -> np.ndarray:
+    """Whole .npy file as a ``dtype`` array; DataError naming it if unreadable."""
+    try:
+        return np.load(path, allow_pickle=False).astype(dtype, copy=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise DataError(f"corrupt or unreadable file {path}: {err}".splitlines()[0]) from None
+
+
+# --------------------------------------------------------------------------------------------
+# connected components, once per case
+
+def _bounding_slices(mask: np.ndarray) -> tuple[slice, ...] | None:
+    """Smallest box holding every True voxel of ``mask``, or None if there is none."""
+    slices = []
+    for axis in range(mask.ndim):
+        other = tuple(a for a in range(mask.ndim) if a != axis)
+        hits = np.flatnonzero(mask.any(axis=other))
+        if hits.size == 0:
+            return None
+        slices.append(slice(int(hits[0]), int(hits[-1]) + 1))
+    return tuple(slices)
+
+
+def foreground_boxes(label: np.ndarray, classes: Sequence[int] = FOREGROUND_CLASSES,
+                     keep: int = 2) -> dict[int, tuple[Box, ...]]:
+    """Per class, the boxes of its ``keep`` largest connected components (by box volume).
+
+    ``label``: ``(D, H, W)`` integer array. Components are ``scipy.ndimage.label``'s (face
+    connectivity), labelled inside the class's own bounding box only (same result, a fraction
+    of the work on CT volumes where kidneys fill a few percent). A class absent from the label
+    maps to an empty tuple.
+    """
+    result: dict[int, tuple[Box, ...]] = {}
+    for cls in classes:
+        mask = label == cls
+        region = _bounding_slices(mask)
+        if region is None:
+            result[cls] = ()
+            continue
+        origin = np.array([s.start for s in region])
+        components, _ = scipy.ndimage.label(mask[region])
+        found = [(idx + 1, sl) for idx, sl in enumerate(scipy.ndimage.find_objects(components))
+                 if sl is not None]
+        found.sort(key=lambda item: (-int(np.prod([s.stop - s.start for s in item[1]])), item[0]))
+        boxes = []
+        for component, sl in found[:keep]:
+            voxels = np.argwhere(components[sl] == component)      # raster order
+            pick = np.unique(np.linspace(0, len(voxels) - 1, MAX_ANCHORS).round().astype(int))
+            corner = origin + [s.start for s in sl]
+            boxes.append(Box(start=tuple(int(v) for v in corner),
+                             stop=tuple(int(v) for v in origin + [s.stop for s in sl]),
+                             anchors=(voxels[pick] + corner).astype(np.int64)))
+        result[cls] = tuple(boxes)
+    return result
+
+
+def case_foreground_boxes(case: Case) -> dict[int, tuple[Box, ...]]:
+    """Read one case's label once, check its values and compute its foreground boxes."""
+    label = np.asarray(open_npy(case.label_path)[0])
+    check_label_values(case, label)
+    return foreground_boxes(label)
+
+
+# --------------------------------------------------------------------------------------------
+# training samples from the CPU caches (none, memory)
+
+class TrainingSet(torch.utils.data.Dataset):
+    """Map-style dataset of augmented training patches, keyed by ``(epoch, position, case)``.
+
+    ``cache``: ``"memory"`` memory-maps every volume once per process (the OS page cache holds
+    the data once for all worker processes; nothing is copied per worker), ``"none"`` reads the
+    whole .npy again for every sample as the reference does. ``boxes`` are the precomputed
+    foreground boxes per case. Items are ``(image (1, *patch) float32, label (1, *patch)
+    uint8)`` CPU tensors, a pure function of the key and ``seed``.
+    """
+
+    def __init__(self, cases: Sequence[Case], boxes: Sequence[ForegroundBoxes],
+                 patch: Sequence[int], oversampling: float, brightness: str, seed: int,
+                 cache: str = "memory"):
+        if cache not in ("none", "memory"):
+            raise ValueError(f"TrainingSet cache must be 'none' or 'memory', got {cache!r}")
+        self.cases, self.boxes = list(cases), list(boxes)
+        self.patch, self.oversampling = tuple(patch), oversampling
+        self.brightness, self.seed, self.cache = brightness, seed, cache
+        self._maps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def __getstate__(self):
+        # Worker processes started by spawn/forkserver reopen the maps instead of receiving
+        # copies of the volumes through a pipe.
+        state = self.__dict__.copy()
+        state["_maps"] = {}
+        return state
+
+    def volumes(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        case = self.cases[index]
+        if self.cache == "none":
+            return load_array(case.image_path, np.float32), load_array(case.label_path, np.uint8)
+        if index not in self._maps:
+            self._maps[index] = (open_npy(case.image_path), open_npy(case.label_path))
+        return self._maps[index]
+
+    def augmentation(self, key: tuple[int, int, int]):
+        epoch, position, index = key
+        rng = sample_rng(self.seed, epoch, position)
+        return draw_augmentation(rng, self.cases[index].shape, self.patch, self.boxes[index],
+                                 self.oversampling, self.brightness)
+
+    def __getitem__(self, key: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        image, label = self.volumes(key[2])
+        out_image, out_label = apply_augmentation(image, label, self.augmentation(key), self.patch)
+        return torch.from_numpy(out_image), torch.from_numpy(out_label)
+
+
+# --------------------------------------------------------------------------------------------
+# the device-resident cache
+
+class DeviceVolumes:
+    """Every training volume in two flat tensors on ``device`` (image float32, label uint8),
+    back to back in C order, with per-case ``offsets`` and ``shapes`` (int64, on the device)."""
+
+    def __init__(self, cases: Sequence[Case], device: torch.device):
+        self.device = torch.device(device)
+        sizes = [int(np.prod(c.shape)) for c in cases]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.images = torch.empty(sum(sizes), dtype=torch.float32, device=self.device)
+        self.labels = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+        for case, start, size in zip(cases, starts, sizes):
+            for flat, path, dtype in ((self.images, case.image_path, np.float32),
+                                      (self.labels, case.label_path, np.uint8)):
+                host = torch.from_numpy(np.array(open_npy(path), dtype=dtype).reshape(-1))
+                flat[start:start + size].copy_(host)
+        self.offsets = torch.as_tensor(starts[:len(cases)], device=self.device)
+        self.shapes = torch.as_tensor([c.shape for c in cases], dtype=torch.int64,
+                                      device=self.device).view(-1, 3)
+        if self.device.type == "cuda":
+            # The batches are cut on another stream (prefetch thread): finish filling first.
+            torch.cuda.synchronize(self.device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.images.numel() * 4 + self.labels.numel()

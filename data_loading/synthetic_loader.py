@@ -1,0 +1,94 @@
+"""``--loader synthetic``: random tensors of the right shapes, for pure compute benchmarks.
+
+The same interface and attributes as the real loaders (168 training cases, 42 evaluation
+cases, the same sharding and batch counts), with no disk access and no per-step cost: a few
+batches are generated once on the device, from ``config.seed``, and yielded again and again.
+Evaluation volumes are ``val_input_shape``-sized (one sliding window each) and carry the real
+evaluation case ids.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from data_loading.dataset import EVALUATION_CASES_FILE, NUM_CLASSES, read_evaluation_ids
+from data_loading.sampler import balance_by_cost, batches_per_epoch
+
+TRAIN_CASES = 168
+EVAL_CASES = 42
+DISTINCT_BATCHES = 2
+
+
+def _derived_seed(seed: int, stream: int, rank: int) -> int:
+    return int(np.random.SeedSequence([seed, stream, rank]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def random_batch(generator: torch.Generator, batch: int, shape: Sequence[int],
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(image float32 N(0, 1), label uint8 in 0..2)``, both ``(batch, 1, *shape)``, on
+    ``device`` (drawn on the CPU from ``generator`` so every device gets the same values)."""
+    size = (batch, 1, *shape)
+    image = torch.randn(size, generator=generator)
+    label = torch.randint(0, NUM_CLASSES, size, generator=generator, dtype=torch.uint8)
+    return image.to(device), label.to(device)
+
+
+class SyntheticTrainLoader:
+    """Random training batches with the real loader's interface."""
+
+    def __init__(self, seed: int, patch: Sequence[int], batch_size: int, num_shards: int,
+                 rank: int, device: torch.device, num_cases: int = TRAIN_CASES):
+        self.num_cases, self.batch_size, self.num_shards = num_cases, batch_size, num_shards
+        self.samples_per_epoch = num_shards * batch_size * len(self)
+        self.epoch = 1
+        generator = torch.Generator().manual_seed(_derived_seed(seed, 0, rank))
+        self._batches = [random_batch(generator, batch_size, patch, device)
+                         for _ in range(min(DISTINCT_BATCHES, max(1, len(self))))]
+
+    def __len__(self) -> int:
+        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for step in range(len(self)):
+            yield self._batches[step % len(self._batches)]
+
+
+class SyntheticEvalLoader:
+    """Random evaluation volumes ``(1, 1, *shape)`` with case ids, this rank's share."""
+
+    def __init__(self, seed: int, shape: Sequence[int], case_ids: Sequence[str], num_cases: int,
+                 device: torch.device):
+        self.case_ids, self.num_cases = list(case_ids), num_cases
+        generator = torch.Generator().manual_seed(_derived_seed(seed, 1, 0))
+        self._volume = random_batch(generator, 1, shape, device)
+
+    def __len__(self) -> int:
+        return len(self.case_ids)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, str]]:
+        for case_id in self.case_ids:
+            yield (*self._volume, case_id)
+
+
+def evaluation_ids(count: int = EVAL_CASES) -> list[str]:
+    """The real evaluation ids when the list is readable, else ``00000``, ``00001``, ..."""
+    ids = read_evaluation_ids(EVALUATION_CASES_FILE) if EVALUATION_CASES_FILE.is_file() else []
+    return ids[:count] if len(ids) >= count else [f"{i:05d}" for i in range(count)]
+
+
+def get_synthetic_loaders(config, num_shards: int, global_rank: int,
+                          device: torch.device | None = None):
+    """``(train_loader, val_loader)`` of random tensors; the contract of ``get_data_loaders``."""
+    device = device if device is not None else torch.device("cpu")
+    train = SyntheticTrainLoader(config.seed, config.input_shape, config.batch_size, num_shards,
+                                 global_rank, device)
+    ids = evaluation_ids()
+    shards = balance_by_cost([1] * len(ids), num_shards)     # equal volumes: equal cost
+    val = SyntheticEvalLoader(config.seed, config.val_input_shape,
+                              [ids[i] for i in shards[global_rank]], len(ids), device)
+    return train, val

@@ -1,0 +1,224 @@
+"""The benchmark's training augmentations as pure functions.
+
+One sample's randomness is drawn once, by :func:`draw_augmentation`, from a numpy ``Generator``
+that the caller seeds from (master seed, epoch, sample index); the result is a small
+:class:`Augmentation` record. Two interchangeable implementations then apply it:
+
+* numpy, on CPU arrays of shape ``(C, D, H, W)`` (the worker path): :func:`apply_augmentation`;
+* torch, on batches of any device (the device-resident cache): :func:`gather_patches`,
+  :func:`scale_brightness`, :func:`add_noise`.
+
+Given the same :class:`Augmentation`, both produce bit-identical patches on the CPU; on a GPU
+only the Gaussian noise values differ (torch's CUDA generator is another stream).
+
+Per sample, in the reference's order: biased crop, flip of each spatial axis with p=1/3, cast
+(image float32, label uint8), brightness with p=0.1, Gaussian noise with p=0.1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+FLIP_PROBABILITY = 1.0 / 3.0
+BRIGHTNESS_PROBABILITY = 0.1
+BRIGHTNESS_RANGE = (0.7, 1.3)
+NOISE_PROBABILITY = 0.1
+NOISE_MAX_STD = 0.1
+BRIGHTNESS_MODES = ("reference", "centered")
+
+
+@dataclass(frozen=True, eq=False)
+class Box:
+    """Bounding box of one connected component, ``[start, stop)`` per spatial axis.
+
+    ``anchors`` is an ``(k, 3)`` int array of voxels that belong to the component (a spread-out
+    subsample, ``k >= 1``). A patch smaller than the box along some axis is placed around one
+    of them, so it always contains part of the component even when the component is not
+    convex.
+    """
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    anchors: np.ndarray
+
+    @property
+    def volume(self) -> int:
+        return int(np.prod([b - a for a, b in zip(self.start, self.stop)]))
+
+
+# The foreground of one case: class (1 kidney, 2 tumour) -> its two largest components' boxes.
+ForegroundBoxes = Mapping[int, Sequence[Box]]
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """Every random choice for one training sample.
+
+    ``start``: patch corner per spatial axis; ``flips``: flip per spatial axis;
+    ``brightness``: image factor, or None; ``noise_std``/``noise_seed``: Gaussian noise, or
+    None; ``foreground_class``: the class the crop was centred on (0 = uniform crop).
+    """
+
+    start: tuple[int, ...]
+    flips: tuple[bool, ...]
+    brightness: float | None
+    noise_std: float | None
+    noise_seed: int
+    foreground_class: int
+
+
+# --------------------------------------------------------------------------------------------
+# Crop placement (pure, integers only)
+
+def random_patch_start(rng: np.random.Generator, shape: Sequence[int],
+                       patch: Sequence[int]) -> tuple[int, ...]:
+    """Uniform corner of a ``patch`` inside a volume of spatial ``shape`` (every position,
+    including the last one, which the reference's ``randrange(size - patch)`` never draws)."""
+    return tuple(int(rng.integers(0, size - p + 1)) for size, p in zip(shape, patch))
+
+
+def foreground_patch_start(rng: np.random.Generator, box: Box, shape: Sequence[int],
+                           patch: Sequence[int]) -> tuple[int, ...]:
+    """Corner of a ``patch`` placed around ``box`` inside a volume of spatial ``shape``.
+
+    Per axis, as the reference: where the box is shorter than the patch, the size difference is
+    split at random between the two sides (the whole box extent lies in the patch), then the
+    patch is shifted back inside the volume. Where the box is at least as long as the patch,
+    the patch lies inside the box; the reference places it anywhere there, which can miss a
+    non-convex component entirely, so here it is also kept over one of the box's anchor voxels.
+    The result always fits the volume and overlaps the component.
+    """
+    long_axes = [hi - lo >= p for lo, hi, p in zip(box.start, box.stop, patch)]
+    anchor = box.anchors[int(rng.integers(len(box.anchors)))] if any(long_axes) else None
+    start = []
+    for axis, (lo, hi, size, p) in enumerate(zip(box.start, box.stop, shape, patch)):
+        if not long_axes[axis]:
+            low = lo - int(rng.integers(0, p - (hi - lo) + 1))
+            low = min(max(low, 0), size - p)
+        else:
+            a = int(anchor[axis])
+            low = int(rng.integers(max(lo, a - p + 1), min(hi - p, a) + 1))
+        start.append(low)
+    return tuple(start)
+
+
+def draw_augmentation(rng: np.random.Generator, shape: Sequence[int], patch: Sequence[int],
+                      boxes: ForegroundBoxes, oversampling: float,
+                      brightness: str = "reference") -> Augmentation:
+    """Draw all random choices for one sample of a volume of spatial ``shape``.
+
+    With probability ``oversampling`` the patch is centred on the box of one of the two largest
+    components of a foreground class present in the case (class and box chosen uniformly);
+    otherwise, or without foreground, it is uniform. ``brightness`` chooses the factor:
+    ``reference`` multiplies by ``1 + U(0.7, 1.3)`` as the MLCommons code, ``centered`` by
+    ``U(0.7, 1.3)``.
+    """
+    if brightness not in BRIGHTNESS_MODES:
+        raise ValueError(f"brightness must be one of {BRIGHTNESS_MODES}, got {brightness!r}")
+    classes = sorted(c for c, found in boxes.items() if len(found) > 0)
+    foreground_class = 0
+    if rng.random() < oversampling and classes:
+        foreground_class = classes[int(rng.integers(len(classes)))]
+        found = boxes[foreground_class]
+        box = found[int(rng.integers(len(found)))]
+        start = foreground_patch_start(rng, box, shape, patch)
+    else:
+        start = random_patch_start(rng, shape, patch)
+    flips = tuple(bool(f) for f in rng.random(len(patch)) < FLIP_PROBABILITY)
+    factor = None
+    if rng.random() < BRIGHTNESS_PROBABILITY:
+        f = float(rng.uniform(*BRIGHTNESS_RANGE))
+        factor = 1.0 + f if brightness == "reference" else f
+    noise_std = None
+    if rng.random() < NOISE_PROBABILITY:
+        noise_std = float(rng.uniform(0.0, NOISE_MAX_STD))
+    noise_seed = int(rng.integers(2**62))
+    return Augmentation(start, flips, factor, noise_std, noise_seed, foreground_class)
+
+
+# --------------------------------------------------------------------------------------------
+# numpy implementation (CPU workers)
+
+def crop_and_flip(volume: np.ndarray, start: Sequence[int], patch: Sequence[int],
+                  flips: Sequence[bool], dtype) -> np.ndarray:
+    """Contiguous ``dtype`` copy of ``volume[:, patch at start]`` flipped along ``flips``.
+
+    ``volume`` is ``(C, D, H, W)`` (a memory map is fine: only the patch is read). One copy,
+    whatever the flips (they are negative-stride views until the copy).
+    """
+    index = [slice(None)]
+    for s, p, flip in zip(start, patch, flips):
+        index.append(slice(s + p - 1, s - 1 if s > 0 else None, -1) if flip else slice(s, s + p))
+    return np.array(volume[tuple(index)], dtype=dtype, copy=True)
+
+
+def noise_like(shape: Sequence[int], std: float, seed: int,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32 Gaussian noise of standard deviation ``std`` from a torch generator on
+    ``device`` seeded with ``seed`` (both implementations draw it here, so they agree)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    noise = torch.randn(tuple(shape), generator=generator, device=device, dtype=torch.float32)
+    return noise.mul_(float(np.float32(std)))
+
+
+def apply_augmentation(image: np.ndarray, label: np.ndarray,
+                       aug: Augmentation, patch: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Crop, flip, cast, brightness and noise: ``(C, D, H, W)`` volumes -> ``(C, *patch)``
+    float32 image and uint8 label (new arrays; the inputs are only read)."""
+    out_image = crop_and_flip(image, aug.start, patch, aug.flips, np.float32)
+    out_label = crop_and_flip(label, aug.start, patch, aug.flips, np.uint8)
+    if aug.brightness is not None:
+        out_image *= np.float32(aug.brightness)
+    if aug.noise_std is not None:
+        out_image += noise_like(out_image.shape, aug.noise_std, aug.noise_seed).numpy()
+    return out_image, out_label
+
+
+# --------------------------------------------------------------------------------------------
+# torch implementation (any device; batched, for the device-resident cache)
+
+def gather_patches(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,
+                   starts: torch.Tensor, flips: torch.Tensor,
+                   patch: Sequence[int]) -> torch.Tensor:
+    """Cropped and flipped patches of several volumes stored back to back in ``flat``.
+
+    ``flat``: 1-D tensor holding single-channel volumes in C order; per sample ``b``:
+    ``offsets[b]`` where its volume begins, ``shapes[b]`` its ``(D, H, W)``, ``starts[b]`` the
+    patch corner, ``flips[b]`` (bool) the axes to flip. All index tensors are int64 (flips
+    bool), shape ``(B,)`` or ``(B, 3)``, on ``flat``'s device. Returns ``(B, 1, *patch)`` with
+    ``flat``'s dtype: one gather for the whole batch.
+    """
+    batch = starts.shape[0]
+    device = flat.device
+    coords = []
+    for axis, p in enumerate(patch):
+        ramp = torch.arange(p, device=device, dtype=torch.int64)
+        ramp = torch.where(flips[:, axis, None], p - 1 - ramp, ramp)       # (B, p)
+        coords.append(starts[:, axis, None] + ramp)
+    stride_h = shapes[:, 2]
+    stride_d = shapes[:, 1] * stride_h
+    index = (offsets.view(batch, 1, 1, 1)
+             + (coords[0] * stride_d[:, None]).view(batch, -1, 1, 1)
+             + (coords[1] * stride_h[:, None]).view(batch, 1, -1, 1)
+             + coords[2].view(batch, 1, 1, -1))
+    return flat[index].unsqueeze(1)
+
+
+def scale_brightness(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """``images (B, C, ...)`` times one float32 factor per sample ``(B,)`` (1.0 = unchanged,
+    exactly), in place."""
+    return images.mul_(factors.view(-1, *([1] * (images.dim() - 1))))
+
+
+def add_noise(images: torch.Tensor, stds: Sequence[float | None],
+              seeds: Sequence[int]) -> torch.Tensor:
+    """Add Gaussian noise in place to the samples whose ``stds[b]`` is not None, each from a
+    generator on ``images``' device seeded with ``seeds[b]``."""
+    for b, (std, seed) in enumerate(zip(stds, seeds)):
+        if std is None:
+            continue
+        images[b].add_(noise_like(images.shape[1:], std, seed, images.device))
+    return images
