@@ -1,0 +1,412 @@
+"""KiTS19 preprocessing: raw NIfTI cases -> the benchmark's ``case_XXXXX_{x,y}.npy`` files.
+
+The per-case steps use the same operations, in the same order, as the MLCommons reference, so
+the files are byte-identical to its output and ``checksum.json`` verifies them:
+
+1. ``load_pair``: image ``get_fdata()`` -> float32, label -> uint8, both (1, D, H, W); the
+   spacing is ``header["pixdim"][1:4]`` as Python floats.
+2. ``resample``: if the spacing list differs from ``[1.6, 1.2, 1.2]`` (a float32 header value
+   such as 1.600000023841858 counts as different), resize to ``int(spacing / target * shape)``
+   with ``torch.nn.functional.interpolate``: trilinear ``align_corners=True`` for the image,
+   nearest for the label.
+3. ``normalize_intensity``: clip to [-79, 304], then ``(x - 101.0) / 76.9`` in float32.
+4. ``pad_to_min_shape``: edge-pad each spatial axis to at least 128 (``diff // 2`` before).
+5. ``save_atomic``: ``np.save(..., allow_pickle=False)`` to a temporary name, then rename.
+
+Input problems raise :class:`PreprocessError` with a one-line message naming the file or case.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import statistics
+import zlib
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+TARGET_SPACING = [1.6, 1.2, 1.2]  # (slices, height, width) in mm; a list, compared as one
+MIN_SHAPE = (128, 128, 128)
+CLIP_MIN, CLIP_MAX = -79, 304
+MEAN, STD = 101.0, 76.9
+FIRST_UNLABELLED_ID = 210  # KiTS19 has labels for cases 0-209 only
+LABEL_VALUES = (0, 1, 2)
+IMAGE_FILE, LABEL_FILE = "imaging.nii.gz", "segmentation.nii.gz"
+DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checksum.json")
+
+_CASE_DIR = re.compile(r"^case_(\d{5})$")
+_TEMP_SUFFIX = ".tmp"
+
+
+class PreprocessError(Exception):
+    """A problem with the input or output data; ``str()`` is a single line for the user."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One raw KiTS19 case. ``label_path`` is None for the unlabelled ids >= 210."""
+
+    case_id: int
+    image_path: str
+    label_path: str | None
+
+    @property
+    def name(self) -> str:
+        return f"case_{self.case_id:05d}"
+
+
+@dataclass(frozen=True)
+class CaseStats:
+    """What is printed per case: shape (1, D, H, W) and intensity statistics of the image."""
+
+    name: str
+    shape: tuple[int, ...]
+    mean: float
+    std: float
+
+    def line(self) -> str:
+        return f"{self.name}: shape {self.shape}, mean {self.mean:.4f}, std {self.std:.4f}"
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+def find_cases(data_dir: str) -> tuple[list[Case], list[Case]]:
+    """Raw cases under ``data_dir`` (or ``data_dir/data``), as (labelled, unlabelled), sorted.
+
+    Labelled cases (id < 210) must have both NIfTI files; unlabelled ones are returned only to
+    be counted and skipped.
+    """
+    if not os.path.isdir(data_dir):
+        raise PreprocessError(f"--data_dir {data_dir}: not a directory")
+    root = data_dir
+    names = _case_dirs(root)
+    if not names and os.path.isdir(os.path.join(data_dir, "data")):
+        root = os.path.join(data_dir, "data")  # the KiTS19 repository's layout
+        names = _case_dirs(root)
+    if not names:
+        raise PreprocessError(f"--data_dir {data_dir}: no case_XXXXX folders in it "
+                              "(nor in its data/ folder)")
+    labelled, unlabelled = [], []
+    for name in names:
+        case_id = int(_CASE_DIR.match(name).group(1))
+        folder = os.path.join(root, name)
+        image_path = os.path.join(folder, IMAGE_FILE)
+        if case_id >= FIRST_UNLABELLED_ID:
+            unlabelled.append(Case(case_id, image_path, None))
+            continue
+        label_path = os.path.join(folder, LABEL_FILE)
+        for path in (image_path, label_path):
+            if not os.path.isfile(path):
+                raise PreprocessError(f"{path}: missing (case {name} is in the labelled range)")
+        labelled.append(Case(case_id, image_path, label_path))
+    return labelled, unlabelled
+
+
+def _case_dirs(root: str) -> list[str]:
+    return sorted(n for n in os.listdir(root)
+                  if _CASE_DIR.match(n) and os.path.isdir(os.path.join(root, n)))
+
+
+# ----------------------------------------------------------------------------- per-case steps
+
+
+def _read_nifti(path: str):
+    """Open a NIfTI file; returns the nibabel image (data read lazily)."""
+    import nibabel
+    from nibabel.filebasedimages import ImageFileError
+
+    try:
+        return nibabel.load(path)
+    except (ImageFileError, OSError, EOFError, ValueError, zlib.error) as exc:
+        raise PreprocessError(f"{path}: unreadable or corrupt NIfTI ({_reason(exc)})") from None
+
+
+def _read_fdata(image, path: str) -> np.ndarray:
+    """``image.get_fdata()`` (float64), turning a truncated or corrupt payload into one line."""
+    from nibabel.filebasedimages import ImageFileError
+
+    try:
+        return image.get_fdata()
+    except (ImageFileError, OSError, EOFError, ValueError, zlib.error) as exc:
+        raise PreprocessError(f"{path}: unreadable or corrupt NIfTI ({_reason(exc)})") from None
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def load_pair(case: Case) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """Image float32 (1, D, H, W), label uint8 (1, D, H, W) and the spacing (3 floats).
+
+    Raises :class:`PreprocessError` for unreadable files, shapes that differ, NaN or infinite
+    intensities and label values outside {0, 1, 2} (checked before the uint8 cast would wrap
+    them).
+    """
+    nifti = _read_nifti(case.image_path)
+    spacing = nifti.header["pixdim"][1:4].tolist()
+    image = _read_fdata(nifti, case.image_path).astype(np.float32)
+    del nifti  # drops nibabel's cached float64 copy
+    if image.ndim != 3:
+        raise PreprocessError(f"{case.image_path}: expected a 3-D volume, got shape {image.shape}")
+    finite = np.isfinite(image)
+    if not finite.all():
+        raise PreprocessError(f"{case.image_path}: {image.size - int(finite.sum())} NaN or "
+                              "infinite intensities")
+    del finite
+
+    raw_label = _read_fdata(_read_nifti(case.label_path), case.label_path)
+    if raw_label.shape != image.shape:
+        raise PreprocessError(f"{case.name}: image shape {image.shape} and label shape "
+                              f"{raw_label.shape} differ")
+    bad = raw_label != LABEL_VALUES[0]
+    for value in LABEL_VALUES[1:]:
+        bad &= raw_label != value
+    if bad.any():
+        values = np.unique(raw_label[bad])
+        shown = ", ".join(f"{v:g}" for v in values[:8]) + (", ..." if values.size > 8 else "")
+        raise PreprocessError(f"{case.name}: label values outside {{0, 1, 2}}: {shown}")
+    label = raw_label.astype(np.uint8)
+    return np.expand_dims(image, 0), np.expand_dims(label, 0), spacing
+
+
+def resample(image: np.ndarray, label: np.ndarray, spacing: list[float],
+             target: list[float] = TARGET_SPACING) -> tuple[np.ndarray, np.ndarray]:
+    """Resize (1, D, H, W) image and label to ``target`` spacing; unchanged if equal.
+
+    The comparison is of Python lists, exactly as the reference does it.
+    """
+    if spacing == target:
+        return image, label
+    import torch
+    from torch.nn.functional import interpolate
+
+    new_shape = (np.array(spacing) / np.array(target) * np.array(image.shape[1:])).astype(int)
+    new_shape = new_shape.tolist()
+    image = interpolate(torch.from_numpy(np.expand_dims(image, 0)), size=new_shape,
+                        mode="trilinear", align_corners=True)
+    label = interpolate(torch.from_numpy(np.expand_dims(label, 0)), size=new_shape,
+                        mode="nearest")
+    return np.squeeze(image.numpy(), 0), np.squeeze(label.numpy(), 0)
+
+
+def normalize_intensity(image: np.ndarray) -> np.ndarray:
+    """Clip to [CLIP_MIN, CLIP_MAX] and standardise with the dataset's MEAN and STD (float32)."""
+    image = np.clip(image, CLIP_MIN, CLIP_MAX)
+    return (image - MEAN) / STD
+
+
+def pad_to_min_shape(image: np.ndarray, label: np.ndarray,
+                     min_shape: Sequence[int] = MIN_SHAPE) -> tuple[np.ndarray, np.ndarray]:
+    """Edge-pad each spatial axis of (1, D, H, W) arrays to at least ``min_shape``."""
+    bounds = [max(0, m - s) for m, s in zip(min_shape, image.shape[1:])]
+    paddings = [(0, 0)] + [(b // 2, b - b // 2) for b in bounds]
+    return np.pad(image, paddings, mode="edge"), np.pad(label, paddings, mode="edge")
+
+
+def preprocess_arrays(image: np.ndarray, label: np.ndarray,
+                      spacing: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 2-4 on loaded arrays: resample, normalise, pad. Shapes (1, D, H, W)."""
+    image, label = resample(image, label, spacing)
+    image = normalize_intensity(image)
+    return pad_to_min_shape(image, label)
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def output_paths(results_dir: str, name: str) -> tuple[str, str]:
+    return (os.path.join(results_dir, f"{name}_x.npy"), os.path.join(results_dir, f"{name}_y.npy"))
+
+
+def save_atomic(path: str, array: np.ndarray) -> None:
+    """``np.save`` to a hidden temporary file in the same folder, fsync, then rename.
+
+    A crash leaves at most a ``.<name>.<pid>.tmp`` file, never a partial ``.npy``.
+    """
+    folder, name = os.path.split(path)
+    temp = os.path.join(folder, f".{name}.{os.getpid()}{_TEMP_SUFFIX}")
+    try:
+        with open(temp, "wb") as handle:  # a file object: np.save would append ".npy" to a name
+            np.save(handle, array, allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+
+
+def prepare_results_dir(results_dir: str) -> None:
+    """Create ``results_dir`` if needed and prove that a file can be written in it."""
+    import tempfile
+
+    try:
+        os.makedirs(results_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=results_dir):
+            pass
+    except OSError as exc:
+        raise PreprocessError(f"--results_dir {results_dir}: not writable "
+                              f"({exc.strerror or type(exc).__name__})") from None
+
+
+def remove_stale_temporaries(results_dir: str) -> int:
+    """Delete temporary files that an interrupted run left behind; returns how many."""
+    removed = 0
+    for name in os.listdir(results_dir):
+        if name.startswith(".case_") and name.endswith(_TEMP_SUFFIX):
+            os.remove(os.path.join(results_dir, name))
+            removed += 1
+    return removed
+
+
+def is_complete(results_dir: str, name: str) -> bool:
+    """Both outputs exist, parse as .npy, and have the right dtypes and matching shapes."""
+    x_path, y_path = output_paths(results_dir, name)
+    try:
+        x = np.load(x_path, mmap_mode="r", allow_pickle=False)
+        y = np.load(y_path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return False
+    return (x.dtype == np.float32 and y.dtype == np.uint8 and x.ndim == 4 and x.shape[0] == 1
+            and x.shape == y.shape and all(s >= m for s, m in zip(x.shape[1:], MIN_SHAPE)))
+
+
+def process_case(case: Case, results_dir: str) -> CaseStats:
+    """Load, preprocess and save one case; returns its statistics."""
+    image, label, spacing = load_pair(case)
+    image, label = preprocess_arrays(image, label, spacing)
+    x_path, y_path = output_paths(results_dir, case.name)
+    save_atomic(x_path, image)
+    save_atomic(y_path, label)
+    return CaseStats(case.name, tuple(image.shape), float(image.mean(dtype=np.float64)),
+                     float(image.std(dtype=np.float64)))
+
+
+def median_line(stats: Sequence[CaseStats]) -> str:
+    """Median shape (per axis), mean and std over cases."""
+    shape = tuple(int(statistics.median(s.shape[i] for s in stats)) for i in range(4))
+    return (f"median over {len(stats)} cases: shape {shape}, "
+            f"mean {statistics.median(s.mean for s in stats):.4f}, "
+            f"std {statistics.median(s.std for s in stats):.4f}")
+
+
+# ----------------------------------------------------------------------------- parallel runs
+
+
+@contextmanager
+def _torch_threads(count: int):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _init_worker() -> None:
+    # One thread per process: the processes already use every core, and oversubscribed
+    # OpenMP threads would only contend.
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
+                     on_done: Callable[[CaseStats], None]) -> list[CaseStats]:
+    """Process ``cases`` across ``num_workers`` processes, calling ``on_done`` per case.
+
+    One worker runs in this process (no start-up cost). Several use a spawned process pool
+    (fork is unsafe once torch has started threads). The first error cancels the cases not yet
+    started and is raised here as :class:`PreprocessError`.
+    """
+    stats = []
+    if num_workers <= 1 or len(cases) <= 1:
+        with _torch_threads(1):
+            for case in cases:
+                stats.append(process_case(case, results_dir))
+                on_done(stats[-1])
+        return stats
+
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(num_workers, len(cases)), mp_context=context,
+                             initializer=_init_worker) as pool:
+        pending = {pool.submit(process_case, case, results_dir) for case in cases}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    stats.append(future.result())
+                    on_done(stats[-1])
+        except BrokenProcessPool:
+            raise PreprocessError("a worker process died abruptly (killed by a signal?); "
+                                  "finished cases are kept, run again to resume") from None
+        finally:
+            for future in pending:
+                future.cancel()
+    return stats
+
+
+# ----------------------------------------------------------------------------- verification
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One file that fails verification: ``kind`` is "missing", "extra" or "mismatch"."""
+
+    kind: str
+    file: str
+
+
+def md5_file(path: str, chunk: int = 1 << 22) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_checksums(path: str) -> dict[str, str]:
+    """``{file name: md5}`` from a JSON checksum file."""
+    try:
+        with open(path) as handle:
+            sums = json.load(handle)
+    except OSError as exc:
+        raise PreprocessError(f"--checksum {path}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:
+        raise PreprocessError(f"--checksum {path}: not valid JSON ({exc})") from None
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        raise PreprocessError(f"--checksum {path}: expected a JSON object of file name -> md5")
+    return sums
+
+
+def verify(results_dir: str, checksums: dict[str, str], num_workers: int = 1) -> list[Problem]:
+    """Every missing, extra (``.npy`` not in ``checksums``) and mismatching file, by name."""
+    if not os.path.isdir(results_dir):
+        raise PreprocessError(f"--results_dir {results_dir}: not a directory")
+    present = {n for n in os.listdir(results_dir)
+               if n.endswith(".npy") and not n.startswith(".")
+               and os.path.isfile(os.path.join(results_dir, n))}
+    expected = set(checksums)
+    to_hash = sorted(present & expected)
+    # hashlib releases the GIL on large blocks, so threads hash files in parallel.
+    with ThreadPoolExecutor(max_workers=max(1, num_workers)) as pool:
+        sums = dict(zip(to_hash, pool.map(md5_file, (os.path.join(results_dir, n)
+                                                      for n in to_hash))))
+    problems = [Problem("missing", n) for n in expected - present]
+    problems += [Problem("extra", n) for n in present - expected]
+    problems += [Problem("mismatch", n) for n in to_hash if sums[n] != checksums[n].lower()]
+    return sorted(problems, key=lambda p: (p.file, p.kind))
+

@@ -1,0 +1,251 @@
+"""Synthetic KiTS19: CT-like volumes in the raw KiTS19 layout, for tests, demos and benchmarks.
+
+Writes ``OUTPUT/case_XXXXX/imaging.nii.gz`` (int16 Hounsfield-like units) and
+``segmentation.nii.gz`` (uint8: 0 background, 1 kidney, 2 tumour) with the KiTS19 conventions:
+array axes (slices, height, width), ``pixdim[1:4]`` the spacing in that same order, an affine
+like the KiTS19 files', anisotropic spacing that varies per case. Every fourth case has exactly
+the benchmark's target spacing (1.6, 1.2, 1.2) in its header. Cases with id >= 210 get no
+segmentation, like the unlabelled cases of newer KiTS downloads.
+
+The anatomy (a body of soft tissue in a fat layer, a spine, two kidneys with a tumour in one or
+both) is laid out in coordinates relative to the field of view, so it looks alike at any size.
+The tumours are large and have a contrast of several noise standard deviations against both
+kidney and soft tissue, so that a small network can learn them within a few CPU minutes.
+
+Usage::
+
+    python -m data_loading.synthetic --output_dir RAW --cases 8 --seed 0 [--size small|medium|realistic]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+TARGET_SPACING = (1.6, 1.2, 1.2)  # the benchmark's target spacing, (slices, height, width), mm
+FIRST_UNLABELLED_ID = 210
+
+# Hounsfield-like levels (int16 in the file). After the benchmark's clip to [-79, 304] and
+# normalisation (x - 101) / 76.9: tissue -0.92, tumour +0.05, kidney +1.03, with noise 0.16.
+AIR_HU = -1000
+FAT_HU = -100
+SOFT_TISSUE_HU = 30
+BONE_HU = 700
+KIDNEY_HU = 180
+TUMOUR_HU = 105
+NOISE_HU = 12.0
+
+
+@dataclass(frozen=True)
+class SizePreset:
+    """Ranges (inclusive) drawn per case.
+
+    ``slices`` and ``pixels`` are the raw array sizes (height == width, as in CT);
+    ``out_slices`` and ``out_pixels`` the sizes after resampling to the target spacing, from
+    which the spacing follows: ``spacing = target * out / raw``.
+    """
+
+    slices: tuple[int, int]
+    pixels: tuple[int, int]
+    out_slices: tuple[int, int]
+    out_pixels: tuple[int, int]
+
+
+PRESETS = {
+    # ~60-140 voxels per axis; after resampling 112-150, so some axes need padding to 128.
+    "small": SizePreset(slices=(60, 140), pixels=(90, 140), out_slices=(112, 150),
+                        out_pixels=(112, 150)),
+    # A quarter of KiTS19's voxel count, for quicker trials at about the benchmark's
+    # preprocessed size.
+    "medium": SizePreset(slices=(220, 360), pixels=(260, 320), out_slices=(170, 210),
+                         out_pixels=(230, 270)),
+    # KiTS19 scale: 512 x 512 in-plane, 300-600 slices, about 190 x 250 x 250 after
+    # resampling (the sizes the benchmark's preprocessing sees). ~15 s per case to write.
+    "realistic": SizePreset(slices=(300, 600), pixels=(512, 512), out_slices=(170, 210),
+                            out_pixels=(230, 270)),
+}
+
+
+@dataclass(frozen=True)
+class SyntheticCase:
+    """One generated case. ``image`` int16 and ``label`` uint8 have shape (D, H, W)."""
+
+    case_id: int
+    image: np.ndarray
+    label: np.ndarray
+    spacing: tuple[float, float, float]
+
+
+def case_rng(seed: int, case_id: int) -> np.random.Generator:
+    """Independent stream per (seed, case): same case, same seed -> same volume, any order."""
+    return np.random.default_rng([seed, case_id])
+
+
+def draw_geometry(rng: np.random.Generator, preset: SizePreset,
+                  target_spacing: bool) -> tuple[tuple[int, int, int], tuple[float, ...]]:
+    """Array shape (D, H, W) and spacing (mm, same order) of one case."""
+    out_d = int(rng.integers(preset.out_slices[0], preset.out_slices[1] + 1))
+    out_hw = int(rng.integers(preset.out_pixels[0], preset.out_pixels[1] + 1))
+    if target_spacing:
+        return (out_d, out_hw, out_hw), TARGET_SPACING
+    depth = int(rng.integers(preset.slices[0], preset.slices[1] + 1))
+    pixels = int(rng.integers(preset.pixels[0], preset.pixels[1] + 1))
+    spacing_d = round(TARGET_SPACING[0] * out_d / depth, 3)
+    spacing_hw = round(TARGET_SPACING[1] * out_hw / pixels, 3)
+    return (depth, pixels, pixels), (spacing_d, spacing_hw, spacing_hw)
+
+
+def _axis_coords(size: int) -> np.ndarray:
+    """Voxel centres of one axis in field-of-view units, -1 .. 1 (float32)."""
+    return ((np.arange(size, dtype=np.float32) + 0.5) / size * 2 - 1).astype(np.float32)
+
+
+def _ellipsoid(shape: Sequence[int], centre: Sequence[float], radii: Sequence[float]):
+    """Mask of an axis-aligned ellipsoid, computed only inside its bounding box.
+
+    ``centre`` and ``radii`` are in field-of-view units per axis. Returns ``(slices, mask)``:
+    the bounding box as a tuple of slices and the boolean mask within it.
+    """
+    box, terms = [], []
+    for axis, (size, c, r) in enumerate(zip(shape, centre, radii)):
+        coords = _axis_coords(size)
+        lo = int(np.searchsorted(coords, c - r))
+        hi = int(np.searchsorted(coords, c + r, side="right"))
+        box.append(slice(lo, max(lo, hi)))
+        term = ((coords[lo:hi] - c) / r) ** 2
+        view = [1, 1, 1]
+        view[axis] = -1
+        terms.append(term.reshape(view))
+    return tuple(box), (terms[0] + terms[1] + terms[2]) <= 1.0
+
+
+def make_case(case_id: int, shape: Sequence[int], spacing: Sequence[float],
+              rng: np.random.Generator) -> SyntheticCase:
+    """Draw the anatomy of one case on an array of ``shape`` (D, H, W)."""
+    depth, height, width = shape
+    image = np.full(shape, AIR_HU, dtype=np.int16)
+    label = np.zeros(shape, dtype=np.uint8)
+
+    # Body: an elliptic cylinder along the slices, a fat layer around soft tissue.
+    y = _axis_coords(height)[:, None]
+    x = _axis_coords(width)[None, :]
+    ry, rx = rng.uniform(0.70, 0.85), rng.uniform(0.82, 0.95)
+    body_r2 = (y / ry) ** 2 + (x / rx) ** 2
+    image[:, body_r2 <= 1.0] = FAT_HU
+    image[:, body_r2 <= 0.80] = SOFT_TISSUE_HU
+    spine = ((y - 0.45 * ry) / 0.12) ** 2 + (x / 0.10) ** 2 <= 1.0
+    image[:, spine] = BONE_HU
+
+    centre_d = rng.uniform(-0.15, 0.15)
+    for side, has_tumour in ((-1, True), (1, bool(rng.random() < 0.5))):
+        centre = (centre_d + rng.uniform(-0.1, 0.1), 0.22 * ry + rng.uniform(-0.05, 0.05),
+                  side * rng.uniform(0.33, 0.42) * rx)
+        radii = (rng.uniform(0.30, 0.40), rng.uniform(0.17, 0.22), rng.uniform(0.14, 0.18))
+        box, mask = _ellipsoid(shape, centre, radii)
+        image[box][mask] = KIDNEY_HU
+        label[box][mask] = 1
+        if has_tumour:
+            # A sphere-like blob in kidney-relative units, kept inside the kidney.
+            r = rng.uniform(0.60, 0.80)
+            direction = rng.normal(size=3)
+            offset = direction / np.linalg.norm(direction) * rng.uniform(0.0, 0.95 - r)
+            t_centre = [c + o * rr for c, o, rr in zip(centre, offset, radii)]
+            t_box, t_mask = _ellipsoid(shape, t_centre, [r * rr for rr in radii])
+            image[t_box][t_mask] = TUMOUR_HU
+            label[t_box][t_mask] = 2
+
+    noise = rng.standard_normal(size=shape, dtype=np.float32)
+    noise *= NOISE_HU
+    image += np.rint(noise).astype(np.int16)
+    return SyntheticCase(case_id, image, label, tuple(float(s) for s in spacing))
+
+
+def kits_affine(spacing: Sequence[float]) -> np.ndarray:
+    """An affine like KiTS19's: array axis 0 (slices) maps to z, with negated directions."""
+    sd, sh, sw = spacing
+    return np.array([[0.0, 0.0, -sw, 0.0],
+                     [0.0, -sh, 0.0, 0.0],
+                     [-sd, 0.0, 0.0, 0.0],
+                     [0.0, 0.0, 0.0, 1.0]])
+
+
+def save_case(case: SyntheticCase, output_dir: str, labelled: bool) -> str:
+    """Write ``output_dir/case_XXXXX/{imaging,segmentation}.nii.gz``; returns the case folder."""
+    import nibabel
+
+    folder = os.path.join(output_dir, f"case_{case.case_id:05d}")
+    os.makedirs(folder, exist_ok=True)
+    affine = kits_affine(case.spacing)
+    items = [("imaging.nii.gz", case.image)]
+    if labelled:
+        items.append(("segmentation.nii.gz", case.label))
+    for name, array in items:
+        nifti = nibabel.Nifti1Image(array, affine)
+        nifti.header.set_zooms(case.spacing)  # pixdim[1:4] in array-axis order
+        nibabel.save(nifti, os.path.join(folder, name))
+    return folder
+
+
+def generate(output_dir: str, cases: int, seed: int = 0, size: str = "small",
+             start_id: int = 0) -> list[int]:
+    """Generate ``cases`` cases with ids ``start_id ..``; returns the ids written."""
+    preset = PRESETS[size]
+    ids = list(range(start_id, start_id + cases))
+    for case_id in ids:
+        rng = case_rng(seed, case_id)
+        shape, spacing = draw_geometry(rng, preset, target_spacing=case_id % 4 == 0)
+        case = make_case(case_id, shape, spacing, rng)
+        save_case(case, output_dir, labelled=case_id < FIRST_UNLABELLED_ID)
+    return ids
+
+
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="python -m data_loading.synthetic", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", required=True,
+                        help="raw dataset folder to write case_XXXXX/ folders into")
+    parser.add_argument("--cases", type=_non_negative_int, default=8,
+                        help="number of cases (default 8)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--size", choices=sorted(PRESETS), default="small",
+                        help="size preset (default small)")
+    parser.add_argument("--start_id", type=_non_negative_int, default=0,
+                        help="id of the first case (default 0); ids >= 210 get no segmentation")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        os.makedirs(args.output_dir, exist_ok=True)
+    except OSError as exc:
+        print(f"--output_dir {args.output_dir}: cannot create: {exc.strerror}", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    ids = generate(args.output_dir, args.cases, args.seed, args.size, args.start_id)
+    unlabelled = sum(i >= FIRST_UNLABELLED_ID for i in ids)
+    note = f" ({unlabelled} without segmentation)" if unlabelled else ""
+    print(f"wrote {len(ids)} {args.size} synthetic cases{note} to {args.output_dir} "
+          f"in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
