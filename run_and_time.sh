@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The MLPerf timed run, as the reference's run_and_time.sh: clear the caches, train to the
+# target quality with the reference's hyper-parameters, print the start and end times. The
+# program itself logs the MLPerf `cache_clear` event and prints the final RESULT line.
+#
+#   ./run_and_time.sh [SEED] [more main.py flags...]
+#
+# Settings (environment variables, defaults = the reference's timed run):
+#   DATASET_DIR     preprocessed dataset; unset = an embedded synthetic dataset is generated
+#                   and preprocessed first (SYNTHETIC_DIR, SYNTHETIC_CASES, SYNTHETIC_SEED)
+#   RESULTS_DIR     for the logs (LOG_DIR) and the checkpoint (SAVE_CKPT_PATH)
+#   MAX_EPOCHS QUALITY_THRESHOLD START_EVAL_AT EVALUATE_EVERY OPTIMIZER LEARNING_RATE
+#   INIT_LEARNING_RATE LR_WARMUP_EPOCHS MOMENTUM BATCH_SIZE GA_STEPS NUM_WORKERS
+#   NPROC_PER_NODE  more than 1: torchrun --standalone on this node's GPUs
+#   PYTHON          the interpreter (default: python, else python3)
+#   DRY_RUN=1       print the commands, shell-quoted, one per line, instead of running them
+set -euo pipefail
+
+REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SEED=${1:-${SEED:--1}}
+if (( $# > 0 )); then shift; fi
+
+PYTHON=${PYTHON:-$(command -v python || command -v python3 || echo python)}
+MAX_EPOCHS=${MAX_EPOCHS:-4000}
+QUALITY_THRESHOLD=${QUALITY_THRESHOLD:-0.908}
+START_EVAL_AT=${START_EVAL_AT:-1000}
+EVALUATE_EVERY=${EVALUATE_EVERY:-20}
+OPTIMIZER=${OPTIMIZER:-sgd}
+LEARNING_RATE=${LEARNING_RATE:-0.8}
+INIT_LEARNING_RATE=${INIT_LEARNING_RATE:-1e-4}
+LR_WARMUP_EPOCHS=${LR_WARMUP_EPOCHS:-200}
+MOMENTUM=${MOMENTUM:-0.9}
+BATCH_SIZE=${BATCH_SIZE:-2}
+GA_STEPS=${GA_STEPS:-1}
+NUM_WORKERS=${NUM_WORKERS:-8}
+NPROC_PER_NODE=${NPROC_PER_NODE:-1}
+RESULTS_DIR=${RESULTS_DIR:-$PWD/results/run_and_time-seed$SEED}
+LOG_DIR=${LOG_DIR:-$RESULTS_DIR}
+SAVE_CKPT_PATH=${SAVE_CKPT_PATH:-$RESULTS_DIR/checkpoint.pt}
+SYNTHETIC_DIR=${SYNTHETIC_DIR:-$PWD/results/synthetic-kits19}
+SYNTHETIC_CASES=${SYNTHETIC_CASES:-12}
+SYNTHETIC_SEED=${SYNTHETIC_SEED:-0}
+
+run() {
+    if [[ ${DRY_RUN:-0} == 1 ]]; then
+        local line
+        printf -v line '%q ' "$@"
+        printf '%s\n' "${line% }"
+    else
+        "$@"
+    fi
+}
+
+# The embedded dataset: small synthetic KiTS19-like cases, generated and preprocessed once
+# (a marker file records a finished preparation; a half-written one is redone).
+prepare_synthetic() {
+    local raw=$SYNTHETIC_DIR/raw data=$SYNTHETIC_DIR/preprocessed
+    DATASET_DIR=$data
+    [[ -f $data/.complete ]] && return 0
+    echo "no DATASET_DIR given: preparing $SYNTHETIC_CASES synthetic cases in $SYNTHETIC_DIR" >&2
+    run rm -rf "$raw" "$data"
+    # -m imports from the checkout, wherever the caller stands.
+    run env "PYTHONPATH=$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" \
+        "$PYTHON" -m data_loading.synthetic --output_dir "$raw" \
+        --cases "$SYNTHETIC_CASES" --seed "$SYNTHETIC_SEED"
+    run "$PYTHON" "$REPO_DIR/preprocess_dataset.py" --data_dir "$raw" --results_dir "$data"
+    run touch "$data/.complete"
+}
+
+# Drop the page cache so that the timed run reads its data cold, as the reference asks; only
+# root outside a container may, so skip it quietly everywhere else.
+clear_page_cache() {
+    if [[ ${DRY_RUN:-0} == 1 ]]; then
+        echo 'sync; echo 3 > /proc/sys/vm/drop_caches'
+        return 0
+    fi
+    sync
+    if [[ -w /proc/sys/vm/drop_caches ]] && { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null; then
+        echo "page cache dropped" >&2
+    else
+        echo "page cache not dropped (needs root outside a container)" >&2
+    fi
+}
+
+# Timestamps are real output; in a dry run stdout holds only the commands.
+say() {
+    if [[ ${DRY_RUN:-0} == 1 ]]; then
+        return 0
+    fi
+    printf '%s\n' "$*"
+}
+
+if [[ -z ${DATASET_DIR:-} ]]; then
+    prepare_synthetic
+elif [[ ! -d $DATASET_DIR ]]; then
+    echo "error: DATASET_DIR=$DATASET_DIR does not exist" >&2
+    exit 1
+fi
+run mkdir -p "$LOG_DIR" "$(dirname "$SAVE_CKPT_PATH")"
+
+launcher=("$PYTHON")
+if (( NPROC_PER_NODE > 1 )); then
+    launcher=(torchrun --standalone --nproc_per_node "$NPROC_PER_NODE")
+fi
+
+clear_page_cache
+
+start=$(date +%s)
+start_fmt=$(date '+%Y-%m-%d %r')
+say "STARTING TIMING RUN AT $start_fmt"
+status=0
+run "${launcher[@]}" "$REPO_DIR/main.py" \
+    --data_dir "$DATASET_DIR" \
+    --log_dir "$LOG_DIR" \
+    --save_ckpt_path "$SAVE_CKPT_PATH" \
+    --seed "$SEED" \
+    --epochs "$MAX_EPOCHS" \
+    --quality_threshold "$QUALITY_THRESHOLD" \
+    --start_eval_at "$START_EVAL_AT" \
+    --evaluate_every "$EVALUATE_EVERY" \
+    --optimizer "$OPTIMIZER" \
+    --learning_rate "$LEARNING_RATE" \
+    --init_learning_rate "$INIT_LEARNING_RATE" \
+    --lr_warmup_epochs "$LR_WARMUP_EPOCHS" \
+    --momentum "$MOMENTUM" \
+    --batch_size "$BATCH_SIZE" \
+    --ga_steps "$GA_STEPS" \
+    --num_workers "$NUM_WORKERS" \
+    "$@" || status=$?
+end=$(date +%s)
+say "ENDING TIMING RUN AT $(date '+%Y-%m-%d %r') ($(( end - start )) s, exit status $status)"
+exit "$status"

