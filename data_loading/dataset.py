@@ -29,6 +29,7 @@ FOREGROUND_CLASSES = (1, 2)
 NUM_CLASSES = 3
 MAX_ANCHORS = 16
 _FILE_PATTERN = re.compile(r"^case_(\d+)_([xy])\.npy$")
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 class DataError(ValueError):
@@ -60,8 +61,13 @@ def read_evaluation_ids(path: Path = EVALUATION_CASES_FILE) -> list[str]:
 def open_npy(path: Path) -> np.ndarray:
     """Memory-map an .npy file (reads only its header now); DataError naming it if unreadable."""
     try:
+        with open(path, "rb") as handle:
+            if handle.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+                raise DataError(f"corrupt or unreadable file {path}: not a .npy file")
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as err:
+        if isinstance(err, DataError):
+            raise
         raise DataError(f"corrupt or unreadable file {path}: {err}".splitlines()[0]) from None
 
 
