@@ -43,8 +43,9 @@ set_common_defaults() {
     RESULTS_DIR=${RESULTS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/results/$JOB_ID}
     CODE_DIR=${CODE_DIR:-$REPO_DIR}
     GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-4}}
-    # The reference's one data worker per CPU does not fit several processes on a node:
-    # share the job's CPUs between the GPUs, leaving one for each training process.
+    [[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "GPUS_PER_NODE must be a positive integer, got '$GPUS_PER_NODE'"
+    # The reference's 8 data workers per process can oversubscribe a node with several GPUs:
+    # share the job's CPUs between the processes, leaving one CPU for each training process.
     if [[ -z ${NUM_WORKERS:-} ]]; then
         if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then
             NUM_WORKERS=$(( SLURM_CPUS_PER_TASK / GPUS_PER_NODE - 1 ))
@@ -53,7 +54,6 @@ set_common_defaults() {
             NUM_WORKERS=8
         fi
     fi
-    [[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "GPUS_PER_NODE must be a positive integer, got '$GPUS_PER_NODE'"
     # Paths as the training process sees them (inside the container when there is one).
     DATA_IN_JOB=/scratch/kits19
     RESULTS_IN_JOB=/results
