@@ -280,10 +280,30 @@ def is_complete(results_dir: str, name: str) -> bool:
             and x.shape == y.shape and all(s >= m for s, m in zip(x.shape[1:], MIN_SHAPE)))
 
 
-def process_case(case: Case, results_dir: str) -> CaseStats:
-    """Load, preprocess and save one case; returns its statistics."""
+@contextmanager
+def _torch_threads(count: int | None):
+    if count is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def process_case(case: Case, results_dir: str, torch_threads: int | None = None) -> CaseStats:
+    """Load, preprocess and save one case; returns its statistics.
+
+    ``torch_threads`` limits torch's threads for the resampling only (None: leave as set), so
+    a case that fails to load never pays for importing torch.
+    """
     image, label, spacing = load_pair(case)
-    image, label = preprocess_arrays(image, label, spacing)
+    with _torch_threads(torch_threads):
+        image, label = preprocess_arrays(image, label, spacing)
     x_path, y_path = output_paths(results_dir, case.name)
     save_atomic(x_path, image)
     save_atomic(y_path, label)
@@ -302,48 +322,29 @@ def median_line(stats: Sequence[CaseStats]) -> str:
 # ----------------------------------------------------------------------------- parallel runs
 
 
-@contextmanager
-def _torch_threads(count: int):
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _init_worker() -> None:
-    # One thread per process: the processes already use every core, and oversubscribed
-    # OpenMP threads would only contend.
-    import torch
-
-    torch.set_num_threads(1)
-
-
 def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
                      on_done: Callable[[CaseStats], None]) -> list[CaseStats]:
     """Process ``cases`` across ``num_workers`` processes, calling ``on_done`` per case.
 
     One worker runs in this process (no start-up cost). Several use a spawned process pool
-    (fork is unsafe once torch has started threads). The first error cancels the cases not yet
-    started and is raised here as :class:`PreprocessError`.
+    (fork is unsafe once torch has started threads). Either way torch gets one thread per
+    process: the processes already use every core, and more threads would only contend. The
+    first error cancels the cases not yet started and is raised here.
     """
+    os.makedirs(results_dir, exist_ok=True)
     stats = []
     if num_workers <= 1 or len(cases) <= 1:
-        with _torch_threads(1):
-            for case in cases:
-                stats.append(process_case(case, results_dir))
-                on_done(stats[-1])
+        for case in cases:
+            stats.append(process_case(case, results_dir, torch_threads=1))
+            on_done(stats[-1])
         return stats
 
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(num_workers, len(cases)), mp_context=context,
-                             initializer=_init_worker) as pool:
-        pending = {pool.submit(process_case, case, results_dir) for case in cases}
+    with ProcessPoolExecutor(max_workers=min(num_workers, len(cases)),
+                             mp_context=context) as pool:
+        pending = {pool.submit(process_case, case, results_dir, 1) for case in cases}
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -351,7 +352,7 @@ def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
                     stats.append(future.result())
                     on_done(stats[-1])
         except BrokenProcessPool:
-            raise PreprocessError("a worker process died abruptly (killed by a signal?); "
+            raise PreprocessError("a worker process ended abruptly; "
                                   "finished cases are kept, run again to resume") from None
         finally:
             for future in pending:
