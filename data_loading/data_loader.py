@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet,
+from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, collate_batch,
                                   case_foreground_boxes, check_label_values, check_patch_fits,
                                   discover_cases, load_array, read_evaluation_ids, split_cases)
 from data_loading.prefetch import prefetch
@@ -91,7 +91,7 @@ class TrainLoader:
         # instead of from the global torch RNG (which it would otherwise advance every epoch).
         self._loader = torch.utils.data.DataLoader(
             self.dataset, batch_sampler=self._sampler, num_workers=self.num_workers,
-            pin_memory=cuda, persistent_workers=self.num_workers > 0,
+            collate_fn=collate_batch, pin_memory=cuda, persistent_workers=self.num_workers > 0,
             generator=torch.Generator().manual_seed(self.seed))
 
     def __len__(self) -> int:

@@ -249,9 +249,41 @@ class TrainingSet(torch.utils.data.Dataset):
                                  self.oversampling, self.brightness)
 
     def __getitem__(self, key: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        image, label = self.volumes(key[2])
-        out_image, out_label = apply_augmentation(image, label, self.augmentation(key), self.patch)
-        return torch.from_numpy(out_image), torch.from_numpy(out_label)
+        images, labels = self.__getitems__([key])
+        return images[0], labels[0]
+
+    def __getitems__(self, keys: Sequence[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole batch ``(images (B, 1, *patch) float32, labels (B, 1, *patch) uint8)``,
+        each patch cropped straight into the batch tensor (no per-sample arrays, no stacking).
+        The DataLoader calls this with one batch of keys; pair it with :func:`collate_batch`."""
+        shape = (len(keys), 1, *self.patch)
+        images, labels = batch_buffer(shape, torch.float32), batch_buffer(shape, torch.uint8)
+        image_array, label_array = images.numpy(), labels.numpy()
+        for b, key in enumerate(keys):
+            image, label = self.volumes(key[2])
+            apply_augmentation(image, label, self.augmentation(key), self.patch,
+                               image_array[b], label_array[b])
+        return images, labels
+
+
+def collate_batch(batch):
+    """The DataLoader's collate for :meth:`TrainingSet.__getitems__`: already a batch."""
+    return batch
+
+
+def batch_buffer(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialised CPU tensor for a batch.
+
+    In a DataLoader worker it is allocated in shared memory, so sending it to the main process
+    copies nothing (what the default collate does too). Elsewhere it is numpy heap memory,
+    which the C library reuses from batch to batch, where torch's CPU allocator would map and
+    fault in fresh pages (measured: 16 MiB in 0.3 ms vs 17 ms).
+    """
+    if torch.utils.data.get_worker_info() is not None:
+        numel = int(np.prod(shape))
+        storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+        return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+    return torch.from_numpy(np.empty(tuple(shape), dtype=torch.empty(0, dtype=dtype).numpy().dtype))
 
 
 # --------------------------------------------------------------------------------------------

@@ -143,37 +143,54 @@ def draw_augmentation(rng: np.random.Generator, shape: Sequence[int], patch: Seq
 # numpy implementation (CPU workers)
 
 def crop_and_flip(volume: np.ndarray, start: Sequence[int], patch: Sequence[int],
-                  flips: Sequence[bool], dtype) -> np.ndarray:
+                  flips: Sequence[bool], dtype, out: np.ndarray | None = None) -> np.ndarray:
     """Contiguous ``dtype`` copy of ``volume[:, patch at start]`` flipped along ``flips``.
 
     ``volume`` is ``(C, D, H, W)`` (a memory map is fine: only the patch is read). One copy,
-    whatever the flips (they are negative-stride views until the copy).
+    whatever the flips (they are negative-stride views until the copy), into ``out`` when
+    given (shape ``(C, *patch)``).
     """
     index = [slice(None)]
     for s, p, flip in zip(start, patch, flips):
         index.append(slice(s + p - 1, s - 1 if s > 0 else None, -1) if flip else slice(s, s + p))
-    return np.array(volume[tuple(index)], dtype=dtype, copy=True)
+    view = volume[tuple(index)]
+    if out is None:
+        return np.array(view, dtype=dtype, copy=True)
+    np.copyto(out, view, casting="unsafe")
+    return out
 
 
-def noise_like(shape: Sequence[int], std: float, seed: int,
-               device: torch.device | str = "cpu") -> torch.Tensor:
-    """float32 Gaussian noise of standard deviation ``std`` from a torch generator on
-    ``device`` seeded with ``seed`` (both implementations draw it here, so they agree)."""
+def standard_noise(shape: Sequence[int], seed: int, device: torch.device | str = "cpu",
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 N(0, 1) noise from a torch generator on ``device`` seeded with ``seed`` (both
+    implementations draw it here, so they agree on the CPU); written into ``out`` if given."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    noise = torch.randn(tuple(shape), generator=generator, device=device, dtype=torch.float32)
-    return noise.mul_(float(np.float32(std)))
+    return torch.randn(tuple(shape), generator=generator, device=device, dtype=torch.float32,
+                       out=out)
 
 
-def apply_augmentation(image: np.ndarray, label: np.ndarray,
-                       aug: Augmentation, patch: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def add_scaled_noise(image: torch.Tensor, std: float, seed: int,
+                     scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """``image += std * N(0, 1)`` in place, in one fused pass (same kernel on both paths)."""
+    noise = standard_noise(image.shape, seed, image.device, scratch)
+    return image.add_(noise, alpha=float(np.float32(std)))
+
+
+def apply_augmentation(image: np.ndarray, label: np.ndarray, aug: Augmentation,
+                       patch: Sequence[int], out_image: np.ndarray | None = None,
+                       out_label: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Crop, flip, cast, brightness and noise: ``(C, D, H, W)`` volumes -> ``(C, *patch)``
-    float32 image and uint8 label (new arrays; the inputs are only read)."""
-    out_image = crop_and_flip(image, aug.start, patch, aug.flips, np.float32)
-    out_label = crop_and_flip(label, aug.start, patch, aug.flips, np.uint8)
+    float32 image and uint8 label, new arrays or written into ``out_image``/``out_label``
+    (the inputs are only read)."""
+    out_image = crop_and_flip(image, aug.start, patch, aug.flips, np.float32, out_image)
+    out_label = crop_and_flip(label, aug.start, patch, aug.flips, np.uint8, out_label)
     if aug.brightness is not None:
         out_image *= np.float32(aug.brightness)
     if aug.noise_std is not None:
-        out_image += noise_like(out_image.shape, aug.noise_std, aug.noise_seed).numpy()
+        # numpy-allocated scratch: reused heap memory, where torch's allocator would fault
+        # in fresh pages for every sample.
+        scratch = torch.from_numpy(np.empty(out_image.shape, np.float32))
+        add_scaled_noise(torch.from_numpy(out_image), aug.noise_std, aug.noise_seed, scratch)
     return out_image, out_label
 
 
@@ -220,5 +237,5 @@ def add_noise(images: torch.Tensor, stds: Sequence[float | None],
     for b, (std, seed) in enumerate(zip(stds, seeds)):
         if std is None:
             continue
-        images[b].add_(noise_like(images.shape[1:], std, seed, images.device))
+        add_scaled_noise(images[b], std, seed)
     return images
