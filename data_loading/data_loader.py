@@ -30,19 +30,31 @@ from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, c
 from data_loading.prefetch import prefetch
 from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
                                   epoch_batches)
-from data_loading.transforms import add_noise, gather_patches, scale_brightness
+from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
 from data_loading.windows import window_geometry
 
 CACHE_MODES = ("auto", "none", "memory", "device")
 
 
-def resolve_cache(cache: str, device: torch.device | None) -> str:
-    """The cache mode actually used: ``auto`` -> ``device`` on CUDA, else ``memory``."""
+# `auto` keeps the training set on the GPU only if it takes at most this share of the free
+# device memory (the rest is for the model, activations and evaluation).
+DEVICE_CACHE_MAX_SHARE = 0.5
+
+
+def resolve_cache(cache: str, device: torch.device | None, dataset_bytes: int | None = None) -> str:
+    """The cache mode actually used: ``auto`` -> ``device`` on CUDA/ROCm when the training set
+    (``dataset_bytes``, if given) fits in half the free device memory, else ``memory``."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
-    if cache == "auto":
-        return "device" if device is not None and device.type == "cuda" else "memory"
-    return cache
+    if cache != "auto":
+        return cache
+    if device is None or device.type != "cuda":
+        return "memory"
+    if dataset_bytes is not None:
+        free, _ = torch.cuda.mem_get_info(device)
+        if dataset_bytes > DEVICE_CACHE_MAX_SHARE * free:
+            return "memory"
+    return "device"
 
 
 class TrainLoader:
@@ -64,6 +76,7 @@ class TrainLoader:
         self.batch_size, self.num_shards, self.rank = batch_size, num_shards, rank
         self.cache, self.device = cache, device
         self.num_workers = 0 if cache == "device" else num_workers
+        self._prepare_threads = max(1, num_workers)
         self.prefetch_depth = prefetch_depth
         self.num_cases = len(self.cases)
         self.samples_per_epoch = num_shards * batch_size * len(self)
@@ -79,7 +92,7 @@ class TrainLoader:
         """Compute the foreground boxes and fill the cache (once)."""
         if self.dataset is not None:
             return
-        boxes = compute_boxes(self.cases, max(1, self.num_workers))
+        boxes = compute_boxes(self.cases, self._prepare_threads)
         self.dataset = TrainingSet(self.cases, boxes, self.patch, self.oversampling,
                                    self.brightness, self.seed,
                                    cache="memory" if self.cache == "device" else self.cache)
@@ -106,9 +119,9 @@ class TrainLoader:
         return epoch_batches(self.seed, self.epoch if epoch is None else epoch,
                              self.num_cases, self.num_shards, self.rank, self.batch_size)
 
-    def _device_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _device_batches(self, batch_keys) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         volumes, dev = self._volumes, self._volumes.device
-        for keys in self.batch_keys():
+        for keys in batch_keys:
             augs = [self.dataset.augmentation(key) for key in keys]
             # Two small host-to-device copies per batch: integer and float parameters.
             ints = torch.tensor([[key[2], *a.start, *a.flips] for key, a in zip(keys, augs)],
@@ -117,8 +130,10 @@ class TrainLoader:
                                    dtype=torch.float32).to(dev)
             cases, starts, flips = ints[:, 0], ints[:, 1:4], ints[:, 4:7].bool()
             offsets, shapes = volumes.offsets[cases], volumes.shapes[cases]
-            images = gather_patches(volumes.images, offsets, shapes, starts, flips, self.patch)
-            labels = gather_patches(volumes.labels, offsets, shapes, starts, flips, self.patch)
+            indices = patch_indices(offsets, shapes, starts, flips, self.patch)
+            images = gather_patches(volumes.images, indices)
+            labels = gather_patches(volumes.labels, indices)
+            del indices
             scale_brightness(images, factors)
             add_noise(images, [a.noise_std for a in augs], [a.noise_seed for a in augs])
             yield images, labels
@@ -127,7 +142,10 @@ class TrainLoader:
         self.prepare()
         # The DataLoader iterator (and its worker processes) is created here, in the calling
         # thread; the prefetch thread only pulls batches from it.
-        batches = self._device_batches() if self._loader is None else iter(self._loader)
+        if self._loader is None:
+            batches = self._device_batches(self.batch_keys())
+        else:
+            batches = iter(self._loader)
         return prefetch(batches, self.device, self.prefetch_depth)
 
 
@@ -198,10 +216,12 @@ def get_data_loaders(config, num_shards: int, global_rank: int,
                         "evaluation_cases.txt has a case_XXXXX_x.npy / _y.npy pair there")
     check_patch_fits(train_cases, config.input_shape)
 
+    nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)   # float32 + uint8
     train_loader = TrainLoader(
         train_cases, patch=config.input_shape, oversampling=config.oversampling,
         brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
-        batch_size=config.batch_size, cache=resolve_cache(config.cache, device), device=device,
+        batch_size=config.batch_size, cache=resolve_cache(config.cache, device, nbytes),
+        device=device,
         num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.is_train)
     if config.is_train and len(train_loader) == 0:
         raise DataError(f"{len(train_cases)} training cases in {config.data_dir} make no full "

@@ -43,6 +43,7 @@ class SyntheticTrainLoader:
         self.num_cases, self.batch_size, self.num_shards = num_cases, batch_size, num_shards
         self.samples_per_epoch = num_shards * batch_size * len(self)
         self.epoch = 1
+        self.cache = "synthetic"
         generator = torch.Generator().manual_seed(_derived_seed(seed, 0, rank))
         self._batches = [random_batch(generator, batch_size, patch, device)
                          for _ in range(min(DISTINCT_BATCHES, max(1, len(self))))]

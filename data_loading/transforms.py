@@ -5,8 +5,8 @@ that the caller seeds from (master seed, epoch, sample index); the result is a s
 :class:`Augmentation` record. Two interchangeable implementations then apply it:
 
 * numpy, on CPU arrays of shape ``(C, D, H, W)`` (the worker path): :func:`apply_augmentation`;
-* torch, on batches of any device (the device-resident cache): :func:`gather_patches`,
-  :func:`scale_brightness`, :func:`add_noise`.
+* torch, on batches of any device (the device-resident cache): :func:`patch_indices` +
+  :func:`gather_patches` (crop and flips), :func:`scale_brightness`, :func:`add_noise`.
 
 Given the same :class:`Augmentation`, both produce bit-identical patches on the CPU; on a GPU
 only the Gaussian noise values differ (torch's CUDA generator is another stream).
@@ -197,31 +197,34 @@ def apply_augmentation(image: np.ndarray, label: np.ndarray, aug: Augmentation,
 # --------------------------------------------------------------------------------------------
 # torch implementation (any device; batched, for the device-resident cache)
 
-def gather_patches(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,
-                   starts: torch.Tensor, flips: torch.Tensor,
-                   patch: Sequence[int]) -> torch.Tensor:
-    """Cropped and flipped patches of several volumes stored back to back in ``flat``.
+def patch_indices(offsets: torch.Tensor, shapes: torch.Tensor, starts: torch.Tensor,
+                  flips: torch.Tensor, patch: Sequence[int]) -> torch.Tensor:
+    """Flat indices ``(B, *patch)`` (int64) of cropped and flipped patches of volumes stored
+    back to back in one 1-D tensor.
 
-    ``flat``: 1-D tensor holding single-channel volumes in C order; per sample ``b``:
-    ``offsets[b]`` where its volume begins, ``shapes[b]`` its ``(D, H, W)``, ``starts[b]`` the
-    patch corner, ``flips[b]`` (bool) the axes to flip. All index tensors are int64 (flips
-    bool), shape ``(B,)`` or ``(B, 3)``, on ``flat``'s device. Returns ``(B, 1, *patch)`` with
-    ``flat``'s dtype: one gather for the whole batch.
+    Per sample ``b``: ``offsets[b]`` where its single-channel C-order volume begins,
+    ``shapes[b]`` its ``(D, H, W)``, ``starts[b]`` the patch corner, ``flips[b]`` (bool) the
+    axes to flip. Index tensors are int64 (flips bool), ``(B,)`` or ``(B, 3)``, all on the
+    device the indices are wanted on. A flipped axis simply counts down.
     """
     batch = starts.shape[0]
-    device = flat.device
     coords = []
     for axis, p in enumerate(patch):
-        ramp = torch.arange(p, device=device, dtype=torch.int64)
+        ramp = torch.arange(p, device=starts.device, dtype=torch.int64)
         ramp = torch.where(flips[:, axis, None], p - 1 - ramp, ramp)       # (B, p)
         coords.append(starts[:, axis, None] + ramp)
     stride_h = shapes[:, 2]
     stride_d = shapes[:, 1] * stride_h
-    index = (offsets.view(batch, 1, 1, 1)
-             + (coords[0] * stride_d[:, None]).view(batch, -1, 1, 1)
-             + (coords[1] * stride_h[:, None]).view(batch, 1, -1, 1)
-             + coords[2].view(batch, 1, 1, -1))
-    return flat[index].unsqueeze(1)
+    return (offsets.view(batch, 1, 1, 1)
+            + (coords[0] * stride_d[:, None]).view(batch, -1, 1, 1)
+            + (coords[1] * stride_h[:, None]).view(batch, 1, -1, 1)
+            + coords[2].view(batch, 1, 1, -1))
+
+
+def gather_patches(flat: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``flat[indices]`` with a channel axis: ``(B, 1, *patch)``, ``flat``'s dtype; one gather
+    for the whole batch (image and label share the same ``indices``)."""
+    return flat[indices].unsqueeze(1)
 
 
 def scale_brightness(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:

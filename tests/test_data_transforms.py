@@ -8,7 +8,8 @@ import torch
 from data_loading.dataset import foreground_boxes
 from data_loading.transforms import (Augmentation, Box, add_noise, apply_augmentation,
                                      crop_and_flip, draw_augmentation, foreground_patch_start,
-                                     gather_patches, random_patch_start, scale_brightness)
+                                     gather_patches, patch_indices, random_patch_start,
+                                     scale_brightness)
 
 PATCH = (16, 16, 16)
 
@@ -209,8 +210,9 @@ def test_torch_batched_path_matches_numpy_on_cpu():
     starts = torch.tensor([a.start for a in augs])
     flips = torch.tensor([a.flips for a in augs])
     shapes_t = torch.tensor(shapes)[idx]
-    images = gather_patches(flat_images, offsets[idx], shapes_t, starts, flips, PATCH)
-    labels_t = gather_patches(flat_labels, offsets[idx], shapes_t, starts, flips, PATCH)
+    indices = patch_indices(offsets[idx], shapes_t, starts, flips, PATCH)
+    images = gather_patches(flat_images, indices)
+    labels_t = gather_patches(flat_labels, indices)
     scale_brightness(images, torch.tensor([a.brightness or 1.0 for a in augs], dtype=torch.float32))
     add_noise(images, [a.noise_std for a in augs], [a.noise_seed for a in augs])
     assert images.shape == (len(cases), 1, *PATCH) and labels_t.dtype == torch.uint8
@@ -228,10 +230,10 @@ def test_torch_batched_path_on_cuda_matches_cpu():
     starts = torch.tensor([[1, 2, 3], [8, 4, 12]])
     flips = torch.tensor([[True, False, True], [False, True, False]])
     offsets, shapes = torch.zeros(2, dtype=torch.int64), torch.tensor([shape, shape])
-    cpu = gather_patches(volume, offsets, shapes, starts, flips, PATCH)
+    cpu = gather_patches(volume, patch_indices(offsets, shapes, starts, flips, PATCH))
     cpu = scale_brightness(cpu, torch.tensor([1.8, 1.0]))
-    gpu = gather_patches(volume.cuda(), offsets.cuda(), shapes.cuda(), starts.cuda(),
-                         flips.cuda(), PATCH)
+    gpu = gather_patches(volume.cuda(), patch_indices(offsets.cuda(), shapes.cuda(),
+                                                      starts.cuda(), flips.cuda(), PATCH))
     gpu = scale_brightness(gpu, torch.tensor([1.8, 1.0], device="cuda"))
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=0)
     noisy = add_noise(gpu.clone(), [0.1, None], [5, 6])
