@@ -27,7 +27,7 @@ import torch
 from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, collate_batch,
                                   case_foreground_boxes, check_label_values, check_patch_fits,
                                   discover_cases, load_array, read_evaluation_ids, split_cases)
-from data_loading.prefetch import prefetch
+from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
                                   epoch_batches)
 from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
@@ -197,7 +197,7 @@ def get_data_loaders(config, num_shards: int, global_rank: int,
     Raises :class:`~data_loading.dataset.DataError` (one line, naming the file or case) for a
     dataset that cannot be used.
     """
-    device = torch.device(device) if device is not None else None
+    device = resolve_device(device)
     if not 0 <= global_rank < num_shards:
         raise ValueError(f"global_rank {global_rank} not in [0, {num_shards})")
     if config.seed < 0:

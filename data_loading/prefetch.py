@@ -43,10 +43,21 @@ def _record_stream(item: Any, stream) -> None:
             _record_stream(value, stream)
 
 
+def resolve_device(device: torch.device | str | None) -> torch.device | None:
+    """``device`` as a torch.device, a CUDA device with its index (``cuda`` -> ``cuda:N``, the
+    current one), or None."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def prefetch(batches: Iterable, device: torch.device | str | None = None,
              depth: int = 2) -> Iterator:
     """Yield the items of ``batches`` moved to ``device``, produced ``depth`` items ahead."""
-    device = torch.device(device) if device is not None else None
+    device = resolve_device(device)
     if depth <= 0:
         for item in batches:
             yield _to_device(item, device)
