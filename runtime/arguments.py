@@ -212,6 +212,11 @@ def validate(cfg: Config) -> list[str]:
         check(len(shape) == 3, f"--{name} needs 3 sizes, got {len(shape)}")
         check(all(s > 0 and s % SHAPE_DIVISOR == 0 for s in shape),
               f"--{name} sizes must be positive multiples of {SHAPE_DIVISOR}, got {list(shape)}")
+    if cfg.normalization == "instancenorm" and cfg.is_train and len(cfg.input_shape) == 3:
+        bottleneck = [s // SHAPE_DIVISOR for s in cfg.input_shape]
+        check(bottleneck[0] * bottleneck[1] * bottleneck[2] > 1,
+              f"--input_shape {list(cfg.input_shape)} leaves a single bottleneck voxel, which instance "
+              f"norm cannot normalise in training: use at least one size >= 64 or --normalization batchnorm")
     check(len(cfg.filters) == 5 and all(f > 0 for f in cfg.filters),
           f"--filters needs 5 positive widths, got {list(cfg.filters)}")
     check(0.0 <= cfg.overlap < 1.0, f"--overlap must be in [0, 1), got {cfg.overlap}")

@@ -66,6 +66,7 @@ BAD = [
     (["--exec_mode", "predict"], "--exec_mode"),
     (["--optimizer", "rmsprop"], "--optimizer"),
     (["--epochs", "abc"], "--epochs"),
+    (["--input_shape", "32", "32", "32"], "--input_shape"),
 ]
 
 
