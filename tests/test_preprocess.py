@@ -200,13 +200,12 @@ def test_outputs_equal_the_spec_steps_bit_for_bit(tmp_path, name):
     assert np.array_equal(y, y_expected)
     # torch's kernel is one of the two float32 evaluation orders, bit for bit
     assert np.array_equal(x, x_fused) or np.array_equal(x, x_plain)
-    # and an unrelated float64 trilinear agrees to float32 rounding
-    if tuple(float(F32(s)) for s in spacing) != TARGET:
-        out_shape = [int(float(F32(s)) / t * n) for s, t, n in zip(spacing, TARGET, shape)]
-        scipy_x = (np.clip(scipy_trilinear(case.image, out_shape), -79, 304) - 101.0) / 76.9
-        # float32 source coordinates are off by ~1e-7 relative: across an air-bone edge
-        # (1700 HU) that moves a value by up to ~0.01 HU, 1.3e-4 after normalisation.
-        np.testing.assert_allclose(x[0], edge_pad_oracle(scipy_x), rtol=0, atol=2e-4)
+    # and an unrelated float64 trilinear agrees to float32 rounding. float32 source
+    # coordinates are off by ~1e-7 relative: across an air-bone edge (1700 HU) that moves a
+    # value by up to ~0.01 HU, 1.3e-4 after normalisation.
+    out_shape = [int(float(F32(s)) / t * n) for s, t, n in zip(spacing, TARGET, shape)]
+    scipy_x = (np.clip(scipy_trilinear(case.image, out_shape), -79, 304) - 101.0) / 76.9
+    np.testing.assert_allclose(x[0], edge_pad_oracle(scipy_x), rtol=0, atol=2e-4)
     # the files are byte-identical to the reference's calls on the same NIfTI files
     ref_x, ref_y = reference_transcription(raw / "case_00007")
     assert (out / "case_00007_x.npy").read_bytes() == npy_bytes(ref_x)
@@ -231,6 +230,30 @@ def test_padding_splits_the_difference_floor_before():
     assert np.array_equal(padded[0, :63, 0, :], np.broadcast_to(image[0, 0, 0], (63, 130)))
     assert np.array_equal(padded[0, 63:65, 62:65], image[0])  # 126 // 2 = 63, 125 // 2 = 62
     assert np.array_equal(padded[0], edge_pad_oracle(image[0]))
+
+
+@pytest.mark.parametrize("dtype, slope", [("int16", None), ("uint8", None), ("int32", None),
+                                          ("uint16", None), ("float32", None), ("float64", None),
+                                          ("int64", None), ("int16", (0.5, -1024.0))])
+def test_read_voxels_casts_like_get_fdata_bit_for_bit(tmp_path, dtype, slope):
+    rng = np.random.default_rng(5)
+    if np.dtype(dtype).kind == "f":
+        data = rng.normal(0, 1e4, (5, 6, 7)).astype(dtype)
+        data[0, 0, :3] = [np.nan, np.inf, 2 ** 24 + 1]
+    else:
+        info = np.iinfo(dtype)
+        data = rng.integers(info.min, info.max, (5, 6, 7), dtype=dtype, endpoint=True)
+    image = nibabel.Nifti1Image(data, np.eye(4), dtype=data.dtype)
+    if slope:
+        image.header.set_slope_inter(*slope)
+    nibabel.save(image, str(tmp_path / "v.nii.gz"))
+    loaded = nibabel.load(str(tmp_path / "v.nii.gz"))
+    ours = pp.read_voxels(loaded, "v.nii.gz").astype(np.float32)
+    reference = nibabel.load(str(tmp_path / "v.nii.gz")).get_fdata().astype(np.float32)
+    assert ours.tobytes(order="A") == reference.tobytes(order="A")
+    assert ours.flags.f_contiguous == reference.flags.f_contiguous
+    if slope is None and dtype != "int64":
+        assert pp.read_voxels(loaded, "v.nii.gz").dtype == np.dtype(dtype)  # no float64 copy
 
 
 # ----------------------------------------------------------------------------- runs
