@@ -6,7 +6,7 @@ folder, then runs ``preprocess_dataset.py`` on them once per worker count, each 
 results folder, and times the whole command (start-up, pool, every case) from the outside, as
 a user would see it. The raw files are in the page cache for every run alike. Each worker
 count runs ``--repeats`` times, the order alternating, and the table shows every run (with the
-load average before it and the processor time it used) and the best per worker count.
+load average before it and how busy the cores were during it) and the best per worker count.
 
 Usage: ``python benchmarks/bench_preprocess.py [--cases 6] [--workers 1 2] [--repeats 2]
 [--size realistic]``.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -49,17 +48,27 @@ def machine() -> str:
             f"torch {torch.__version__}, numpy {numpy.__version__}")
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) processor time of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as handle:
+        fields = [int(v) for v in handle.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def run_preprocess(raw: Path, out: Path, workers: int) -> tuple[float, float]:
-    """Wall-clock and CPU (user + system, all processes) seconds of one preprocess run."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Wall-clock seconds of one preprocess run, and how busy the machine was meanwhile (%).
+
+    A busy share near 100% with others' jobs running means the run competed for the cores.
+    """
+    busy0, total0 = cpu_jiffies()
     start = time.perf_counter()
     subprocess.run([sys.executable, str(ROOT / "preprocess_dataset.py"), "--data_dir", str(raw),
                     "--results_dir", str(out), "--num_workers", str(workers)],
                    check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    busy1, total1 = cpu_jiffies()
+    return wall, 100.0 * (busy1 - busy0) / max(1, total1 - total0)
 
 
 def main() -> None:
@@ -86,21 +95,21 @@ def main() -> None:
         print(f"machine: {machine()}")
         print(f"data: {args.cases} {args.size} synthetic cases, raw shapes {voxels}, "
               f"mean {mean_voxels / 1e6:.0f} M voxels; generated in {generated:.0f} s")
-        print("load average before each run: the machine may be shared; 'cpu s' is the")
-        print("processor time the run used, which contention does not change much.")
+        print("'load' is the 1-minute load average before each run and 'busy' the share of all")
+        print("cores in use during it (this run and anything else on the machine).")
         rows = []
         for repeat in range(args.repeats):
             order = args.workers if repeat % 2 == 0 else args.workers[::-1]
             for workers in order:
                 load = os.getloadavg()[0]
-                wall, cpu = run_preprocess(raw, work / f"out_{workers}", workers)
-                rows.append((repeat + 1, workers, load, wall, cpu))
+                wall, busy = run_preprocess(raw, work / f"out_{workers}", workers)
+                rows.append((repeat + 1, workers, load, wall, busy))
                 shutil.rmtree(work / f"out_{workers}")
         print()
-        print("| run | workers | load avg | wall s | cpu s | cases/min |")
+        print("| run | workers | load | busy | wall s | cases/min |")
         print("|---:|---:|---:|---:|---:|---:|")
-        for repeat, workers, load, wall, cpu in rows:
-            print(f"| {repeat} | {workers} | {load:.1f} | {wall:.1f} | {cpu:.1f} | "
+        for repeat, workers, load, wall, busy in rows:
+            print(f"| {repeat} | {workers} | {load:.1f} | {busy:.0f}% | {wall:.1f} | "
                   f"{args.cases / wall * 60:.2f} |")
         print()
         print("| workers | best wall s | cases/min (best) | speed-up |")

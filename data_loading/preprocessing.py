@@ -334,12 +334,28 @@ def median_line(stats: Sequence[CaseStats]) -> str:
 # ----------------------------------------------------------------------------- parallel runs
 
 
+def _worker_context():
+    """Start worker processes from a clean single-threaded server, never by forking this one.
+
+    Forking a process whose torch has started OpenMP threads can deadlock the child. A
+    forkserver that has imported the heavy modules (and run nothing) forks each worker cheaply;
+    where there is none (Windows), workers are spawned and import them themselves.
+    """
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__, "nibabel", "torch"])
+    return context
+
+
 def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
                      on_done: Callable[[CaseStats], None]) -> list[CaseStats]:
     """Process ``cases`` across ``num_workers`` processes, calling ``on_done`` per case.
 
-    One worker runs in this process (no start-up cost). Several use a spawned process pool
-    (fork is unsafe once torch has started threads). Either way torch gets one thread per
+    One worker runs in this process (no start-up cost). Several use a process pool (see
+    ``_worker_context``). Either way torch gets one thread per
     process: the processes already use every core, and more threads would only contend. The
     first error cancels the cases not yet started and is raised here.
     """
@@ -351,11 +367,8 @@ def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
             on_done(stats[-1])
         return stats
 
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(num_workers, len(cases)),
-                             mp_context=context) as pool:
+                             mp_context=_worker_context()) as pool:
         pending = {pool.submit(process_case, case, results_dir, 1) for case in cases}
         try:
             while pending:
