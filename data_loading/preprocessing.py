@@ -28,7 +28,7 @@ from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, ThreadPoolE
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -355,9 +355,9 @@ def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
     """Process ``cases`` across ``num_workers`` processes, calling ``on_done`` per case.
 
     One worker runs in this process (no start-up cost). Several use a process pool (see
-    ``_worker_context``). Either way torch gets one thread per
-    process: the processes already use every core, and more threads would only contend. The
-    first error cancels the cases not yet started and is raised here.
+    ``_worker_context``). Either way torch gets one thread per process: the processes already
+    use every core, and more threads would only contend. The first error cancels the cases not
+    yet started and is raised here.
     """
     os.makedirs(results_dir, exist_ok=True)
     stats = []

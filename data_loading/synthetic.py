@@ -14,7 +14,8 @@ kidney and soft tissue, so that a small network can learn them within a few CPU 
 
 Usage::
 
-    python -m data_loading.synthetic --output_dir RAW --cases 8 --seed 0 [--size small|medium|realistic]
+    python -m data_loading.synthetic --output_dir RAW --cases 8 --seed 0 \
+        [--size small|medium|realistic] [--start_id 0]
 """
 from __future__ import annotations
 
