@@ -1,0 +1,64 @@
+"""The throughput benchmark runs end to end on a CPU (smoke run, tiny shapes) and reports every
+row; its largest-batch search finds the boundary."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_throughput import search_largest  # noqa: E402
+
+
+def _cells(markdown: str, row: str) -> list[str]:
+    line = next(line for line in markdown.splitlines() if line.startswith(f"| {row} |"))
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_smoke_run_on_cpu(tmp_path):
+    out = tmp_path / "table.md"
+    # One thread: on a shared two-core machine OpenMP threads of tiny convolutions oversubscribe
+    # the cores (10x slower); 64x32x32 keeps two instance-norm bottleneck voxels.
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_throughput.py"), "--smoke", "--threads", "1",
+           "--filters", "2", "4", "4", "8", "8", "--patch", "64", "32", "32", "--eval_shape", "64", "48", "48",
+           "--data_dir", str(tmp_path / "data"), "--out", str(out)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = out.read_text()
+    assert table in proc.stdout                         # printed last, and written as markdown
+    assert proc.stdout.rstrip().endswith(table.rstrip())
+    for row in ("plain", "+ bf16", "+ channels_last", "+ device cache", "plain + channels_last only",
+                "all levers, --loader synthetic", "all levers, batch 2"):
+        cells = _cells(table, row)
+        assert float(cells[2]) > 0 and float(cells[3]) > 0, row         # samples/s, ms/step
+        assert float(cells[4]) > 0, row                                 # TFLOP/s
+        assert cells[6] == "n/a" and cells[9] == "", row                # no GPU memory; no failure
+    assert _cells(table, "plain")[8] == "1.00x"
+    assert "CUDA graphs need a CUDA GPU" in _cells(table, "+ cuda graphs")[9]
+    assert "skipped in --smoke" in _cells(table, "+ compile")[9]
+    assert "GPU only" in _cells(table, "all levers, largest batch")[9]
+    for row in ("plain: fp32, 1 window per forward", "bf16 + 4 windows per forward + channels_last"):
+        cells = _cells(table, row)
+        assert cells[1:3] == ["1", "4"] and float(cells[3]) > 0, row    # 1 volume, 4 windows, seconds
+    assert re.search(r"torch 2\.\d+", table) and "--smoke" in table
+
+
+@pytest.mark.parametrize("fits_up_to, limit, expected", [
+    (0, 64, 0), (1, 64, 1), (5, 64, 5), (8, 64, 8), (37, 64, 37), (64, 64, 64), (100, 64, 64), (3, 3, 3),
+])
+def test_search_largest_batch(fits_up_to, limit, expected):
+    tried = []
+
+    def runs(batch):
+        tried.append(batch)
+        return (batch <= fits_up_to, "out of memory" if batch > fits_up_to else "")
+
+    got, why = search_largest(runs, limit)
+    assert got == expected
+    assert why == ("out of memory" if fits_up_to < limit else f"limit {limit}")
+    assert len(tried) <= 2 * limit.bit_length() + 1
