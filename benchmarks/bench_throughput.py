@@ -619,6 +619,10 @@ def main(argv=None) -> int:
 
         results: list[TrainResult] = []
         loaders = LoaderCache()
+        # Untimed: process-wide first-use costs (allocator growth, kernel/primitive caches, the
+        # first DataLoader start) would otherwise all land on the plain row.
+        run_train_row(TrainRow("process warm-up", ()), argparse.Namespace(**{**vars(args), "steps": 1}),
+                      argv0, device, args.batch_size, loaders)
         dropped: set[str] = set()
         for row in train_rows(groups, args):
             skipped = {lever: lever_unavailable(lever, device, args, plain_config) for lever in row.levers}
