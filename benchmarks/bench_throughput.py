@@ -291,8 +291,8 @@ def make_step(c: Components, batches, graphed: bool):
     cfg, device = c.config, c.dist.device
     if graphed:
         image, label = to_step_input(*next(batches), cfg, device)
-        graph = GraphedTrainStep(c.model, c.loss_fn, c.optimizer, image, label, c.autocast, c.scaler)
-        return lambda image, label: graph(*to_step_input(image, label, cfg, device))
+        # Later batches are copied straight into the graph's static (channels-last) buffers.
+        return GraphedTrainStep(c.model, c.loss_fn, c.optimizer, image, label, c.autocast, c.scaler)
 
     def eager(image, label):
         image, label = to_step_input(image, label, cfg, device)

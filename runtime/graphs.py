@@ -193,20 +193,27 @@ class GraphedTrainStep:
         model.train()
         saved = snapshot(model, optimizer)
         stream = torch.cuda.Stream(device)
-        with capturable_optimizer(optimizer, device) as self._lr_tensors:
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                for _ in range(warmup_iters):
-                    optimizer.zero_grad(set_to_none=True)
-                    self._step()
+        captured = False
+        try:
+            with capturable_optimizer(optimizer, device) as self._lr_tensors:
+                stream.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(stream):
+                    for _ in range(warmup_iters):
+                        optimizer.zero_grad(set_to_none=True)
+                        self._step()
+                torch.cuda.current_stream(device).wait_stream(stream)
+                # Gradients None before the capture: backward then creates them in the graph's
+                # memory pool and every replay overwrites (does not accumulate) them.
+                optimizer.zero_grad(set_to_none=True)
+                with _capture(self.graph, stream):
+                    self.static_loss = self._step()
+            captured = True
+        finally:
+            # Also after a failed capture, so that an eager fallback starts from the same state.
             torch.cuda.current_stream(device).wait_stream(stream)
-            # Gradients None before the capture: backward then creates them in the graph's
-            # memory pool and every replay overwrites (does not accumulate) them.
-            optimizer.zero_grad(set_to_none=True)
-            with _capture(self.graph, stream):
-                self.static_loss = self._step()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        restore(saved, model, optimizer)
+            if not captured:
+                optimizer.zero_grad(set_to_none=True)
+            restore(saved, model, optimizer)
         self._lr_values = [float(group["lr"]) for group in optimizer.param_groups]  # the tensors' values
 
     def _step(self) -> torch.Tensor:
