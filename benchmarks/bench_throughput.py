@@ -557,7 +557,7 @@ def train_table(results: list[TrainResult], flops: int, ceiling: float, device: 
         of_ceiling = f"{tflops / ceiling * 100:.1f}%" if (tflops and device.type == "cuda") else "-"
         peak = _fmt(r.peak_gib, ".1f") if device.type == "cuda" else "n/a"
         lines.append(f"| {r.row.name} | {r.batch_size or '-'} | {_fmt(r.samples_per_s, '.2f')} | "
-                     f"{_fmt(r.ms_per_step, '.1f')} | {_fmt(tflops, '.3f' if device.type != 'cuda' else '.1f')} | "
+                     f"{_fmt(r.ms_per_step, '.1f')} | {_fmt(tflops, '.3g' if device.type != 'cuda' else '.1f')} | "
                      f"{of_ceiling} | "
                      f"{peak} | {r.largest_batch} | {_fmt(ratio, '.2f')}{'x' if ratio else ''} | "
                      f"{'; '.join(r.notes)} |")
@@ -571,7 +571,7 @@ def eval_table(results: list[EvalResult], device: torch.device) -> list[str]:
         per_volume = r.seconds / r.volumes if (r.seconds and r.volumes) else None
         peak = _fmt(r.peak_gib, ".1f") if device.type == "cuda" else "n/a"
         lines.append(f"| {r.name} | {r.volumes} | {r.windows} | {_fmt(r.seconds, '.2f')} | "
-                     f"{_fmt(per_volume, '.3f')} | {_fmt(r.tflops, '.3f' if device.type != 'cuda' else '.1f')} | "
+                     f"{_fmt(per_volume, '.3f')} | {_fmt(r.tflops, '.3g' if device.type != 'cuda' else '.1f')} | "
                      f"{peak} | {'; '.join(r.notes)} |")
     return lines
 
