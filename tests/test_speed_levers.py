@@ -395,14 +395,17 @@ def _graph_vs_eager(optimizer_name, autocast, channels_last):
 @cuda
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
 def test_cuda_graph_step_matches_eager_fp32(optimizer_name):
-    torch.backends.cudnn.allow_tf32 = False
+    # fp32 without TF32 and with deterministic kernels: what is left is the fused (graph) vs
+    # foreach (eager) optimizer arithmetic.
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = False, True
     try:
         loss0, loss1, params0, params1 = _graph_vs_eager(optimizer_name, nullcontext, channels_last=False)
     finally:
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = flags
     torch.testing.assert_close(loss1, loss0, rtol=1e-4, atol=1e-5)
-    for p0, p1 in zip(params0, params1):
-        torch.testing.assert_close(p1, p0, rtol=1e-3, atol=1e-5)
+    assert rel_err(torch.cat([p.flatten() for p in params1]), torch.cat([p.flatten() for p in params0])) < 1e-4
+    assert not all(torch.equal(a, b) for a, b in zip(params0, _initial_params()))     # it did train
 
 
 @cuda
@@ -410,8 +413,11 @@ def test_cuda_graph_step_matches_eager_bf16_channels_last():
     bf16 = partial(torch.autocast, device_type="cuda", dtype=torch.bfloat16)
     loss0, loss1, params0, params1 = _graph_vs_eager("sgd", bf16, channels_last=True)
     torch.testing.assert_close(loss1, loss0, rtol=2e-2, atol=1e-3)
-    worst = max(rel_err(p1, p0) for p0, p1 in zip(params0, params1))
-    assert worst < 2e-2
+    assert rel_err(torch.cat([p.flatten() for p in params1]), torch.cat([p.flatten() for p in params0])) < 2e-2
+
+
+def _initial_params():
+    return [p.detach().float().cpu() for p in tiny_model(device="cuda").parameters()]
 
 
 @cuda
