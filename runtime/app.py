@@ -20,6 +20,7 @@ from runtime.logging import MetricsWriter, MLPerfLogger
 from runtime.optimizers import make_optimizer
 from runtime.schedule import eval_schedule
 from runtime.signals import PreemptionFlag
+from runtime.speed import compile_model
 from runtime.training import Components, TrainState, benchmark_evaluate, benchmark_train, run_evaluation, train
 
 
@@ -128,6 +129,15 @@ def run(config: Config) -> int:
             autocast=autocast, mlperf=mlperf,
             metrics=MetricsWriter(config.log_dir, enabled=dist_info.is_main and not config.benchmark),
             preempt=preempt, progress=make_progress(config.verbose and dist_info.is_main))
+        if config.cuda_graphs:
+            from runtime.graphs import cuda_graphs_supported
+
+            ok, reason = cuda_graphs_supported(dist_info.device, config, dist_info.world_size)
+            if not ok:
+                if dist_info.is_main:
+                    print(f"--cuda_graphs off: {reason}")
+                config = replace(config, cuda_graphs=False)
+                components.config = config
         state, resumed_seed = restore(config, components, TrainState())
         if resumed_seed is not None:
             master_seed = int(resumed_seed)
@@ -155,9 +165,7 @@ def wrap_model(model: torch.nn.Module, config: Config, dist_info: D.DistInfo) ->
     if D.is_dist():
         ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    if config.compile:
-        model = torch.compile(model)
-    return model
+    return compile_model(model, config.compile)
 
 
 def run_evaluate(c: Components, val_loader) -> int:

@@ -39,6 +39,7 @@ class Components:
     metrics: MetricsWriter
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
     progress: Callable = lambda it, **_: it
+    graphed_step: Callable | None = None  # built at the first batch with --cuda_graphs
 
 
 @dataclass
@@ -70,6 +71,13 @@ def train_step(c: Components, image: torch.Tensor, label: torch.Tensor, sync_gra
     Returns the detached micro-batch loss on the device: no host synchronisation here.
     """
     cfg = c.config
+    if cfg.cuda_graphs and apply_update and sync_grads:  # supported only without accumulation/DDP
+        if c.graphed_step is None:
+            from runtime.graphs import GraphedTrainStep
+
+            c.graphed_step = GraphedTrainStep(c.model, c.loss_fn, c.optimizer, image, label, c.autocast,
+                                              c.scaler)
+        return c.graphed_step(image, label)
     no_sync = getattr(c.model, "no_sync", None)
     ctx = no_sync() if (no_sync is not None and not sync_grads) else nullcontext()
     with ctx:
