@@ -131,7 +131,8 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                    help="GPU index on this node (torchrun sets LOCAL_RANK)")
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                    help="(new) auto = CUDA/ROCm when available, else CPU")
-    g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate"])
+    g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate"],
+                   help="train to the target, or evaluate --load_ckpt_path on the evaluation cases")
     g.add_argument("--benchmark", action="store_true", help="time iterations; no evaluation or checkpoints")
     g.add_argument("--seed", type=int, default=d.seed, help="master seed; -1 = random from the OS")
     g.add_argument("--verbose", "-v", action="store_true", help="progress bars")
@@ -151,20 +152,25 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--val_input_shape", nargs="+", type=int, default=list(d.val_input_shape),
                    help="sliding-window size")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adam", "lamb"])
-    g.add_argument("--learning_rate", type=float, default=d.learning_rate)
+    g.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adam", "lamb"],
+                   help="sgd = SGD with Nesterov momentum; lamb in pure PyTorch")
+    g.add_argument("--learning_rate", type=float, default=d.learning_rate, help="base learning rate after warm-up")
     g.add_argument("--init_learning_rate", type=float, default=d.init_learning_rate, help="warm-up start")
-    g.add_argument("--lr_warmup_epochs", type=int, default=d.lr_warmup_epochs)
+    g.add_argument("--lr_warmup_epochs", type=int, default=d.lr_warmup_epochs,
+                   help="epochs of linear warm-up from --init_learning_rate")
     g.add_argument("--lr_decay_epochs", nargs="*", type=int, default=list(d.lr_decay_epochs),
                    help="MultiStepLR milestones (epochs)")
-    g.add_argument("--lr_decay_factor", type=float, default=d.lr_decay_factor)
+    g.add_argument("--lr_decay_factor", type=float, default=d.lr_decay_factor,
+                   help="multiplier applied at each --lr_decay_epochs milestone")
     g.add_argument("--lamb_betas", nargs=2, type=float, default=list(d.lamb_betas),
                    help="LAMB/Adam betas (floats; the reference's type=int was a defect)")
     g.add_argument("--momentum", type=float, default=d.momentum, help="SGD (Nesterov) momentum")
-    g.add_argument("--weight_decay", type=float, default=d.weight_decay)
+    g.add_argument("--weight_decay", type=float, default=d.weight_decay, help="L2 weight decay")
     g = p.add_argument_group("model")
-    g.add_argument("--normalization", default=d.normalization, choices=list(NORMALIZATIONS))
-    g.add_argument("--activation", default=d.activation, choices=list(ACTIVATIONS))
+    g.add_argument("--normalization", default=d.normalization, choices=list(NORMALIZATIONS),
+                   help="norm after every 3x3x3 convolution (the benchmark uses instancenorm)")
+    g.add_argument("--activation", default=d.activation, choices=list(ACTIVATIONS),
+                   help="activation after every norm (leaky_relu slope 0.01)")
     g.add_argument("--filters", nargs="+", type=int, default=list(d.filters),
                    help="(new) channel widths; the default is the benchmark's model")
     g.add_argument("--include_background", action="store_true", help="count background in the Dice loss")
@@ -182,14 +188,15 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--compile", action="store_true", help="(new) torch.compile the model and loss")
     g.add_argument("--cuda_graphs", action="store_true", help="(new) capture the training step in a CUDA graph")
     g.add_argument("--fused_optimizer", action="store_true", help="(new) fused optimizer step where supported")
-    g.add_argument("--cudnn_benchmark", action="store_true")
-    g.add_argument("--cudnn_deterministic", action="store_true")
+    g.add_argument("--cudnn_benchmark", action="store_true", help="let cuDNN pick the fastest kernels")
+    g.add_argument("--cudnn_deterministic", action="store_true", help="deterministic cuDNN kernels")
     g = p.add_argument_group("MLPerf submission metadata (new)")
-    g.add_argument("--submission_org", default=d.submission_org)
-    g.add_argument("--submission_platform", default=d.submission_platform)
-    g.add_argument("--submission_division", default=d.submission_division, choices=["closed", "open"])
+    g.add_argument("--submission_org", default=d.submission_org, help="MLPerf submitter")
+    g.add_argument("--submission_platform", default=d.submission_platform, help="MLPerf system name")
+    g.add_argument("--submission_division", default=d.submission_division, choices=["closed", "open"],
+                   help="MLPerf division")
     g.add_argument("--submission_status", default=d.submission_status,
-                   choices=["onprem", "cloud", "preview", "research"])
+                   choices=["onprem", "cloud", "preview", "research"], help="MLPerf system status")
     return p
 
 

@@ -93,3 +93,11 @@ def test_missing_data_dir_named(tmp_path, mode):
 def test_synthetic_loader_needs_no_data_dir():
     cfg = parse_args(["--loader", "synthetic", "--data_dir", "/definitely/not/here"])
     assert cfg.loader == "synthetic"
+
+
+def test_readme_documents_every_flag():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    for action in build_parser()._actions:
+        for option in action.option_strings:
+            if option.startswith("--") and option != "--help":
+                assert f"`{option}`" in readme, option
