@@ -173,6 +173,7 @@ def run_evaluate(c: Components, val_loader) -> int:
         benchmark_evaluate(c, val_loader)
         return 0
     metrics = run_evaluation(c, val_loader, epoch=0)
+    c.metrics.write("eval", epoch=0, checkpoint=c.config.load_ckpt_path, **metrics)
     if c.dist.is_main:
         print(f"mean_dice {metrics['mean_dice']:.4f}")
         print(f"l1_dice {metrics['l1_dice']:.4f}  l2_dice {metrics['l2_dice']:.4f}  "
