@@ -32,6 +32,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from data_loading.atomic import TEMP_SUFFIX, atomic_write
+
 TARGET_SPACING = [1.6, 1.2, 1.2]  # (slices, height, width) in mm; a list, compared as one
 MIN_SHAPE = (128, 128, 128)
 CLIP_MIN, CLIP_MAX = -79, 304
@@ -42,7 +44,6 @@ IMAGE_FILE, LABEL_FILE = "imaging.nii.gz", "segmentation.nii.gz"
 DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checksum.json")
 
 _CASE_DIR = re.compile(r"^case_(\d{5})$")
-_TEMP_SUFFIX = ".tmp"
 
 
 class PreprocessError(Exception):
@@ -239,22 +240,10 @@ def output_paths(results_dir: str, name: str) -> tuple[str, str]:
 
 
 def save_atomic(path: str, array: np.ndarray) -> None:
-    """``np.save`` to a hidden temporary file in the same folder, fsync, then rename.
-
-    A crash leaves at most a ``.<name>.<pid>.tmp`` file, never a partial ``.npy``.
-    """
-    folder, name = os.path.split(path)
-    temp = os.path.join(folder, f".{name}.{os.getpid()}{_TEMP_SUFFIX}")
-    try:
-        with open(temp, "wb") as handle:  # a file object: np.save would append ".npy" to a name
-            np.save(handle, array, allow_pickle=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    """``np.save`` through :func:`atomic_write`: a crash leaves at most a hidden
+    ``.<name>.<pid>.tmp`` file, never a partial ``.npy``. (A file object, because np.save would
+    append ".npy" to a temporary name.)"""
+    atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
 
 
 def prepare_results_dir(results_dir: str) -> None:
@@ -274,7 +263,7 @@ def remove_stale_temporaries(results_dir: str) -> int:
     """Delete temporary files that an interrupted run left behind; returns how many."""
     removed = 0
     for name in os.listdir(results_dir):
-        if name.startswith(".case_") and name.endswith(_TEMP_SUFFIX):
+        if name.startswith(".case_") and name.endswith(TEMP_SUFFIX):
             os.remove(os.path.join(results_dir, name))
             removed += 1
     return removed

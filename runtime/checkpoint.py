@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 import torch
+
+from data_loading.atomic import atomic_write
 
 FORMAT_VERSION = 1
 
@@ -38,19 +39,8 @@ def clean_state_dict(state: dict) -> dict:
 
 def atomic_save(obj: Any, path: str) -> None:
     """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
 def load_checkpoint(path: str) -> dict:

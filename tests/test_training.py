@@ -55,7 +55,7 @@ def test_train_writes_logs_and_checkpoint(tmp_path, fake_loaders, capsys):
     for key in ("cache_clear", "init_start", "run_start", "run_stop", "eval_accuracy", "block_start",
                 "weights_initialization", "samples_per_epoch"):
         assert f'"key": "{key}"' in mllog, key
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
 def _weights(path):
