@@ -129,3 +129,30 @@ def test_benchmark_mode_prints_throughput(tmp_path, fake_loaders, capsys):
     out = capsys.readouterr().out
     assert "throughput_train:" in out and "p99" in out and "(4 timed iterations)" in out
     assert not (tmp_path / "bench.pt").exists()
+
+
+def test_bf16_autocast_trains_on_cpu(tmp_path, fake_loaders):
+    code, log_dir, ckpt_path = run(tmp_path, "bf16", "--amp", "--amp_dtype", "bf16", "--epochs", "1",
+                                   "--start_eval_at", "1")
+    assert code == 0
+    record = [json.loads(line) for line in (log_dir / "log.json").read_text().splitlines()][-1]
+    assert record["kind"] == "eval" and 0.0 <= record["mean_dice"] <= 1.0
+    assert all(v.dtype == torch.float32 for v in load_checkpoint(str(ckpt_path))["last_model_state_dict"].values()
+               if v.is_floating_point())
+
+
+def test_fp16_on_cpu_is_a_clear_error(tmp_path, fake_loaders):
+    from runtime.app import UsageError
+
+    with pytest.raises(UsageError, match="--amp_dtype bf16"):
+        run(tmp_path, "fp16", "--amp", "--amp_dtype", "fp16")
+
+
+def test_evaluate_benchmark_prints_throughput_eval(tmp_path, fake_loaders, capsys):
+    from runtime.app import run as app_run
+
+    cfg = parse_args(TINY + ["--exec_mode", "evaluate", "--benchmark", "--warmup_steps", "1", "--epochs", "2",
+                             "--log_dir", str(tmp_path)])
+    assert app_run(cfg) == 0
+    out = capsys.readouterr().out
+    assert "throughput_eval:" in out and "volumes/s" in out and "(5 timed iterations)" in out
