@@ -46,8 +46,13 @@ def init_distributed(requested_device: str, local_rank: int) -> DistInfo:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend=backend, **kwargs)
+        if device.type == "cuda":
+            try:  # binds NCCL to this GPU up front (barriers then need no guess of the device)
+                dist.init_process_group(backend=backend, device_id=device)
+            except TypeError:  # a torch without the device_id argument
+                dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend=backend)
     return DistInfo(rank, local_rank, world_size, device)
 
 
@@ -57,7 +62,10 @@ def is_dist() -> bool:
 
 def barrier() -> None:
     if is_dist():
-        dist.barrier()
+        if dist.get_backend() == "nccl":
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
