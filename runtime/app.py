@@ -147,6 +147,7 @@ def run(config: Config) -> int:
             ckpt = load_checkpoint(config.load_ckpt_path)
             load_model_weights(model, model_state_from(ckpt, prefer="best"), config.load_ckpt_path)
         components.model = wrap_model(model, config, dist_info)
+        components.eval_model = compile_model(model, config.compile) if D.is_dist() else components.model
         train_loader, val_loader = get_data_loaders(config, dist_info.world_size, dist_info.rank,
                                                     device=dist_info.device)
         if config.exec_mode == "evaluate":

@@ -40,6 +40,9 @@ class Components:
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
     progress: Callable = lambda it, **_: it
     graphed_step: Callable | None = None  # built at the first batch with --cuda_graphs
+    # Evaluation bypasses DDP: its forward would broadcast buffers (batch norm) on every call,
+    # and ranks slide different numbers of windows.
+    eval_model: torch.nn.Module | None = None
 
 
 @dataclass
@@ -142,7 +145,7 @@ def should_stop_for_preemption(c: Components, step: int) -> bool:
 def run_evaluation(c: Components, val_loader, epoch: int) -> dict:
     cfg = c.config
     c.mlperf.start(C.EVAL_START, metadata={"epoch_num": epoch})
-    metrics = evaluate(c.model, val_loader, c.loss_fn, c.score_fn, cfg.val_input_shape, cfg.overlap,
+    metrics = evaluate(c.eval_model or c.model, val_loader, c.loss_fn, c.score_fn, cfg.val_input_shape, cfg.overlap,
                        cfg.sw_batch_size, c.dist.device, c.autocast,
                        progress=lambda it: c.progress(it, desc=f"eval {epoch}", total=len(val_loader)))
     c.mlperf.event(C.EVAL_ACCURACY, value=metrics["mean_dice"], metadata={"epoch_num": epoch})
@@ -173,7 +176,8 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
         set_learning_rate(c.optimizer, lr)
         train_loader.set_epoch(epoch)
         loss_sum = torch.zeros((), dtype=torch.float64, device=dist_info.device)
-        loss_sum += state.epoch_loss_sum
+        if dist_info.is_main:  # the all-ranks partial sum of a pre-empted epoch, counted once
+            loss_sum += state.epoch_loss_sum
         skip, state.epoch_loss_sum = state.step_in_epoch, 0.0
         epoch_start, steps_done, preempted = time.time(), 0, False
         batches = c.progress(train_loader, desc=f"epoch {epoch}", total=len(train_loader))
@@ -188,7 +192,8 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
             loss_sum += train_step(c, image, label, sync_grads=boundary, apply_update=boundary)
             steps_done += 1
             if boundary and should_stop_for_preemption(c, step + 1):
-                state.step_in_epoch, state.epoch_loss_sum = step + 1, float(loss_sum.item())
+                state.step_in_epoch = step + 1
+                state.epoch_loss_sum = float(D.all_reduce_sum(loss_sum.clone()).item())
                 preempted = True
                 break
         if preempted:
@@ -268,12 +273,13 @@ def benchmark_evaluate(c: Components, val_loader) -> dict:
 
     cfg, dev = c.config, c.dist.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    c.model.eval()
+    model = c.eval_model or c.model
+    model.eval()
     times, seen = [], 0
 
     def predict(x):
         with c.autocast():
-            return c.model(x)
+            return model(x)
 
     with torch.no_grad():
         for _ in range(cfg.epochs):
