@@ -79,7 +79,7 @@ class TrainLoader:
         self._prepare_threads = max(1, num_workers)
         self.prefetch_depth = prefetch_depth
         self.num_cases = len(self.cases)
-        self.samples_per_epoch = num_shards * batch_size * len(self)
+        self.samples_per_epoch = num_shards * batch_size * len(self)  # = schedule.samples_per_epoch
         self.epoch = 1
         self.dataset: TrainingSet | None = None
         self._sampler = EpochBatchSampler(seed, self.num_cases, num_shards, rank, batch_size)

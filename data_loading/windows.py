@@ -43,7 +43,8 @@ def window_geometry(shape: Sequence[int], roi: Sequence[int], overlap: float) ->
 
     Per axis: stride ``int(roi * (1 - overlap))``; a remainder ``size % stride`` below half a
     stride is trimmed (half before, the rest after); the trimmed volume is padded (centred) to a
-    multiple of the stride that is at least ``roi``.
+    multiple of the stride that is at least ``roi`` (and, where the stride does not divide the
+    window, until the last window ends at the edge).
     """
     strides, trim, trimmed, pad, padded, grid = [], [], [], [], [], []
     for size, window in zip(shape, roi):
@@ -54,6 +55,9 @@ def window_geometry(shape: Sequence[int], roi: Sequence[int], overlap: float) ->
         extra = (stride - size_t % stride) % stride
         if size_t + extra < window:
             extra += stride * -(-(window - size_t - extra) // stride)
+        if (size_t + extra - window) % stride:  # stride does not divide the window (odd
+            # overlaps): pad on until the last window ends at the edge, or voxels get no weight
+            extra += stride - (size_t + extra - window) % stride
         size_p = size_t + extra
         strides.append(stride)
         trim.append((cut // 2, cut - cut // 2))

@@ -106,8 +106,16 @@ def run(config: Config) -> int:
     from data_loading.data_loader import get_data_loaders
 
     dist_info = D.init_distributed(config.device, config.local_rank)
+    if config.normalization == "syncbatchnorm" and dist_info.device.type != "cuda" and D.is_dist():
+        D.cleanup()
+        raise UsageError("--normalization syncbatchnorm needs GPUs; use batchnorm on the CPU")
     preempt = PreemptionFlag().install()
-    mlperf = MLPerfLogger(config.log_dir, enabled=dist_info.is_main and config.is_train and not config.benchmark)
+    # A resumed run is a new attempt: its MLPerf log goes to a file of its own, since one log
+    # may hold only one run_start/run_stop pair.
+    resuming = config.resume and os.path.isfile(config.save_ckpt_path)
+    mlperf = MLPerfLogger(config.log_dir, enabled=dist_info.is_main and config.is_train and not config.benchmark,
+                          name=f"unet3d.resumed-{time.strftime('%Y%m%d-%H%M%S')}.log" if resuming else None)
+    graceful = True
     try:
         mlperf.submission_info(config)
         mlperf.start(C.INIT_START)
@@ -156,10 +164,13 @@ def run(config: Config) -> int:
             benchmark_train(components, train_loader)
             return 0
         return run_train(components, train_loader, val_loader, state, master_seed)
+    except BaseException:
+        graceful = False
+        raise
     finally:
         preempt.restore()
         mlperf.close()
-        D.cleanup()
+        D.cleanup(graceful)
 
 
 def wrap_model(model: torch.nn.Module, config: Config, dist_info: D.DistInfo) -> torch.nn.Module:

@@ -75,6 +75,13 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers (e.g. batch-norm running statistics) on every rank."""
+    if is_dist():
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
+
 def broadcast_int(value: int, device: torch.device) -> int:
     """Rank 0's ``value`` on every rank."""
     if not is_dist():
@@ -96,6 +103,13 @@ def rank_seed(master_seed: int, rank: int) -> int:
     return int(np.random.default_rng([master_seed, 0xC0FFEE]).integers(0, 2**31 - 1, size=rank + 1)[rank])
 
 
-def cleanup() -> None:
+def cleanup(graceful: bool = True) -> None:
+    """Leave the process group. On a normal exit all ranks meet first: a rank that destroys its
+    group while a peer still uses the connection can abort the peer (seen with gloo). After an
+    error the peers may never arrive, so no barrier then."""
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            if graceful:
+                barrier()
+        finally:
+            dist.destroy_process_group()

@@ -24,14 +24,14 @@ METRICS_LOG_NAME = "log.json"
 class MLPerfLogger:
     """``:::MLLOG`` lines through ``mlperf_logging.mllog``, written by rank 0 only."""
 
-    def __init__(self, log_dir: str, enabled: bool, echo: bool = False):
+    def __init__(self, log_dir: str, enabled: bool, echo: bool = False, name: str | None = None):
         self.enabled = enabled
         self._handlers: list[logging.Handler] = []
         self._logger = None
         if not enabled:
             return
         os.makedirs(log_dir, exist_ok=True)
-        self.path = os.path.join(log_dir, MLPERF_LOG_NAME)
+        self.path = os.path.join(log_dir, name or MLPERF_LOG_NAME)
         base = logging.getLogger(f"unet3d.mlperf.{id(self)}")
         base.setLevel(logging.INFO)
         base.propagate = False

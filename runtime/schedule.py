@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from data_loading.sampler import batches_per_epoch
+
 
 def learning_rate_at(epoch: int, base_lr: float, init_lr: float, warmup_epochs: int,
                      decay_epochs: Sequence[int] = (), decay_factor: float = 1.0) -> float:
@@ -21,10 +23,9 @@ def learning_rate_at(epoch: int, base_lr: float, init_lr: float, warmup_epochs: 
 
 
 def samples_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int:
-    """Global samples trained per epoch: each rank gets ``ceil(n / world)`` samples (padded as a
-    distributed sampler does) and drops its last incomplete batch."""
-    per_rank = math.ceil(num_samples / world_size)
-    return world_size * batch_size * (per_rank // batch_size)
+    """Global samples trained per epoch: every rank trains the same number of full batches of
+    its shard (``batches_per_epoch``; no padding duplicates, incomplete batches dropped)."""
+    return world_size * batch_size * batches_per_epoch(num_samples, world_size, batch_size)
 
 
 @dataclass(frozen=True)

@@ -131,12 +131,12 @@ def save_checkpoint(c: Components, state: TrainState, master_seed: int, status: 
     D.barrier()
 
 
-def should_stop_for_preemption(c: Components, step: int) -> bool:
-    """Local flag at world size 1; at larger sizes all ranks agree every few steps (a collective
-    every step would cost a host sync per step)."""
+def should_stop_for_preemption(c: Components, step: int, last_of_epoch: bool) -> bool:
+    """Local flag at world size 1; at larger sizes all ranks agree every few steps and at the end
+    of every epoch (a collective every step would cost a host sync per step)."""
     if not D.is_dist():
         return bool(c.preempt)
-    if step % PREEMPT_CHECK_EVERY:
+    if step % PREEMPT_CHECK_EVERY and not last_of_epoch:
         return False
     flag = torch.tensor([1.0 if c.preempt else 0.0], device=c.dist.device)
     return bool(D.all_reduce_sum(flag).item() > 0)
@@ -144,6 +144,9 @@ def should_stop_for_preemption(c: Components, step: int) -> bool:
 
 def run_evaluation(c: Components, val_loader, epoch: int) -> dict:
     cfg = c.config
+    # Evaluation bypasses DDP; with batch norm every rank must use rank 0's running statistics
+    # (the ones the checkpoint holds), not the ones its own last training forward left.
+    D.broadcast_buffers(unwrap(c.model))
     c.mlperf.start(C.EVAL_START, metadata={"epoch_num": epoch})
     metrics = evaluate(c.eval_model or c.model, val_loader, c.loss_fn, c.score_fn, cfg.val_input_shape, cfg.overlap,
                        cfg.sw_batch_size, c.dist.device, c.autocast,
@@ -191,7 +194,7 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
             boundary = (step + 1) % cfg.ga_steps == 0 or step + 1 == len(train_loader)
             loss_sum += train_step(c, image, label, sync_grads=boundary, apply_update=boundary)
             steps_done += 1
-            if boundary and should_stop_for_preemption(c, step + 1):
+            if boundary and should_stop_for_preemption(c, step + 1, step + 1 == len(train_loader)):
                 state.step_in_epoch = step + 1
                 state.epoch_loss_sum = float(D.all_reduce_sum(loss_sum.clone()).item())
                 preempted = True
@@ -213,8 +216,10 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
         if not math.isfinite(mean_loss):
             say(f"training diverged: loss {mean_loss} in epoch {epoch}")
             status = "aborted"
-            break
-        if schedule.is_eval_epoch(epoch) or epoch == cfg.epochs:
+        elif epoch >= schedule.fail_epoch and not schedule.is_eval_epoch(epoch):
+            say(f"not converged by epoch {schedule.fail_epoch}: the MLPerf run has failed")
+            status = "aborted"
+        if status == "aborted" or schedule.is_eval_epoch(epoch) or epoch == cfg.epochs:
             if schedule.is_eval_epoch(epoch):
                 metrics = run_evaluation(c, val_loader, epoch)
                 state.last_eval = metrics
@@ -231,6 +236,9 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
                     status = "success"
                 elif metrics["mean_dice"] < 1e-6:
                     say("training diverged: mean_dice below 1e-6")
+                    status = "aborted"
+                elif epoch >= schedule.fail_epoch:
+                    say(f"not converged by epoch {schedule.fail_epoch}: the MLPerf run has failed")
                     status = "aborted"
             c.mlperf.end(C.BLOCK_STOP, metadata={"first_epoch_num": block_first})
             block_open = False

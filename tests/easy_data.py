@@ -19,13 +19,13 @@ def make_case(case: int, shape=SHAPE):
     grid = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"))
     centre = np.array([rng.uniform(12, s - 12) for s in shape])[:, None, None, None]
     dist = np.sqrt(((grid - centre) ** 2).sum(0))
-    kidney_r = rng.uniform(8, 11)
+    kidney_r = rng.uniform(9, 12)
     label = np.zeros(shape, np.uint8)
     label[dist < kidney_r] = 1
     offset = np.array(rng.uniform(-2, 2, 3))[:, None, None, None]
     tumour_dist = np.sqrt(((grid - centre - offset) ** 2).sum(0))
-    label[tumour_dist < rng.uniform(4.5, 6)] = 2
-    image = np.choose(label, [-2.0, 0.5, 2.0]) + rng.normal(0, 0.3, shape)
+    label[tumour_dist < rng.uniform(6, 7.5)] = 2
+    image = np.choose(label, [-2.0, 0.5, 2.0]) + rng.normal(0, 0.2, shape)
     return image.astype(np.float32)[None], label[None]
 
 

@@ -105,3 +105,16 @@ def test_window_counts():
     assert window_geometry((128, 128, 128), (128,) * 3, 0.5).n_windows == 1
     assert window_geometry((190, 250, 250), (128,) * 3, 0.5).grid == (2, 3, 3)
     assert window_geometry((192, 256, 256), (128,) * 3, 0.5).n_windows == 2 * 3 * 3
+
+
+@pytest.mark.parametrize("overlap", [0.3, 0.6, 0.1])
+def test_odd_overlaps_cover_every_voxel(overlap):
+    """A stride that does not divide the window (128 * 0.7 = 89) still weighs every voxel."""
+    geo = window_geometry((200, 130, 128), (128, 128, 128), overlap)
+    for size, stride, grid in zip(geo.padded_shape, geo.strides, geo.grid):
+        assert (grid - 1) * stride + 128 == size
+    image = torch.randn(1, 1, 50, 33, 32)
+    with torch.no_grad():
+        out, _ = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image,
+                                          torch.zeros_like(image, dtype=torch.uint8), (32, 32, 32), overlap)
+    assert torch.isfinite(out).all()

@@ -22,7 +22,7 @@ def test_samples_per_epoch_drops_incomplete_batches():
     assert samples_per_epoch(168, 1, 2) == 168
     assert samples_per_epoch(168, 1, 32) == 160
     assert samples_per_epoch(168, 8, 4) == 160  # 21 per rank -> 5 batches of 4
-    assert samples_per_epoch(168, 5, 2) == 170  # 34 per rank (padded), 17 batches
+    assert samples_per_epoch(168, 5, 2) == 160  # 33 per rank (no padding duplicates), 16 batches
     assert samples_per_epoch(10, 4, 4) == 0
 
 
