@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU build by default; a site with its own torch can `make setup TORCH_SPEC=` (keeps it).
 TORCH_SPEC ?= torch==2.13.0
+# `make setup VENV_FLAGS=--system-site-packages TORCH_SPEC=` reuses a site's own torch build.
+VENV_FLAGS ?=
 MONAI_SPEC ?= monai==1.6.1
 DEMO_DIR ?= demo_work
 PYTEST_ARGS ?=
@@ -13,7 +15,7 @@ PYTEST_ARGS ?=
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-test.txt
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	@if ! $(PY) -c "import torch" 2>/dev/null && [ -n "$(TORCH_SPEC)" ]; then \
 		echo "installing $(TORCH_SPEC)"; $(PY) -m pip install --quiet "$(TORCH_SPEC)"; fi
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
