@@ -41,15 +41,8 @@ SYNTHETIC_DIR=${SYNTHETIC_DIR:-$PWD/results/synthetic-kits19}
 SYNTHETIC_CASES=${SYNTHETIC_CASES:-12}
 SYNTHETIC_SEED=${SYNTHETIC_SEED:-0}
 
-run() {
-    if [[ ${DRY_RUN:-0} == 1 ]]; then
-        local line
-        printf -v line '%q ' "$@"
-        printf '%s\n' "${line% }"
-    else
-        "$@"
-    fi
-}
+# shellcheck source=scripts/lib/run.sh
+source "$REPO_DIR/scripts/lib/run.sh"
 
 # The embedded dataset: small synthetic KiTS19-like cases, generated and preprocessed once
 # (a marker file records a finished preparation; a half-written one is redone).

@@ -16,16 +16,9 @@
 #   EXTRA_ARGS    more main.py flags as one string; flags after the job script's name also pass
 #   DRY_RUN=1     print each command, shell-quoted, one per line, instead of running it
 
-# Print the command shell-quoted (DRY_RUN=1) or run it.
-run() {
-    if [[ ${DRY_RUN:-0} == 1 ]]; then
-        local line
-        printf -v line '%q ' "$@"
-        printf '%s\n' "${line% }"
-    else
-        "$@"
-    fi
-}
+# run CMD...: print the command shell-quoted (DRY_RUN=1) or run it.
+# shellcheck source=scripts/lib/run.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run.sh"
 
 die() {
     printf 'error: %s\n' "$*" >&2
