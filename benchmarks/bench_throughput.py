@@ -365,7 +365,7 @@ def largest_batch(config, device: torch.device, limit: int) -> tuple[int, str]:
             free_memory(device)
 
     good, why = search_largest(runs, limit)
-    del c
+    c.model = c.optimizer = None  # drop the model and optimizer state before the next row
     free_memory(device)
     return good, why
 
