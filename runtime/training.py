@@ -63,8 +63,6 @@ class RunResult:
     status: str  # success | aborted | preempted | finished
     epoch: int
     best_mean_dice: float
-    seconds: float
-    eval_metrics: dict | None = None
 
 
 def train_step(c: Components, image: torch.Tensor, label: torch.Tensor, sync_grads: bool,
@@ -93,6 +91,16 @@ def train_step(c: Components, image: torch.Tensor, label: torch.Tensor, sync_gra
         c.scaler.update()
         c.optimizer.zero_grad(set_to_none=True)
     return loss.detach() * cfg.ga_steps
+
+
+def step_inputs(c: Components, image: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch on the training device, the image in the model's memory format (no-op copies when
+    the loader already delivered it there)."""
+    image = image.to(c.dist.device, non_blocking=True)
+    label = label.to(c.dist.device, non_blocking=True)
+    if c.config.channels_last:
+        image = image.contiguous(memory_format=torch.channels_last_3d)
+    return image, label
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -162,8 +170,7 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
     cfg, dist_info = c.config, c.dist
     say = print if dist_info.is_main else (lambda *a, **k: None)
     global_batch = cfg.batch_size * dist_info.world_size
-    status, result_eval = "finished", None
-    start = time.time()
+    status = "finished"
     c.model.train()
     block_open = False
     for epoch in range(state.epoch + 1, cfg.epochs + 1):
@@ -187,10 +194,7 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
         for step, (image, label) in enumerate(batches):
             if step < skip:  # resumed mid-epoch: these batches were trained before pre-emption
                 continue
-            image = image.to(dist_info.device, non_blocking=True)
-            label = label.to(dist_info.device, non_blocking=True)
-            if cfg.channels_last:
-                image = image.contiguous(memory_format=torch.channels_last_3d)
+            image, label = step_inputs(c, image, label)
             boundary = (step + 1) % cfg.ga_steps == 0 or step + 1 == len(train_loader)
             loss_sum += train_step(c, image, label, sync_grads=boundary, apply_update=boundary)
             steps_done += 1
@@ -223,7 +227,6 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
             if schedule.is_eval_epoch(epoch):
                 metrics = run_evaluation(c, val_loader, epoch)
                 state.last_eval = metrics
-                result_eval = metrics
                 c.metrics.write("eval", epoch=epoch, **metrics)
                 say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} (kidney "
                     f"{metrics['l1_dice']:.4f}, tumour {metrics['l2_dice']:.4f}) eval_loss "
@@ -245,7 +248,7 @@ def train(c: Components, train_loader, val_loader, schedule: EvalSchedule, state
             save_checkpoint(c, state, master_seed, status)
             if status in ("success", "aborted"):
                 break
-    return RunResult(status, state.epoch, state.best_mean_dice, time.time() - start, result_eval)
+    return RunResult(status, state.epoch, state.best_mean_dice)
 
 
 def benchmark_train(c: Components, train_loader) -> dict:
@@ -260,10 +263,7 @@ def benchmark_train(c: Components, train_loader) -> dict:
         for image, label in c.progress(train_loader, desc=f"benchmark epoch {epoch}", total=len(train_loader)):
             sync()
             tick = time.perf_counter()
-            image = image.to(dev, non_blocking=True)
-            label = label.to(dev, non_blocking=True)
-            if cfg.channels_last:
-                image = image.contiguous(memory_format=torch.channels_last_3d)
+            image, label = step_inputs(c, image, label)
             train_step(c, image, label, sync_grads=True, apply_update=True)
             sync()
             if seen >= cfg.warmup_steps:
