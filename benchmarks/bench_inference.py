@@ -36,9 +36,8 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from contextlib import nullcontext
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ceiling_fp32", type=float, default=0.4, help="TFLOP/s peak, fp32")
     p.add_argument("--ceiling_bf16", type=float, default=0.8, help="TFLOP/s peak, bf16")
+    p.add_argument("--progress", action="store_true", help="a line per forward pass")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and filters (tests)")
     p.add_argument("--out", default="", help="also write the markdown table here")
     return p
@@ -104,16 +104,12 @@ def load_model(args) -> Unet3D:
     return model.eval()
 
 
-def make_runner(name: str, model: Unet3D, args):
-    """``run(image, label) -> (logits, trimmed label)`` for one variant (setup such as preparing the model is
-    done here, outside the timed call)."""
-    roi, sw = (args.roi,) * 3, args.sw_batch_size
-    window = partial(sliding_window_inference, roi=roi, overlap=args.overlap)
+def make_variant(name: str, model: Unet3D, args) -> tuple:
+    """``(predict, sw_batch_size, grad_mode)`` of one variant; setup such as preparing the
+    model is done here, outside the timed part."""
     if name == "reference":
-        def run(image, label):
-            with torch.no_grad():
-                return window(model, image, label, sw_batch_size=1)
-    elif name == "amp_cl":
+        return model, 1, torch.no_grad
+    if name == "amp_cl":
         cl_model = Unet3D(filters=args.filters).eval()
         cl_model.load_state_dict(model.state_dict())
         cl_model = cl_model.to(memory_format=torch.channels_last_3d)
@@ -122,18 +118,59 @@ def make_runner(name: str, model: Unet3D, args):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return cl_model(x)
 
-        def run(image, label):
-            with torch.no_grad():
-                return window(predict, image, label, sw_batch_size=sw)
-    elif name in ("fast", "fast_int8"):
-        predict = fast_predictor(model, channels_last=True, int8=name == "fast_int8")
+        return predict, args.sw_batch_size, torch.no_grad
+    if name in ("fast", "fast_int8"):
+        return (fast_predictor(model, channels_last=True, int8=name == "fast_int8"),
+                args.sw_batch_size, torch.inference_mode)
+    raise SystemExit(f"bench_inference: unknown variant {name!r}; choose from {VARIANTS}")
 
-        def run(image, label):
-            with torch.inference_mode():
-                return window(predict, image, label, sw_batch_size=sw)
-    else:
-        raise SystemExit(f"bench_inference: unknown variant {name!r}; choose from {VARIANTS}")
-    return run
+
+class Baton:
+    """Runs several sliding-window inferences in lock-step, one at a time.
+
+    Each variant runs in its own thread; only the holder of the baton computes. After every
+    forward pass the holder hands the baton to the variant that has done the fewest windows so
+    far (ties in the given order), so the variants advance through the volume together and
+    load from other jobs on a shared machine falls on all of them alike. ``elapsed[name]`` is
+    the time that variant held the baton: its forwards and its own accumulation work.
+    """
+
+    def __init__(self, names, verbose=False):
+        self.names = list(names)
+        self.verbose = verbose
+        self.done = {n: 0 for n in self.names}
+        self.elapsed = {n: 0.0 for n in self.names}
+        self.active = set(self.names)
+        self.holder = None
+        self.since = 0.0
+        self.cond = threading.Condition()
+
+    def _next(self):
+        return min(self.active, key=lambda n: (self.done[n], self.names.index(n)), default=None)
+
+    def acquire(self, name):
+        with self.cond:
+            self.cond.wait_for(lambda: self.holder is None and self._next() == name)
+            self.holder, self.since = name, time.perf_counter()
+
+    def release(self, name, windows=0, finished=False):
+        with self.cond:
+            self.elapsed[name] += time.perf_counter() - self.since
+            self.done[name] += windows
+            if windows and self.verbose:
+                print(f"  {name}: {self.done[name]} windows, {self.elapsed[name]:.1f} s", flush=True)
+            if finished:
+                self.active.discard(name)
+            self.holder = None
+            self.cond.notify_all()
+
+    def wrap(self, name, predict):
+        def turn(batch):
+            out = predict(batch)
+            self.release(name, windows=batch.shape[0])
+            self.acquire(name)
+            return out
+        return turn
 
 
 def agreement(logits: torch.Tensor, reference: torch.Tensor, label: torch.Tensor) -> dict:
@@ -148,28 +185,51 @@ def agreement(logits: torch.Tensor, reference: torch.Tensor, label: torch.Tensor
             "dice_vs_label": float(vs_label.mean())}
 
 
-def measure(runners: dict, image, label, repeats: int) -> tuple[dict, dict]:
-    """Times of every variant per repeat (starting variant rotating) and, from the first
+def run_interleaved(variants: dict, image, label, args) -> tuple[dict, dict]:
+    """One inference of the volume per variant, in lock-step (:class:`Baton`). Returns each
+    variant's seconds and ``(logits, trimmed label)``."""
+    baton = Baton(variants, verbose=args.progress)
+    results, errors = {}, {}
+
+    def body(name):
+        predict, sw, grad_mode = variants[name]
+        baton.acquire(name)
+        try:
+            with grad_mode():
+                results[name] = sliding_window_inference(
+                    baton.wrap(name, predict), image, label, (args.roi,) * 3, args.overlap, sw)
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors[name] = err
+        finally:
+            baton.release(name, finished=True)
+
+    threads = [threading.Thread(target=body, args=(n,), daemon=True) for n in variants]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        name, err = next(iter(errors.items()))
+        raise RuntimeError(f"variant {name} failed: {err}") from err
+    return baton.elapsed, results
+
+
+def measure(variants: dict, image, label, args) -> tuple[dict, dict]:
+    """Seconds of every variant per repeat (lock-step, see :class:`Baton`) and, from the first
     repeat, each variant's agreement with the reference."""
-    names = list(runners)
-    times = {n: [] for n in names}
-    first_logits, quality = {}, {}
-    for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            load = os.getloadavg()[0]
-            start = time.perf_counter()
-            logits, trimmed = runners[name](image, label)
-            elapsed = time.perf_counter() - start
-            times[name].append(elapsed)
-            print(f"repeat {r} {name:10s} {elapsed:8.2f} s  (load {load:.1f})", flush=True)
-            if r == 0:
-                first_logits[name] = logits
+    times = {n: [] for n in variants}
+    quality = {}
+    for r in range(args.repeats):
+        load = os.getloadavg()[0]
+        elapsed, results = run_interleaved(variants, image, label, args)
+        print(f"repeat {r} (load {load:.1f} -> {os.getloadavg()[0]:.1f}): "
+              + ", ".join(f"{n} {elapsed[n]:.2f} s" for n in variants), flush=True)
+        for name in variants:
+            times[name].append(elapsed[name])
         if r == 0:
-            reference = first_logits.get("reference", first_logits[names[0]])
-            quality = {n: agreement(lg, reference, trimmed.long())
-                       for n, lg in first_logits.items()}
-            first_logits.clear()
+            reference, trimmed = results.get("reference", next(iter(results.values())))
+            quality = {n: agreement(lg, reference, trimmed.long()) for n, (lg, _) in results.items()}
+        results.clear()
     return times, quality
 
 
@@ -185,7 +245,7 @@ def table(args, times: dict, quality: dict, window_flops: int, n_windows: int) -
         ratio = (statistics.median(r / v for r, v in zip(ref, values)) if ref else float("nan"))
         tflops = total_tflop / med
         q = quality[name]
-        rows.append(f"| {name} | {med:.1f} | {ratio:.2f}x | {tflops:.3f} | "
+        rows.append(f"| {name} | {med:.2f} | {ratio:.2f}x | {tflops:.3f} | "
                     f"{100 * tflops / args.ceiling_fp32:.0f}% | {100 * tflops / args.ceiling_bf16:.0f}% | "
                     f"{100 * q['agree']:.3f}% | {q['dice_vs_ref'][0]:.4f}, {q['dice_vs_ref'][1]:.4f}; "
                     f"{q['mean_dice_vs_ref']:.4f} | {q['rel_err']:.2e} | {q['dice_vs_label']:.4f} |")
@@ -212,7 +272,7 @@ def main(argv=None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.smoke:
-        args.shape, args.roi, args.filters = [40, 70, 52], 32, [4, 8, 16, 32]
+        args.shape, args.roi, args.filters = [32, 48, 40], 32, [2, 4, 8, 8]
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [n for n in args.variants.split(",") if n]
@@ -224,13 +284,12 @@ def main(argv=None) -> None:
     roi = (args.roi,) * 3
     geo = window_geometry(image.shape[2:], roi, args.overlap)
     window_flops = flop_count_per_sample(model, roi)[0]
-    setup = {}
-    runners = {}
+    setup, variants = {}, {}
     for name in names:
         start = time.perf_counter()
-        runners[name] = make_runner(name, model, args)
+        variants[name] = make_variant(name, model, args)
         setup[name] = time.perf_counter() - start
-    times, quality = measure(runners, image, label, args.repeats)
+    times, quality = measure(variants, image, label, args)
     header = describe(args, geo.n_windows, window_flops)
     text = header + "\n\n" + table(args, times, quality, window_flops, geo.n_windows)
     text += "\n\nsetup s (not timed above): " + ", ".join(f"{n} {s:.2f}" for n, s in setup.items())
