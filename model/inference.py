@@ -11,8 +11,10 @@ can go on) with:
 * optionally (``int8=True``) the 3x3x3 convolutions with at least ``int8_min_channels`` input
   channels replaced by :class:`Int8Conv3d` (oneDNN int8 convolution with float output; see there).
 
-State_dict keys stay those of the reference (``...conv1.1.weight`` and so on), so a prepared
-model loads the same checkpoints. The prepared model is for ``eval`` only.
+Without int8 the state_dict keys stay those of the reference (``...conv1.1.weight`` and so
+on), so a prepared model loads the same checkpoints. The prepared model is for ``eval`` only.
+Measured on the 2-core CPU (docs/performance.md): 1.37x the reference's way on a full volume
+without int8, with the same prediction up to float32 rounding; int8 2.75x, with 8-bit error.
 """
 from __future__ import annotations
 
@@ -61,9 +63,8 @@ def _is_channels_last(x: torch.Tensor) -> bool:
 
 def int8_available() -> str | None:
     """``None`` when this torch has oneDNN's int8 convolution on this CPU, else the reason."""
-    ops = getattr(torch.ops, "onednn", None)
-    try:
-        has_ops = ops is not None and hasattr(ops, "qconv_pointwise") and hasattr(ops, "qconv_prepack")
+    try:  # torch.ops namespaces resolve lazily and raise on unknown names
+        has_ops = all(hasattr(torch.ops.onednn, op) for op in ("qconv_pointwise", "qconv_prepack"))
     except (AttributeError, RuntimeError):
         has_ops = False
     if not has_ops:
