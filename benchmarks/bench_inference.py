@@ -245,7 +245,7 @@ def table(args, times: dict, quality: dict, window_flops: int, n_windows: int) -
         ratio = (statistics.median(r / v for r, v in zip(ref, values)) if ref else float("nan"))
         tflops = total_tflop / med
         q = quality[name]
-        rows.append(f"| {name} | {med:.2f} | {ratio:.2f}x | {tflops:.3f} | "
+        rows.append(f"| {name} | {med:.2f} | {ratio:.2f}x | {tflops:.3g} | "
                     f"{100 * tflops / args.ceiling_fp32:.0f}% | {100 * tflops / args.ceiling_bf16:.0f}% | "
                     f"{100 * q['agree']:.3f}% | {q['dice_vs_ref'][0]:.4f}, {q['dice_vs_ref'][1]:.4f}; "
                     f"{q['mean_dice_vs_ref']:.4f} | {q['rel_err']:.2e} | {q['dice_vs_label']:.4f} |")
