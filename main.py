@@ -11,7 +11,7 @@ from runtime.arguments import parse_args
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean bad input: printed as one line, no traceback."""
-    from runtime.app import UsageError
+    from runtime.arguments import UsageError
     from runtime.checkpoint import CheckpointError
 
     errors: list[type[BaseException]] = [UsageError, CheckpointError]

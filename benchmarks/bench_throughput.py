@@ -13,7 +13,7 @@ volumes written to a temporary folder):
 
 Columns: samples/s over the timed steps (one host sync at the end), the median step time
 (CUDA events between step launches on the GPU), achieved TFLOP/s from the model's FLOP count
-(``runtime.speed.flop_count_per_sample``: 2.86 TFLOP per 128³ sample forward + backward for the
+(``runtime.flops.flop_count_per_sample``: 2.86 TFLOP per 128³ sample forward + backward for the
 default model), its fraction of ``--ceiling_tflops`` (790: dense bf16 on an H200), the peak
 allocated GPU memory, and the largest batch that trains (doubling then bisection, eager step
 of the row's precision and memory format, up to ``--max_batch_limit``).
@@ -65,7 +65,7 @@ from runtime.graphs import GraphedTrainStep, cuda_graphs_supported  # noqa: E402
 from runtime.inference import evaluate, sliding_window_inference  # noqa: E402
 from runtime.logging import MetricsWriter, MLPerfLogger  # noqa: E402
 from runtime.optimizers import make_optimizer  # noqa: E402
-from runtime.speed import flop_count_per_sample  # noqa: E402
+from runtime.flops import flop_count_per_sample  # noqa: E402
 from runtime.training import Components, set_learning_rate, train_step  # noqa: E402
 
 LEVERS = {

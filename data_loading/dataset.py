@@ -311,6 +311,3 @@ class DeviceVolumes:
             # The batches are cut on another stream (prefetch thread): finish filling first.
             torch.cuda.synchronize(self.device)
 
-    @property
-    def nbytes(self) -> int:
-        return self.images.numel() * 4 + self.labels.numel()

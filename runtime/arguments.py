@@ -84,10 +84,20 @@ class Config:
     submission_platform: str = "unknown"
     submission_division: str = "closed"
     submission_status: str = "onprem"
+    # Derived once by runtime.resolve.resolve (None until then); read everywhere else.
+    num_train_cases: int | None = None
+    num_eval_cases: int | None = None
+    samples_per_epoch: int | None = None  # global samples trained per epoch, after dropping
+    fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
 
     @property
     def is_train(self) -> bool:
         return self.exec_mode == "train"
+
+
+class UsageError(RuntimeError):
+    """A problem with the flags that only shows once the machine or the data is known (printed as
+    one line, exit code 1)."""
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -163,7 +173,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--lr_decay_factor", type=float, default=d.lr_decay_factor,
                    help="multiplier applied at each --lr_decay_epochs milestone")
     g.add_argument("--lamb_betas", nargs=2, type=float, default=list(d.lamb_betas),
-                   help="LAMB/Adam betas (floats; the reference's type=int was a defect)")
+                   help="LAMB betas (floats; the reference's type=int was a defect); Adam keeps torch's defaults")
     g.add_argument("--momentum", type=float, default=d.momentum, help="SGD (Nesterov) momentum")
     g.add_argument("--weight_decay", type=float, default=d.weight_decay, help="L2 weight decay")
     g = p.add_argument_group("model")

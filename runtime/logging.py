@@ -24,7 +24,7 @@ METRICS_LOG_NAME = "log.json"
 class MLPerfLogger:
     """``:::MLLOG`` lines through ``mlperf_logging.mllog``, written by rank 0 only."""
 
-    def __init__(self, log_dir: str, enabled: bool, echo: bool = False, name: str | None = None):
+    def __init__(self, log_dir: str, enabled: bool, name: str | None = None):
         self.enabled = enabled
         self._handlers: list[logging.Handler] = []
         self._logger = None
@@ -35,18 +35,15 @@ class MLPerfLogger:
         base = logging.getLogger(f"unet3d.mlperf.{id(self)}")
         base.setLevel(logging.INFO)
         base.propagate = False
-        handlers = [logging.FileHandler(self.path, mode="a")]
-        if echo:
-            handlers.append(logging.StreamHandler())
-        for handler in handlers:
-            handler.setLevel(logging.INFO)
-            base.addHandler(handler)
-        self._handlers = handlers
+        handler = logging.FileHandler(self.path, mode="a")
+        handler.setLevel(logging.INFO)
+        base.addHandler(handler)
+        self._handlers = [handler]
         self._base = base
         self._logger = mllog.mllog.MLLogger(logger=base, default_stack_offset=2,
                                             root_dir=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    def event(self, key: str, value: Any = None, metadata: dict | None = None, sync: bool = False) -> None:
+    def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self._logger:
             self._logger.event(key=key, value=value, metadata=metadata)
 
@@ -78,8 +75,8 @@ class MLPerfLogger:
         for name in weight_init_tensor_names(len(config.filters), config.normalization):
             self.event(C.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
 
-    def hyperparameters(self, config: Config, world_size: int, train_samples: int, eval_samples: int,
-                        samples_per_epoch: int) -> None:
+    def hyperparameters(self, config: Config, world_size: int) -> None:
+        """The run's hyper-parameters; ``config`` resolved (seed, case and sample counts)."""
         self.event(C.SEED, value=config.seed)
         self.event(C.GLOBAL_BATCH_SIZE, value=config.batch_size * world_size * config.ga_steps)
         self.event(C.GRADIENT_ACCUMULATION_STEPS, value=config.ga_steps)
@@ -94,9 +91,9 @@ class MLPerfLogger:
         self.event("training_input_shape", value=list(config.input_shape))
         self.event("validation_input_shape", value=list(config.val_input_shape))
         self.event("validation_overlap", value=config.overlap)
-        self.event(C.TRAIN_SAMPLES, value=train_samples)
-        self.event(C.EVAL_SAMPLES, value=eval_samples)
-        self.event("samples_per_epoch", value=samples_per_epoch)
+        self.event(C.TRAIN_SAMPLES, value=config.num_train_cases)
+        self.event(C.EVAL_SAMPLES, value=config.num_eval_cases)
+        self.event("samples_per_epoch", value=config.samples_per_epoch)
 
 
 class MetricsWriter:

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.benchmark import latency_summary
+from runtime.latency import latency_summary
 from runtime.schedule import eval_schedule, learning_rate_at, samples_per_epoch
 
 

@@ -2,8 +2,6 @@
 import json
 import os
 import signal
-import sys
-import types
 
 import pytest
 import torch
@@ -19,16 +17,17 @@ TINY = ["--loader", "synthetic", "--filters", "2", "4", "4", "8", "8", "--input_
 
 
 @pytest.fixture
-def fake_loaders(monkeypatch):
-    module = types.ModuleType("data_loading.data_loader")
-    module.get_data_loaders = fake_data.get_data_loaders
-    monkeypatch.setitem(sys.modules, "data_loading.data_loader", module)
-    return module
+def fake_loaders():
+    return fake_data.FakeData()
+
+
+def app_run(cfg):
+    from runtime.app import run
+
+    return run(cfg, data=fake_data.FakeData())
 
 
 def run(tmp_path, name, *extra):
-    from runtime.app import run as app_run
-
     log_dir = tmp_path / name
     cfg = parse_args(TINY + ["--log_dir", str(log_dir), "--save_ckpt_path", str(tmp_path / f"{name}.pt"),
                              *extra])
@@ -114,8 +113,6 @@ def test_gradient_accumulation_equals_larger_batch(tmp_path, fake_loaders):
 
 def test_evaluate_mode_prints_mean_dice(tmp_path, fake_loaders, capsys):
     assert run(tmp_path, "a", "--epochs", "1", "--start_eval_at", "1")[0] == 0
-    from runtime.app import run as app_run
-
     cfg = parse_args(TINY + ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "a.pt"),
                              "--log_dir", str(tmp_path / "ev")])
     capsys.readouterr()
@@ -142,15 +139,13 @@ def test_bf16_autocast_trains_on_cpu(tmp_path, fake_loaders):
 
 
 def test_fp16_on_cpu_is_a_clear_error(tmp_path, fake_loaders):
-    from runtime.app import UsageError
+    from runtime.arguments import UsageError
 
     with pytest.raises(UsageError, match="--amp_dtype bf16"):
         run(tmp_path, "fp16", "--amp", "--amp_dtype", "fp16")
 
 
 def test_evaluate_benchmark_prints_throughput_eval(tmp_path, fake_loaders, capsys):
-    from runtime.app import run as app_run
-
     cfg = parse_args(TINY + ["--exec_mode", "evaluate", "--benchmark", "--warmup_steps", "1", "--epochs", "2",
                              "--log_dir", str(tmp_path)])
     assert app_run(cfg) == 0
