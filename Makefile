@@ -10,7 +10,7 @@ MONAI_SPEC ?= monai==1.6.1
 DEMO_DIR ?= demo_work
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# Everything but the tests marked slow (torchrun, convergence, benchmark smoke runs).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

@@ -51,7 +51,7 @@ class PreprocessError(Exception):
 
 
 @dataclass(frozen=True)
-class Case:
+class RawCase:
     """One raw KiTS19 case. ``label_path`` is None for the unlabelled ids >= 210."""
 
     case_id: int
@@ -79,7 +79,7 @@ class CaseStats:
 # ----------------------------------------------------------------------------- discovery
 
 
-def find_cases(data_dir: str) -> tuple[list[Case], list[Case]]:
+def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
     """Raw cases under ``data_dir`` (or ``data_dir/data``), as (labelled, unlabelled), sorted.
 
     Labelled cases (id < 210) must have both NIfTI files; unlabelled ones are returned only to
@@ -101,13 +101,13 @@ def find_cases(data_dir: str) -> tuple[list[Case], list[Case]]:
         folder = os.path.join(root, name)
         image_path = os.path.join(folder, IMAGE_FILE)
         if case_id >= FIRST_UNLABELLED_ID:
-            unlabelled.append(Case(case_id, image_path, None))
+            unlabelled.append(RawCase(case_id, image_path, None))
             continue
         label_path = os.path.join(folder, LABEL_FILE)
         for path in (image_path, label_path):
             if not os.path.isfile(path):
                 raise PreprocessError(f"{path}: missing (case {name} is in the labelled range)")
-        labelled.append(Case(case_id, image_path, label_path))
+        labelled.append(RawCase(case_id, image_path, label_path))
     return labelled, unlabelled
 
 
@@ -157,7 +157,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def load_pair(case: Case) -> tuple[np.ndarray, np.ndarray, list[float]]:
+def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """Image float32 (1, D, H, W), label uint8 (1, D, H, W) and the spacing (3 floats).
 
     Raises :class:`PreprocessError` for unreadable files, shapes that differ, NaN or infinite
@@ -296,7 +296,7 @@ def _torch_threads(count: int | None):
         torch.set_num_threads(before)
 
 
-def process_case(case: Case, results_dir: str, torch_threads: int | None = None) -> CaseStats:
+def process_case(case: RawCase, results_dir: str, torch_threads: int | None = None) -> CaseStats:
     """Load, preprocess and save one case; returns its statistics.
 
     ``torch_threads`` limits torch's threads for the resampling only (None: leave as set), so
@@ -339,7 +339,7 @@ def _worker_context():
     return context
 
 
-def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
+def preprocess_cases(cases: Sequence[RawCase], results_dir: str, num_workers: int,
                      on_done: Callable[[CaseStats], None]) -> list[CaseStats]:
     """Process ``cases`` across ``num_workers`` processes, calling ``on_done`` per case.
 
