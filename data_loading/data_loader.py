@@ -26,8 +26,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, collate_batch,
-                                  case_foreground_boxes, check_label_values, check_patch_fits,
+from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, case_foreground_boxes,
+                                  check_finite, check_label_values, check_patch_fits, collate_batch,
                                   discover_cases, load_array, read_evaluation_ids, split_cases)
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
@@ -166,6 +166,7 @@ class EvalLoader:
             image = load_array(case.image_path, np.float32)
             label = load_array(case.label_path, np.uint8)
             check_label_values(case, label)
+            check_finite(case, image, " (an evaluation case)")
             yield (torch.from_numpy(image).unsqueeze(0), torch.from_numpy(label).unsqueeze(0),
                    case.case_id)
 

@@ -24,7 +24,7 @@ import os
 import re
 import statistics
 import zlib
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -243,7 +243,11 @@ def save_atomic(path: str, array: np.ndarray) -> None:
     """``np.save`` through :func:`atomic_write`: a crash leaves at most a hidden
     ``.<name>.<pid>.tmp`` file, never a partial ``.npy``. (A file object, because np.save would
     append ".npy" to a temporary name.)"""
-    atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
+    try:
+        atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
+    except OSError as exc:  # a full disk, a quota, a vanished mount: the temporary file is gone
+        raise PreprocessError(f"cannot write {path}: {exc.strerror or type(exc).__name__}; finished "
+                              "cases are kept, free space and run again to resume") from None
 
 
 def prepare_results_dir(results_dir: str) -> None:
@@ -346,7 +350,7 @@ def preprocess_cases(cases: Sequence[RawCase], results_dir: str, num_workers: in
     One worker runs in this process (no start-up cost). Several use a process pool (see
     ``_worker_context``). Either way torch gets one thread per process: the processes already
     use every core, and more threads would only contend. The first error cancels the cases not
-    yet started and is raised here.
+    yet started and is raised here. ``on_done`` runs as each case finishes, in finishing order.
     """
     os.makedirs(results_dir, exist_ok=True)
     stats = []
@@ -358,18 +362,16 @@ def preprocess_cases(cases: Sequence[RawCase], results_dir: str, num_workers: in
 
     with ProcessPoolExecutor(max_workers=min(num_workers, len(cases)),
                              mp_context=_worker_context()) as pool:
-        pending = {pool.submit(process_case, case, results_dir, 1) for case in cases}
+        futures = [pool.submit(process_case, case, results_dir, 1) for case in cases]
         try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    stats.append(future.result())
-                    on_done(stats[-1])
+            for future in as_completed(futures):
+                stats.append(future.result())
+                on_done(stats[-1])
         except BrokenProcessPool:
             raise PreprocessError("a worker process ended abruptly; "
                                   "finished cases are kept, run again to resume") from None
         finally:
-            for future in pending:
+            for future in futures:
                 future.cancel()
     return stats
 

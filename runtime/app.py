@@ -1,4 +1,5 @@
-"""Run a parsed config: start the process group, resolve, build, run the chosen mode, tear down."""
+"""Run a parsed config: check the outputs, start the process group, resolve, build, run the
+chosen mode, tear down."""
 from __future__ import annotations
 
 import os
@@ -12,40 +13,50 @@ from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.benchmark import benchmark_evaluate, benchmark_train
 from runtime.build import Components, build_components
-from runtime.logging import MetricsWriter, MLPerfLogger
+from runtime.logging import METRICS_LOG_NAME, MLPERF_LOG_NAME, MetricsWriter, MLPerfLogger
+from runtime.outputs import RunLock, check_output_dir, check_output_file, keep_previous
+from runtime.progress import make_progress
 from runtime.resolve import resolve
 from runtime.signals import PreemptionFlag
 from runtime.training import Reporters, run_evaluation, train
 
 
-def make_progress(enabled: bool):
-    if not enabled:
-        return lambda it, **_: it
-    from tqdm import tqdm
-
-    return lambda it, desc=None, total=None: tqdm(it, desc=desc, total=total, leave=False, dynamic_ncols=True)
+def writes_outputs(config: Config) -> bool:
+    """Benchmarks write nothing; training and evaluation write ``--log_dir``."""
+    return not config.benchmark
 
 
-def resume_checkpoint(config: Config, dist_info: D.DistInfo) -> dict | None:
-    """The saved run ``--resume`` continues, or None (with a note when there is none yet)."""
-    if not config.resume:
-        return None
-    if os.path.isfile(config.save_ckpt_path):
-        return ckpt.load_checkpoint(config.save_ckpt_path)
-    if dist_info.is_main:
+def check_outputs(config: Config) -> None:
+    """Every output path, before any data is read or any MLPerf event is logged."""
+    if not writes_outputs(config):
+        return
+    check_output_dir(config.log_dir, "--log_dir")
+    if config.is_train and config.save_ckpt_path:
+        check_output_file(config.save_ckpt_path, "--save_ckpt_path")
+
+
+def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
+    saved = ckpt.saved_for(config)
+    if config.resume and (saved is None or not saved.resume) and dist_info.is_main:
         print(f"--resume: no checkpoint at {config.save_ckpt_path} yet, starting a new run")
-    return None
+    return saved
 
 
 def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preempt: PreemptionFlag) -> Reporters:
     main = dist_info.is_main
-    # A resumed run is a new attempt: its MLPerf log goes to a file of its own, since one log
-    # may hold only one run_start/run_stop pair.
+    mlperf_on = main and config.is_train and not config.benchmark
+    # One MLPerf log holds one run: a resumed run (a new attempt) writes a file of its own, and
+    # a new run keeps the previous log under another name.
     name = f"unet3d.resumed-{time.strftime('%Y%m%d-%H%M%S')}.log" if resuming else None
+    if mlperf_on and not resuming:
+        for log_name in (MLPERF_LOG_NAME, METRICS_LOG_NAME):
+            kept = keep_previous(os.path.join(config.log_dir, log_name))
+            if kept:
+                print(f"kept the previous run's {log_name} as {kept}")
     return Reporters(
-        mlperf=MLPerfLogger(config.log_dir, enabled=main and config.is_train and not config.benchmark, name=name),
-        metrics=MetricsWriter(config.log_dir, enabled=main and not config.benchmark),
-        progress=make_progress(config.verbose and main), preempt=preempt, is_main=main)
+        mlperf=MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name),
+        metrics=MetricsWriter(config.log_dir, enabled=main and writes_outputs(config)),
+        progress=make_progress(config, main), preempt=preempt, is_main=main)
 
 
 def run(config: Config, data=None) -> int:
@@ -53,21 +64,25 @@ def run(config: Config, data=None) -> int:
     (default: ``data_loading.data_loader.data_source(config)``; tests pass their own)."""
     from data_loading.data_loader import data_source
 
+    check_outputs(config)
     dist_info = D.init_distributed(config.device, config.local_rank)
-    preempt = PreemptionFlag().install()
+    # Training saves at the next step; evaluation and benchmarks have nothing to save and stop now.
+    preempt = PreemptionFlag(interrupt=not config.is_train or config.benchmark).install()
+    lock = RunLock(config.log_dir, enabled=dist_info.is_main and writes_outputs(config))
     out, graceful = None, True
     try:
+        lock.acquire()
         data = data if data is not None else data_source(config)
-        saved = resume_checkpoint(config, dist_info)
+        saved = starting_point(config, dist_info)
         config = resolve(config, dist_info, data, saved)
-        out = make_reporters(config, dist_info, saved is not None, preempt)
+        out = make_reporters(config, dist_info, saved is not None and saved.resume, preempt)
         out.mlperf.submission_info(config)
         out.mlperf.start(C.INIT_START)
         components = build_components(config, dist_info, data, saved)
         out.mlperf.weights_initialization(config)
-        if saved is not None:
+        if saved is not None and saved.resume:
             state = components.state
-            out.say(f"resuming {config.save_ckpt_path} after epoch {state.epoch}"
+            out.say(f"resuming {saved.path} after epoch {state.epoch}"
                     + (f" + {state.step_in_epoch} batches" if state.step_in_epoch else ""))
         if config.exec_mode == "evaluate":
             return run_evaluate(components, out)
@@ -82,6 +97,7 @@ def run(config: Config, data=None) -> int:
         preempt.restore()
         if out is not None:
             out.mlperf.close()
+        lock.release()
         D.cleanup(graceful)
 
 
@@ -113,4 +129,7 @@ def run_train(components: Components, out: Reporters) -> int:
     out.say(f"RESULT,image_segmentation,{cfg.seed},{time.time() - run_start:.1f},{result.status},"
             f"best_mean_dice={result.best_mean_dice:.4f},epochs={result.epoch}")
     sys.stdout.flush()
-    return 0 if result.status in ("success", "finished", "preempted") else 3
+    if result.status == "preempted":
+        # Saved: a requeued job resumes (exit 0). Nothing to resume from: say it with the exit code.
+        return 0 if cfg.save_ckpt_path else 128 + (out.preempt.number or 15)
+    return 0 if result.status in ("success", "finished") else 3

@@ -25,15 +25,18 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
     components.model.train()
     for epoch in range(1, cfg.epochs + 1):
         loader.set_epoch(epoch)
-        for image, label in out.progress(loader, desc=f"benchmark epoch {epoch}", total=len(loader)):
+        for image, label in loader:
             sync()
             tick = time.perf_counter()
             image, label = step_inputs(components, image, label)
             components.step(image, label, True, True)
             sync()
+            seconds = time.perf_counter() - tick
             if seen >= cfg.warmup_steps:
-                times.append(time.perf_counter() - tick)
+                times.append(seconds)
             seen += 1
+            out.say(f"{'warm-up' if seen <= cfg.warmup_steps else 'timed'} step {seen}: {seconds * 1e3:.1f} ms",
+                    flush=True)
     summary = latency_summary(times, cfg.batch_size * components.dist.world_size)
     out.say(format_summary("throughput_train", summary, "samples"))
     return summary
@@ -53,7 +56,8 @@ def benchmark_evaluate(components: Components, out: Reporters) -> dict:
 
     with torch.no_grad():
         for _ in range(cfg.epochs):
-            for image, label, _case in out.progress(loader, desc="benchmark eval", total=len(loader)):
+            for image, label, _case in out.progress(loader, desc="benchmark eval volumes", total=len(loader),
+                                                    always=True):
                 sync()
                 tick = time.perf_counter()
                 sliding_window_inference(predict, image.to(dev), label.to(dev), cfg.val_input_shape,

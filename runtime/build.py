@@ -114,12 +114,12 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
 
 
 def build_components(config: Config, dist_info: D.DistInfo, data,
-                     checkpoint: dict | None = None) -> Components:
+                     saved: ckpt.Saved | None = None) -> Components:
     """Model, loss, optimizer, scaler, train step and this rank's loaders for a resolved
     ``config``. ``data``: the data source (``loaders(config, world, rank, device)``).
 
-    ``checkpoint``: with ``--resume``, the saved run (weights, optimizer, scaler, RNG and
-    training state are restored); otherwise ``--load_ckpt_path``'s weights are loaded, if given.
+    ``saved``: a resumed run (weights, optimizer, scaler, RNG and training state restored) or
+    a checkpoint whose (best) weights are loaded (``--load_ckpt_path``).
     The seed of this rank is set before the weights are initialised.
     """
     device = dist_info.device
@@ -131,10 +131,10 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
                                config.momentum, config.weight_decay, config.lamb_betas,
                                fused=config.fused_optimizer)
     state = ckpt.TrainState()
-    if checkpoint is not None:
-        state = ckpt.restore(checkpoint, config.save_ckpt_path, model, optimizer, scaler, device)
-    elif config.load_ckpt_path:
-        ckpt.load_weights(model, config.load_ckpt_path)
+    if saved is not None and saved.resume:
+        state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)
+    elif saved is not None:
+        ckpt.load_weights(model, saved.path, saved.checkpoint)
     loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=config.include_background)
     score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=config.include_background)
     wrapped = wrap_model(model, config, dist_info)

@@ -39,6 +39,26 @@ class TrainState:
     last_eval: dict | None = None
 
 
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint a run starts from: ``resume`` (all training state, ``--resume``) or only
+    its weights (``--load_ckpt_path``: evaluation, warm start)."""
+
+    path: str
+    checkpoint: dict
+    resume: bool
+
+
+def saved_for(config) -> Saved | None:
+    """The checkpoint ``config`` starts from, read once (None: a fresh run, or ``--resume`` with
+    no checkpoint written yet)."""
+    if config.resume and os.path.isfile(config.save_ckpt_path):
+        return Saved(config.save_ckpt_path, load_checkpoint(config.save_ckpt_path), resume=True)
+    if config.load_ckpt_path:
+        return Saved(config.load_ckpt_path, load_checkpoint(config.load_ckpt_path), resume=False)
+    return None
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The plain module under DDP and torch.compile wrappers."""
     while True:
@@ -117,6 +137,11 @@ def load_model_weights(model: torch.nn.Module, state: dict, path: str) -> None:
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     wrong = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if not (missing or unexpected or wrong):
+        bad = next((k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+        if bad is not None:
+            raise CheckpointError(f"checkpoint {path!r} holds non-finite weights ({bad}): the run it "
+                                  "comes from diverged; use an earlier checkpoint")
     if missing or unexpected or wrong:
         detail = (f"{len(missing)} missing, {len(unexpected)} unexpected, {len(wrong)} wrong-shape keys"
                   + (f" (first wrong: {wrong[0]} {tuple(state[wrong[0]].shape)} vs "
@@ -153,12 +178,7 @@ def restore(checkpoint: dict, path: str, model: torch.nn.Module, optimizer: torc
     if "optimizer_state_dict" not in checkpoint or "epoch" not in checkpoint:
         raise CheckpointError(f"checkpoint {path!r} has no training state to resume")
     load_model_weights(model, model_state_from(checkpoint, prefer="last"), path)
-    try:
-        optimizer.load_state_dict(checkpoint["optimizer_state_dict"])
-    except (ValueError, KeyError) as exc:
-        saved = saved_config(checkpoint).get("optimizer", "another optimizer")
-        raise CheckpointError(f"optimizer state in {path!r} ({saved}) does not fit this run's "
-                              f"--optimizer: {type(exc).__name__} {exc}") from None
+    load_optimizer_state(optimizer, checkpoint, path)
     if checkpoint.get("scaler_state_dict"):
         scaler.load_state_dict(checkpoint["scaler_state_dict"])
     if checkpoint.get("rng"):
@@ -169,6 +189,32 @@ def restore(checkpoint: dict, path: str, model: torch.nn.Module, optimizer: torc
                       best_epoch=int(checkpoint.get("best_epoch", 0)),
                       best_state=checkpoint.get("best_model_state_dict"),
                       last_eval=checkpoint.get("last_eval"))
+
+
+# The hyper-parameters that tell the optimizers apart in a saved param group (reference
+# checkpoints carry no config naming theirs).
+OPTIMIZER_KEYS = {"SGD": {"momentum", "nesterov", "dampening"}, "Adam": {"betas", "eps", "amsgrad"},
+                  "Lamb": {"betas", "eps"}}
+OPTIMIZER_NAMES = {"SGD": "sgd", "Adam": "adam", "Lamb": "lamb"}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: dict, path: str) -> None:
+    """The saved optimizer state, refused with one line when it belongs to another optimizer
+    (``load_state_dict`` would take the other's hyper-parameters and fail at the first step)."""
+    state = checkpoint["optimizer_state_dict"]
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    expected = OPTIMIZER_KEYS.get(type(optimizer).__name__, set()) | {"lr", "weight_decay"}
+    saved = saved_config(checkpoint).get("optimizer")
+    mine = OPTIMIZER_NAMES.get(type(optimizer).__name__)
+    if not groups or any(not expected <= set(group) for group in groups) or (saved and mine and saved != mine):
+        saved = saved or "another optimizer"
+        raise CheckpointError(f"optimizer state in {path!r} ({saved}) does not fit --optimizer "
+                              f"{mine or type(optimizer).__name__}; resume with the run's own --optimizer")
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"optimizer state in {path!r} does not fit this model and optimizer: "
+                              f"{type(exc).__name__} {exc}") from None
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -192,7 +238,8 @@ def payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: to
         "master_seed": config.seed,
         "rng": rng_state(device),
         "status": status,
-        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()},
+        "config": {k: (sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v)
+                   for k, v in dataclasses.asdict(config).items()},
     }
 
 

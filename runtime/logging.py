@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -16,9 +17,20 @@ from mlperf_logging.mllog import constants as C
 
 from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
+from runtime.outputs import OutputError
 
 MLPERF_LOG_NAME = "unet3d.log"
 METRICS_LOG_NAME = "log.json"
+
+
+class _StrictFileHandler(logging.FileHandler):
+    """A FileHandler whose write errors (disk full, ...) stop the run with one line, instead of
+    logging's default: a traceback on stderr and the event silently lost."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging API
+        err = sys.exc_info()[1]
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise OutputError(f"cannot write the MLPerf log {self.baseFilename!r}: {reason}") from None
 
 
 class MLPerfLogger:
@@ -35,7 +47,7 @@ class MLPerfLogger:
         base = logging.getLogger(f"unet3d.mlperf.{id(self)}")
         base.setLevel(logging.INFO)
         base.propagate = False
-        handler = logging.FileHandler(self.path, mode="a")
+        handler = _StrictFileHandler(self.path, mode="a")
         handler.setLevel(logging.INFO)
         base.addHandler(handler)
         self._handlers = [handler]
@@ -109,5 +121,8 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = {"time": time.time(), "kind": kind, **values}
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        except OSError as err:
+            raise OutputError(f"cannot write {self.path!r}: {err.strerror or type(err).__name__}") from None

@@ -10,7 +10,7 @@ import torch
 
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, replace
-from runtime.checkpoint import saved_seed
+from runtime.checkpoint import Saved, saved_config, saved_seed
 from runtime.schedule import eval_schedule, samples_per_epoch
 
 
@@ -56,21 +56,48 @@ def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
                 evaluate_every=schedule.evaluate_every, fail_epoch=schedule.fail_epoch)
 
 
-def resolve(config: Config, dist_info: D.DistInfo, data, checkpoint: dict | None = None) -> Config:
+# The flags that define the network: taken from a checkpoint's saved config when not given.
+ARCHITECTURE = ("filters", "normalization", "activation")
+
+
+def _flag_text(value) -> str:
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def architecture_from(config: Config, saved: Saved) -> Config:
+    """``config`` with the network flags the checkpoint was trained with, where they were not
+    given; a given flag that differs from the checkpoint is a :class:`UsageError`."""
+    trained = saved_config(saved.checkpoint)
+    changes = {}
+    for name in ARCHITECTURE:
+        if name not in trained:
+            continue  # a reference checkpoint: the flags (or their defaults) decide
+        value = tuple(trained[name]) if isinstance(trained[name], list) else trained[name]
+        if name in config.explicit and getattr(config, name) != value:
+            raise UsageError(f"--{name} {_flag_text(getattr(config, name))} conflicts with {saved.path!r}, "
+                             f"trained with --{name} {_flag_text(value)}; drop the flag to use the checkpoint's")
+        changes[name] = value
+    return replace(config, **changes)
+
+
+def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = None) -> Config:
     """The run's config with every derived value decided.
 
     ``data``: the data source (``summary(config)``; see ``data_loading.data_loader``);
-    ``checkpoint``: the run being resumed (its master seed is reused), or None.
+    ``saved``: the checkpoint the run starts from (its network flags fill those not given; a
+    resumed run also keeps its master seed), or None.
     The seed is drawn on rank 0 and broadcast, so this is a collective: call it on every rank.
     """
     from data_loading.data_loader import resolve_cache
 
     device = dist_info.device
+    if saved is not None:
+        config = architecture_from(config, saved)
     check_device_support(config, device)
     if config.amp:
         config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
     summary = data.summary(config)
-    seed = saved_seed(checkpoint) if checkpoint is not None else None
+    seed = saved_seed(saved.checkpoint) if saved is not None and saved.resume else None
     if seed is None:
         seed = D.resolve_master_seed(config.seed, device)
     return replace(config, device=device.type, seed=seed,

@@ -18,6 +18,7 @@ from runtime import distributed as D
 from runtime.build import Components
 from runtime.inference import evaluate
 from runtime.logging import MetricsWriter, MLPerfLogger
+from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
 from runtime.signals import PreemptionFlag
 
@@ -98,13 +99,58 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def save_checkpoint(components: Components, status: str) -> None:
-    """Rank 0 writes ``--save_ckpt_path`` atomically (nothing when the path is empty)."""
-    cfg = components.config
+def save_checkpoint(components: Components, status: str, required: bool = True) -> bool:
+    """Rank 0 writes ``--save_ckpt_path`` atomically (nothing when the path is empty).
+
+    A failed write (full disk, quota, ...) leaves the previous checkpoint intact and no temporary
+    file; it raises :class:`OutputError` when ``required``, else returns False.
+    """
+    cfg, ok = components.config, True
     if cfg.save_ckpt_path and components.dist.is_main:
-        ckpt.save(cfg.save_ckpt_path, components.model, components.optimizer, components.scaler,
-                  components.state, cfg, components.dist.device, status)
+        try:
+            ckpt.save(cfg.save_ckpt_path, components.model, components.optimizer, components.scaler,
+                      components.state, cfg, components.dist.device, status)
+        except OSError as err:
+            if required:
+                raise OutputError(f"cannot write the checkpoint {cfg.save_ckpt_path!r}: "
+                                  f"{err.strerror or type(err).__name__} (the previous one is unchanged)") from None
+            ok = False
     D.barrier()
+    return ok
+
+
+def periodic_save_due(epochs_since: int, minutes_since: float, every_epochs: int, every_minutes: float) -> bool:
+    """A "last" checkpoint is due after ``every_epochs`` epochs or ``every_minutes`` minutes
+    (each 0 = off) since the last save."""
+    return (every_epochs > 0 and epochs_since >= every_epochs) or (every_minutes > 0 and minutes_since >= every_minutes)
+
+
+class PeriodicCheckpoints:
+    """Saves between evaluations, so that a crash before the first evaluation (epoch ~1000 under
+    the MLPerf schedule) loses at most ``--ckpt_every_epochs`` epochs or ``--ckpt_every_minutes``.
+    Rank 0 decides (clocks differ between ranks) and every rank follows."""
+
+    def __init__(self, components: Components, out: Reporters):
+        self.components, self.out = components, out
+        self.last_epoch, self.last_time, self.warned = components.state.epoch, time.time(), False
+
+    def saved(self, epoch: int) -> None:
+        self.last_epoch, self.last_time = epoch, time.time()
+
+    def maybe_save(self, epoch: int) -> None:
+        cfg = self.components.config
+        if not cfg.save_ckpt_path:
+            return
+        due = periodic_save_due(epoch - self.last_epoch, (time.time() - self.last_time) / 60,
+                                cfg.ckpt_every_epochs, cfg.ckpt_every_minutes)
+        if not D.broadcast_int(int(due), self.components.dist.device):
+            return
+        if save_checkpoint(self.components, "running", required=False):
+            self.saved(epoch)
+        elif not self.warned:
+            self.warned = True
+            self.out.say(f"warning: cannot write the periodic checkpoint {cfg.save_ckpt_path!r} (disk full or "
+                         "not writable?); training goes on, the previous checkpoint is unchanged")
 
 
 def should_stop_for_preemption(preempt: PreemptionFlag, device: torch.device, step: int,
@@ -162,7 +208,8 @@ def run_evaluation(components: Components, out: Reporters, epoch: int) -> dict:
     metrics = evaluate(components.eval_model, loader, components.loss_fn, components.score_fn,
                        cfg.val_input_shape, cfg.overlap, cfg.sw_batch_size, components.dist.device,
                        components.autocast,
-                       progress=lambda it: out.progress(it, desc=f"eval {epoch}", total=len(loader)))
+                       progress=lambda it: out.progress(it, desc=f"eval {epoch} cases", total=len(loader),
+                                                        always=True))
     out.mlperf.event(C.EVAL_ACCURACY, value=metrics["mean_dice"], metadata={"epoch_num": epoch})
     out.mlperf.end(C.EVAL_STOP, metadata={"epoch_num": epoch})
     return metrics
@@ -217,6 +264,7 @@ def train(components: Components, out: Reporters) -> RunResult:
     cfg, state = components.config, components.state
     schedule = EvalSchedule(cfg.start_eval_at, cfg.evaluate_every, cfg.fail_epoch)
     blocks = MLPerfBlocks(out.mlperf, schedule, cfg.epochs)
+    periodic = PeriodicCheckpoints(components, out)
     components.model.train()
     status = None
     for epoch in range(state.epoch + 1, cfg.epochs + 1):
@@ -224,7 +272,8 @@ def train(components: Components, out: Reporters) -> RunResult:
         result = train_epoch(components, out, epoch)
         if result.preempted:
             out.say(f"pre-empted ({out.preempt.received or 'signal on another rank'}) in epoch {epoch} after "
-                    f"{state.step_in_epoch} batches: saving {cfg.save_ckpt_path or '(no --save_ckpt_path)'}")
+                    f"{state.step_in_epoch} batches: " + (f"saving {cfg.save_ckpt_path}" if cfg.save_ckpt_path else
+                                                          "nothing saved, no --save_ckpt_path was given"))
             save_checkpoint(components, "preempted")
             return RunResult("preempted", state.epoch, state.best_mean_dice)
         report_epoch(components, out, epoch, result)
@@ -236,6 +285,9 @@ def train(components: Components, out: Reporters) -> RunResult:
         if status or metrics or epoch == cfg.epochs:
             blocks.end()
             save_checkpoint(components, status or "finished")
+            periodic.saved(epoch)
+        else:
+            periodic.maybe_save(epoch)
         if status:
             break
     return RunResult(status or "finished", state.epoch, state.best_mean_dice)
