@@ -2,6 +2,7 @@
 evaluation during training); statistics from :mod:`runtime.latency`."""
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -36,7 +37,7 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
                 times.append(seconds)
             seen += 1
             out.say(f"{'warm-up' if seen <= cfg.warmup_steps else 'timed'} step {seen}: {seconds * 1e3:.1f} ms",
-                    flush=True)
+                    file=sys.stderr, flush=True)
     summary = latency_summary(times, cfg.batch_size * components.dist.world_size)
     out.say(format_summary("throughput_train", summary, "samples"))
     return summary

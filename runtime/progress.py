@@ -2,7 +2,8 @@
 
 ``progress(iterable, desc=..., total=..., always=False)``: training batches show progress only
 with ``--verbose``; evaluation cases and benchmark iterations (``always=True``) always do, since
-each can take minutes on a CPU. Only rank 0 reports.
+each can take minutes on a CPU. Only rank 0 reports. Progress goes to stderr (as tqdm's bars
+do), so that stdout carries only results (``mean_dice ...``, ``RESULT,...``).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Iterable, Iterator
 
 def lines(iterable: Iterable, desc: str, total: int | None, stream=None) -> Iterator:
     """Yield the items; after each one print ``desc: k/total done (s elapsed)``."""
-    stream = stream or sys.stdout
+    stream = stream or sys.stderr
     start = time.time()
     for count, item in enumerate(iterable, start=1):
         yield item
