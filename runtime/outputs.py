@@ -44,7 +44,10 @@ def check_output_file(path: str, flag: str) -> None:
     """``path`` can be written as a file (its folder created if needed), or :class:`OutputError`."""
     if os.path.isdir(path):
         raise OutputError(f"{flag} {path!r} is a folder; give a file name such as {os.path.join(path, 'ckpt.pt')!r}")
-    check_output_dir(os.path.dirname(os.path.abspath(path)), f"{flag}'s folder")
+    try:
+        check_output_dir(os.path.dirname(os.path.abspath(path)), "its folder")
+    except OutputError as err:
+        raise OutputError(f"{flag} {path!r} cannot be written: {err}") from None
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise OutputError(f"{flag} {path!r} exists and cannot be overwritten")
 
