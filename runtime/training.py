@@ -259,6 +259,15 @@ class MLPerfBlocks:
         self.first = None
 
 
+def stop_for_preemption(components: Components, out: Reporters, epoch: int) -> RunResult:
+    cfg, state = components.config, components.state
+    out.say(f"pre-empted ({out.preempt.received or 'signal on another rank'}) in epoch {epoch} after "
+            f"{state.step_in_epoch} batches: " + (f"saving {cfg.save_ckpt_path}" if cfg.save_ckpt_path else
+                                                  "nothing saved, no --save_ckpt_path was given"))
+    save_checkpoint(components, "preempted")
+    return RunResult("preempted", state.epoch, state.best_mean_dice)
+
+
 def train(components: Components, out: Reporters) -> RunResult:
     """Train until the target, divergence, pre-emption or ``--epochs``."""
     cfg, state = components.config, components.state
@@ -271,11 +280,7 @@ def train(components: Components, out: Reporters) -> RunResult:
         blocks.begin(epoch)
         result = train_epoch(components, out, epoch)
         if result.preempted:
-            out.say(f"pre-empted ({out.preempt.received or 'signal on another rank'}) in epoch {epoch} after "
-                    f"{state.step_in_epoch} batches: " + (f"saving {cfg.save_ckpt_path}" if cfg.save_ckpt_path else
-                                                          "nothing saved, no --save_ckpt_path was given"))
-            save_checkpoint(components, "preempted")
-            return RunResult("preempted", state.epoch, state.best_mean_dice)
+            return stop_for_preemption(components, out, epoch)
         report_epoch(components, out, epoch, result)
         metrics = maybe_evaluate(components, out, schedule, epoch)
         status, why = run_status(epoch, result.mean_loss, metrics and metrics["mean_dice"], schedule.fail_epoch,
