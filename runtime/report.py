@@ -682,18 +682,20 @@ def check_all(runs: Sequence[Run], ruleset: str) -> dict[str, Compliance]:
 
 
 def make_report(paths: Sequence[str], output: str, threshold: float = DEFAULT_THRESHOLD,
-                ruleset: str = DEFAULT_RULESET, check: bool = True, drop: int = 1,
+                ruleset: str = DEFAULT_RULESET, check: bool = True, drop: int = 1, draw: bool = True,
                 say: Callable[[str], None] = print) -> dict:
     """Write curves.png, summary.md and summary.json for the runs under ``paths`` into ``output``.
 
     Returns {"runs", "no_run", "summary_md", "summary_json", "curves" (None without matplotlib),
-    "score"}; raises ReportError when no path holds a run (after one line per such path)."""
+    "score"}; one line through ``say`` per path without a run; raises ReportError (one line)
+    when no path holds a run."""
     runs, empty = collect_runs(paths)
-    for path in empty:
-        say(f"{path}: no such folder" if not os.path.exists(path)
-            else f"{path}: no run here (no log.json or unet3d.log in it or below it)")
-    if not runs:
-        raise ReportError("no run to report")
+    missing = [f"{path}: no such folder" if not os.path.exists(path)
+               else f"{path}: no run here (no log.json or unet3d.log in it or below it)" for path in empty]
+    if not runs:  # one line in all
+        raise ReportError("; ".join(missing))
+    for line in missing:
+        say(line)
     os.makedirs(output, exist_ok=True)
     verdicts = check_all(runs, ruleset) if check else {}
     summaries = []
@@ -703,8 +705,9 @@ def make_report(paths: Sequence[str], output: str, threshold: float = DEFAULT_TH
         summaries.append(RunSummary(**{**summary.__dict__, "compliance": found}))
     curves = None
     try:
-        write_figure(runs, threshold, os.path.join(output, CURVES_NAME))
-        curves = CURVES_NAME
+        if draw:
+            write_figure(runs, threshold, os.path.join(output, CURVES_NAME))
+            curves = CURVES_NAME
     except MissingMatplotlib as error:
         say(f"curves.png not written: {error}")
     score = score_runs(summaries, drop)
@@ -725,6 +728,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="target mean Dice drawn and used for 'reached at epoch' (default 0.908)")
     parser.add_argument("--ruleset", default=DEFAULT_RULESET, help="compliance checker ruleset (default 4.0.0)")
     parser.add_argument("--no_compliance", action="store_true", help="skip the compliance checker")
+    parser.add_argument("--no_curves", action="store_true", help="write the summary only, no curves.png")
     parser.add_argument("--drop", type=int, default=1,
                         help="runs dropped at each end for the score (MLPerf drops 4 of unet3d's 40); "
                              "a score needs 2*drop+1 runs")
@@ -740,7 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         result = make_report(args.runs, args.output, args.quality_threshold, args.ruleset,
-                             check=not args.no_compliance, drop=args.drop)
+                             check=not args.no_compliance, drop=args.drop, draw=not args.no_curves)
     except (ReportError, OSError) as error:
         print(f"report: {error}", file=sys.stderr)
         return 1
