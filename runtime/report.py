@@ -525,7 +525,36 @@ def write_curves(log_dir: str, quality_threshold: float = DEFAULT_THRESHOLD) -> 
 
     Safe to call from a background thread while training writes the logs: it only reads them,
     uses no pyplot state, and replaces the picture atomically."""
+    if not os.path.isdir(log_dir):
+        raise ReportError(f"{log_dir}: no such folder")
     return write_figure([load_run(log_dir)], quality_threshold, os.path.join(log_dir, CURVES_NAME))
+
+
+_CHILD_CODE = ("import sys; sys.path.insert(0, sys.argv[1]); from runtime.report import main_curves; "
+               "sys.exit(main_curves(sys.argv[2], float(sys.argv[3])))")
+
+
+def main_curves(log_dir: str, quality_threshold: float) -> int:
+    """write_curves with a one-line error on stderr and exit code 1 (the child process's entry)."""
+    try:
+        write_curves(log_dir, quality_threshold)
+    except Exception as error:  # reported by the parent as one line
+        print(str(error).splitlines()[0] if str(error) else type(error).__name__, file=sys.stderr)
+        return 1
+    return 0
+
+
+def write_curves_in_subprocess(log_dir: str, quality_threshold: float = DEFAULT_THRESHOLD) -> str:
+    """write_curves in a child Python process: the drawing then takes no GIL from the training
+    process (measured in docs/performance.md); ``CurvePlotter(..., write=write_curves_in_subprocess)``.
+    Costs a Python start and a matplotlib import per picture (about a second of another core)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _CHILD_CODE, root, os.path.abspath(log_dir),
+                           repr(float(quality_threshold))], capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        raise ReportError(lines[-1] if lines else f"drawing process exit code {proc.returncode}")
+    return os.path.join(log_dir, CURVES_NAME)
 
 
 class CurvePlotter:

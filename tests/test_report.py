@@ -548,3 +548,18 @@ def test_plotter_draws_while_the_run_writes(tmp_path):
             plotter.request()
     plotter.close(timeout=60)
     assert plotter.drawn >= 1 and png_size(folder / "curves.png") == (1200, 1000)
+
+
+@needs_matplotlib
+def test_plotter_can_draw_in_a_child_process(tmp_path):
+    folder = good_run(tmp_path / "run", 60)
+    plotter = R.CurvePlotter(str(folder), write=R.write_curves_in_subprocess, say=pytest.fail)
+    plotter.request()
+    plotter.close(timeout=120)
+    assert plotter.drawn == 1 and png_size(folder / "curves.png") == (1200, 1000)
+    said = []
+    plotter = R.CurvePlotter(str(tmp_path / "gone"), write=R.write_curves_in_subprocess, say=said.append)
+    plotter.request()
+    plotter.close(timeout=120)
+    assert len(said) == 1 and said[0].startswith(f"curves.png not written in {tmp_path / 'gone'}: ")
+    assert "\n" not in said[0] and "Traceback" not in said[0]
