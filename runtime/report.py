@@ -545,9 +545,10 @@ def main_curves(log_dir: str, quality_threshold: float) -> int:
 
 
 def write_curves_in_subprocess(log_dir: str, quality_threshold: float = DEFAULT_THRESHOLD) -> str:
-    """write_curves in a child Python process: the drawing then takes no GIL from the training
-    process (measured in docs/performance.md); ``CurvePlotter(..., write=write_curves_in_subprocess)``.
-    Costs a Python start and a matplotlib import per picture (about a second of another core)."""
+    """write_curves in a child Python process, for ``CurvePlotter(..., write=...)``: a matplotlib
+    failure or leak cannot touch the training process, and the drawing shares no GIL with it. It
+    costs a Python start and a matplotlib import per picture, and was no faster on a loaded 2-core
+    machine (docs/performance.md, "Curve plotter")."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", _CHILD_CODE, root, os.path.abspath(log_dir),
                            repr(float(quality_threshold))], capture_output=True, text=True)
