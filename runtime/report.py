@@ -787,4 +787,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, not this __main__ copy's: runtime/curves_figure.py raises
+    # runtime.report's MissingMatplotlib, which only that module's `except` clauses catch.
+    from runtime.report import main as report_main
+
+    sys.exit(report_main())

@@ -325,6 +325,18 @@ def test_empty_folder_beside_a_run_is_one_line_and_the_report_goes_on(tmp_path):
     assert len(result["runs"]) == 1 and "no run here" in Path(result["summary_md"]).read_text()
 
 
+def test_command_without_matplotlib_writes_the_summary_and_one_line(tmp_path):
+    folder = good_run(tmp_path / "run", 60)
+    hide = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = ['report'] + sys.argv[1:]; "
+            "runpy.run_module('runtime.report', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", hide, str(folder), "--output", str(tmp_path / "out"),
+                           "--no_compliance"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.splitlines()[0] == f"curves.png not written: {R.MATPLOTLIB_HINT}"
+    assert (tmp_path / "out" / "summary.md").is_file() and not (tmp_path / "out" / "curves.png").exists()
+
+
 def test_bad_flag_is_a_usage_error(tmp_path):
     proc = run_cli(str(tmp_path), "--output", str(tmp_path / "o"), "--quality_threshold", "2")
     assert proc.returncode == 2 and "--quality_threshold" in proc.stderr
