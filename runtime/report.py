@@ -277,7 +277,7 @@ def load_run(folder: str, label: str | None = None) -> Run:
         notes.append("no unet3d.log: no time to target or compliance verdict")
     elif len(attempts) > 1:
         notes.append(f"resumed: {len(attempts)} MLPerf logs (attempts); run time is their sum, gaps "
-                     "between them left out (MLPerf accepts no resumed run)")
+                     "between them left out (each log is an attempt of its own: the sum is no MLPerf result)")
     if not train:
         notes.append("no training epoch logged yet")
     elif not evals:
