@@ -53,10 +53,15 @@ def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preemp
             kept = keep_previous(os.path.join(config.log_dir, log_name))
             if kept:
                 print(f"kept the previous run's {log_name} as {kept}")
+    curves = None
+    if config.plot and mlperf_on:
+        from runtime.report import CurvePlotter
+
+        curves = CurvePlotter(config.log_dir, config.quality_threshold)
     return Reporters(
         mlperf=MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name),
         metrics=MetricsWriter(config.log_dir, enabled=main and writes_outputs(config)),
-        progress=make_progress(config, main), preempt=preempt, is_main=main)
+        progress=make_progress(config, main), preempt=preempt, is_main=main, curves=curves)
 
 
 def run(config: Config, data=None) -> int:
@@ -97,6 +102,8 @@ def run(config: Config, data=None) -> int:
         preempt.restore()
         if out is not None:
             out.mlperf.close()
+            if out.curves is not None:
+                out.curves.close(timeout=60)
         lock.release()
         D.cleanup(graceful)
 

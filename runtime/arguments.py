@@ -42,6 +42,7 @@ class Config:
     benchmark: bool = False
     seed: int = -1
     verbose: bool = False
+    plot: bool = False
     # schedule
     epochs: int = 1
     quality_threshold: float = 0.908
@@ -158,6 +159,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--benchmark", action="store_true", help="time iterations; no evaluation or checkpoints")
     g.add_argument("--seed", type=int, default=d.seed, help="master seed; -1 = random from the OS")
     g.add_argument("--verbose", "-v", action="store_true", help="progress bars")
+    g.add_argument("--plot", action="store_true",
+                   help="(new) redraw <log_dir>/curves.png after each evaluation (rank 0, in the "
+                        "background; needs matplotlib)")
     g = p.add_argument_group("schedule")
     g.add_argument("--epochs", type=int, default=d.epochs, help="maximum number of epochs")
     g.add_argument("--quality_threshold", type=float, default=d.quality_threshold, help="target mean_dice")

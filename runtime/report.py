@@ -336,7 +336,7 @@ def diverged_epoch(run: Run) -> int | None:
     return min(epochs) if epochs else None
 
 
-def run_status(run: Run) -> str:
+def run_outcome(run: Run) -> str:
     """success | aborted | diverged | incomplete (no run_stop: running or crashed) | no MLPerf log."""
     if diverged_epoch(run) is not None:
         return "diverged"
@@ -389,7 +389,7 @@ def olympic_score(times: Sequence[float], failed: int = 0, drop: int = 1) -> flo
 
 def summarize_run(run: Run, threshold: float) -> RunSummary:
     best = best_eval(run.evals)
-    status = run_status(run)
+    status = run_outcome(run)
     notes = list(run.notes)
     bad = diverged_epoch(run)
     if bad is not None:
@@ -496,18 +496,11 @@ def check_compliance(log: str, ruleset: str = DEFAULT_RULESET, timeout: float = 
 # ------------------------------------------------------------------------------- writing files
 
 def atomic_write(path: str, write: Callable) -> str:
-    """``write(handle)`` into a temporary file beside ``path`` (unique per process and thread),
-    then rename it over ``path``: a reader never sees half a file; on failure nothing is left."""
-    folder, name = os.path.split(os.path.abspath(path))
-    temp = os.path.join(folder, f".{name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    try:
-        with open(temp, "wb") as handle:
-            write(handle)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    """:func:`data_loading.atomic.atomic_write` (temporary file beside ``path``, then rename:
+    a reader never sees half a file), returning ``path``."""
+    from data_loading.atomic import atomic_write as write_atomically
+
+    write_atomically(path, write)
     return path
 
 

@@ -35,6 +35,7 @@ class Reporters:
     progress: Callable = lambda it, **_: it
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
     is_main: bool = True
+    curves: object | None = None  # a runtime.report.CurvePlotter with --plot (rank 0)
 
     def say(self, *args, **kwargs) -> None:
         if self.is_main:
@@ -223,6 +224,8 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
     metrics = run_evaluation(components, out, epoch)
     state.last_eval = metrics
     out.metrics.write("eval", epoch=epoch, **metrics)
+    if out.curves is not None:
+        out.curves.request()  # drawn in a background thread: the next step does not wait
     out.say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} (kidney {metrics['l1_dice']:.4f}, "
             f"tumour {metrics['l2_dice']:.4f}) eval_loss {metrics['eval_loss']:.4f}")
     if metrics["mean_dice"] > state.best_mean_dice:

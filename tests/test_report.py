@@ -288,7 +288,7 @@ def test_checkpoint_evaluation_is_not_a_curve_point(tmp_path):
     run = R.load_run(str(write_run(tmp_path / "run", records)))
     assert [p.epoch for p in run.evals] == [2]
     assert any("evaluation of checkpoint c.pt: mean_dice 0.6000" in n for n in run.notes)
-    assert R.run_status(run) == "no MLPerf log"
+    assert R.run_outcome(run) == "no MLPerf log"
 
 
 def test_sweep_folders_expand_and_labels_are_unique(tmp_path):

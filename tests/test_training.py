@@ -156,3 +156,13 @@ def test_evaluate_benchmark_prints_throughput_eval(tmp_path, fake_loaders, capsy
     assert app_run(cfg) == 0
     out = capsys.readouterr().out
     assert "throughput_eval:" in out and "volumes/s" in out and "(5 timed iterations)" in out
+
+
+def test_plot_draws_curves_after_each_evaluation(tmp_path, fake_loaders):
+    pytest.importorskip("matplotlib")
+    code, log_dir, _ = run(tmp_path, "plot", "--plot", "--epochs", "2", "--start_eval_at", "1", "--evaluate_every", "1")
+    assert code == 0
+    png = (log_dir / "curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    code, log_dir, _ = run(tmp_path, "noplot", "--epochs", "1", "--start_eval_at", "1")
+    assert code == 0 and not (log_dir / "curves.png").exists()
