@@ -18,7 +18,7 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 # The site guide's MONAI for torch 2.3 (MONAI 1.6 needs torch >= 2.8); it needs numpy < 2.
 COMPAT_MONAI_SPEC ?= monai==1.4.0
 
-.PHONY: setup demo test test-compat clean
+.PHONY: setup demo test test-fast test-compat clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# Everything but the tests marked slow (torchrun, convergence, benchmark smoke runs).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
 
 $(COMPAT_VENV)/.installed: requirements.txt requirements-test.txt constraints-compat.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)

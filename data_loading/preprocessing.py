@@ -24,7 +24,7 @@ import os
 import re
 import statistics
 import zlib
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,7 +51,7 @@ class PreprocessError(Exception):
 
 
 @dataclass(frozen=True)
-class Case:
+class RawCase:
     """One raw KiTS19 case. ``label_path`` is None for the unlabelled ids >= 210."""
 
     case_id: int
@@ -79,7 +79,7 @@ class CaseStats:
 # ----------------------------------------------------------------------------- discovery
 
 
-def find_cases(data_dir: str) -> tuple[list[Case], list[Case]]:
+def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
     """Raw cases under ``data_dir`` (or ``data_dir/data``), as (labelled, unlabelled), sorted.
 
     Labelled cases (id < 210) must have both NIfTI files; unlabelled ones are returned only to
@@ -101,13 +101,13 @@ def find_cases(data_dir: str) -> tuple[list[Case], list[Case]]:
         folder = os.path.join(root, name)
         image_path = os.path.join(folder, IMAGE_FILE)
         if case_id >= FIRST_UNLABELLED_ID:
-            unlabelled.append(Case(case_id, image_path, None))
+            unlabelled.append(RawCase(case_id, image_path, None))
             continue
         label_path = os.path.join(folder, LABEL_FILE)
         for path in (image_path, label_path):
             if not os.path.isfile(path):
                 raise PreprocessError(f"{path}: missing (case {name} is in the labelled range)")
-        labelled.append(Case(case_id, image_path, label_path))
+        labelled.append(RawCase(case_id, image_path, label_path))
     return labelled, unlabelled
 
 
@@ -157,7 +157,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def load_pair(case: Case) -> tuple[np.ndarray, np.ndarray, list[float]]:
+def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """Image float32 (1, D, H, W), label uint8 (1, D, H, W) and the spacing (3 floats).
 
     Raises :class:`PreprocessError` for unreadable files, shapes that differ, NaN or infinite
@@ -243,7 +243,11 @@ def save_atomic(path: str, array: np.ndarray) -> None:
     """``np.save`` through :func:`atomic_write`: a crash leaves at most a hidden
     ``.<name>.<pid>.tmp`` file, never a partial ``.npy``. (A file object, because np.save would
     append ".npy" to a temporary name.)"""
-    atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
+    try:
+        atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
+    except OSError as exc:  # a full disk, a quota, a vanished mount: the temporary file is gone
+        raise PreprocessError(f"cannot write {path}: {exc.strerror or type(exc).__name__}; finished "
+                              "cases are kept, free space and run again to resume") from None
 
 
 def prepare_results_dir(results_dir: str) -> None:
@@ -296,7 +300,7 @@ def _torch_threads(count: int | None):
         torch.set_num_threads(before)
 
 
-def process_case(case: Case, results_dir: str, torch_threads: int | None = None) -> CaseStats:
+def process_case(case: RawCase, results_dir: str, torch_threads: int | None = None) -> CaseStats:
     """Load, preprocess and save one case; returns its statistics.
 
     ``torch_threads`` limits torch's threads for the resampling only (None: leave as set), so
@@ -339,14 +343,14 @@ def _worker_context():
     return context
 
 
-def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
+def preprocess_cases(cases: Sequence[RawCase], results_dir: str, num_workers: int,
                      on_done: Callable[[CaseStats], None]) -> list[CaseStats]:
     """Process ``cases`` across ``num_workers`` processes, calling ``on_done`` per case.
 
     One worker runs in this process (no start-up cost). Several use a process pool (see
     ``_worker_context``). Either way torch gets one thread per process: the processes already
     use every core, and more threads would only contend. The first error cancels the cases not
-    yet started and is raised here.
+    yet started and is raised here. ``on_done`` runs as each case finishes, in finishing order.
     """
     os.makedirs(results_dir, exist_ok=True)
     stats = []
@@ -358,18 +362,16 @@ def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
 
     with ProcessPoolExecutor(max_workers=min(num_workers, len(cases)),
                              mp_context=_worker_context()) as pool:
-        pending = {pool.submit(process_case, case, results_dir, 1) for case in cases}
+        futures = [pool.submit(process_case, case, results_dir, 1) for case in cases]
         try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    stats.append(future.result())
-                    on_done(stats[-1])
+            for future in as_completed(futures):
+                stats.append(future.result())
+                on_done(stats[-1])
         except BrokenProcessPool:
             raise PreprocessError("a worker process ended abruptly; "
                                   "finished cases are kept, run again to resume") from None
         finally:
-            for future in pending:
+            for future in futures:
                 future.cancel()
     return stats
 

@@ -111,6 +111,7 @@ def torchrun(*args, nproc=2):
                         str(nproc), "main.py", *args], 600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalization", ["instancenorm", "batchnorm"])
 def test_torchrun_two_process_evaluation_equals_one_process(small_data, tmp_path, normalization):
     """5 cases on 2 ranks (unequal numbers of windows): same scores as one process. Batch norm
@@ -132,6 +133,7 @@ def test_torchrun_two_process_evaluation_equals_one_process(small_data, tmp_path
     assert "mean_dice " in one.stdout and two.stdout.count("mean_dice ") == 1  # rank 0 prints
 
 
+@pytest.mark.slow
 def test_torchrun_two_process_training(small_data, tmp_path):
     """DDP on gloo: 8 training cases over 2 ranks, evaluation on both, one checkpoint and log."""
     proc = torchrun("--data_dir", small_data, "--log_dir", str(tmp_path), "--save_ckpt_path",
@@ -154,6 +156,7 @@ def test_torchrun_two_process_training(small_data, tmp_path):
         assert eval_record(tmp_path / "single")[key] == pytest.approx(state["last_eval"][key], rel=1e-6, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_sigterm_leaves_a_loadable_checkpoint(small_data, tmp_path):
     ckpt = tmp_path / "run.pt"
     proc = subprocess.Popen([sys.executable, "main.py", "--data_dir", small_data, "--log_dir", str(tmp_path),
@@ -213,6 +216,7 @@ def test_empty_data_dir_is_one_line(tmp_path):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and str(tmp_path) in proc.stderr
 
 
+@pytest.mark.slow
 def test_converging_run_passes_both_compliance_rulesets(tmp_path):
     """210 easy cases (168 train / 42 official evaluation ids), the benchmark's model layout with
     small filters and instance norm: the run reaches the default 0.908 target and its MLPerf log

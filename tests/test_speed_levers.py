@@ -20,10 +20,12 @@ from model.unet3d import Unet3D
 from runtime.arguments import Config
 from runtime.checkpoint import clean_state_dict, unwrap
 from runtime.graphs import (GraphedTrainStep, _graph_safe_autocast, capturable_optimizer,
-                            cuda_graphs_supported, restore, snapshot)
+                            cuda_graphs_supported, restore_snapshot, snapshot)
 from runtime.inference import sliding_window_inference
 from runtime.optimizers import make_optimizer
-from runtime.speed import CompiledModule, compile_model, flop_count_per_sample, to_channels_last
+from runtime.compiling import CompiledModule, compile_model
+from runtime.flops import flop_count_per_sample
+from runtime.layout import to_channels_last
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1",
@@ -338,7 +340,7 @@ def test_capture_preparation_replays_the_eager_sgd_run_on_cpu():
         for step in range(3):                               # warm-up: real updates...
             set_random_grads(model, 10 + step)
             opt.step()
-        restore(saved, model, opt)                          # ...undone
+        restore_snapshot(saved, model, opt)                          # ...undone
         for step, lr in enumerate(lrs):
             lr_tensors[0].fill_(lr)
             set_random_grads(model, step)
@@ -362,7 +364,7 @@ def test_restore_puts_back_weights_buffers_and_prior_optimizer_state():
                            model.state_dict()["input_block.conv1.1.running_mean"])
     set_random_grads(model, 1)
     opt.step()
-    restore(saved, model, opt)
+    restore_snapshot(saved, model, opt)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(torch.equal(opt.state[p]["momentum_buffer"], m) for p, m in zip(model.parameters(), momentum))
 

@@ -69,6 +69,7 @@ def test_watchdog_leaves_a_clean_exit_alone_and_ends_with_it():
     assert gone(watchdog), "the watchdog outlived the process it watches"
 
 
+@pytest.mark.slow
 def test_torchrun_rank_whose_peer_never_arrives_is_ended_with_one_line():
     """Rank 1 never reaches the final barrier (stuck elsewhere): rank 0 would wait there for
     gloo's 30-minute timeout; the watchdog ends it, and torchrun then stops rank 1."""
