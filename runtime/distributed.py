@@ -154,10 +154,12 @@ def start_exit_watchdog(timeout: float, rank: int) -> None:
 def cleanup(graceful: bool = True, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
     """Leave the process group. On a normal exit all ranks meet first: a rank that destroys its
     group while a peer still uses the connection can abort the peer (seen with gloo). After an
-    error the peers may never arrive, so no barrier then. A watchdog ends the process if it is
-    still alive ``timeout`` seconds from now (see ``start_exit_watchdog``)."""
+    error the peers may never arrive, so no barrier then. With peers (world size > 1) a watchdog
+    ends the process if it is still alive ``timeout`` seconds from now (``start_exit_watchdog``):
+    call this only when the process is about to exit."""
     if dist.is_available() and dist.is_initialized():
-        start_exit_watchdog(timeout, dist.get_rank())
+        if dist.get_world_size() > 1:
+            start_exit_watchdog(timeout, dist.get_rank())
         try:
             if graceful:
                 barrier()
