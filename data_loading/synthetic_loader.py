@@ -22,7 +22,9 @@ DISTINCT_BATCHES = 2
 
 
 def _derived_seed(seed: int, stream: int, rank: int) -> int:
-    return int(np.random.SeedSequence([seed, stream, rank]).generate_state(1, np.uint64)[0] >> 1)
+    """A 63-bit seed (``manual_seed`` takes a signed 64-bit range) for ``(seed, stream, rank)``."""
+    # Shift a Python int: numpy 1.x has no right_shift for a uint64 scalar and a Python int.
+    return int(np.random.SeedSequence([seed, stream, rank]).generate_state(1, np.uint64)[0]) >> 1
 
 
 def random_batch(generator: torch.Generator, batch: int, shape: Sequence[int],
