@@ -1,0 +1,304 @@
+"""Sliding-window inference of one volume: the reference's way against the fast paths, in one run.
+
+Variants (all through ``runtime.inference.sliding_window_inference``, overlap 0.5, Gaussian
+weights, the same model weights and volume):
+
+* ``reference``: what the MLCommons reference does: fp32, NCDHW, one window per forward, under
+  ``torch.no_grad`` (also this application's ``evaluate`` at default flags);
+* ``amp_cl``: the application's evaluate levers today: bf16 autocast, channels-last weights,
+  ``--sw_batch_size`` windows per forward;
+* ``fast``: ``runtime.inference.fast_predictor``: an inference copy of the model whose instance
+  norms keep the channels-last layout, fp32, under ``torch.inference_mode``;
+* ``fast_int8``: the same with the 3x3x3 convolutions in oneDNN int8 (dynamic per-window
+  activation ranges, per-channel weights), float32 output.
+
+Each repeat runs every variant once, the starting variant rotating from repeat to repeat so that
+load from other jobs on a shared machine falls on all of them alike; the table gives median
+seconds, the median over repeats of the per-repeat speed-up against ``reference``, achieved
+TFLOP/s (the model's forward FLOPs times the number of windows) and its fraction of the given
+fp32 and bf16 ceilings. Agreement columns compare each variant's prediction (argmax) with the
+reference's: the share of voxels with the same class and the Dice of the two for kidney and
+tumour; ``dice vs label`` is the benchmark's score against the volume's label (meaningful only
+with trained weights, ``--ckpt``).
+
+Usage::
+
+    python benchmarks/bench_inference.py --repeats 3 --out inference.md     # 190 x 250 x 250
+    python benchmarks/bench_inference.py --shape 128 128 192 --repeats 2    # 2 windows, quicker
+    python benchmarks/bench_inference.py --smoke                            # tiny, for tests
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_pipeline import write_blob_case  # noqa: E402
+from data_loading.windows import window_geometry  # noqa: E402
+from model.inference import int8_available  # noqa: E402
+from model.losses import DiceScore  # noqa: E402
+from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
+from runtime.inference import fast_predictor, sliding_window_inference  # noqa: E402
+from runtime.speed import flop_count_per_sample  # noqa: E402
+
+VARIANTS = ("reference", "amp_cl", "fast", "fast_int8")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", type=int, nargs=3, default=[190, 250, 250], help="volume D H W")
+    p.add_argument("--roi", type=int, default=128, help="window edge")
+    p.add_argument("--overlap", type=float, default=0.5)
+    p.add_argument("--filters", type=int, nargs="+", default=list(DEFAULT_FILTERS))
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {VARIANTS}")
+    p.add_argument("--sw_batch_size", type=int, default=2, help="windows per forward (amp_cl, fast*)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--ckpt", default="", help="checkpoint with trained weights (best_model_state_dict "
+                   "or a bare state_dict); default: random weights from --seed")
+    p.add_argument("--data", nargs=2, default=None, metavar=("X_NPY", "Y_NPY"),
+                   help="a preprocessed case (case_XXXXX_x.npy, _y.npy) instead of a synthetic one")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ceiling_fp32", type=float, default=0.4, help="TFLOP/s peak, fp32")
+    p.add_argument("--ceiling_bf16", type=float, default=0.8, help="TFLOP/s peak, bf16")
+    p.add_argument("--progress", action="store_true", help="a line per forward pass")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes and filters (tests)")
+    p.add_argument("--out", default="", help="also write the markdown table here")
+    return p
+
+
+def load_volume(args) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(image (1, 1, D, H, W) float32, label (1, 1, D, H, W) uint8)``: a preprocessed case, or a
+    synthetic CT-like one (noise plus two kidneys and a tumour, ``bench_pipeline``)."""
+    if args.data:
+        x, y = (np.load(path) for path in args.data)
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench_inference_") as folder:
+            write_blob_case(Path(folder), "00000", tuple(args.shape), np.random.default_rng(args.seed))
+            x = np.load(Path(folder) / "case_00000_x.npy")
+            y = np.load(Path(folder) / "case_00000_y.npy")
+    return torch.from_numpy(x)[None], torch.from_numpy(y)[None]
+
+
+def load_model(args) -> Unet3D:
+    torch.manual_seed(args.seed)
+    model = Unet3D(filters=args.filters)
+    if args.ckpt:
+        state = torch.load(args.ckpt, map_location="cpu", weights_only=True)
+        state = state.get("best_model_state_dict", state) if isinstance(state, dict) else state
+        model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+    return model.eval()
+
+
+def make_variant(name: str, model: Unet3D, args) -> tuple:
+    """``(predict, sw_batch_size, grad_mode)`` of one variant; setup such as preparing the
+    model is done here, outside the timed part."""
+    if name == "reference":
+        return model, 1, torch.no_grad
+    if name == "amp_cl":
+        cl_model = Unet3D(filters=args.filters).eval()
+        cl_model.load_state_dict(model.state_dict())
+        cl_model = cl_model.to(memory_format=torch.channels_last_3d)
+
+        def predict(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return cl_model(x)
+
+        return predict, args.sw_batch_size, torch.no_grad
+    if name in ("fast", "fast_int8"):
+        return (fast_predictor(model, channels_last=True, int8=name == "fast_int8"),
+                args.sw_batch_size, torch.inference_mode)
+    raise SystemExit(f"bench_inference: unknown variant {name!r}; choose from {VARIANTS}")
+
+
+class Baton:
+    """Runs several sliding-window inferences in lock-step, one at a time.
+
+    Each variant runs in its own thread; only the holder of the baton computes. After every
+    forward pass the holder hands the baton to the variant that has done the fewest windows so
+    far (ties in the given order), so the variants advance through the volume together and
+    load from other jobs on a shared machine falls on all of them alike. ``elapsed[name]`` is
+    the time that variant held the baton: its forwards and its own accumulation work.
+    """
+
+    def __init__(self, names, verbose=False):
+        self.names = list(names)
+        self.verbose = verbose
+        self.done = {n: 0 for n in self.names}
+        self.elapsed = {n: 0.0 for n in self.names}
+        self.active = set(self.names)
+        self.holder = None
+        self.since = 0.0
+        self.cond = threading.Condition()
+
+    def _next(self):
+        return min(self.active, key=lambda n: (self.done[n], self.names.index(n)), default=None)
+
+    def acquire(self, name):
+        with self.cond:
+            self.cond.wait_for(lambda: self.holder is None and self._next() == name)
+            self.holder, self.since = name, time.perf_counter()
+
+    def release(self, name, windows=0, finished=False):
+        with self.cond:
+            self.elapsed[name] += time.perf_counter() - self.since
+            self.done[name] += windows
+            if windows and self.verbose:
+                print(f"  {name}: {self.done[name]} windows, {self.elapsed[name]:.1f} s", flush=True)
+            if finished:
+                self.active.discard(name)
+            self.holder = None
+            self.cond.notify_all()
+
+    def wrap(self, name, predict):
+        def turn(batch):
+            out = predict(batch)
+            self.release(name, windows=batch.shape[0])
+            self.acquire(name)
+            return out
+        return turn
+
+
+def agreement(logits: torch.Tensor, reference: torch.Tensor, label: torch.Tensor) -> dict:
+    """Prediction ``logits`` against the reference's prediction and against ``label``."""
+    score = DiceScore()
+    ref_class = reference.argmax(1, keepdim=True)
+    vs_ref = score(logits, ref_class)
+    vs_label = score(logits, label)
+    return {"agree": float((logits.argmax(1, keepdim=True) == ref_class).float().mean()),
+            "dice_vs_ref": [float(v) for v in vs_ref], "mean_dice_vs_ref": float(vs_ref.mean()),
+            "rel_err": float((logits - reference).norm() / reference.norm()),
+            "dice_vs_label": float(vs_label.mean())}
+
+
+def run_interleaved(variants: dict, image, label, args) -> tuple[dict, dict]:
+    """One inference of the volume per variant, in lock-step (:class:`Baton`). Returns each
+    variant's seconds and ``(logits, trimmed label)``."""
+    baton = Baton(variants, verbose=args.progress)
+    results, errors = {}, {}
+
+    def body(name):
+        predict, sw, grad_mode = variants[name]
+        baton.acquire(name)
+        try:
+            with grad_mode():
+                results[name] = sliding_window_inference(
+                    baton.wrap(name, predict), image, label, (args.roi,) * 3, args.overlap, sw)
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors[name] = err
+        finally:
+            baton.release(name, finished=True)
+
+    threads = [threading.Thread(target=body, args=(n,), daemon=True) for n in variants]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        name, err = next(iter(errors.items()))
+        raise RuntimeError(f"variant {name} failed: {err}") from err
+    return baton.elapsed, results
+
+
+def measure(variants: dict, image, label, args) -> tuple[dict, dict]:
+    """Seconds of every variant per repeat (lock-step, see :class:`Baton`) and, from the first
+    repeat, each variant's agreement with the reference."""
+    times = {n: [] for n in variants}
+    quality = {}
+    for r in range(args.repeats):
+        load = os.getloadavg()[0]
+        elapsed, results = run_interleaved(variants, image, label, args)
+        print(f"repeat {r} (load {load:.1f} -> {os.getloadavg()[0]:.1f}): "
+              + ", ".join(f"{n} {elapsed[n]:.2f} s" for n in variants), flush=True)
+        for name in variants:
+            times[name].append(elapsed[name])
+        if r == 0:
+            reference, trimmed = results.get("reference", next(iter(results.values())))
+            quality = {n: agreement(lg, reference, trimmed.long()) for n, (lg, _) in results.items()}
+        results.clear()
+    return times, quality
+
+
+def table(args, times: dict, quality: dict, window_flops: int, n_windows: int) -> str:
+    ref = times.get("reference")
+    total_tflop = window_flops * n_windows / 1e12
+    rows = ["| variant | median s | speed-up vs reference (median of per-repeat ratios) | "
+            "TFLOP/s | % of fp32 ceiling | % of bf16 ceiling | voxels = reference | "
+            "Dice vs reference (kidney, tumour; mean) | rel. logit error | Dice vs label |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for name, values in times.items():
+        med = statistics.median(values)
+        ratio = (statistics.median(r / v for r, v in zip(ref, values)) if ref else float("nan"))
+        tflops = total_tflop / med
+        q = quality[name]
+        rows.append(f"| {name} | {med:.2f} | {ratio:.2f}x | {tflops:.3f} | "
+                    f"{100 * tflops / args.ceiling_fp32:.0f}% | {100 * tflops / args.ceiling_bf16:.0f}% | "
+                    f"{100 * q['agree']:.3f}% | {q['dice_vs_ref'][0]:.4f}, {q['dice_vs_ref'][1]:.4f}; "
+                    f"{q['mean_dice_vs_ref']:.4f} | {q['rel_err']:.2e} | {q['dice_vs_label']:.4f} |")
+    return "\n".join(rows)
+
+
+def describe(args, n_windows: int, window_flops: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{datetime.date.today()} · {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, Python {platform.python_version()} · volume "
+            f"{tuple(args.shape)}, {n_windows} windows of {args.roi}³ at overlap {args.overlap}, "
+            f"filters {tuple(args.filters)}, {window_flops / 1e9:.1f} GFLOP per window, "
+            f"{window_flops * n_windows / 1e12:.2f} TFLOP per volume · sw_batch_size "
+            f"{args.sw_batch_size} (amp_cl, fast*), {args.repeats} repeats · "
+            f"{'weights ' + args.ckpt if args.ckpt else 'random weights, seed ' + str(args.seed)}")
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.shape, args.roi, args.filters = [32, 48, 40], 32, [2, 4, 8, 8]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [n for n in args.variants.split(",") if n]
+    if "fast_int8" in names and int8_available() is not None:
+        print(f"skipping fast_int8: {int8_available()}")
+        names.remove("fast_int8")
+    image, label = load_volume(args)
+    model = load_model(args)
+    roi = (args.roi,) * 3
+    geo = window_geometry(image.shape[2:], roi, args.overlap)
+    window_flops = flop_count_per_sample(model, roi)[0]
+    setup, variants = {}, {}
+    for name in names:
+        start = time.perf_counter()
+        variants[name] = make_variant(name, model, args)
+        setup[name] = time.perf_counter() - start
+    times, quality = measure(variants, image, label, args)
+    header = describe(args, geo.n_windows, window_flops)
+    text = header + "\n\n" + table(args, times, quality, window_flops, geo.n_windows)
+    text += "\n\nsetup s (not timed above): " + ", ".join(f"{n} {s:.2f}" for n, s in setup.items())
+    text += "\nper-repeat s: " + "; ".join(f"{n} " + " ".join(f"{v:.1f}" for v in vs)
+                                          for n, vs in times.items())
+    print("\n" + text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

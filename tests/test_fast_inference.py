@@ -1,0 +1,186 @@
+"""Inference-only model preparation: layout-preserving instance norm, int8 convolutions and the
+fast sliding-window predictor, each against an independent oracle on tiny shapes."""
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.inference import (Int8Conv3d, LayoutPreservingInstanceNorm3d, int8_available,
+                             prepare_for_inference, quantize_uint8, uint8_range)
+from model.unet3d import Unet3D
+from runtime.inference import fast_predictor, sliding_window_inference
+
+ROOT = Path(__file__).resolve().parents[1]
+CL = torch.channels_last_3d
+needs_int8 = pytest.mark.skipif(int8_available() is not None, reason=str(int8_available()))
+
+
+def _norm(channels=5, seed=0):
+    torch.manual_seed(seed)
+    norm = nn.InstanceNorm3d(channels, affine=True)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2.0)
+        norm.bias.normal_()
+    return norm
+
+
+def _instance_norm_float64(x, weight, bias, eps):
+    """The definition, per sample and channel, in float64."""
+    x = x.double()
+    mean = x.mean(dim=(2, 3, 4), keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=(2, 3, 4), keepdim=True)
+    shape = (1, -1, 1, 1, 1)
+    return (x - mean) / torch.sqrt(var + eps) * weight.double().view(shape) + bias.double().view(shape)
+
+
+def test_norm_ncdhw_is_bit_identical_to_instance_norm():
+    norm = _norm()
+    x = torch.randn(2, 5, 6, 7, 9) * 3 + 1
+    with torch.no_grad():
+        assert torch.equal(LayoutPreservingInstanceNorm3d(norm)(x), norm(x))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_norm_keeps_channels_last_and_matches_definition(batch):
+    norm = _norm(seed=batch)
+    x = (torch.randn(batch, 5, 6, 7, 9) * 3 + 1).contiguous(memory_format=CL)
+    with torch.no_grad():
+        out = LayoutPreservingInstanceNorm3d(norm)(x)
+    assert out.is_contiguous(memory_format=CL) and out.dtype == torch.float32
+    oracle = _instance_norm_float64(x, norm.weight, norm.bias, norm.eps)
+    torch.testing.assert_close(out.double(), oracle, rtol=1e-5, atol=1e-5)
+
+
+def test_norm_bfloat16_stays_bfloat16_channels_last():
+    norm = _norm(seed=7)
+    x = (torch.randn(1, 5, 8, 8, 8) * 2 - 1).to(torch.bfloat16).contiguous(memory_format=CL)
+    with torch.no_grad():
+        out = LayoutPreservingInstanceNorm3d(norm)(x)
+    assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=CL)
+    oracle = _instance_norm_float64(x, norm.weight, norm.bias, norm.eps)
+    torch.testing.assert_close(out.double(), oracle, rtol=2e-2, atol=2e-2)
+
+
+def test_norm_rejects_unsupported_configurations():
+    with pytest.raises(ValueError):
+        LayoutPreservingInstanceNorm3d(nn.InstanceNorm3d(3, affine=False))
+
+
+def _tiny_model(seed=0):
+    torch.manual_seed(seed)
+    model = Unet3D(filters=(2, 4, 8))  # two halvings: a 16³ window keeps 2³ in the bottleneck
+    with torch.no_grad():  # non-trivial affine parameters in the norms
+        for m in model.modules():
+            if isinstance(m, nn.InstanceNorm3d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_prepared_model_computes_the_same_function(channels_last):
+    model = _tiny_model()
+    before = copy.deepcopy(model.state_dict())
+    prepared = prepare_for_inference(model, channels_last=channels_last)
+    assert model.training and not prepared.training
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # untouched
+    assert any(isinstance(m, nn.InstanceNorm3d) for m in model.modules())
+    assert not any(isinstance(m, nn.InstanceNorm3d) for m in prepared.modules())
+    assert list(prepared.state_dict()) == list(before)  # the reference's keys
+    x = torch.randn(2, 1, 16, 32, 48)
+    with torch.no_grad():
+        expected = model.eval()(x)
+        out = prepared(x.contiguous(memory_format=CL) if channels_last else x)
+    if not channels_last:  # same kernels, same order: bit for bit
+        assert torch.equal(out, expected)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_uint8_range_known_answers():
+    scale, zp = uint8_range(-1.0, 3.0)
+    assert scale == pytest.approx(4 / 255) and zp == 64        # round(1 / (4/255)) = round(63.75)
+    assert uint8_range(0.0, 2.55) == (pytest.approx(0.01), 0)  # non-negative: zero point 0
+    assert uint8_range(0.5, 2.0)[1] == 0                       # range always includes 0
+    assert uint8_range(-2.55, -1.0) == (pytest.approx(0.01), 255)
+    assert uint8_range(0.0, 0.0) == (1.0, 0)
+
+
+def test_quantize_uint8_round_trip():
+    x = (torch.randn(1, 3, 5, 6, 7) * 2 + 0.5).contiguous(memory_format=CL)
+    q, scale, zp = quantize_uint8(x)
+    assert q.dtype == torch.uint8 and q.is_contiguous(memory_format=CL)
+    back = (q.float() - zp) * scale
+    assert float((back - x).abs().max()) <= scale / 2 + 1e-6
+    assert int(q.min()) == 0 or int(q.max()) == 255            # the range is used in full
+
+
+def _quantized_reference(conv, x):
+    """Int8Conv3d's arithmetic written out: dequantised input and weight, float64 convolution."""
+    q, scale, zp = quantize_uint8(x)
+    x_hat = (q.double() - zp) * scale
+    w = conv.weight.detach().double()
+    w_scale = w.abs().amax(dim=(1, 2, 3, 4)) / 127
+    w_hat = torch.round(w / w_scale.view(-1, 1, 1, 1, 1)) * w_scale.view(-1, 1, 1, 1, 1)
+    bias = None if conv.bias is None else conv.bias.detach().double()
+    return F.conv3d(x_hat, w_hat, bias, conv.stride, conv.padding)
+
+
+@needs_int8
+@pytest.mark.parametrize("stride, bias, shift", [(1, False, 0.0), (2, False, 0.7), (1, True, -0.4)])
+def test_int8_conv_matches_its_quantised_arithmetic(stride, bias, shift):
+    torch.manual_seed(stride)
+    conv = nn.Conv3d(6, 10, 3, stride=stride, padding=1, bias=bias)
+    x = torch.randn(2, 6, 9, 10, 11) + shift
+    if shift == 0.0:
+        x = x.relu()  # a ReLU output: zero point 0
+    with torch.no_grad():
+        out = Int8Conv3d(conv)(x.contiguous(memory_format=CL))
+        exact = _quantized_reference(conv, x)
+        plain = conv(x)
+    assert out.shape == plain.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), exact, rtol=1e-4, atol=1e-4)
+    assert float((out - plain).norm() / plain.norm()) < 0.02  # 8-bit quantisation error only
+
+
+@needs_int8
+def test_int8_prepared_model_keeps_the_first_convolution_float():
+    prepared = prepare_for_inference(_tiny_model(), int8=True)
+    assert type(prepared.input_block.conv1[0]) is nn.Conv3d
+    assert isinstance(prepared.input_block.conv2[0], Int8Conv3d)
+    assert type(prepared.output.conv) is nn.Conv3d
+
+
+@pytest.mark.parametrize("sw_batch_size", [1, 3])
+def test_fast_predictor_in_the_sliding_window(sw_batch_size):
+    model = _tiny_model(3).eval()
+    image = torch.randn(1, 1, 20, 40, 33)
+    label = torch.randint(0, 3, (1, 1, 20, 40, 33))
+    with torch.no_grad():
+        ref, ref_label = sliding_window_inference(model, image, label, (16, 16, 16), 0.5)
+    fast, fast_label = sliding_window_inference(fast_predictor(model), image, label, (16, 16, 16),
+                                                0.5, sw_batch_size)
+    assert torch.equal(fast_label, ref_label)
+    torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_benchmark_smoke_run(tmp_path):
+    out = tmp_path / "table.md"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_inference.py"), "--smoke", "--threads", "1",
+           "--repeats", "1", "--variants", "reference,fast,fast_int8", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = out.read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["reference"][2] == "1.00x" and rows["reference"][6] == "100.000%"
+    assert float(rows["fast"][6].rstrip("%")) > 99.9  # same function, float32 rounding only
+    assert float(rows["fast"][1]) > 0 and float(rows["fast"][3]) > 0
+    if int8_available() is None:
+        assert "fast_int8" in rows
