@@ -103,6 +103,10 @@ def restore(config: Config, components: Components, state: TrainState) -> tuple[
 
 def run(config: Config) -> int:
     """Run ``config.exec_mode``; returns the process exit code."""
+    if config.exec_mode == "predict":
+        from runtime.predict import run_predict
+
+        return run_predict(config)
     from data_loading.data_loader import get_data_loaders
 
     dist_info = D.init_distributed(config.device, config.local_rank)
