@@ -47,7 +47,7 @@ def write_nifti(path, array, spacing, qform_code=1, sform_code=1):
     affine = synthetic.kits_affine(spacing)
     affine[:3, 3] = (12.5, -40.0, 7.25)
     image = nibabel.Nifti1Image(array, affine)
-    image.header.set_zooms(spacing)
+    image.header.set_zooms(tuple(spacing) + (1.0,) * (array.ndim - 3))
     image.header.set_qform(affine, code=qform_code)
     image.header.set_sform(affine, code=sform_code)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -341,7 +341,9 @@ def test_bad_input_is_one_line(tmp_path, tiny_checkpoint, capsys, problem):
         open(culprit, "w").write("hello")
     elif problem == "corrupt":
         args["--input"] = culprit = str(tmp_path / "bad.nii.gz")
-        open(culprit, "wb").write(open(good, "rb").read()[:200])  # truncated
+        noise = np.random.default_rng(0).integers(-1000, 1000, (10, 12, 11)).astype(np.int16)
+        whole = open(write_nifti(str(tmp_path / "noise.nii.gz"), noise, (1.6, 1.2, 1.2)), "rb").read()
+        open(culprit, "wb").write(whole[:len(whole) // 2])  # truncated
     elif problem == "four_d":
         args["--input"] = culprit = write_nifti(str(tmp_path / "vol4d.nii.gz"), np.zeros((4, 5, 6, 3), np.int16),
                                                 (1.6, 1.2, 1.2))
