@@ -285,8 +285,7 @@ def config_from_namespace(ns: argparse.Namespace) -> Config:
     return Config(**values)
 
 
-def explicit_flags(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None
-                   ) -> frozenset[str]:
+def explicit_flags(argv: Sequence[str] | None = None) -> frozenset[str]:
     """The Config fields (argparse ``dest``) given on the command line ``argv`` (default
     ``sys.argv[1:]``), whatever their value: a flag given with its default value counts.
 
@@ -294,7 +293,7 @@ def explicit_flags(argv: Sequence[str] | None = None, parser: argparse.ArgumentP
     (``--eval_every``) map to their field. Unknown arguments are ignored; ``argv`` is expected
     to parse (``parse_args`` parses it first and reports bad values).
     """
-    parser = parser or build_parser()
+    parser = build_parser()
     for action in parser._actions:
         action.default = argparse.SUPPRESS
         action.required = False
