@@ -88,3 +88,24 @@ class DiceScore(nn.Module):
 
     def forward(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         return torch.mean(self.dice(logits, label), dim=0)
+
+
+def label_map_dice(prediction, target, classes=(1, 2), smooth: float = SMOOTH) -> list[float]:
+    """Dice per class of two integer label maps of one volume (numpy or torch, any shape).
+
+    The same formula and smoothing as :class:`DiceScore` (a class absent from both scores
+    1.0), counted with comparisons rather than one-hot maps, so that a full-resolution CT
+    volume needs no float copy per class.
+    """
+    import numpy as np
+
+    prediction, target = np.asarray(prediction), np.asarray(target)
+    if prediction.shape != target.shape:
+        raise ValueError(f"prediction {prediction.shape} and target {target.shape} differ in shape")
+    scores = []
+    for c in classes:
+        p, t = prediction == c, target == c
+        both = int(np.count_nonzero(p & t))
+        total = int(np.count_nonzero(p)) + int(np.count_nonzero(t))
+        scores.append((2.0 * both + smooth) / (total + smooth))
+    return scores

@@ -69,6 +69,10 @@ def run(config: Config, data=None) -> int:
     (default: ``data_loading.data_loader.data_source(config)``; tests pass their own)."""
     from data_loading.data_loader import data_source
 
+    if config.exec_mode == "predict":
+        from runtime.predict import run_predict
+
+        return run_predict(config)
     check_outputs(config)
     dist_info = D.init_distributed(config.device, config.local_rank)
     # Training saves at the next step; evaluation and benchmarks have nothing to save and stop now.

@@ -96,6 +96,12 @@ class Config:
     # The flags given on the command line (field names), so that values saved in a checkpoint
     # can fill the others (runtime.resolve).
     explicit: frozenset = frozenset()
+    # predict (new)
+    input: str = ""
+    output_dir: str = ""
+    tta: bool = False
+    preview: bool = False
+    force: bool = False
 
     @property
     def is_train(self) -> bool:
@@ -154,8 +160,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                    help="GPU index on this node (torchrun sets LOCAL_RANK)")
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                    help="(new) auto = CUDA/ROCm when available, else CPU")
-    g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate"],
-                   help="train to the target, or evaluate --load_ckpt_path on the evaluation cases")
+    g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate", "predict"],
+                   help="train to the target, evaluate --load_ckpt_path on the evaluation cases, or "
+                        "predict: segment the raw NIfTI scans of --input into --output_dir")
     g.add_argument("--benchmark", action="store_true", help="time iterations; no evaluation or checkpoints")
     g.add_argument("--seed", type=int, default=d.seed, help="master seed; -1 = random from the OS")
     g.add_argument("--verbose", "-v", action="store_true", help="progress bars")
@@ -223,6 +230,17 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                    help="MLPerf division")
     g.add_argument("--submission_status", default=d.submission_status,
                    choices=["onprem", "cloud", "preview", "research"], help="MLPerf system status")
+    g = p.add_argument_group("predict (new)")
+    g.add_argument("--input", default=d.input,
+                   help="(new) predict: a .nii/.nii.gz CT scan, a folder of them, or a KiTS19 tree")
+    g.add_argument("--output_dir", default=d.output_dir,
+                   help="(new) predict: folder for <case>.nii.gz segmentations and summary.csv/.jsonl")
+    g.add_argument("--tta", action="store_true",
+                   help="(new) predict: test-time mirroring, softmax averaged over the 8 flips of the 3 axes")
+    g.add_argument("--preview", action="store_true",
+                   help="(new) predict: a PNG per case of the slice with the most tumour (needs matplotlib)")
+    g.add_argument("--force", action="store_true",
+                   help="(new) predict: segment scans whose output already exists (default: skip them)")
     return p
 
 
@@ -273,7 +291,7 @@ def validate(cfg: Config) -> list[str]:
           f"--quality_threshold must be in (0, 1], got {cfg.quality_threshold}")
     check(-1 <= cfg.seed < 2**63, f"--seed must be -1 (random) or in [0, 2^63), got {cfg.seed}")
     check(cfg.local_rank >= 0, f"--local_rank must be >= 0, got {cfg.local_rank}")
-    if cfg.loader == "pytorch":
+    if cfg.loader == "pytorch" and cfg.exec_mode != "predict":
         check(os.path.isdir(cfg.data_dir), f"--data_dir {cfg.data_dir!r} does not exist or is not a folder")
     if cfg.exec_mode == "evaluate" and not cfg.benchmark:
         check(bool(cfg.load_ckpt_path), "--exec_mode evaluate needs --load_ckpt_path")
@@ -285,17 +303,13 @@ def validate(cfg: Config) -> list[str]:
         check(cuda_available(), "--device cuda: no CUDA or ROCm GPU is visible here; use --device cpu or auto")
     check(cfg.ckpt_every_epochs >= 0, f"--ckpt_every_epochs must be >= 0, got {cfg.ckpt_every_epochs}")
     check(cfg.ckpt_every_minutes >= 0, f"--ckpt_every_minutes must be >= 0, got {cfg.ckpt_every_minutes}")
+    if cfg.exec_mode == "predict":
+        for name in ("load_ckpt_path", "input", "output_dir"):
+            check(bool(getattr(cfg, name)), f"--exec_mode predict needs --{name}")
+        check(not cfg.input or os.path.exists(cfg.input), f"--input {cfg.input!r} does not exist")
+        check(not cfg.benchmark, "--benchmark does not apply to --exec_mode predict "
+                                 "(benchmarks/bench_predict.py times it)")
     return errors
-
-
-def explicit_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> frozenset:
-    """The config fields whose flags appear in ``argv`` (defaults suppressed, then parsed)."""
-    probe = copy.deepcopy(parser)
-    for action in probe._actions:
-        action.default = argparse.SUPPRESS
-        action.required = False
-    namespace, _ = probe.parse_known_args(argv)
-    return frozenset(vars(namespace))
 
 
 def config_from_namespace(ns: argparse.Namespace, explicit: frozenset = frozenset()) -> Config:
@@ -306,10 +320,27 @@ def config_from_namespace(ns: argparse.Namespace, explicit: frozenset = frozense
     return Config(**values)
 
 
+def explicit_flags(argv: Sequence[str] | None = None,
+                   parser: argparse.ArgumentParser | None = None) -> frozenset[str]:
+    """The Config fields (argparse ``dest``) given on the command line ``argv`` (default
+    ``sys.argv[1:]``), whatever their value: a flag given with its default value counts.
+
+    Parses ``argv`` again with every default suppressed, so only given flags appear; aliases
+    (``--eval_every``) map to their field. Unknown arguments are ignored; ``argv`` is expected
+    to parse (``parse_args`` parses it first and reports bad values).
+    """
+    parser = copy.deepcopy(parser) if parser is not None else build_parser()  # never the caller's
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    namespace, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    return frozenset(vars(namespace))
+
+
 def parse_args(argv: Sequence[str] | None = None, prog: str = "main.py") -> Config:
     """Parse and validate; on any bad value print one line naming the flag and exit 2."""
     parser = build_parser(prog)
-    cfg = config_from_namespace(parser.parse_args(argv), explicit_flags(parser, argv))
+    cfg = config_from_namespace(parser.parse_args(argv), explicit_flags(argv, parser))
     errors = validate(cfg)
     if errors:
         parser.exit(2, f"{prog}: error: {errors[0]}\n")

@@ -78,6 +78,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_gather_objects(value) -> list:
+    """``[value of rank 0, value of rank 1, ...]`` (picklable values); ``[value]`` at world size 1."""
+    if not is_dist():
+        return [value]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def broadcast_buffers(module: torch.nn.Module) -> None:
     """Rank 0's buffers (e.g. batch-norm running statistics) on every rank."""
     if is_dist():
