@@ -21,7 +21,6 @@ import shlex
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +34,7 @@ from data_loading.scans import find_scans, preprocess_scan, read_scan  # noqa: E
 from data_loading.windows import window_geometry  # noqa: E402
 from runtime.arguments import parse_args  # noqa: E402
 from runtime.predict import STAGES, StageTimer, cover_padding, load_predict_model, make_infer, segment_scan  # noqa: E402
-from runtime.speed import flop_count_per_sample  # noqa: E402
+from runtime.flops import flop_count_per_sample  # noqa: E402
 
 DEFAULT_SETTINGS = [("fp32", ""), ("bf16+cl+sw4", "--amp --amp_dtype bf16 --channels_last --sw_batch_size 4")]
 PEAK_TFLOPS = {"fp32": 0.4, "bf16": 0.8}  # this 2-core AVX-512 (BF16) EPYC, from the issue
@@ -105,7 +104,7 @@ def report(settings, runs, configs, geometry, args) -> str:
     first = settings[0][0]
     stages = [s for s in (*STAGES, "total") if any(s in r for rs in runs.values() for r in rs)]
     med = {n: {s: statistics.median(r[s] for r in runs[n]) for s in stages} for n, _ in settings}
-    lines = [f"| stage | " + " | ".join(f"{n} (s)" for n, _ in settings) + " | "
+    lines = ["| stage | " + " | ".join(f"{n} (s)" for n, _ in settings) + " | "
              + " | ".join(f"{first} / {n}" for n, _ in settings[1:]) + " |",
              "| --- |" + " ---: |" * (2 * len(settings) - 1)]
     for s in stages:
