@@ -368,6 +368,21 @@ def test_bad_input_is_one_line(tmp_path, tiny_checkpoint, capsys, problem):
     assert stderr.count("\n") == 1 and culprit in stderr and "Traceback" not in stderr, stderr
 
 
+def test_channels_last_gives_the_same_segmentation(tmp_path, tiny_checkpoint, capsys):
+    """--channels_last runs the layout-preserving inference copy of the model: the same labels."""
+    folder = tmp_path / "in"
+    rng = np.random.default_rng(3)
+    write_nifti(str(folder / "scan.nii.gz"), rng.integers(-100, 300, (26, 30, 28)).astype(np.int16), (2.0, 1.5, 1.3))
+    labels = {}
+    for name, flags in (("plain", []), ("cl", ["--channels_last"])):
+        argv = ["--exec_mode", "predict", "--input", str(folder), "--output_dir", str(tmp_path / name),
+                "--load_ckpt_path", tiny_checkpoint, "--val_input_shape", "64", "64", "64", *flags]
+        assert run_main(capsys, *argv)[0] == 0
+        labels[name] = np.asarray(nibabel.load(str(tmp_path / name / "scan.nii.gz")).dataobj)
+    assert labels["plain"].shape == labels["cl"].shape == (26, 30, 28)
+    assert np.mean(labels["plain"] == labels["cl"]) > 0.999
+
+
 def test_skip_existing_then_force_and_summary(tmp_path, tiny_checkpoint, capsys):
     raw = tmp_path / "raw"
     write_case(str(raw), "case_00002", (30, 34, 31), (3.0, 2.0, 2.5))
@@ -414,6 +429,7 @@ def test_preview_png(tmp_path):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_torchrun_shares_the_scans(tmp_path, tiny_checkpoint):
     """Two ranks on gloo: each scan segmented once, one summary with every case (rank 0), the
     failed scan listed and the exit code non-zero on both ranks."""
@@ -436,8 +452,7 @@ def test_torchrun_shares_the_scans(tmp_path, tiny_checkpoint):
 
 # ----------------------------------------------------------------------------- against evaluate
 
-slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1",
-                          reason="trains a small model: a few minutes on two idle cores; set RUN_SLOW=1")
+slow = pytest.mark.slow  # trains a small model: a few minutes on two idle cores
 
 
 def synthetic_kits(root, ids, seed=5):
