@@ -11,10 +11,11 @@ from runtime.arguments import parse_args
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean bad input: printed as one line, no traceback."""
-    from runtime.app import UsageError
+    from runtime.arguments import UsageError
     from runtime.checkpoint import CheckpointError
+    from runtime.outputs import OutputError
 
-    errors: list[type[BaseException]] = [UsageError, CheckpointError]
+    errors: list[type[BaseException]] = [UsageError, CheckpointError, OutputError]
     try:
         from data_loading.dataset import DataError
 
@@ -24,15 +25,31 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line. An error raised in a DataLoader worker arrives with the
+    worker's traceback in its message; its last line is the original message."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else type(exc).__name__
+    last = lines[-1]
+    prefix = f"{type(exc).__module__}.{type(exc).__name__}: "
+    return last[len(prefix):] if last.startswith(prefix) else last
+
+
 def main(argv=None) -> int:
     config = parse_args(argv)
     from runtime.app import run
+    from runtime.signals import Stopped
 
     try:
         return run(config)
     except user_errors() as exc:
-        print(f"main.py: error: {exc}", file=sys.stderr)
+        print(f"main.py: error: {one_line(exc)}", file=sys.stderr)
         return 1
+    except Stopped as stop:
+        print(f"main.py: {stop} during --exec_mode {config.exec_mode}"
+              f"{' --benchmark' if config.benchmark else ''}; nothing to save", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
         return 130

@@ -53,7 +53,7 @@ from model.inference import int8_available  # noqa: E402
 from model.losses import DiceScore  # noqa: E402
 from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
 from runtime.inference import fast_predictor, sliding_window_inference  # noqa: E402
-from runtime.speed import flop_count_per_sample  # noqa: E402
+from runtime.flops import flop_count_per_sample  # noqa: E402
 
 VARIANTS = ("reference", "amp_cl", "fast", "fast_int8")
 

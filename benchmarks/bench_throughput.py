@@ -13,7 +13,7 @@ volumes written to a temporary folder):
 
 Columns: samples/s over the timed steps (one host sync at the end), the median step time
 (CUDA events between step launches on the GPU), achieved TFLOP/s from the model's FLOP count
-(``runtime.speed.flop_count_per_sample``: 2.86 TFLOP per 128³ sample forward + backward for the
+(``runtime.flops.flop_count_per_sample``: 2.86 TFLOP per 128³ sample forward + backward for the
 default model), its fraction of ``--ceiling_tflops`` (790: dense bf16 on an H200), the peak
 allocated GPU memory, and the largest batch that trains (doubling then bisection, eager step
 of the row's precision and memory format, up to ``--max_batch_limit``).
@@ -54,19 +54,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_pipeline import write_blob_case  # noqa: E402
-from data_loading.data_loader import get_data_loaders  # noqa: E402
+from data_loading.data_loader import data_source  # noqa: E402
 from data_loading.dataset import read_evaluation_ids  # noqa: E402
 from data_loading.windows import window_geometry  # noqa: E402
-from model.losses import DiceCELoss, DiceScore  # noqa: E402
 from runtime import distributed as D  # noqa: E402
-from runtime.app import autocast_factory, build_model, configure_backends, wrap_model  # noqa: E402
+from runtime.build import Components, build_components, build_model  # noqa: E402
+from runtime.compiling import OUT_OF_MEMORY  # noqa: E402
 from runtime.arguments import parse_args  # noqa: E402
-from runtime.graphs import GraphedTrainStep, cuda_graphs_supported  # noqa: E402
+from runtime.graphs import cuda_graphs_supported  # noqa: E402
 from runtime.inference import evaluate, sliding_window_inference  # noqa: E402
-from runtime.logging import MetricsWriter, MLPerfLogger  # noqa: E402
-from runtime.optimizers import make_optimizer  # noqa: E402
-from runtime.speed import flop_count_per_sample  # noqa: E402
-from runtime.training import Components, set_learning_rate, train_step  # noqa: E402
+from runtime.flops import flop_count_per_sample  # noqa: E402
+from runtime.resolve import resolve  # noqa: E402
+from runtime.training import set_learning_rate, step_inputs  # noqa: E402
 
 LEVERS = {
     "bf16": ["--amp", "--amp_dtype", "bf16"],
@@ -256,48 +255,22 @@ def endless(loader):
         epoch += 1
 
 
-def build_components(config, device: torch.device) -> Components:
+def bench_components(config, device: torch.device, data) -> Components:
     """The training components exactly as ``runtime.app.run`` builds them (no logging)."""
     dist_info = D.DistInfo(rank=0, local_rank=0, world_size=1, device=device)
-    configure_backends(config, device)
-    torch.manual_seed(0)
-    model = build_model(config, device)
-    autocast, scaler = autocast_factory(config, device)
-    optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,
-                               config.momentum, config.weight_decay, config.lamb_betas,
-                               fused=config.fused_optimizer)
-    set_learning_rate(optimizer, config.learning_rate)
-    loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, layout=config.layout,
-                         include_background=config.include_background)
-    score_fn = DiceScore(to_onehot_y=True, use_argmax=True, layout=config.layout,
-                         include_background=config.include_background)
-    return Components(config=config, dist=dist_info, model=wrap_model(model, config, dist_info),
-                      optimizer=optimizer, scaler=scaler, loss_fn=loss_fn, score_fn=score_fn,
-                      autocast=autocast, mlperf=MLPerfLogger("", enabled=False),
-                      metrics=MetricsWriter("", enabled=False))
+    config = resolve(config, dist_info, data)
+    components = build_components(config, dist_info, data)
+    set_learning_rate(components.optimizer, config.learning_rate)
+    return components
 
 
-def to_step_input(image, label, config, device):
-    """What the training loop does to a batch before the step."""
-    image = image.to(device, non_blocking=True)
-    label = label.to(device, non_blocking=True)
-    if config.channels_last:
-        image = image.contiguous(memory_format=torch.channels_last_3d)
-    return image, label
+def make_step(components: Components):
+    """``step(image, label) -> loss``: what the training loop does with a batch."""
 
-
-def make_step(c: Components, batches, graphed: bool):
-    """``step(image, label) -> loss``: the eager ``train_step`` or a CUDA-graph replay."""
-    cfg, device = c.config, c.dist.device
-    if graphed:
-        image, label = to_step_input(*next(batches), cfg, device)
-        # Later batches are copied straight into the graph's static (channels-last) buffers.
-        return GraphedTrainStep(c.model, c.loss_fn, c.optimizer, image, label, c.autocast, c.scaler)
-
-    def eager(image, label):
-        image, label = to_step_input(image, label, cfg, device)
-        return train_step(c, image, label, sync_grads=True, apply_update=True)
-    return eager
+    def step(image, label):
+        image, label = step_inputs(components, image, label)
+        return components.step(image, label, True, True)
+    return step
 
 
 def time_steps(step, batches, warmup: int, steps: int, device: torch.device) -> tuple[float, float, float]:
@@ -343,19 +316,19 @@ def _error_line(err: BaseException) -> str:
 def largest_batch(config, device: torch.device, limit: int) -> tuple[int, str]:
     """The largest batch (<= ``limit``) for which two eager training steps of ``config`` run on
     ``device``, and what stopped the next size; doubling from 1, then bisection."""
-    c = build_components(config, device)
+    c = bench_components(config, device, data_source(config))
     patch = config.input_shape
+    step = make_step(c)
 
     def runs(batch: int) -> tuple[bool, str]:
         try:
             image = torch.randn(batch, 1, *patch, device=device)
             label = torch.randint(0, 3, (batch, 1, *patch), dtype=torch.uint8, device=device)
-            image, label = to_step_input(image, label, config, device)
             for _ in range(2):      # the second step also holds the optimizer state
-                train_step(c, image, label, sync_grads=True, apply_update=True)
+                step(image, label)
             synchronize(device)
             return True, ""
-        except torch.OutOfMemoryError:
+        except OUT_OF_MEMORY:
             return False, "out of memory"
         except RuntimeError as err:
             return False, _error_line(err)
@@ -365,7 +338,7 @@ def largest_batch(config, device: torch.device, limit: int) -> tuple[int, str]:
             free_memory(device)
 
     good, why = search_largest(runs, limit)
-    c.model = c.optimizer = None  # drop the model and optimizer state before the next row
+    c = step = None  # drop the model and optimizer state before the next row
     free_memory(device)
     return good, why
 
@@ -397,21 +370,24 @@ def search_largest(runs, limit: int) -> tuple[int, str]:
 
 
 class LoaderCache:
-    """The last training loader, reused by the next row when its data settings are the same
-    (building one labels every case's components); never more than one alive, so a device
-    cache does not count towards another row's peak memory."""
+    """A data source that keeps the last loaders, reused by the next row when its data settings
+    are the same (building one labels every case's components); never more than one alive, so a
+    device cache does not count towards another row's peak memory."""
 
     def __init__(self):
-        self.key, self.loader = None, None
+        self.key, self.loaders_ = None, None
 
-    def get(self, config, device):
-        key = (config.loader, config.cache, config.num_workers, config.batch_size)
+    def summary(self, config):
+        return data_source(config).summary(config)
+
+    def loaders(self, config, num_shards, rank, device=None):
+        key = (config.loader, config.cache, config.num_workers, config.batch_size, config.exec_mode)
         if key != self.key:
-            self.key, self.loader = None, None
+            self.key, self.loaders_ = None, None
             gc.collect()
-            self.loader, _ = get_data_loaders(config, 1, 0, device=device)
+            self.loaders_ = data_source(config).loaders(config, num_shards, rank, device)
             self.key = key
-        return self.loader
+        return self.loaders_
 
 
 def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, batch_size: int,
@@ -423,8 +399,7 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
     for lever in row.levers:
         argv += LEVERS[lever]
     config = parse_args(argv, prog="bench_throughput")
-    graphed = config.cuda_graphs
-    if graphed:
+    if config.cuda_graphs:
         ok, reason = cuda_graphs_supported(device, config)
         if not ok:
             result.notes.append(f"n/a: {reason}")
@@ -434,10 +409,10 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
         torch.cuda.reset_peak_memory_stats(device)
     batches = None
     try:
-        c = build_components(config, device)
-        loader = loaders.get(config, device)
+        c = bench_components(config, device, loaders)
+        loader = c.train_loader
         batches = endless(loader)
-        step = make_step(c, batches, graphed)
+        step = make_step(c)
         wall, median_ms, loss = time_steps(step, batches, args.warmup, args.steps, device)
         result.samples_per_s = args.steps * batch_size / wall
         result.ms_per_step = median_ms
@@ -445,7 +420,7 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
             result.notes.append(f"loss {loss}")
         if getattr(loader, "cache", None) not in (None, config.cache) and config.loader == "pytorch":
             result.notes.append(f"cache {loader.cache}")
-    except torch.OutOfMemoryError:
+    except OUT_OF_MEMORY:
         result.notes.append("out of memory")
     except Exception as err:  # noqa: BLE001 - one failing lever must not hide the others' rows
         result.notes.append(f"failed: {_error_line(err)}")
@@ -478,9 +453,8 @@ def run_eval_row(name: str, flags: list[str], args, argv0: list[str], device: to
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        c = build_components(config, device)
-        model = c.model
-        _, val_loader = get_data_loaders(config, 1, 0, device=device)
+        c = bench_components(config, device, data_source(config))
+        model, val_loader = c.eval_model, c.val_loader
         roi = config.val_input_shape
         flops_per_window = flop_count_per_sample(model, roi)[0]
         first = iter(val_loader)
@@ -506,7 +480,7 @@ def run_eval_row(name: str, flags: list[str], args, argv0: list[str], device: to
         result.volumes = int(metrics["eval_cases"])
         result.windows = windows_per_volume * result.volumes
         result.tflops = flops_per_window * result.windows / result.seconds / 1e12
-    except torch.OutOfMemoryError:
+    except OUT_OF_MEMORY:
         result.notes.append("out of memory")
     except Exception as err:  # noqa: BLE001
         result.notes.append(f"failed: {_error_line(err)}")

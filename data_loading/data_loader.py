@@ -1,31 +1,33 @@
-"""Public entry point: ``get_data_loaders(config, num_shards, global_rank, device=None)``.
+"""Public entry point: ``data_source(config)`` -> ``.summary(config)`` and
+``.loaders(config, num_shards, global_rank, device=None)`` (or ``get_data_loaders``).
 
 Returns ``(train_loader, val_loader)``:
 
 * ``train_loader``: call ``set_epoch(epoch)`` (epochs from 1) before iterating each epoch;
   yields ``(image, label)``, float32 and uint8, ``(B, 1, *input_shape)``, on ``device`` when
-  given (else CPU). ``len()`` = batches per epoch on this rank; ``samples_per_epoch`` = samples
-  trained per epoch on all ranks together; ``num_cases`` = training cases.
+  given (else CPU). ``len()`` = batches per epoch on this rank; ``num_cases`` = training cases
+  (the global samples per epoch are ``config.samples_per_epoch``, from ``runtime.schedule``).
 * ``val_loader``: yields ``(image, label, case_id)`` for the evaluation cases of this rank
   (``(1, 1, D, H, W)``, whole volumes), balanced across ranks by number of sliding windows;
   ``len()`` = cases on this rank; ``num_cases`` = evaluation cases on all ranks.
 
 ``config.cache`` chooses where training volumes live: ``none`` (read the .npy per sample),
 ``memory`` (memory-mapped once, CPU workers crop), ``device`` (all volumes on the device,
-augmentations as batched tensor ops there, no CPU workers), ``auto`` (device on CUDA, else
-memory).
+augmentations as batched tensor ops there, no CPU workers); ``auto`` is decided once by
+``runtime.resolve`` with :func:`resolve_cache` (device on CUDA when it fits, else memory).
 """
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, collate_batch,
-                                  case_foreground_boxes, check_label_values, check_patch_fits,
+from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, case_foreground_boxes,
+                                  check_finite, check_label_values, check_patch_fits, collate_batch,
                                   discover_cases, load_array, read_evaluation_ids, split_cases)
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
@@ -79,7 +81,6 @@ class TrainLoader:
         self._prepare_threads = max(1, num_workers)
         self.prefetch_depth = prefetch_depth
         self.num_cases = len(self.cases)
-        self.samples_per_epoch = num_shards * batch_size * len(self)  # = schedule.samples_per_epoch
         self.epoch = 1
         self.dataset: TrainingSet | None = None
         self._sampler = EpochBatchSampler(seed, self.num_cases, num_shards, rank, batch_size)
@@ -165,6 +166,7 @@ class EvalLoader:
             image = load_array(case.image_path, np.float32)
             label = load_array(case.label_path, np.uint8)
             check_label_values(case, label)
+            check_finite(case, image, " (an evaluation case)")
             yield (torch.from_numpy(image).unsqueeze(0), torch.from_numpy(label).unsqueeze(0),
                    case.case_id)
 
@@ -189,43 +191,82 @@ def compute_boxes(cases: Sequence[Case], threads: int) -> list:
         return list(pool.map(case_foreground_boxes, cases))
 
 
+@dataclass(frozen=True)
+class DataSummary:
+    """What the runtime must know of a dataset before it builds anything."""
+
+    num_train: int  # training cases
+    num_eval: int  # evaluation cases
+    train_bytes: int = 0  # the training volumes in memory (image float32 + label uint8)
+
+
+class PreprocessedData:
+    """The preprocessed KiTS19 folder ``data_dir``: found and checked once, then loaded per rank.
+
+    ``summary(config)`` lists and checks the cases (raises :class:`DataError`, one line naming
+    the folder or case); ``loaders(config, num_shards, rank, device)`` builds this rank's loaders
+    from the same listing.
+    """
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self._split: tuple[list[Case], list[Case]] | None = None
+
+    def split(self) -> tuple[list[Case], list[Case]]:
+        if self._split is None:
+            self._split = split_cases(discover_cases(self.data_dir), read_evaluation_ids())
+        return self._split
+
+    def summary(self, config) -> DataSummary:
+        train_cases, eval_cases = self.split()
+        if config.is_train and not train_cases:
+            raise DataError(f"no training cases in {self.data_dir}: every case found is listed "
+                            "in evaluation_cases.txt")
+        if not config.benchmark and not eval_cases:
+            raise DataError(f"no evaluation case in {self.data_dir}: none of the ids in "
+                            "evaluation_cases.txt has a case_XXXXX_x.npy / _y.npy pair there")
+        check_patch_fits(train_cases, config.input_shape)
+        nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)
+        return DataSummary(len(train_cases), len(eval_cases), nbytes)
+
+    def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | str | None = None):
+        """``(train_loader, val_loader)`` for this rank; see the module docstring.
+
+        ``config`` must be resolved (:func:`runtime.resolve.resolve`): its seed (>= 0, the same
+        on every rank) and its cache mode decided.
+        """
+        device = resolve_device(device)
+        if not 0 <= global_rank < num_shards:
+            raise ValueError(f"global_rank {global_rank} not in [0, {num_shards})")
+        if config.seed < 0 or config.cache == "auto":
+            raise ValueError("the config must be resolved (seed >= 0, cache decided) before building loaders")
+        train_cases, eval_cases = self.split()
+        train_loader = TrainLoader(
+            train_cases, patch=config.input_shape, oversampling=config.oversampling,
+            brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
+            batch_size=config.batch_size, cache=config.cache, device=device,
+            num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.is_train)
+        if config.is_train and len(train_loader) == 0:
+            raise DataError(f"{len(train_cases)} training cases in {self.data_dir} make no full "
+                            f"batch of {config.batch_size} on each of {num_shards} ranks")
+        shards = assign_evaluation_cases(eval_cases, config.val_input_shape, config.overlap, num_shards)
+        val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch)
+        return train_loader, val_loader
+
+
+def data_source(config):
+    """The data ``config.loader`` names: the preprocessed folder, or random tensors."""
+    if config.loader == "synthetic":
+        from data_loading.synthetic_loader import SyntheticData
+
+        return SyntheticData()
+    return PreprocessedData(config.data_dir)
+
+
 def get_data_loaders(config, num_shards: int, global_rank: int,
                      device: torch.device | str | None = None):
-    """``(train_loader, val_loader)`` for this rank; see the module docstring.
-
-    ``config.seed`` must already be resolved (>= 0) and the same on every rank.
-    Raises :class:`~data_loading.dataset.DataError` (one line, naming the file or case) for a
-    dataset that cannot be used.
-    """
-    device = resolve_device(device)
-    if not 0 <= global_rank < num_shards:
-        raise ValueError(f"global_rank {global_rank} not in [0, {num_shards})")
-    if config.seed < 0:
-        raise ValueError(f"config.seed must be resolved (>= 0) before building loaders, got {config.seed}")
-    if getattr(config, "loader", "pytorch") == "synthetic":
-        from data_loading.synthetic_loader import get_synthetic_loaders
-        return get_synthetic_loaders(config, num_shards, global_rank, device)
-
-    cases = discover_cases(config.data_dir)
-    train_cases, eval_cases = split_cases(cases, read_evaluation_ids())
-    if config.is_train and not train_cases:
-        raise DataError(f"no training cases in {config.data_dir}: every case found is listed "
-                        "in evaluation_cases.txt")
-    if config.is_train and not config.benchmark and not eval_cases:
-        raise DataError(f"no evaluation case in {config.data_dir}: none of the ids in "
-                        "evaluation_cases.txt has a case_XXXXX_x.npy / _y.npy pair there")
-    check_patch_fits(train_cases, config.input_shape)
-
-    nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)   # float32 + uint8
-    train_loader = TrainLoader(
-        train_cases, patch=config.input_shape, oversampling=config.oversampling,
-        brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
-        batch_size=config.batch_size, cache=resolve_cache(config.cache, device, nbytes),
-        device=device,
-        num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.is_train)
-    if config.is_train and len(train_loader) == 0:
-        raise DataError(f"{len(train_cases)} training cases in {config.data_dir} make no full "
-                        f"batch of {config.batch_size} on each of {num_shards} ranks")
-    shards = assign_evaluation_cases(eval_cases, config.val_input_shape, config.overlap, num_shards)
-    val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch)
-    return train_loader, val_loader
+    """``(train_loader, val_loader)`` of ``config``'s data for this rank, after the data checks
+    of ``summary`` (``config``: seed and cache resolved)."""
+    source = data_source(config)
+    source.summary(config)
+    return source.loaders(config, num_shards, global_rank, device)

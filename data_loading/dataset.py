@@ -138,6 +138,14 @@ def check_label_values(case: Case, label: np.ndarray) -> None:
                         f"0..{NUM_CLASSES - 1} (max {top})")
 
 
+def check_finite(case: Case, image: np.ndarray | torch.Tensor, where: str = "") -> None:
+    """DataError naming the case and file if ``image`` holds NaN or an infinity."""
+    finite = bool(torch.isfinite(image).all()) if isinstance(image, torch.Tensor) else bool(np.isfinite(image).all())
+    if not finite:
+        raise DataError(f"case {case.case_id}: {case.image_path} holds NaN or infinite values{where}; "
+                        "preprocess the case again or remove it")
+
+
 def load_array(path: Path, dtype) -> np.ndarray:
     """Whole .npy file as a ``dtype`` array; DataError naming it if unreadable."""
     try:
@@ -263,6 +271,8 @@ class TrainingSet(torch.utils.data.Dataset):
             image, label = self.volumes(key[2])
             apply_augmentation(image, label, self.augmentation(key), self.patch,
                                image_array[b], label_array[b])
+            # Checked per sampled patch: the volumes are memory-mapped, never read whole here.
+            check_finite(self.cases[key[2]], image_array[b], " (in a sampled training patch)")
         return images, labels
 
 
@@ -304,6 +314,7 @@ class DeviceVolumes:
                                       (self.labels, case.label_path, np.uint8)):
                 host = torch.from_numpy(np.array(open_npy(path), dtype=dtype).reshape(-1))
                 flat[start:start + size].copy_(host)
+            check_finite(case, self.images[start:start + size], " (loading the device cache)")
         self.offsets = torch.as_tensor(starts[:len(cases)], device=self.device)
         self.shapes = torch.as_tensor([c.shape for c in cases], dtype=torch.int64,
                                       device=self.device).view(-1, 3)
@@ -311,6 +322,3 @@ class DeviceVolumes:
             # The batches are cut on another stream (prefetch thread): finish filling first.
             torch.cuda.synchronize(self.device)
 
-    @property
-    def nbytes(self) -> int:
-        return self.images.numel() * 4 + self.labels.numel()

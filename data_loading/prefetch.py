@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -54,6 +54,33 @@ def resolve_device(device: torch.device | str | None) -> torch.device | None:
     return device
 
 
+def _produce(batches: Iterable, device: torch.device | None, put: Callable[[Any], bool]) -> None:
+    """Move each item of ``batches`` to ``device`` and ``put`` it with its ready event (CUDA);
+    then ``_DONE``, or the error raised on the way (re-raised in the consumer)."""
+    cuda = device is not None and device.type == "cuda"
+    try:
+        context = contextlib.nullcontext()
+        if cuda:
+            # Current device and stream are per thread. Work done while producing (device
+            # augmentations, copies) goes to a side stream that first waits for what the
+            # consumer had queued (e.g. filling the device cache).
+            torch.cuda.set_device(device)
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            context = torch.cuda.stream(stream)
+        with context:
+            for item in batches:
+                item, ready = _to_device(item, device), None
+                if cuda:
+                    ready = torch.cuda.Event()
+                    ready.record(stream)
+                if not put((item, ready)):
+                    return
+        put(_DONE)
+    except BaseException as err:  # re-raised in the consumer, with its traceback
+        put(err)
+
+
 def prefetch(batches: Iterable, device: torch.device | str | None = None,
              depth: int = 2) -> Iterator:
     """Yield the items of ``batches`` moved to ``device``, produced ``depth`` items ahead."""
@@ -63,7 +90,6 @@ def prefetch(batches: Iterable, device: torch.device | str | None = None,
             yield _to_device(item, device)
         return
 
-    cuda = device is not None and device.type == "cuda"
     slots: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -76,30 +102,7 @@ def prefetch(batches: Iterable, device: torch.device | str | None = None,
                 continue
         return False
 
-    def produce() -> None:
-        try:
-            context = contextlib.nullcontext()
-            if cuda:
-                # Current device and stream are per thread. Work done while producing (device
-                # augmentations, copies) goes to a side stream that first waits for what the
-                # consumer had queued (e.g. filling the device cache).
-                torch.cuda.set_device(device)
-                stream = torch.cuda.Stream(device)
-                stream.wait_stream(torch.cuda.current_stream(device))
-                context = torch.cuda.stream(stream)
-            with context:
-                for item in batches:
-                    item, ready = _to_device(item, device), None
-                    if cuda:
-                        ready = torch.cuda.Event()
-                        ready.record(stream)
-                    if not put((item, ready)):
-                        return
-            put(_DONE)
-        except BaseException as err:  # re-raised in the consumer, with its traceback
-            put(err)
-
-    thread = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
+    thread = threading.Thread(target=_produce, args=(batches, device, put), name="batch-prefetch", daemon=True)
     thread.start()
     try:
         while True:

@@ -24,7 +24,7 @@ import os
 import re
 import statistics
 import zlib
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,7 +51,7 @@ class PreprocessError(Exception):
 
 
 @dataclass(frozen=True)
-class Case:
+class RawCase:
     """One raw KiTS19 case. ``label_path`` is None for the unlabelled ids >= 210."""
 
     case_id: int
@@ -79,7 +79,7 @@ class CaseStats:
 # ----------------------------------------------------------------------------- discovery
 
 
-def find_cases(data_dir: str) -> tuple[list[Case], list[Case]]:
+def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
     """Raw cases under ``data_dir`` (or ``data_dir/data``), as (labelled, unlabelled), sorted.
 
     Labelled cases (id < 210) must have both NIfTI files; unlabelled ones are returned only to
@@ -101,13 +101,13 @@ def find_cases(data_dir: str) -> tuple[list[Case], list[Case]]:
         folder = os.path.join(root, name)
         image_path = os.path.join(folder, IMAGE_FILE)
         if case_id >= FIRST_UNLABELLED_ID:
-            unlabelled.append(Case(case_id, image_path, None))
+            unlabelled.append(RawCase(case_id, image_path, None))
             continue
         label_path = os.path.join(folder, LABEL_FILE)
         for path in (image_path, label_path):
             if not os.path.isfile(path):
                 raise PreprocessError(f"{path}: missing (case {name} is in the labelled range)")
-        labelled.append(Case(case_id, image_path, label_path))
+        labelled.append(RawCase(case_id, image_path, label_path))
     return labelled, unlabelled
 
 
@@ -157,57 +157,82 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def load_pair(case: Case) -> tuple[np.ndarray, np.ndarray, list[float]]:
+def load_image(path: str) -> tuple[np.ndarray, list[float], object]:
+    """Image float32 (1, D, H, W), spacing (3 floats, ``pixdim[1:4]``) and the nibabel image.
+
+    Raises :class:`PreprocessError` for an unreadable file, a volume that is not 3-D and NaN or
+    infinite intensities.
+    """
+    nifti = _read_nifti(path)
+    spacing = nifti.header["pixdim"][1:4].tolist()
+    image = read_voxels(nifti, path).astype(np.float32)  # get_fdata() bit for bit
+    if image.ndim != 3:
+        raise PreprocessError(f"{path}: expected a 3-D volume, got shape {image.shape}")
+    finite = np.isfinite(image)
+    if not finite.all():
+        raise PreprocessError(f"{path}: {image.size - int(finite.sum())} NaN or "
+                              "infinite intensities")
+    return np.expand_dims(image, 0), spacing, nifti
+
+
+def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """Image float32 (1, D, H, W), label uint8 (1, D, H, W) and the spacing (3 floats).
 
     Raises :class:`PreprocessError` for unreadable files, shapes that differ, NaN or infinite
     intensities and label values outside {0, 1, 2} (checked before the uint8 cast would wrap
     them).
     """
-    nifti = _read_nifti(case.image_path)
-    spacing = nifti.header["pixdim"][1:4].tolist()
-    image = read_voxels(nifti, case.image_path).astype(np.float32)  # get_fdata() bit for bit
-    if image.ndim != 3:
-        raise PreprocessError(f"{case.image_path}: expected a 3-D volume, got shape {image.shape}")
-    finite = np.isfinite(image)
-    if not finite.all():
-        raise PreprocessError(f"{case.image_path}: {image.size - int(finite.sum())} NaN or "
-                              "infinite intensities")
-    del finite
-
+    image, spacing, _ = load_image(case.image_path)
     raw_label = read_voxels(_read_nifti(case.label_path), case.label_path)
-    if raw_label.shape != image.shape:
-        raise PreprocessError(f"{case.name}: image shape {image.shape} and label shape "
+    if raw_label.shape != image.shape[1:]:
+        raise PreprocessError(f"{case.name}: image shape {image.shape[1:]} and label shape "
                               f"{raw_label.shape} differ")
+    label = validated_label(raw_label, case.name)
+    return image, np.expand_dims(label, 0), spacing
+
+
+def validated_label(raw_label: np.ndarray, name: str) -> np.ndarray:
+    """``raw_label`` as uint8; :class:`PreprocessError` naming ``name`` for values outside
+    {0, 1, 2} (checked before the cast would wrap them)."""
     bad = raw_label != LABEL_VALUES[0]
     for value in LABEL_VALUES[1:]:
         bad &= raw_label != value
     if bad.any():
         values = np.unique(raw_label[bad])
         shown = ", ".join(f"{v:g}" for v in values[:8]) + (", ..." if values.size > 8 else "")
-        raise PreprocessError(f"{case.name}: label values outside {{0, 1, 2}}: {shown}")
-    label = raw_label.astype(np.uint8)
-    return np.expand_dims(image, 0), np.expand_dims(label, 0), spacing
+        raise PreprocessError(f"{name}: label values outside {{0, 1, 2}}: {shown}")
+    return raw_label.astype(np.uint8)
 
 
-def resample(image: np.ndarray, label: np.ndarray, spacing: list[float],
-             target: list[float] = TARGET_SPACING) -> tuple[np.ndarray, np.ndarray]:
+def resampled_shape(shape: Sequence[int], spacing: list[float],
+                    target: list[float] = TARGET_SPACING) -> list[int]:
+    """Spatial shape after :func:`resample`: ``int(spacing / target * shape)`` per axis, or
+    ``shape`` itself when the spacing list equals ``target``."""
+    if spacing == target:
+        return list(shape)
+    return (np.array(spacing) / np.array(target) * np.array(shape)).astype(int).tolist()
+
+
+def resample(image: np.ndarray, label: np.ndarray | None, spacing: list[float],
+             target: list[float] = TARGET_SPACING) -> tuple[np.ndarray, np.ndarray | None]:
     """Resize (1, D, H, W) image and label to ``target`` spacing; unchanged if equal.
 
-    The comparison is of Python lists, exactly as the reference does it.
+    The comparison is of Python lists, exactly as the reference does it. ``label`` may be
+    None (a scan to segment): then None is returned in its place.
     """
     if spacing == target:
         return image, label
     import torch
     from torch.nn.functional import interpolate
 
-    new_shape = (np.array(spacing) / np.array(target) * np.array(image.shape[1:])).astype(int)
-    new_shape = new_shape.tolist()
+    new_shape = resampled_shape(image.shape[1:], spacing, target)
     image = interpolate(torch.from_numpy(np.expand_dims(image, 0)), size=new_shape,
                         mode="trilinear", align_corners=True)
-    label = interpolate(torch.from_numpy(np.expand_dims(label, 0)), size=new_shape,
-                        mode="nearest")
-    return np.squeeze(image.numpy(), 0), np.squeeze(label.numpy(), 0)
+    if label is not None:
+        label = interpolate(torch.from_numpy(np.expand_dims(label, 0)), size=new_shape,
+                            mode="nearest")
+        label = np.squeeze(label.numpy(), 0)
+    return np.squeeze(image.numpy(), 0), label
 
 
 def normalize_intensity(image: np.ndarray) -> np.ndarray:
@@ -216,17 +241,26 @@ def normalize_intensity(image: np.ndarray) -> np.ndarray:
     return (image - MEAN) / STD
 
 
-def pad_to_min_shape(image: np.ndarray, label: np.ndarray,
-                     min_shape: Sequence[int] = MIN_SHAPE) -> tuple[np.ndarray, np.ndarray]:
-    """Edge-pad each spatial axis of (1, D, H, W) arrays to at least ``min_shape``."""
-    bounds = [max(0, m - s) for m, s in zip(min_shape, image.shape[1:])]
-    paddings = [(0, 0)] + [(b // 2, b - b // 2) for b in bounds]
-    return np.pad(image, paddings, mode="edge"), np.pad(label, paddings, mode="edge")
+def min_shape_padding(shape: Sequence[int],
+                      min_shape: Sequence[int] = MIN_SHAPE) -> list[tuple[int, int]]:
+    """``(before, after)`` per spatial axis that brings ``shape`` to at least ``min_shape``."""
+    bounds = [max(0, m - s) for m, s in zip(min_shape, shape)]
+    return [(b // 2, b - b // 2) for b in bounds]
 
 
-def preprocess_arrays(image: np.ndarray, label: np.ndarray,
-                      spacing: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Steps 2-4 on loaded arrays: resample, normalise, pad. Shapes (1, D, H, W)."""
+def pad_to_min_shape(image: np.ndarray, label: np.ndarray | None,
+                     min_shape: Sequence[int] = MIN_SHAPE) -> tuple[np.ndarray, np.ndarray | None]:
+    """Edge-pad each spatial axis of (1, D, H, W) arrays to at least ``min_shape`` (``label``
+    may be None)."""
+    paddings = [(0, 0)] + min_shape_padding(image.shape[1:], min_shape)
+    padded_label = None if label is None else np.pad(label, paddings, mode="edge")
+    return np.pad(image, paddings, mode="edge"), padded_label
+
+
+def preprocess_arrays(image: np.ndarray, label: np.ndarray | None,
+                      spacing: list[float]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Steps 2-4 on loaded arrays: resample, normalise, pad. Shapes (1, D, H, W); ``label``
+    may be None (a scan without ground truth)."""
     image, label = resample(image, label, spacing)
     image = normalize_intensity(image)
     return pad_to_min_shape(image, label)
@@ -243,7 +277,11 @@ def save_atomic(path: str, array: np.ndarray) -> None:
     """``np.save`` through :func:`atomic_write`: a crash leaves at most a hidden
     ``.<name>.<pid>.tmp`` file, never a partial ``.npy``. (A file object, because np.save would
     append ".npy" to a temporary name.)"""
-    atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
+    try:
+        atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
+    except OSError as exc:  # a full disk, a quota, a vanished mount: the temporary file is gone
+        raise PreprocessError(f"cannot write {path}: {exc.strerror or type(exc).__name__}; finished "
+                              "cases are kept, free space and run again to resume") from None
 
 
 def prepare_results_dir(results_dir: str) -> None:
@@ -296,7 +334,7 @@ def _torch_threads(count: int | None):
         torch.set_num_threads(before)
 
 
-def process_case(case: Case, results_dir: str, torch_threads: int | None = None) -> CaseStats:
+def process_case(case: RawCase, results_dir: str, torch_threads: int | None = None) -> CaseStats:
     """Load, preprocess and save one case; returns its statistics.
 
     ``torch_threads`` limits torch's threads for the resampling only (None: leave as set), so
@@ -339,14 +377,14 @@ def _worker_context():
     return context
 
 
-def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
+def preprocess_cases(cases: Sequence[RawCase], results_dir: str, num_workers: int,
                      on_done: Callable[[CaseStats], None]) -> list[CaseStats]:
     """Process ``cases`` across ``num_workers`` processes, calling ``on_done`` per case.
 
     One worker runs in this process (no start-up cost). Several use a process pool (see
     ``_worker_context``). Either way torch gets one thread per process: the processes already
     use every core, and more threads would only contend. The first error cancels the cases not
-    yet started and is raised here.
+    yet started and is raised here. ``on_done`` runs as each case finishes, in finishing order.
     """
     os.makedirs(results_dir, exist_ok=True)
     stats = []
@@ -358,18 +396,16 @@ def preprocess_cases(cases: Sequence[Case], results_dir: str, num_workers: int,
 
     with ProcessPoolExecutor(max_workers=min(num_workers, len(cases)),
                              mp_context=_worker_context()) as pool:
-        pending = {pool.submit(process_case, case, results_dir, 1) for case in cases}
+        futures = [pool.submit(process_case, case, results_dir, 1) for case in cases]
         try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    stats.append(future.result())
-                    on_done(stats[-1])
+            for future in as_completed(futures):
+                stats.append(future.result())
+                on_done(stats[-1])
         except BrokenProcessPool:
             raise PreprocessError("a worker process ended abruptly; "
                                   "finished cases are kept, run again to resume") from None
         finally:
-            for future in pending:
+            for future in futures:
                 future.cancel()
     return stats
 

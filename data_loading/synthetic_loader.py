@@ -22,7 +22,9 @@ DISTINCT_BATCHES = 2
 
 
 def _derived_seed(seed: int, stream: int, rank: int) -> int:
-    return int(np.random.SeedSequence([seed, stream, rank]).generate_state(1, np.uint64)[0] >> 1)
+    """A 63-bit seed (``manual_seed`` takes a signed 64-bit range) for ``(seed, stream, rank)``."""
+    # Shift a Python int: numpy 1.x has no right_shift for a uint64 scalar and a Python int.
+    return int(np.random.SeedSequence([seed, stream, rank]).generate_state(1, np.uint64)[0]) >> 1
 
 
 def random_batch(generator: torch.Generator, batch: int, shape: Sequence[int],
@@ -41,7 +43,6 @@ class SyntheticTrainLoader:
     def __init__(self, seed: int, patch: Sequence[int], batch_size: int, num_shards: int,
                  rank: int, device: torch.device, num_cases: int = TRAIN_CASES):
         self.num_cases, self.batch_size, self.num_shards = num_cases, batch_size, num_shards
-        self.samples_per_epoch = num_shards * batch_size * len(self)
         self.epoch = 1
         self.cache = "synthetic"
         generator = torch.Generator().manual_seed(_derived_seed(seed, 0, rank))
@@ -80,6 +81,18 @@ def evaluation_ids(count: int = EVAL_CASES) -> list[str]:
     """The real evaluation ids when the list is readable, else ``00000``, ``00001``, ..."""
     ids = read_evaluation_ids(EVALUATION_CASES_FILE) if EVALUATION_CASES_FILE.is_file() else []
     return ids[:count] if len(ids) >= count else [f"{i:05d}" for i in range(count)]
+
+
+class SyntheticData:
+    """``--loader synthetic`` as a data source (the interface of ``PreprocessedData``)."""
+
+    def summary(self, config):
+        from data_loading.data_loader import DataSummary
+
+        return DataSummary(TRAIN_CASES, EVAL_CASES, 0)
+
+    def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | None = None):
+        return get_synthetic_loaders(config, num_shards, global_rank, device)
 
 
 def get_synthetic_loaders(config, num_shards: int, global_rank: int,

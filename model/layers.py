@@ -25,10 +25,13 @@ def make_norm(normalization: str, channels: int) -> nn.Module:
 
 
 def make_activation(activation: str) -> nn.Module:
+    """Not in place, as in the reference: instance norm returns a view, and an in-place
+    activation on a view makes autograd clone full-size gradients in extra copy nodes
+    (benchmarks/bench_activation.py measures it); the values are bit-identical either way."""
     if activation == "relu":
-        return nn.ReLU(inplace=True)
+        return nn.ReLU()
     if activation == "leaky_relu":
-        return nn.LeakyReLU(negative_slope=0.01, inplace=True)
+        return nn.LeakyReLU(negative_slope=0.01)
     raise ValueError(f"unknown activation {activation!r}; choose from {ACTIVATIONS}")
 
 

@@ -7,6 +7,7 @@ and a single line naming the flag on a bad value.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import os
 import sys
@@ -23,8 +24,10 @@ SHAPE_DIVISOR = 32  # 2 ** (number of down-sampling stages incl. the bottleneck)
 class Config:
     # data and files
     data_dir: str = "/data"
-    log_dir: str = "/tmp"
+    log_dir: str = "results"
     save_ckpt_path: str = ""
+    ckpt_every_epochs: int = 0
+    ckpt_every_minutes: float = 30.0
     load_ckpt_path: str = ""
     resume: bool = False
     loader: str = "pytorch"
@@ -39,6 +42,7 @@ class Config:
     benchmark: bool = False
     seed: int = -1
     verbose: bool = False
+    plot: bool = False
     # schedule
     epochs: int = 1
     quality_threshold: float = 0.908
@@ -84,10 +88,29 @@ class Config:
     submission_platform: str = "unknown"
     submission_division: str = "closed"
     submission_status: str = "onprem"
+    # Derived once by runtime.resolve.resolve (None until then); read everywhere else.
+    num_train_cases: int | None = None
+    num_eval_cases: int | None = None
+    samples_per_epoch: int | None = None  # global samples trained per epoch, after dropping
+    fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
+    # The flags given on the command line (field names), so that values saved in a checkpoint
+    # can fill the others (runtime.resolve).
+    explicit: frozenset = frozenset()
+    # predict (new)
+    input: str = ""
+    output_dir: str = ""
+    tta: bool = False
+    preview: bool = False
+    force: bool = False
 
     @property
     def is_train(self) -> bool:
         return self.exec_mode == "train"
+
+
+class UsageError(RuntimeError):
+    """A problem with the flags that only shows once the machine or the data is known (printed as
+    one line, exit code 1)."""
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -111,10 +134,16 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     d = Config()
     g = p.add_argument_group("data and files")
     g.add_argument("--data_dir", default=d.data_dir, help="preprocessed dataset (case_XXXXX_x/_y.npy)")
-    g.add_argument("--log_dir", default=d.log_dir, help="folder for unet3d.log (MLPerf) and log.json")
+    g.add_argument("--log_dir", default=d.log_dir,
+                   help="folder for unet3d.log (MLPerf) and log.json; one run at a time (a lock file)")
     g.add_argument("--save_ckpt_path", default=d.save_ckpt_path, help="checkpoint file to write ('' = none)")
     g.add_argument("--load_ckpt_path", default=d.load_ckpt_path, help="checkpoint to load (evaluate, or warm start)")
     g.add_argument("--resume", action="store_true", help="(new) continue the run saved at --save_ckpt_path")
+    g.add_argument("--ckpt_every_epochs", type=int, default=d.ckpt_every_epochs,
+                   help="(new) also save --save_ckpt_path every N epochs between evaluations (0 = off)")
+    g.add_argument("--ckpt_every_minutes", type=float, default=d.ckpt_every_minutes,
+                   help="(new) also save --save_ckpt_path when this many minutes of training passed "
+                        "since the last save (0 = off)")
     g.add_argument("--loader", default=d.loader, choices=["pytorch", "synthetic"],
                    help="real data pipeline, or random tensors for pure compute benchmarks")
     g.add_argument("--cache", default=d.cache, choices=["auto", "none", "memory", "device"],
@@ -131,11 +160,15 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                    help="GPU index on this node (torchrun sets LOCAL_RANK)")
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                    help="(new) auto = CUDA/ROCm when available, else CPU")
-    g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate"],
-                   help="train to the target, or evaluate --load_ckpt_path on the evaluation cases")
+    g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate", "predict"],
+                   help="train to the target, evaluate --load_ckpt_path on the evaluation cases, or "
+                        "predict: segment the raw NIfTI scans of --input into --output_dir")
     g.add_argument("--benchmark", action="store_true", help="time iterations; no evaluation or checkpoints")
     g.add_argument("--seed", type=int, default=d.seed, help="master seed; -1 = random from the OS")
     g.add_argument("--verbose", "-v", action="store_true", help="progress bars")
+    g.add_argument("--plot", action="store_true",
+                   help="(new) redraw <log_dir>/curves.png after each evaluation (rank 0, in the "
+                        "background; needs matplotlib)")
     g = p.add_argument_group("schedule")
     g.add_argument("--epochs", type=int, default=d.epochs, help="maximum number of epochs")
     g.add_argument("--quality_threshold", type=float, default=d.quality_threshold, help="target mean_dice")
@@ -163,7 +196,7 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--lr_decay_factor", type=float, default=d.lr_decay_factor,
                    help="multiplier applied at each --lr_decay_epochs milestone")
     g.add_argument("--lamb_betas", nargs=2, type=float, default=list(d.lamb_betas),
-                   help="LAMB/Adam betas (floats; the reference's type=int was a defect)")
+                   help="LAMB betas (floats; the reference's type=int was a defect); Adam keeps torch's defaults")
     g.add_argument("--momentum", type=float, default=d.momentum, help="SGD (Nesterov) momentum")
     g.add_argument("--weight_decay", type=float, default=d.weight_decay, help="L2 weight decay")
     g = p.add_argument_group("model")
@@ -197,7 +230,24 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                    help="MLPerf division")
     g.add_argument("--submission_status", default=d.submission_status,
                    choices=["onprem", "cloud", "preview", "research"], help="MLPerf system status")
+    g = p.add_argument_group("predict (new)")
+    g.add_argument("--input", default=d.input,
+                   help="(new) predict: a .nii/.nii.gz CT scan, a folder of them, or a KiTS19 tree")
+    g.add_argument("--output_dir", default=d.output_dir,
+                   help="(new) predict: folder for <case>.nii.gz segmentations and summary.csv/.jsonl")
+    g.add_argument("--tta", action="store_true",
+                   help="(new) predict: test-time mirroring, softmax averaged over the 8 flips of the 3 axes")
+    g.add_argument("--preview", action="store_true",
+                   help="(new) predict: a PNG per case of the slice with the most tumour (needs matplotlib)")
+    g.add_argument("--force", action="store_true",
+                   help="(new) predict: segment scans whose output already exists (default: skip them)")
     return p
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def validate(cfg: Config) -> list[str]:
@@ -239,9 +289,9 @@ def validate(cfg: Config) -> list[str]:
           f"--lr_decay_epochs must be >= 1, got {list(cfg.lr_decay_epochs)}")
     check(0.0 < cfg.quality_threshold <= 1.0,
           f"--quality_threshold must be in (0, 1], got {cfg.quality_threshold}")
-    check(cfg.seed >= -1, f"--seed must be -1 (random) or >= 0, got {cfg.seed}")
+    check(-1 <= cfg.seed < 2**63, f"--seed must be -1 (random) or in [0, 2^63), got {cfg.seed}")
     check(cfg.local_rank >= 0, f"--local_rank must be >= 0, got {cfg.local_rank}")
-    if cfg.loader == "pytorch":
+    if cfg.loader == "pytorch" and cfg.exec_mode != "predict":
         check(os.path.isdir(cfg.data_dir), f"--data_dir {cfg.data_dir!r} does not exist or is not a folder")
     if cfg.exec_mode == "evaluate" and not cfg.benchmark:
         check(bool(cfg.load_ckpt_path), "--exec_mode evaluate needs --load_ckpt_path")
@@ -249,20 +299,48 @@ def validate(cfg: Config) -> list[str]:
         check(os.path.isfile(cfg.load_ckpt_path), f"--load_ckpt_path {cfg.load_ckpt_path!r} does not exist")
     if cfg.resume:
         check(bool(cfg.save_ckpt_path), "--resume needs --save_ckpt_path (the checkpoint to continue)")
+    if cfg.device == "cuda":
+        check(cuda_available(), "--device cuda: no CUDA or ROCm GPU is visible here; use --device cpu or auto")
+    check(cfg.ckpt_every_epochs >= 0, f"--ckpt_every_epochs must be >= 0, got {cfg.ckpt_every_epochs}")
+    check(cfg.ckpt_every_minutes >= 0, f"--ckpt_every_minutes must be >= 0, got {cfg.ckpt_every_minutes}")
+    if cfg.exec_mode == "predict":
+        for name in ("load_ckpt_path", "input", "output_dir"):
+            check(bool(getattr(cfg, name)), f"--exec_mode predict needs --{name}")
+        check(not cfg.input or os.path.exists(cfg.input), f"--input {cfg.input!r} does not exist")
+        check(not cfg.benchmark, "--benchmark does not apply to --exec_mode predict "
+                                 "(benchmarks/bench_predict.py times it)")
     return errors
 
 
-def config_from_namespace(ns: argparse.Namespace) -> Config:
+def config_from_namespace(ns: argparse.Namespace, explicit: frozenset = frozenset()) -> Config:
     values = vars(ns).copy()
+    values["explicit"] = explicit
     for name in ("input_shape", "val_input_shape", "filters", "lr_decay_epochs", "lamb_betas"):
         values[name] = tuple(values[name])
     return Config(**values)
 
 
+def explicit_flags(argv: Sequence[str] | None = None,
+                   parser: argparse.ArgumentParser | None = None) -> frozenset[str]:
+    """The Config fields (argparse ``dest``) given on the command line ``argv`` (default
+    ``sys.argv[1:]``), whatever their value: a flag given with its default value counts.
+
+    Parses ``argv`` again with every default suppressed, so only given flags appear; aliases
+    (``--eval_every``) map to their field. Unknown arguments are ignored; ``argv`` is expected
+    to parse (``parse_args`` parses it first and reports bad values).
+    """
+    parser = copy.deepcopy(parser) if parser is not None else build_parser()  # never the caller's
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    namespace, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    return frozenset(vars(namespace))
+
+
 def parse_args(argv: Sequence[str] | None = None, prog: str = "main.py") -> Config:
     """Parse and validate; on any bad value print one line naming the flag and exit 2."""
     parser = build_parser(prog)
-    cfg = config_from_namespace(parser.parse_args(argv))
+    cfg = config_from_namespace(parser.parse_args(argv), explicit_flags(argv, parser))
     errors = validate(cfg)
     if errors:
         parser.exit(2, f"{prog}: error: {errors[0]}\n")

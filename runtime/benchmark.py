@@ -1,28 +1,72 @@
-"""Timing summaries for ``--benchmark`` (pure functions)."""
+"""``--benchmark``: time training steps or sliding-window evaluations (no checkpoints, no
+evaluation during training); statistics from :mod:`runtime.latency`."""
 from __future__ import annotations
 
-from typing import Sequence
+import sys
+import time
 
-import numpy as np
+import torch
 
-
-def latency_summary(seconds: Sequence[float], items_per_iteration: int) -> dict[str, float]:
-    """Throughput (items/s over the timed iterations) and latency mean / p90 / p95 / p99 (ms)."""
-    if len(seconds) == 0:
-        raise ValueError("no timed iteration: raise --epochs or lower --warmup_steps")
-    times = np.asarray(seconds, dtype=np.float64)
-    return {
-        "throughput": items_per_iteration * len(times) / times.sum(),
-        "latency_mean_ms": 1e3 * times.mean(),
-        "latency_p90_ms": 1e3 * np.percentile(times, 90),
-        "latency_p95_ms": 1e3 * np.percentile(times, 95),
-        "latency_p99_ms": 1e3 * np.percentile(times, 99),
-        "timed_iterations": int(len(times)),
-    }
+from runtime.build import Components
+from runtime.inference import sliding_window_inference
+from runtime.latency import format_summary, latency_summary
+from runtime.training import Reporters, set_learning_rate, step_inputs
 
 
-def format_summary(prefix: str, summary: dict[str, float], unit: str) -> str:
-    return (f"{prefix}: {summary['throughput']:.2f} {unit}/s | latency mean "
-            f"{summary['latency_mean_ms']:.1f} ms, p90 {summary['latency_p90_ms']:.1f} ms, p95 "
-            f"{summary['latency_p95_ms']:.1f} ms, p99 {summary['latency_p99_ms']:.1f} ms "
-            f"({summary['timed_iterations']} timed iterations)")
+def _synchronizer(device: torch.device):
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def benchmark_train(components: Components, out: Reporters) -> dict:
+    """Time every training iteration after ``--warmup_steps`` (device-synchronised)."""
+    cfg, loader = components.config, components.train_loader
+    sync = _synchronizer(components.dist.device)
+    set_learning_rate(components.optimizer, cfg.learning_rate)
+    times, seen = [], 0
+    components.model.train()
+    for epoch in range(1, cfg.epochs + 1):
+        loader.set_epoch(epoch)
+        for image, label in loader:
+            sync()
+            tick = time.perf_counter()
+            image, label = step_inputs(components, image, label)
+            components.step(image, label, True, True)
+            sync()
+            seconds = time.perf_counter() - tick
+            if seen >= cfg.warmup_steps:
+                times.append(seconds)
+            seen += 1
+            out.say(f"{'warm-up' if seen <= cfg.warmup_steps else 'timed'} step {seen}: {seconds * 1e3:.1f} ms",
+                    file=sys.stderr, flush=True)
+    summary = latency_summary(times, cfg.batch_size * components.dist.world_size)
+    out.say(format_summary("throughput_train", summary, "samples"))
+    return summary
+
+
+def benchmark_evaluate(components: Components, out: Reporters) -> dict:
+    """Time the sliding-window evaluation of each volume after ``--warmup_steps`` volumes."""
+    cfg, dev, loader = components.config, components.dist.device, components.val_loader
+    sync = _synchronizer(dev)
+    model = components.eval_model
+    model.eval()
+    times, seen = [], 0
+
+    def predict(x):
+        with components.autocast():
+            return model(x)
+
+    with torch.no_grad():
+        for _ in range(cfg.epochs):
+            for image, label, _case in out.progress(loader, desc="benchmark eval volumes", total=len(loader),
+                                                    always=True):
+                sync()
+                tick = time.perf_counter()
+                sliding_window_inference(predict, image.to(dev), label.to(dev), cfg.val_input_shape,
+                                         cfg.overlap, cfg.sw_batch_size)
+                sync()
+                if seen >= cfg.warmup_steps:
+                    times.append(time.perf_counter() - tick)
+                seen += 1
+    summary = latency_summary(times, components.dist.world_size)
+    out.say(format_summary("throughput_eval", summary, "volumes"))
+    return summary

@@ -1,7 +1,15 @@
-"""Checkpoints: atomic writes, the reference's keys, everything a resume needs."""
+"""Checkpoints: the one owner of their format. Atomic writes, the reference's keys, everything a
+resume needs; every key is spelled here and nowhere else.
+
+A checkpoint holds the reference's keys (``best_model_state_dict``, ``last_model_state_dict``,
+``optimizer_state_dict``) so tools of either implementation read it, plus the training state of
+:class:`TrainState`, the RNG states, the master seed and the run's config.
+"""
 from __future__ import annotations
 
+import dataclasses
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -9,10 +17,46 @@ import torch
 from data_loading.atomic import atomic_write
 
 FORMAT_VERSION = 1
+# Reference checkpoints carry no version; ours from 1 on. A newer version may hold keys this code
+# does not know how to read, so it is refused rather than half-understood.
+READABLE_VERSIONS = (None, 1)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, truncated or does not fit the model (one-line message)."""
+
+
+@dataclass
+class TrainState:
+    """What a resume restores besides weights, optimizer, scaler and RNG states."""
+
+    epoch: int = 0  # last epoch fully trained
+    step_in_epoch: int = 0  # batches of epoch + 1 already trained (pre-empted mid-epoch)
+    epoch_loss_sum: float = 0.0  # all ranks' loss sum over those batches
+    best_mean_dice: float = -1.0
+    best_epoch: int = 0
+    best_state: dict | None = None  # CPU copy of the best weights
+    last_eval: dict | None = None
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint a run starts from: ``resume`` (all training state, ``--resume``) or only
+    its weights (``--load_ckpt_path``: evaluation, warm start)."""
+
+    path: str
+    checkpoint: dict
+    resume: bool
+
+
+def saved_for(config) -> Saved | None:
+    """The checkpoint ``config`` starts from, read once (None: a fresh run, or ``--resume`` with
+    no checkpoint written yet)."""
+    if config.resume and os.path.isfile(config.save_ckpt_path):
+        return Saved(config.save_ckpt_path, load_checkpoint(config.save_ckpt_path), resume=True)
+    if config.load_ckpt_path:
+        return Saved(config.load_ckpt_path, load_checkpoint(config.load_ckpt_path), resume=False)
+    return None
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -37,11 +81,12 @@ def clean_state_dict(state: dict) -> dict:
     return out
 
 
-def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write(path, lambda handle: torch.save(obj, handle))
+def cpu_weights(model: torch.nn.Module) -> dict:
+    """A CPU copy of the unwrapped model's state_dict (what a checkpoint stores)."""
+    return {k: v.detach().cpu().clone() for k, v in unwrap(model).state_dict().items()}
 
+
+# -- reading ----------------------------------------------------------------------------------
 
 def load_checkpoint(path: str) -> dict:
     """Load a checkpoint safely (``weights_only``); numpy scalars of reference checkpoints are
@@ -49,7 +94,7 @@ def load_checkpoint(path: str) -> dict:
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as first:  # noqa: BLE001 - re-raised as a one-line error below
         try:
             import numpy as np
@@ -58,11 +103,19 @@ def load_checkpoint(path: str) -> dict:
                        type(np.dtype("int64"))]
             scalar = getattr(getattr(np, "_core", np), "multiarray").scalar
             with torch.serialization.safe_globals([scalar, *allowed]):
-                return torch.load(path, map_location="cpu", weights_only=True)
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         except Exception:  # noqa: BLE001
             reason = str(first).strip().splitlines()[0] if str(first).strip() else type(first).__name__
             raise CheckpointError(f"cannot read checkpoint {path!r} (truncated or not a torch "
                                   f"checkpoint): {reason[:200]}") from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"checkpoint {path!r} holds a {type(checkpoint).__name__}, not a dict of "
+                              "weights and training state")
+    version = checkpoint.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise CheckpointError(f"checkpoint {path!r} has format_version {version!r}; this code reads "
+                              f"version {FORMAT_VERSION} and reference checkpoints (update the code)")
+    return checkpoint
 
 
 def model_state_from(checkpoint: dict, prefer: str = "best") -> dict:
@@ -84,6 +137,11 @@ def load_model_weights(model: torch.nn.Module, state: dict, path: str) -> None:
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     wrong = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if not (missing or unexpected or wrong):
+        bad = next((k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+        if bad is not None:
+            raise CheckpointError(f"checkpoint {path!r} holds non-finite weights ({bad}): the run it "
+                                  "comes from diverged; use an earlier checkpoint")
     if missing or unexpected or wrong:
         detail = (f"{len(missing)} missing, {len(unexpected)} unexpected, {len(wrong)} wrong-shape keys"
                   + (f" (first wrong: {wrong[0]} {tuple(state[wrong[0]].shape)} vs "
@@ -92,6 +150,110 @@ def load_model_weights(model: torch.nn.Module, state: dict, path: str) -> None:
         raise CheckpointError(f"checkpoint {path!r} does not match the model (--filters/--normalization?): "
                               f"{detail}")
     target.load_state_dict(state)
+
+
+def load_weights(model: torch.nn.Module, path: str, checkpoint: dict | None = None,
+                 prefer: str = "best") -> None:
+    """The ``prefer``-red weights of the checkpoint at ``path`` into ``model`` (``checkpoint``:
+    the already-loaded dict, to avoid reading the file again)."""
+    checkpoint = load_checkpoint(path) if checkpoint is None else checkpoint
+    load_model_weights(model, model_state_from(checkpoint, prefer=prefer), path)
+
+
+def saved_seed(checkpoint: dict) -> int | None:
+    """The master seed a checkpoint's run used (None for reference checkpoints)."""
+    seed = checkpoint.get("master_seed")
+    return None if seed is None else int(seed)
+
+
+def saved_config(checkpoint: dict) -> dict:
+    """The config a checkpoint's run used, as a plain dict ({} for reference checkpoints)."""
+    config = checkpoint.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+def restore(checkpoint: dict, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            scaler: torch.amp.GradScaler, device: torch.device) -> TrainState:
+    """Put a saved run back: last weights, optimizer, scaler and RNG states; returns its state."""
+    if "optimizer_state_dict" not in checkpoint or "epoch" not in checkpoint:
+        raise CheckpointError(f"checkpoint {path!r} has no training state to resume")
+    load_model_weights(model, model_state_from(checkpoint, prefer="last"), path)
+    load_optimizer_state(optimizer, checkpoint, path)
+    if checkpoint.get("scaler_state_dict"):
+        scaler.load_state_dict(checkpoint["scaler_state_dict"])
+    if checkpoint.get("rng"):
+        set_rng_state(checkpoint["rng"], device)
+    return TrainState(epoch=int(checkpoint["epoch"]), step_in_epoch=int(checkpoint.get("step_in_epoch", 0)),
+                      epoch_loss_sum=float(checkpoint.get("epoch_loss_sum", 0.0)),
+                      best_mean_dice=float(checkpoint.get("best_mean_dice", -1.0)),
+                      best_epoch=int(checkpoint.get("best_epoch", 0)),
+                      best_state=checkpoint.get("best_model_state_dict"),
+                      last_eval=checkpoint.get("last_eval"))
+
+
+# The hyper-parameters that tell the optimizers apart in a saved param group (reference
+# checkpoints carry no config naming theirs).
+OPTIMIZER_KEYS = {"SGD": {"momentum", "nesterov", "dampening"}, "Adam": {"betas", "eps", "amsgrad"},
+                  "Lamb": {"betas", "eps"}}
+OPTIMIZER_NAMES = {"SGD": "sgd", "Adam": "adam", "Lamb": "lamb"}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: dict, path: str) -> None:
+    """The saved optimizer state, refused with one line when it belongs to another optimizer
+    (``load_state_dict`` would take the other's hyper-parameters and fail at the first step)."""
+    state = checkpoint["optimizer_state_dict"]
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    expected = OPTIMIZER_KEYS.get(type(optimizer).__name__, set()) | {"lr", "weight_decay"}
+    saved = saved_config(checkpoint).get("optimizer")
+    mine = OPTIMIZER_NAMES.get(type(optimizer).__name__)
+    if not groups or any(not expected <= set(group) for group in groups) or (saved and mine and saved != mine):
+        saved = saved or "another optimizer"
+        raise CheckpointError(f"optimizer state in {path!r} ({saved}) does not fit --optimizer "
+                              f"{mine or type(optimizer).__name__}; resume with the run's own --optimizer")
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"optimizer state in {path!r} does not fit this model and optimizer: "
+                              f"{type(exc).__name__} {exc}") from None
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+def payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+            state: TrainState, config, device: torch.device, status: str) -> dict:
+    """A checkpoint that tools expecting the reference's keys can read and that resumes a run."""
+    last = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+    return {
+        "format_version": FORMAT_VERSION,
+        "best_model_state_dict": state.best_state if state.best_state is not None else last,
+        "last_model_state_dict": last,
+        "optimizer_state_dict": optimizer.state_dict(),
+        "scaler_state_dict": scaler.state_dict(),
+        "epoch": state.epoch,
+        "step_in_epoch": state.step_in_epoch,
+        "epoch_loss_sum": state.epoch_loss_sum,
+        "best_mean_dice": state.best_mean_dice,
+        "best_epoch": state.best_epoch,
+        "last_eval": state.last_eval,
+        "master_seed": config.seed,
+        "rng": rng_state(device),
+        "status": status,
+        "config": {k: (sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v)
+                   for k, v in dataclasses.asdict(config).items()},
+    }
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, lambda handle: torch.save(obj, handle))
+
+
+def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         scaler: torch.amp.GradScaler, state: TrainState, config, device: torch.device,
+         status: str) -> None:
+    """Write the run's checkpoint to ``path`` atomically (the caller decides which rank)."""
+    atomic_save(payload(model, optimizer, scaler, state, config, device, status), path)
 
 
 def rng_state(device: torch.device) -> dict:

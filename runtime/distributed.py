@@ -5,6 +5,9 @@ Every collective here is a no-op when no process group is initialised (world siz
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +78,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_gather_objects(value) -> list:
+    """``[value of rank 0, value of rank 1, ...]`` (picklable values); ``[value]`` at world size 1."""
+    if not is_dist():
+        return [value]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def broadcast_buffers(module: torch.nn.Module) -> None:
     """Rank 0's buffers (e.g. batch-norm running statistics) on every rank."""
     if is_dist():
@@ -103,11 +115,60 @@ def rank_seed(master_seed: int, rank: int) -> int:
     return int(np.random.default_rng([master_seed, 0xC0FFEE]).integers(0, 2**31 - 1, size=rank + 1)[rank])
 
 
-def cleanup(graceful: bool = True) -> None:
+# Seconds from the start of cleanup() to the end of the process. All ranks meet in cleanup
+# right after the result (checkpoints are written before the final barrier of a run), so only a
+# rank whose peer died or hangs in its own teardown comes near this.
+TEARDOWN_TIMEOUT_S = 60.0
+
+# The watchdog: a separate process, because a rank can hang where no thread of its own can act
+# (a C++ destructor holding the GIL, interpreter finalisation). It waits on a pipe whose write
+# end only this process holds: end of file means this process is gone; a timeout means it hangs.
+_WATCHDOG_CODE = """
+import os, select, signal, sys, time
+pid, seconds, rank = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if not select.select([sys.stdin], [], [], seconds)[0]:
+    sys.stderr.write(f"main.py: error: rank {rank} still tearing down the process group {seconds:.0f} s "
+                     f"after the run ended (a peer is gone or stuck); watchdog kills it (stacks follow)\\n")
+    sys.stderr.flush()
+    try:
+        os.kill(pid, signal.SIGUSR2)  # the rank's faulthandler prints every thread's stack
+        time.sleep(2)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+_watchdog: subprocess.Popen | None = None
+
+
+def start_exit_watchdog(timeout: float, rank: int) -> None:
+    """Make sure this process ends within ``timeout`` seconds from now: after that a watchdog
+    process prints one line naming the rank, dumps this process's Python stacks and kills it
+    (exit by SIGKILL, non-zero). Does nothing when already started or when it cannot start."""
+    global _watchdog
+    if _watchdog is not None:
+        return
+    try:
+        if hasattr(signal, "SIGUSR2"):
+            import faulthandler
+
+            faulthandler.register(signal.SIGUSR2, all_threads=True)
+        # stdin is the pipe; stderr is this process's, so the line reaches the job's log
+        _watchdog = subprocess.Popen([sys.executable, "-I", "-c", _WATCHDOG_CODE, str(os.getpid()),
+                                      str(timeout), str(rank)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL)
+    except (OSError, ValueError, RuntimeError):
+        _watchdog = None  # no watchdog: the teardown proceeds exactly as without one
+
+
+def cleanup(graceful: bool = True, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
     """Leave the process group. On a normal exit all ranks meet first: a rank that destroys its
     group while a peer still uses the connection can abort the peer (seen with gloo). After an
-    error the peers may never arrive, so no barrier then."""
+    error the peers may never arrive, so no barrier then. With peers (world size > 1) a watchdog
+    ends the process if it is still alive ``timeout`` seconds from now (``start_exit_watchdog``):
+    call this only when the process is about to exit."""
     if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() > 1:
+            start_exit_watchdog(timeout, dist.get_rank())
         try:
             if graceful:
                 barrier()

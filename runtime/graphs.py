@@ -41,21 +41,13 @@ from torch import nn
 from runtime.distributed import is_dist
 
 
-def _amp_dtype_name(config, device: torch.device) -> str | None:
-    """The autocast dtype ``runtime.app.autocast_factory`` picks (None without --amp)."""
-    if not config.amp:
-        return None
-    if config.amp_dtype == "auto":
-        return "fp16" if device.type == "cuda" else "bf16"
-    return config.amp_dtype
-
-
 def _sgd_has_fused() -> bool:
     return "fused" in inspect.signature(torch.optim.SGD.__init__).parameters
 
 
 def cuda_graphs_supported(device: torch.device, config, world_size: int | None = None) -> tuple[bool, str]:
-    """``(True, "ok")`` when :class:`GraphedTrainStep` can run ``config`` on ``device``, else
+    """``(True, "ok")`` when :class:`GraphedTrainStep` can run ``config`` (its AMP type resolved
+    by ``runtime.resolve``) on ``device``, else
     ``(False, reason)`` with a one-line reason for the user; the caller keeps the eager step."""
     device = torch.device(device)
     if device.type != "cuda":
@@ -68,7 +60,7 @@ def cuda_graphs_supported(device: torch.device, config, world_size: int | None =
         return False, "gradient accumulation (--ga_steps > 1) is not captured; use --ga_steps 1"
     if (world_size or 1) > 1 or is_dist():
         return False, "DDP's gradient all-reduce is not captured here; graphs run at world size 1 only"
-    if _amp_dtype_name(config, device) == "fp16":
+    if config.amp and config.amp_dtype in ("fp16", "auto"):  # resolved: auto is fp16 on CUDA
         return False, ("fp16 needs the GradScaler, whose dynamic loss scale is checked on the host "
                        "every step; use --amp_dtype bf16 with --cuda_graphs")
     if config.optimizer not in ("sgd", "adam"):
@@ -136,7 +128,7 @@ def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
 
 
 @torch.no_grad()
-def restore(saved: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def restore_snapshot(saved: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Write ``saved`` back in place (the graph holds these tensors' addresses).
 
     Optimizer state that did not exist before the warm-up is zeroed, which is the fresh state:
@@ -160,17 +152,14 @@ def restore(saved: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 def _capture(graph, stream):
     """``torch.cuda.graph`` that only refuses unsafe CUDA calls of this thread: the data
     pipeline's prefetch thread keeps copying batches on its own stream during the capture."""
-    try:
-        return torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local")
-    except TypeError:  # torch < 2.1
-        return torch.cuda.graph(graph, stream=stream)
+    return torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local")
 
 
 class GraphedTrainStep:
     """One training step replayed from a CUDA graph: ``loss = step(image, label)``.
 
     ``model`` (in train mode; may be compiled), ``loss_fn(logits, label)``, ``optimizer``
-    (SGD or Adam) and ``autocast`` (``() -> context``, as from ``runtime.app.autocast_factory``)
+    (SGD or Adam) and ``autocast`` (``() -> context``, as from ``runtime.build.autocast_factory``)
     are captured with ``example_image`` ``(N, C, D, H, W)`` and ``example_label``
     ``(N, 1, D, H, W)`` on the GPU; later batches must have the same shapes and dtypes (their
     memory format and device may differ: they are copied into the static buffers). ``scaler``
@@ -213,7 +202,7 @@ class GraphedTrainStep:
             torch.cuda.current_stream(device).wait_stream(stream)
             if not captured:
                 optimizer.zero_grad(set_to_none=True)
-            restore(saved, model, optimizer)
+            restore_snapshot(saved, model, optimizer)
         self._lr_values = [float(group["lr"]) for group in optimizer.param_groups]  # the tensors' values
 
     def _step(self) -> torch.Tensor:

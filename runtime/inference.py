@@ -14,7 +14,7 @@ from data_loading.windows import window_geometry
 from model.inference import prepare_for_inference
 from runtime.distributed import all_reduce_sum
 
-PAD_VALUE = -2.2  # (clip minimum - mean) / std, i.e. air after normalisation
+PAD_VALUE = -2.2  # the reference's constant (near, not equal to, (-79 - 101.0) / 76.9 = -2.34)
 
 
 @lru_cache(maxsize=8)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -16,15 +17,26 @@ from mlperf_logging.mllog import constants as C
 
 from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
+from runtime.outputs import OutputError
 
 MLPERF_LOG_NAME = "unet3d.log"
 METRICS_LOG_NAME = "log.json"
 
 
+class _StrictFileHandler(logging.FileHandler):
+    """A FileHandler whose write errors (disk full, ...) stop the run with one line, instead of
+    logging's default: a traceback on stderr and the event silently lost."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging API
+        err = sys.exc_info()[1]
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise OutputError(f"cannot write the MLPerf log {self.baseFilename!r}: {reason}") from None
+
+
 class MLPerfLogger:
     """``:::MLLOG`` lines through ``mlperf_logging.mllog``, written by rank 0 only."""
 
-    def __init__(self, log_dir: str, enabled: bool, echo: bool = False, name: str | None = None):
+    def __init__(self, log_dir: str, enabled: bool, name: str | None = None):
         self.enabled = enabled
         self._handlers: list[logging.Handler] = []
         self._logger = None
@@ -35,18 +47,15 @@ class MLPerfLogger:
         base = logging.getLogger(f"unet3d.mlperf.{id(self)}")
         base.setLevel(logging.INFO)
         base.propagate = False
-        handlers = [logging.FileHandler(self.path, mode="a")]
-        if echo:
-            handlers.append(logging.StreamHandler())
-        for handler in handlers:
-            handler.setLevel(logging.INFO)
-            base.addHandler(handler)
-        self._handlers = handlers
+        handler = _StrictFileHandler(self.path, mode="a")
+        handler.setLevel(logging.INFO)
+        base.addHandler(handler)
+        self._handlers = [handler]
         self._base = base
         self._logger = mllog.mllog.MLLogger(logger=base, default_stack_offset=2,
                                             root_dir=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    def event(self, key: str, value: Any = None, metadata: dict | None = None, sync: bool = False) -> None:
+    def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self._logger:
             self._logger.event(key=key, value=value, metadata=metadata)
 
@@ -78,8 +87,8 @@ class MLPerfLogger:
         for name in weight_init_tensor_names(len(config.filters), config.normalization):
             self.event(C.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
 
-    def hyperparameters(self, config: Config, world_size: int, train_samples: int, eval_samples: int,
-                        samples_per_epoch: int) -> None:
+    def hyperparameters(self, config: Config, world_size: int) -> None:
+        """The run's hyper-parameters; ``config`` resolved (seed, case and sample counts)."""
         self.event(C.SEED, value=config.seed)
         self.event(C.GLOBAL_BATCH_SIZE, value=config.batch_size * world_size * config.ga_steps)
         self.event(C.GRADIENT_ACCUMULATION_STEPS, value=config.ga_steps)
@@ -94,9 +103,9 @@ class MLPerfLogger:
         self.event("training_input_shape", value=list(config.input_shape))
         self.event("validation_input_shape", value=list(config.val_input_shape))
         self.event("validation_overlap", value=config.overlap)
-        self.event(C.TRAIN_SAMPLES, value=train_samples)
-        self.event(C.EVAL_SAMPLES, value=eval_samples)
-        self.event("samples_per_epoch", value=samples_per_epoch)
+        self.event(C.TRAIN_SAMPLES, value=config.num_train_cases)
+        self.event(C.EVAL_SAMPLES, value=config.num_eval_cases)
+        self.event("samples_per_epoch", value=config.samples_per_epoch)
 
 
 class MetricsWriter:
@@ -112,5 +121,8 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = {"time": time.time(), "kind": kind, **values}
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        except OSError as err:
+            raise OutputError(f"cannot write {self.path!r}: {err.strerror or type(err).__name__}") from None

@@ -1,4 +1,5 @@
-"""A tiny deterministic stand-in for data_loading.get_data_loaders (runtime tests only)."""
+"""A tiny deterministic data source (the interface of data_loading.data_loader.PreprocessedData)
+for runtime tests: ``run(config, data=FakeData())``."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,6 @@ class FakeTrainLoader:
         self.cases, self.batch, self.patch, self.seed = cases, batch_size, patch, seed
         self.world, self.rank, self.epoch = world, rank, 0
         self.num_cases = len(cases)
-        self.samples_per_epoch = world * batch_size * (len(cases) // world // batch_size)
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -62,7 +62,17 @@ class FakeValLoader:
             yield image[None], label[None], f"{case:05d}"
 
 
-def get_data_loaders(config, num_shards, global_rank, device=None, n_train=6, n_val=3, val_shape=(40, 36, 44)):
-    train = FakeTrainLoader(list(range(n_train)), config.batch_size, config.input_shape, config.seed,
-                            num_shards, global_rank)
-    return train, FakeValLoader(list(range(100, 100 + n_val)), val_shape, num_shards, global_rank)
+class FakeData:
+    def __init__(self, n_train=6, n_val=3, val_shape=(40, 36, 44)):
+        self.n_train, self.n_val, self.val_shape = n_train, n_val, val_shape
+
+    def summary(self, config):
+        from data_loading.data_loader import DataSummary
+
+        return DataSummary(self.n_train, self.n_val, 0)
+
+    def loaders(self, config, num_shards, global_rank, device=None):
+        train = FakeTrainLoader(list(range(self.n_train)), config.batch_size, config.input_shape, config.seed,
+                                num_shards, global_rank)
+        val = FakeValLoader(list(range(100, 100 + self.n_val)), self.val_shape, num_shards, global_rank)
+        return train, val

@@ -63,7 +63,7 @@ BAD = [
     (["--batch_size", "0"], "--batch_size"),
     (["--learning_rate", "0"], "--learning_rate"),
     (["--filters", "8", "16"], "--filters"),
-    (["--exec_mode", "predict"], "--exec_mode"),
+    (["--exec_mode", "segment"], "--exec_mode"),
     (["--optimizer", "rmsprop"], "--optimizer"),
     (["--epochs", "abc"], "--epochs"),
     (["--input_shape", "32", "32", "32"], "--input_shape"),

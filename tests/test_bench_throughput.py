@@ -19,6 +19,7 @@ def _cells(markdown: str, row: str) -> list[str]:
     return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
+@pytest.mark.slow
 def test_smoke_run_on_cpu(tmp_path):
     out = tmp_path / "table.md"
     # One thread: on a shared two-core machine OpenMP threads of tiny convolutions oversubscribe

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from data_loading.data_loader import get_data_loaders, resolve_cache
+from runtime.schedule import samples_per_epoch
 from data_loading.prefetch import prefetch
 from data_loading.sampler import (balance_by_cost, batches_per_epoch, epoch_batches,
                                   epoch_permutation, sample_rng)
@@ -104,7 +105,7 @@ def test_balance_by_cost_is_balanced_and_assigns_each_once():
 
 def test_train_loader_contract(data_dir):
     train, val = get_data_loaders(make_config(data_dir), 1, 0)
-    assert train.num_cases == 9 and len(train) == 4 and train.samples_per_epoch == 8
+    assert train.num_cases == 9 and len(train) == 4 and samples_per_epoch(train.num_cases, 1, 2) == 8
     assert val.num_cases == len(val) == 5
     train.set_epoch(1)
     batches = list(train)
@@ -123,8 +124,10 @@ def test_train_loader_contract(data_dir):
 
 def test_samples_per_epoch_counts_what_all_ranks_train(data_dir):
     train, _ = get_data_loaders(make_config(data_dir, batch_size=2), 2, 1)
-    # 9 cases on 2 ranks: 4 each -> 2 batches of 2 -> 8 samples trained per epoch
-    assert len(train) == 2 and train.samples_per_epoch == 8 and train.num_cases == 9
+    # 9 cases on 2 ranks: 4 each -> 2 batches of 2 -> 8 samples trained per epoch, which is what
+    # the schedule's formula says
+    assert len(train) == 2 and train.num_cases == 9
+    assert samples_per_epoch(train.num_cases, 2, 2) == 2 * 2 * len(train) == 8
 
 
 def test_identical_batches_for_0_and_2_workers(data_dir):
@@ -198,7 +201,7 @@ def test_auto_cache_choice():
 def test_synthetic_loader(tmp_path):
     cfg = make_config(tmp_path, loader="synthetic", batch_size=3)
     train, val = get_data_loaders(cfg, 2, 1)
-    assert train.num_cases == 168 and len(train) == 28 and train.samples_per_epoch == 168
+    assert train.num_cases == 168 and len(train) == 28 and 2 * 3 * len(train) == 168
     assert val.num_cases == 42 and len(val) == 21
     train.set_epoch(1)
     batches = list(train)

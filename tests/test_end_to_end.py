@@ -1,4 +1,5 @@
 """main.py as users run it: real data pipeline, subprocesses, torchrun, signals, bad input."""
+import contextlib
 import json
 import os
 import signal
@@ -20,9 +21,72 @@ SMALL = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "32", "32", "
 CASES = range(13)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, deepest first (torchrun starts its workers in sessions of
+    their own, so a process-group signal would miss them)."""
+    children: dict[int, list[int]] = {}
+    entries = os.listdir("/proc") if os.path.isdir("/proc") else []   # no /proc: the root only
+    for entry in filter(str.isdigit, entries):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+
+    def below(parent: int) -> list[int]:
+        return [p for child in children.get(parent, []) for p in below(child) + [child]]
+
+    return below(pid)
+
+
+def run_bounded(command: list[str], timeout: float, env=None) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for main.py and torchrun, except on a timeout: then every process of
+    the run prints its Python stacks (faulthandler on SIGABRT) and is ended, and the test fails
+    naming the command, so a hang shows where each process was and leaves no orphan behind."""
+    env = dict(env if env is not None else os.environ, PYTHONFAULTHANDLER="1")
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in descendants(proc.pid) + [proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            for pid in descendants(proc.pid) + [proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout} s: {' '.join(command)}\n--- stdout\n{out[-3000:]}"
+                    f"\n--- stderr (stacks)\n{err[-12000:]}", pytrace=False)
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 def main_py(*args, timeout=600, env=None):
-    return subprocess.run([sys.executable, "main.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return run_bounded([sys.executable, "main.py", *args], timeout, env)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the processes in /proc")
+def test_a_hung_run_fails_with_the_stack_of_every_process_and_leaves_none_behind():
+    """What a hang in the tests below reports: a parent and a child in a session of its own
+    (as torchrun's workers are), both asleep."""
+    code = ("import subprocess, sys, time; "
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True); "
+            "print(child.pid, flush=True); time.sleep(300)")
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run_bounded([sys.executable, "-c", code], timeout=10)
+    message = str(failure.value)
+    assert message.startswith("still running after 10 s: ")
+    assert message.count('File "<string>", line 1 in <module>') == 2, message   # both stacks
+    child = int(message.split("--- stdout\n")[1].split()[0])
+    try:
+        with open(f"/proc/{child}/stat", encoding="ascii") as stat:
+            assert stat.read().rsplit(")", 1)[1].split()[0] == "Z"    # ended, not yet reaped
+    except FileNotFoundError:
+        pass                                                           # ended and reaped
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +109,11 @@ def eval_record(log_dir):
 
 
 def torchrun(*args, nproc=2):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(nproc), "main.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return run_bounded([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                        str(nproc), "main.py", *args], 600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalization", ["instancenorm", "batchnorm"])
 def test_torchrun_two_process_evaluation_equals_one_process(small_data, tmp_path, normalization):
     """5 cases on 2 ranks (unequal numbers of windows): same scores as one process. Batch norm
@@ -70,6 +135,7 @@ def test_torchrun_two_process_evaluation_equals_one_process(small_data, tmp_path
     assert "mean_dice " in one.stdout and two.stdout.count("mean_dice ") == 1  # rank 0 prints
 
 
+@pytest.mark.slow
 def test_torchrun_two_process_training(small_data, tmp_path):
     """DDP on gloo: 8 training cases over 2 ranks, evaluation on both, one checkpoint and log."""
     proc = torchrun("--data_dir", small_data, "--log_dir", str(tmp_path), "--save_ckpt_path",
@@ -92,6 +158,7 @@ def test_torchrun_two_process_training(small_data, tmp_path):
         assert eval_record(tmp_path / "single")[key] == pytest.approx(state["last_eval"][key], rel=1e-6, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_sigterm_leaves_a_loadable_checkpoint(small_data, tmp_path):
     ckpt = tmp_path / "run.pt"
     proc = subprocess.Popen([sys.executable, "main.py", "--data_dir", small_data, "--log_dir", str(tmp_path),
@@ -151,6 +218,7 @@ def test_empty_data_dir_is_one_line(tmp_path):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and str(tmp_path) in proc.stderr
 
 
+@pytest.mark.slow
 def test_converging_run_passes_both_compliance_rulesets(tmp_path):
     """210 easy cases (168 train / 42 official evaluation ids), the benchmark's model layout with
     small filters and instance norm: the run reaches the default 0.908 target and its MLPerf log

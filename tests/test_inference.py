@@ -118,3 +118,20 @@ def test_odd_overlaps_cover_every_voxel(overlap):
         out, _ = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image,
                                           torch.zeros_like(image, dtype=torch.uint8), (32, 32, 32), overlap)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("shape,roi,overlap", [((37, 29, 50), (16, 16, 16), 0.5),
+                                               ((9, 20, 13), (16, 16, 16), 0.25),
+                                               ((33, 33, 33), (8, 16, 16), 0.75)])
+def test_identity_predictor_returns_the_trimmed_image(shape, roi, overlap):
+    """Known answer: a predictor that returns its input makes the Gaussian-weighted average of
+    identical values, i.e. the (trimmed) image itself, whatever the overlap and padding."""
+    torch.manual_seed(1)
+    image = torch.randn(1, 3, *shape)
+    label = torch.randint(0, 3, (1, 1, *shape), dtype=torch.uint8)
+    logits, trimmed_label = sliding_window_inference(lambda x: x, image, label, roi, overlap, sw_batch_size=3)
+    geo = window_geometry(shape, roi, overlap)
+    trim = tuple(slice(b, b + s) for (b, _), s in zip(geo.trim, geo.trimmed_shape))
+    assert logits.shape == (1, 3, *geo.trimmed_shape)
+    torch.testing.assert_close(logits, image[(..., *trim)], rtol=1e-6, atol=1e-6)
+    assert torch.equal(trimmed_label, label[(..., *trim)])

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -75,3 +77,32 @@ def test_bad_choices_rejected():
         Unet3D(normalization="groupnorm")
     with pytest.raises(ValueError):
         Unet3D(activation="gelu")
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_plain_activation_has_no_copy_nodes_and_same_gradients(activation):
+    """The activations are not in place: no CopySlices nodes (the in-place write to instance
+    norm's view made one per layer), and the same loss and gradients as the in-place variant."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from bench_activation import COPY_NODES, backward_nodes, set_inplace
+
+    from model.losses import DiceCELoss
+
+    torch.manual_seed(0)
+    model = Unet3D(1, 3, activation=activation, filters=(2, 4, 4, 8, 8))
+    image = torch.randn(1, 1, 64, 32, 32)
+    label = torch.randint(0, 3, (1, 1, 64, 32, 32))
+    results = {}
+    for inplace in (False, True):
+        set_inplace(model, inplace)
+        model.zero_grad(set_to_none=True)
+        loss = DiceCELoss()(model(image), label)
+        copies = sum(backward_nodes(loss.grad_fn).get(name, 0) for name in COPY_NODES)
+        loss.backward()
+        results[inplace] = (copies, loss.detach(), [p.grad.clone() for p in model.parameters()])
+    assert results[False][0] == 0 and results[True][0] > 0          # the cause, and its removal
+    assert torch.equal(results[False][1], results[True][1])
+    assert all(torch.equal(a, b) for a, b in zip(results[False][2], results[True][2]))
+    assert not any(getattr(m, "inplace", False) for m in Unet3D(1, 3, activation=activation).modules())

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.benchmark import latency_summary
+from runtime.latency import latency_summary
 from runtime.schedule import eval_schedule, learning_rate_at, samples_per_epoch
 
 
@@ -47,3 +47,33 @@ def test_latency_summary_known_values():
     assert s["latency_p99_ms"] == pytest.approx(919.0)  # numpy linear: 0.1 + 0.91 * (1.0 - 0.1)
     with pytest.raises(ValueError):
         latency_summary([], 1)
+
+
+def test_next_eval_epoch():
+    from runtime.schedule import EvalSchedule
+    from runtime.training import next_eval_epoch
+
+    schedule = EvalSchedule(start_eval_at=10, evaluate_every=4, fail_epoch=100)
+    assert [next_eval_epoch(e, schedule, 30) for e in (1, 9, 10, 11, 13, 14, 15)] == [10, 10, 10, 14, 14, 14, 18]
+    assert next_eval_epoch(27, schedule, 28) == 28        # no evaluation left: the last epoch
+    assert next_eval_epoch(1, EvalSchedule(50, 5, 100), 20) == 20
+
+
+@pytest.mark.parametrize("epoch,loss,dice,expected", [
+    (5, 0.5, None, None),                                 # not evaluated: go on
+    (5, 0.5, 0.5, None),                                  # evaluated, below target
+    (5, 0.5, 0.908, "success"),                           # the target is >=
+    (5, float("nan"), 0.95, "success"),                   # reaching the target wins
+    (5, float("nan"), None, "aborted"),                   # diverged loss
+    (5, float("inf"), 0.5, "aborted"),
+    (5, 0.5, 5e-7, "aborted"),                            # diverged Dice
+    (40, 0.5, None, "aborted"),                           # the MLPerf fail epoch
+    (40, 0.5, 0.5, "aborted"),
+    (39, 0.5, 0.5, None),
+])
+def test_run_status(epoch, loss, dice, expected):
+    from runtime.training import run_status
+
+    status, why = run_status(epoch, loss, dice, fail_epoch=40, quality_threshold=0.908)
+    assert status == expected
+    assert bool(why) == (status == "aborted")

@@ -124,7 +124,8 @@ def shell_scripts() -> list[Path]:
     """Every *.sh, every SLURM job file and every file with a sh/bash shebang."""
     found = []
     for dirpath, dirnames, filenames in os.walk(ROOT):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")
+                       and not (Path(dirpath) / d / "pyvenv.cfg").exists()]   # any venv (.venv-compat)
         for name in filenames:
             path = Path(dirpath) / name
             if path.suffix in {".sh", ".sbatch", ".slurm"}:

@@ -1,44 +1,16 @@
-"""Speed levers as small helpers: FLOP counting, ``torch.compile`` with an eager fallback,
-channels-last 3-D conversion.
+"""``torch.compile`` with an eager fallback (for the model and the loss alike).
 
 Nothing here touches a device or changes global state at import.
 """
 from __future__ import annotations
 
-import itertools
 import warnings
-from typing import Sequence
 
 import torch
 from torch import nn
 
-from runtime.checkpoint import unwrap
-
-
-def flop_count_per_sample(model: nn.Module, input_shape: Sequence[int],
-                          in_channels: int = 1) -> tuple[int, int]:
-    """``(forward, forward + backward)`` FLOPs of one ``(1, in_channels, *input_shape)`` sample.
-
-    Counted with ``torch.utils.flop_counter.FlopCounterMode`` (convolutions and matrix
-    products, 2 FLOPs per multiply-add, as the spec counts them) on the ``meta`` device:
-    nothing is computed or allocated, so any shape costs the same few milliseconds and the
-    model's own weights are not touched. ``input_shape`` is the spatial patch ``(D, H, W)``.
-    The backward pass has no input gradient for the first layer (the image needs none), as in
-    training. For the default model at 128³: 954.6 GFLOP forward, 2.860 TFLOP with backward.
-    """
-    from torch.func import functional_call
-    from torch.utils.flop_counter import FlopCounterMode
-
-    module = unwrap(model)
-    tensors = {name: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
-               for name, t in itertools.chain(module.named_parameters(), module.named_buffers())}
-    image = torch.empty((1, in_channels, *input_shape), device="meta")
-    with FlopCounterMode(display=False) as forward_counter:
-        logits = functional_call(module, tensors, (image,))
-    with FlopCounterMode(display=False) as backward_counter:
-        logits.float().sum().backward()
-    forward = int(forward_counter.get_total_flops())
-    return forward, forward + int(backward_counter.get_total_flops())
+# torch 2.3 has the out-of-memory error only under torch.cuda; newer torch also at the top level.
+OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
 def _compile_unavailable_reason() -> str | None:
@@ -79,7 +51,7 @@ class CompiledModule(nn.Module):
         if self.compile_failed is None:
             try:
                 return self._compiled(*args, **kwargs)
-            except torch.OutOfMemoryError:
+            except OUT_OF_MEMORY:
                 raise
             except Exception as err:  # noqa: BLE001 - the eager call below re-raises real errors
                 first_line = (str(err).strip().splitlines() or [""])[0]
@@ -106,17 +78,3 @@ def compile_model(module: nn.Module, enabled: bool, **compile_kwargs) -> nn.Modu
         warnings.warn(f"--compile ignored: {reason}; running eagerly", RuntimeWarning, stacklevel=2)
         return module
     return CompiledModule(module, **compile_kwargs)
-
-
-def to_channels_last(value):
-    """A 5-D tensor in ``torch.channels_last_3d`` (NDHWC strides, same logical NCDHW shape), or a
-    module whose 5-D weights are; anything else is returned unchanged."""
-    if isinstance(value, nn.Module):
-        return value.to(memory_format=torch.channels_last_3d)
-    if isinstance(value, torch.Tensor) and value.dim() == 5:
-        return value.contiguous(memory_format=torch.channels_last_3d)
-    return value
-
-
-def is_channels_last(tensor: torch.Tensor) -> bool:
-    return tensor.dim() == 5 and tensor.is_contiguous(memory_format=torch.channels_last_3d)

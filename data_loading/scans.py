@@ -1,0 +1,265 @@
+"""Raw CT scans to segment: discovery, reading, the benchmark's preprocessing, and the way back
+to the scan's own grid (drop the padding, resample class probabilities, argmax, write NIfTI).
+
+A scan goes through exactly the steps of ``preprocess_dataset.py`` (the functions of
+:mod:`data_loading.preprocessing` are called, not copied): image float32 from the file,
+resampled to the target spacing (trilinear, ``align_corners=True``), clipped and normalised,
+edge-padded to at least 128 per axis. :class:`ScanGeometry` records the shapes on the way so
+that the probabilities come back to the original voxel grid: the padding is cropped, each class
+map is resampled (trilinear, ``align_corners=True``, the inverse of the forward mapping) to the
+original shape, and the argmax is taken there.
+
+Problems with an input file raise :class:`ScanError`, one line naming the file.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import dataclass
+from math import prod
+from typing import Sequence
+
+import numpy as np
+
+from data_loading.atomic import atomic_write
+from data_loading.dataset import DataError
+from data_loading.preprocessing import (IMAGE_FILE, LABEL_FILE, PreprocessError, _case_dirs, _read_nifti,
+                                        load_image, min_shape_padding, preprocess_arrays, read_voxels,
+                                        resampled_shape, validated_label)
+
+NIFTI_SUFFIXES = (".nii.gz", ".nii")
+OUTPUT_SUFFIX = ".nii.gz"
+GZIP_LEVEL = 1  # nibabel's own default: labels compress well even at the fastest level
+
+
+class ScanError(DataError):
+    """A scan (or the input/output folder) that cannot be used; ``str()`` is one line."""
+
+
+@dataclass(frozen=True)
+class Scan:
+    """One scan to segment: output name, image file and, when it lies beside, the ground truth."""
+
+    name: str
+    image_path: str
+    label_path: str | None = None
+
+
+@dataclass(frozen=True)
+class RawScan:
+    """A scan as read: ``image`` float32 (1, D, H, W) in the file's units (HU for CT),
+    ``spacing`` ``pixdim[1:4]`` (mm, array-axis order), ``nifti`` the nibabel image (header,
+    affine) the segmentation is written with."""
+
+    image: np.ndarray
+    spacing: list[float]
+    nifti: object
+
+
+@dataclass(frozen=True)
+class ScanGeometry:
+    """Spatial shapes on the way through preprocessing: ``original`` (the file's), ``resampled``
+    (at the target spacing) and ``padding`` ((before, after) per axis) to the padded shape."""
+
+    original: tuple[int, ...]
+    resampled: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
+
+    @property
+    def padded(self) -> tuple[int, ...]:
+        return tuple(s + b + a for s, (b, a) in zip(self.resampled, self.padding))
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+def is_nifti_name(path: str) -> bool:
+    return path.lower().endswith(NIFTI_SUFFIXES)
+
+
+def scan_name(path: str) -> str:
+    """File name without ``.nii`` / ``.nii.gz``."""
+    name = os.path.basename(path)
+    for suffix in NIFTI_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
+def _kits_case(folder: str, name: str) -> Scan:
+    label = os.path.join(folder, LABEL_FILE)
+    return Scan(name, os.path.join(folder, IMAGE_FILE), label if os.path.isfile(label) else None)
+
+
+def find_scans(input_path: str) -> list[Scan]:
+    """The scans ``--input`` names, sorted by name.
+
+    One ``.nii``/``.nii.gz`` file; a KiTS19 case folder (``imaging.nii.gz`` inside); a KiTS19
+    tree (``case_XXXXX/`` folders, or its parent with ``data/``), named by case folder with
+    ``segmentation.nii.gz`` as ground truth where present; or a folder of NIfTI files, named
+    by file.
+    """
+    if os.path.isfile(input_path):
+        if not is_nifti_name(input_path):
+            raise ScanError(f"--input {input_path}: not a NIfTI file (expected .nii or .nii.gz)")
+        return [Scan(scan_name(input_path), input_path)]
+    if not os.path.isdir(input_path):
+        raise ScanError(f"--input {input_path}: no such file or folder")
+    if os.path.isfile(os.path.join(input_path, IMAGE_FILE)):
+        return [_kits_case(input_path, os.path.basename(os.path.normpath(input_path)))]
+    root = input_path
+    cases = _case_dirs(root)
+    if not cases and os.path.isdir(os.path.join(input_path, "data")):
+        root = os.path.join(input_path, "data")
+        cases = _case_dirs(root)
+    if cases:
+        return [_kits_case(os.path.join(root, name), name) for name in cases]
+    files = sorted(f for f in os.listdir(input_path)
+                   if is_nifti_name(f) and not f.startswith(".") and os.path.isfile(os.path.join(input_path, f)))
+    if not files:
+        raise ScanError(f"--input {input_path}: no .nii/.nii.gz files and no case_XXXXX folders in it")
+    seen: dict[str, str] = {}
+    for f in files:
+        if scan_name(f) in seen:
+            raise ScanError(f"--input {input_path}: {seen[scan_name(f)]} and {f} would both be written "
+                            f"as {scan_name(f)}{OUTPUT_SUFFIX}")
+        seen[scan_name(f)] = f
+    return [Scan(scan_name(f), os.path.join(input_path, f)) for f in files]
+
+
+def output_path(output_dir: str, scan: Scan) -> str:
+    return os.path.join(output_dir, scan.name + OUTPUT_SUFFIX)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_scan(path: str) -> RawScan:
+    """Read one CT scan (see :class:`RawScan`); :class:`ScanError` naming ``path`` on failure."""
+    if not os.path.isfile(path):
+        raise ScanError(f"{path}: missing")
+    try:
+        image, spacing, nifti = load_image(path)
+    except PreprocessError as exc:
+        raise ScanError(str(exc)) from None
+    if any(not np.isfinite(s) or s <= 0 for s in spacing):
+        raise ScanError(f"{path}: spacing (pixdim[1:4]) {spacing} is not positive")
+    return RawScan(image, spacing, nifti)
+
+
+def read_label(path: str, shape: Sequence[int]) -> np.ndarray:
+    """Ground truth uint8 (D, H, W) of the scan of spatial ``shape``; :class:`ScanError` on
+    a file that is unreadable, of another shape or with values outside {0, 1, 2}."""
+    try:
+        raw = read_voxels(_read_nifti(path), path)
+        if tuple(raw.shape) != tuple(shape):
+            raise ScanError(f"{path}: shape {tuple(raw.shape)} differs from the scan's {tuple(shape)}")
+        return validated_label(raw, path)
+    except PreprocessError as exc:
+        raise ScanError(str(exc)) from None
+
+
+def read_labels_file(path: str) -> tuple[np.ndarray, list[float]]:
+    """A segmentation written earlier: labels uint8 (D, H, W) and its spacing (mm)."""
+    try:
+        nifti = _read_nifti(path)
+        return validated_label(read_voxels(nifti, path), path), nifti.header["pixdim"][1:4].tolist()
+    except PreprocessError as exc:
+        raise ScanError(f"{exc} (an earlier output; --force rewrites it)") from None
+
+
+# ----------------------------------------------------------------------------- preprocessing
+
+
+def scan_geometry(shape: Sequence[int], spacing: list[float]) -> ScanGeometry:
+    """Where the preprocessing takes a scan of spatial ``shape`` at ``spacing`` (pure)."""
+    resampled = tuple(resampled_shape(shape, spacing))
+    return ScanGeometry(tuple(int(s) for s in shape), resampled, tuple(min_shape_padding(resampled)))
+
+
+def preprocess_scan(raw: RawScan, path: str = "") -> tuple[np.ndarray, ScanGeometry]:
+    """The network's input float32 (1, D', H', W') exactly as ``preprocess_dataset.py`` makes
+    it, and the geometry to come back."""
+    geometry = scan_geometry(raw.image.shape[1:], raw.spacing)
+    if min(geometry.resampled) < 1:
+        raise ScanError(f"{path}: shape {geometry.original} at spacing {raw.spacing} mm resamples "
+                        f"to {geometry.resampled} voxels: too small")
+    image, _ = preprocess_arrays(raw.image, None, raw.spacing)
+    if tuple(image.shape[1:]) != geometry.padded:  # the two must describe the same steps
+        raise AssertionError(f"preprocessed shape {image.shape[1:]} != geometry {geometry.padded}")
+    return image, geometry
+
+
+# ----------------------------------------------------------------------------- back to the scan
+
+
+def crop_padding(volume, geometry: ScanGeometry):
+    """``volume[..., D', H', W']`` without the min-shape padding: ``[..., resampled]``."""
+    index = tuple(slice(b, b + s) for (b, _), s in zip(geometry.padding, geometry.resampled))
+    return volume[(..., *index)]
+
+
+def labels_in_original_grid(probabilities, geometry: ScanGeometry):
+    """Class probabilities (C, D', H', W') torch float on the padded grid -> labels uint8
+    (D, H, W) numpy on the original grid.
+
+    The padding is cropped, each class map is resampled to the original shape (trilinear,
+    ``align_corners=True``: the inverse of the forward resampling) and the argmax is taken
+    there. One class at a time, keeping the running maximum, so the peak memory is two float
+    maps of the original grid (rather than C); ties go to the lower class, as ``argmax``.
+    """
+    import torch
+    from torch.nn.functional import interpolate
+
+    probabilities = crop_padding(probabilities, geometry)
+    if tuple(probabilities.shape[1:]) == geometry.original:
+        return probabilities.argmax(0).to(torch.uint8).cpu().numpy()
+    labels = torch.zeros(geometry.original, dtype=torch.uint8, device=probabilities.device)
+    best = None
+    for c in range(probabilities.shape[0]):
+        p = interpolate(probabilities[c][None, None].float(), size=geometry.original, mode="trilinear",
+                        align_corners=True)[0, 0]
+        if best is None:
+            best = p
+            continue
+        better = p > best
+        labels[better] = c
+        best = torch.maximum(best, p, out=best)
+        del p, better
+    return labels.cpu().numpy()
+
+
+def voxel_volume_ml(spacing: Sequence[float]) -> float:
+    """Millilitres per voxel for ``spacing`` in mm."""
+    return prod(abs(float(s)) for s in spacing) / 1000.0
+
+
+def class_volumes_ml(labels: np.ndarray, spacing: Sequence[float], classes: Sequence[int] = (1, 2)) -> list[float]:
+    """Volume of each class in ``labels`` (voxel count x voxel volume), in millilitres."""
+    per_voxel = voxel_volume_ml(spacing)
+    return [int(np.count_nonzero(labels == c)) * per_voxel for c in classes]
+
+
+def segmentation_nifti(labels: np.ndarray, reference):
+    """A NIfTI image of ``labels`` (uint8, the reference's array shape) with the reference's
+    affine and header: qform, sform (and their codes), pixdim, units and description unchanged.
+    Only the data type changes, and the display range (``cal_min``/``cal_max``) is cleared
+    since a CT window makes no sense for labels."""
+    if tuple(labels.shape) != tuple(reference.shape):
+        raise ValueError(f"labels {labels.shape} do not fit the scan {reference.shape}")
+    header = reference.header.copy()
+    header.set_data_dtype(np.uint8)
+    header["cal_min"], header["cal_max"] = 0, 0
+    return type(reference)(np.asarray(labels, dtype=np.uint8), reference.affine, header)
+
+
+def write_segmentation(path: str, labels: np.ndarray, reference) -> None:
+    """Write ``labels`` as ``path`` (.nii.gz) atomically: a temporary name, then a rename."""
+    payload = segmentation_nifti(labels, reference).to_bytes()
+
+    def write(handle):
+        with gzip.GzipFile(fileobj=handle, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as stream:
+            stream.write(payload)
+
+    atomic_write(path, write)
+

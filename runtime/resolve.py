@@ -1,0 +1,107 @@
+"""``resolve(config, dist_info, data, checkpoint)``: every "auto" and every derived value of a run,
+decided once, right after the process group starts and before any MLPerf event.
+
+Everything after reads the resolved :class:`~runtime.arguments.Config`; nothing derives these
+values again. A flag combination that cannot run here raises :class:`UsageError` (one line).
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime import distributed as D
+from runtime.arguments import Config, UsageError, replace
+from runtime.checkpoint import Saved, saved_config, saved_seed
+from runtime.schedule import eval_schedule, samples_per_epoch
+
+
+def amp_dtype_for(amp_dtype: str, device: torch.device) -> str:
+    """The autocast type ``--amp_dtype`` means on ``device``: auto = fp16 on CUDA, bf16 elsewhere."""
+    if amp_dtype == "auto":
+        return "fp16" if device.type == "cuda" else "bf16"
+    if amp_dtype == "fp16" and device.type != "cuda":
+        raise UsageError("--amp_dtype fp16 needs a GPU; use --amp_dtype bf16 on the CPU")
+    return amp_dtype
+
+
+def check_device_support(config: Config, device: torch.device) -> None:
+    if config.normalization == "syncbatchnorm" and device.type != "cuda" and D.is_dist():
+        raise UsageError("--normalization syncbatchnorm needs GPUs; use batchnorm on the CPU")
+
+
+def cuda_graphs_decision(config: Config, dist_info: D.DistInfo) -> bool:
+    """``--cuda_graphs`` as it can run here (``config``: its AMP type resolved); says once
+    (rank 0) why it is off."""
+    if not config.cuda_graphs:
+        return False
+    from runtime.graphs import cuda_graphs_supported
+
+    ok, reason = cuda_graphs_supported(dist_info.device, config, dist_info.world_size)
+    if not ok and dist_info.is_main:
+        print(f"--cuda_graphs off: {reason}")
+    return ok
+
+
+def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
+    """Samples per epoch and the MLPerf evaluation schedule (training only)."""
+    if not config.is_train:
+        return {}
+    spe = samples_per_epoch(num_train, world_size, config.batch_size)
+    if spe <= 0:
+        from data_loading.dataset import DataError
+
+        raise DataError(f"{num_train} training cases make no full batch of {config.batch_size} on each "
+                        f"of {world_size} ranks")
+    schedule = eval_schedule(spe, num_train, config.start_eval_at, config.evaluate_every)
+    return dict(samples_per_epoch=spe, start_eval_at=schedule.start_eval_at,
+                evaluate_every=schedule.evaluate_every, fail_epoch=schedule.fail_epoch)
+
+
+# The flags that define the network: taken from a checkpoint's saved config when not given.
+ARCHITECTURE = ("filters", "normalization", "activation")
+
+
+def _flag_text(value) -> str:
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def architecture_from(config: Config, saved: Saved) -> Config:
+    """``config`` with the network flags the checkpoint was trained with, where they were not
+    given; a given flag that differs from the checkpoint is a :class:`UsageError`."""
+    trained = saved_config(saved.checkpoint)
+    changes = {}
+    for name in ARCHITECTURE:
+        if name not in trained:
+            continue  # a reference checkpoint: the flags (or their defaults) decide
+        value = tuple(trained[name]) if isinstance(trained[name], list) else trained[name]
+        if name in config.explicit and getattr(config, name) != value:
+            raise UsageError(f"--{name} {_flag_text(getattr(config, name))} conflicts with {saved.path!r}, "
+                             f"trained with --{name} {_flag_text(value)}; drop the flag to use the checkpoint's")
+        changes[name] = value
+    return replace(config, **changes)
+
+
+def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = None) -> Config:
+    """The run's config with every derived value decided.
+
+    ``data``: the data source (``summary(config)``; see ``data_loading.data_loader``);
+    ``saved``: the checkpoint the run starts from (its network flags fill those not given; a
+    resumed run also keeps its master seed), or None.
+    The seed is drawn on rank 0 and broadcast, so this is a collective: call it on every rank.
+    """
+    from data_loading.data_loader import resolve_cache
+
+    device = dist_info.device
+    if saved is not None:
+        config = architecture_from(config, saved)
+    check_device_support(config, device)
+    if config.amp:
+        config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
+    summary = data.summary(config)
+    seed = saved_seed(saved.checkpoint) if saved is not None and saved.resume else None
+    if seed is None:
+        seed = D.resolve_master_seed(config.seed, device)
+    return replace(config, device=device.type, seed=seed,
+                   cache=resolve_cache(config.cache, device, summary.train_bytes),
+                   cuda_graphs=cuda_graphs_decision(config, dist_info),
+                   num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
+                   **schedule_fields(config, summary.num_train, dist_info.world_size))

@@ -1,0 +1,394 @@
+"""Never lose a run (issue 11): every kind of bad input or fault is one line, named, with a
+non-zero exit and nothing earlier lost. docs/reliability.md lists them with what a user sees."""
+import errno
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import easy_data
+import fake_data
+import main as main_module
+from model.unet3d import Unet3D
+from runtime.arguments import parse_args
+from runtime.checkpoint import load_checkpoint
+from runtime.outputs import LOCK_NAME, RunLock, keep_previous
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "32", "32", "64",
+         "--val_input_shape", "32", "32", "64", "--num_workers", "0", "--seed", "3"]
+TINY = ["--loader", "synthetic", "--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32",
+        "--val_input_shape", "32", "32", "32", "--normalization", "batchnorm", "--batch_size", "2",
+        "--optimizer", "adam", "--learning_rate", "0.01", "--seed", "7", "--device", "cpu", "--num_workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return easy_data.write_dataset(str(tmp_path_factory.mktemp("easy") / "data"), range(13))
+
+
+def call(argv, capsys, data_source=None):
+    """main.py in this process: (exit code, stdout, stderr). ``data_source`` replaces the data."""
+    if data_source is None:
+        try:
+            code = main_module.main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    else:
+        from runtime.app import run
+
+        code = run(parse_args(argv), data=data_source)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+PROGRESS = re.compile(r"^.+: \d+/[\d?]+ done \(|^(warm-up|timed) step ")
+
+
+def one_line_error(code, err, *named):
+    """One error line on stderr (progress lines aside), naming each of ``named``."""
+    assert code != 0
+    messages = [line for line in err.splitlines() if line.strip() and not PROGRESS.match(line)]
+    assert "Traceback" not in err and len(messages) == 1, err
+    for name in named:
+        assert str(name) in err, (name, err)
+
+
+# -------------------------------------------------------------------- outputs checked up front
+
+@pytest.mark.parametrize("kind", ["ckpt_is_dir", "ckpt_under_file", "log_is_file", "log_under_file", "log_unwritable"])
+def test_bad_output_paths_fail_before_anything_runs(data, tmp_path, capsys, kind):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    log_dir, ckpt = tmp_path / "logs", tmp_path / "c.pt"
+    culprit = {"ckpt_is_dir": tmp_path, "ckpt_under_file": afile / "c.pt", "log_is_file": afile,
+               "log_under_file": afile / "logs", "log_unwritable": "/proc/unet3d-logs"}[kind]
+    if kind.startswith("ckpt"):
+        ckpt = culprit
+    else:
+        log_dir = culprit
+    start = time.time()
+    code, out, err = call(["--data_dir", data, "--log_dir", str(log_dir), "--save_ckpt_path", str(ckpt),
+                           "--epochs", "50", *SMALL], capsys)
+    assert code == 1 and time.time() - start < 30
+    one_line_error(code, err, culprit)
+    assert "epoch" not in out and not os.path.exists(tmp_path / "logs" / "unet3d.log")
+
+
+def test_evaluate_with_unwritable_log_dir_fails_before_evaluating(data, tmp_path, capsys):
+    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+    code, out, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--load_ckpt_path", str(tmp_path / "w.pt"),
+                           "--log_dir", "/proc/unet3d-logs", *SMALL], capsys)
+    one_line_error(code, err, "--log_dir", "/proc/unet3d-logs")
+    assert "mean_dice" not in out
+
+
+# -------------------------------------------------------------------- checkpoints
+
+def test_periodic_checkpoint_then_crash_resumes_bit_exact(tmp_path, capsys, monkeypatch):
+    """A crash before the first evaluation: the periodic checkpoint of epoch 2 resumes to the
+    same weights as a run never interrupted."""
+    common = TINY + ["--start_eval_at", "10", "--evaluate_every", "1", "--ckpt_every_epochs", "1",
+                     "--ckpt_every_minutes", "0"]
+    full = common + ["--epochs", "3", "--log_dir", str(tmp_path / "full"), "--save_ckpt_path", str(tmp_path / "full.pt")]
+    assert call(full, capsys, fake_data.FakeData())[0] == 0
+    import runtime.training as training
+
+    original = training.train_epoch
+
+    def crash_in_epoch_3(components, out, epoch):
+        if epoch == 3:
+            raise RuntimeError("simulated crash (out-of-memory kill)")
+        return original(components, out, epoch)
+
+    part = common + ["--epochs", "3", "--log_dir", str(tmp_path / "part"), "--save_ckpt_path", str(tmp_path / "part.pt")]
+    monkeypatch.setattr(training, "train_epoch", crash_in_epoch_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        call(part, capsys, fake_data.FakeData())
+    saved = load_checkpoint(str(tmp_path / "part.pt"))
+    assert saved["status"] == "running" and saved["epoch"] == 2
+    monkeypatch.setattr(training, "train_epoch", original)
+    code, out, _ = call(part + ["--resume"], capsys, fake_data.FakeData())
+    assert code == 0 and "resuming" in out
+    a = load_checkpoint(str(tmp_path / "full.pt"))["last_model_state_dict"]
+    b = load_checkpoint(str(tmp_path / "part.pt"))["last_model_state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_periodic_save_due():
+    from runtime.training import periodic_save_due
+
+    assert periodic_save_due(3, 0.0, 3, 0) and not periodic_save_due(2, 0.0, 3, 0)
+    assert periodic_save_due(1, 30.0, 0, 30) and not periodic_save_due(1, 29.9, 0, 30)
+    assert not periodic_save_due(100, 1e6, 0, 0)              # both off
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_full_disk_at_the_final_checkpoint(tmp_path, capsys, monkeypatch):
+    ckpt = tmp_path / "c.pt"
+    argv = TINY + ["--start_eval_at", "1", "--evaluate_every", "1", "--log_dir", str(tmp_path / "l"),
+                   "--save_ckpt_path", str(ckpt)]
+    assert call(argv + ["--epochs", "1"], capsys, fake_data.FakeData())[0] == 0
+    before = ckpt.read_bytes()
+    monkeypatch.setattr(torch, "save", _enospc)
+    with pytest.raises(Exception) as info:
+        call(argv + ["--epochs", "2", "--resume"], capsys, fake_data.FakeData())
+    assert "No space left on device" in str(info.value) and str(ckpt) in str(info.value)
+    assert "\n" not in str(info.value)
+    assert ckpt.read_bytes() == before                         # the previous checkpoint is intact
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_full_disk_at_a_periodic_checkpoint_goes_on(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch, "save", _enospc)
+    argv = TINY + ["--start_eval_at", "10", "--ckpt_every_epochs", "1", "--epochs", "3",
+                   "--log_dir", str(tmp_path / "l"), "--save_ckpt_path", str(tmp_path / "c.pt")]
+    with pytest.raises(Exception, match="No space left"):     # the final save may not fail
+        call(argv, capsys, fake_data.FakeData())
+    out = capsys.readouterr().out
+    assert "epoch 3/3" in out
+
+
+def test_full_disk_in_preprocessing_is_one_line(tmp_path, capsys, monkeypatch):
+    from data_loading import preprocessing as pp
+    from data_loading.synthetic import generate
+
+    raw = tmp_path / "raw"
+    generate(str(raw), cases=1, seed=0, size="small")
+    monkeypatch.setattr(np, "save", _enospc)
+    with pytest.raises(pp.PreprocessError) as info:
+        pp.preprocess_cases(pp.find_cases(str(raw))[0], str(tmp_path / "out"), 1, lambda s: None)
+    message = str(info.value)
+    assert "No space left on device" in message and "case_00000_x.npy" in message and "\n" not in message
+    assert os.listdir(tmp_path / "out") == []                  # no temporary file left
+
+
+# -------------------------------------------------------------------- non-finite data and weights
+
+def _nan_copy(data, tmp_path, case):
+    folder = tmp_path / "nan"
+    folder.mkdir()
+    for name in os.listdir(data):
+        os.symlink(os.path.join(data, name), folder / name)
+    image = np.load(os.path.join(data, f"case_{case:05d}_x.npy"))
+    image[0, :, :, :] = np.nan
+    os.remove(folder / f"case_{case:05d}_x.npy")
+    np.save(folder / f"case_{case:05d}_x.npy", image)
+    return folder
+
+
+@pytest.mark.parametrize("case,mode", [(1, "train"), (3, "evaluate")])   # 3 is an evaluation id
+def test_non_finite_volume_is_named(data, tmp_path, capsys, case, mode):
+    folder = _nan_copy(data, tmp_path, case)
+    argv = ["--data_dir", str(folder), "--log_dir", str(tmp_path / "l"), *SMALL, "--epochs", "1",
+            "--start_eval_at", "1", "--batch_size", "8"]
+    if mode == "evaluate":
+        torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+        argv += ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "w.pt")]
+    code, out, err = call(argv, capsys)
+    one_line_error(code, err, f"case_{case:05d}_x.npy", "NaN")
+
+
+def test_checkpoint_with_non_finite_weights_is_refused(data, tmp_path, capsys):
+    state = Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()
+    state["output.conv.bias"][0] = float("nan")
+    torch.save({"best_model_state_dict": state}, tmp_path / "nan.pt")
+    code, out, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--load_ckpt_path", str(tmp_path / "nan.pt"),
+                           "--log_dir", str(tmp_path / "l"), *SMALL], capsys)
+    one_line_error(code, err, "nan.pt", "non-finite", "output.conv.bias")
+
+
+# -------------------------------------------------------------------- signals
+
+def _popen(*args):
+    return subprocess.Popen([sys.executable, "main.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path, proc, seconds=300):
+    deadline = time.time() + seconds
+    while not os.path.exists(path) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["evaluate", "benchmark"])
+def test_sigterm_stops_evaluate_and_benchmark(data, tmp_path, mode):
+    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+    flags = (["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "w.pt"), "--overlap", "0.9"]
+             if mode == "evaluate"
+             else ["--benchmark", "--epochs", "1000", "--warmup_steps", "1"])
+    proc = _popen("--data_dir", data, "--log_dir", str(tmp_path / "l"), *SMALL, *flags, "--sw_batch_size", "1")
+    marker = tmp_path / "l" / LOCK_NAME if mode == "evaluate" else None
+    if marker is not None:
+        _wait_for(marker, proc)
+    else:
+        while proc.poll() is None and "step 1:" not in (proc.stderr.readline() or "step 1:"):
+            pass
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    start = time.time()
+    out, err = proc.communicate(timeout=120)
+    assert time.time() - start < 60
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    one_line_error(proc.returncode, err, "SIGTERM")
+    assert not os.path.exists(tmp_path / "l" / LOCK_NAME)      # the lock is released
+
+
+def test_sigterm_in_training_without_save_path_says_nothing_is_saved(tmp_path, capsys, monkeypatch):
+    original = fake_data.FakeTrainLoader.__iter__
+
+    def iter_with_signal(self):
+        for i, batch in enumerate(original(self)):
+            if i == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield batch
+
+    monkeypatch.setattr(fake_data.FakeTrainLoader, "__iter__", iter_with_signal)
+    code, out, _ = call(TINY + ["--epochs", "3", "--log_dir", str(tmp_path)], capsys, fake_data.FakeData())
+    assert code == 128 + signal.SIGTERM
+    assert "nothing saved, no --save_ckpt_path was given" in out
+
+
+# -------------------------------------------------------------------- one MLPerf log per run
+
+def test_rerun_keeps_the_previous_log_and_writes_one_run_per_log(tmp_path, capsys):
+    argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path)]
+    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    first = (tmp_path / "unet3d.log").read_text()
+    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    logs = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("unet3d."))
+    assert len(logs) == 2 and "unet3d.log" in logs
+    kept = next(name for name in logs if name != "unet3d.log")
+    assert (tmp_path / kept).read_text() == first                   # nothing lost
+    for name in logs:
+        assert (tmp_path / name).read_text().count('"key": "run_start"') == 1
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_concurrent_run_is_refused_and_a_stale_lock_taken_over(tmp_path, capsys):
+    import socket
+
+    (tmp_path / LOCK_NAME).write_text(f"{os.getppid()} {socket.gethostname()} now\n")   # a live process
+    code, out, err = call(TINY + ["--epochs", "1", "--log_dir", str(tmp_path)], capsys)
+    one_line_error(code, err, f"pid {os.getppid()}", socket.gethostname(), str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / LOCK_NAME).write_text(f"{dead.pid} {socket.gethostname()} then\n")
+    code, out, err = call(TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path)], capsys,
+                          fake_data.FakeData())
+    assert code == 0 and not (tmp_path / LOCK_NAME).exists()
+
+
+def test_lock_is_released_on_error(tmp_path):
+    with pytest.raises(ValueError):
+        with RunLock(str(tmp_path)):
+            assert (tmp_path / LOCK_NAME).exists()
+            raise ValueError
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_keep_previous_never_overwrites(tmp_path):
+    path = tmp_path / "unet3d.log"
+    names = set()
+    for text in ("a", "b", "c"):
+        path.write_text(text)
+        names.add(os.path.basename(keep_previous(str(path))))
+    assert len(names) == 3 and not path.exists()
+    assert sorted((tmp_path / n).read_text() for n in names) == ["a", "b", "c"]
+
+
+# -------------------------------------------------------------------- former tracebacks
+
+def test_evaluate_on_a_folder_without_evaluation_cases(tmp_path, capsys):
+    easy_data.write_dataset(str(tmp_path / "d"), [1, 2])            # neither is an evaluation id
+    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+    code, _, err = call(["--exec_mode", "evaluate", "--data_dir", str(tmp_path / "d"), "--log_dir", str(tmp_path / "l"),
+                         "--load_ckpt_path", str(tmp_path / "w.pt"), *SMALL], capsys)
+    one_line_error(code, err, "no evaluation case", tmp_path / "d")
+
+
+@pytest.mark.parametrize("argv,named", [(["--seed", str(2**64)], "--seed"),
+                                        (["--device", "cuda"], "--device cuda")])
+def test_bad_flags_are_one_line(tmp_path, capsys, argv, named):
+    if named == "--device cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    code, _, err = call(["--data_dir", str(tmp_path), *argv], capsys)
+    assert code == 2
+    one_line_error(code, err, named)
+
+
+def test_resume_with_another_optimizer_is_one_line(tmp_path, capsys):
+    argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "l"),
+                   "--save_ckpt_path", str(tmp_path / "c.pt")]
+    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    argv = [a if a != "adam" else "sgd" for a in argv]
+    with pytest.raises(Exception) as info:
+        call(argv + ["--epochs", "2", "--resume"], capsys, fake_data.FakeData())
+    assert "adam" in str(info.value) and "--optimizer" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_checkpoint_holding_a_list_is_one_line(data, tmp_path, capsys):
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    code, _, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--log_dir", str(tmp_path / "l"),
+                         "--load_ckpt_path", str(tmp_path / "list.pt"), *SMALL], capsys)
+    one_line_error(code, err, "list.pt", "list")
+
+
+# -------------------------------------------------------------------- architecture from the checkpoint
+
+def test_evaluate_reads_the_architecture_from_the_checkpoint(tmp_path, capsys):
+    argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "l"),
+                   "--save_ckpt_path", str(tmp_path / "c.pt")]
+    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    no_arch = [a for a in TINY]
+    i = no_arch.index("--filters")
+    del no_arch[i:i + 6]
+    i = no_arch.index("--normalization")
+    del no_arch[i:i + 2]
+    evaluate = ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "c.pt"), "--log_dir", str(tmp_path / "e")]
+    code, out, _ = call(no_arch + evaluate, capsys, fake_data.FakeData())
+    assert code == 0 and out.startswith("mean_dice")
+    with pytest.raises(Exception) as info:
+        call(no_arch + evaluate + ["--filters", "4", "8", "8", "16", "16"], capsys, fake_data.FakeData())
+    assert "--filters 4 8 8 16 16 conflicts" in str(info.value) and "2 4 4 8 8" in str(info.value)
+
+
+# -------------------------------------------------------------------- progress
+
+def test_evaluation_prints_a_line_per_case_in_logs(data, tmp_path):
+    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+    proc = subprocess.run([sys.executable, "main.py", "--exec_mode", "evaluate", "--data_dir", data, "--log_dir",
+                           str(tmp_path / "l"), "--load_ckpt_path", str(tmp_path / "w.pt"), *SMALL],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("eval 0 cases:")]
+    assert [line.split()[3] for line in lines] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+
+
+def test_preprocessing_reports_each_case_as_it_finishes(tmp_path):
+    """With 2 workers, the first case reported is reported before the last one is written."""
+    from data_loading import preprocessing as pp
+    from data_loading.synthetic import generate
+
+    raw = tmp_path / "raw"
+    generate(str(raw), cases=3, seed=0, size="small")
+    out = tmp_path / "out"
+    seen = []
+
+    def on_done(stats):
+        seen.append((stats.name, sorted(p for p in os.listdir(out) if p.endswith("_y.npy"))))
+
+    pp.preprocess_cases(pp.find_cases(str(raw))[0], str(out), 2, on_done)
+    assert len(seen) == 3
+    assert len(seen[0][1]) < 3      # waiting for all cases first would show all 3 written
