@@ -96,18 +96,7 @@ def load_checkpoint(path: str) -> dict:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as first:  # noqa: BLE001 - re-raised as a one-line error below
-        try:
-            import numpy as np
-
-            allowed = [np.dtype, type(np.dtype("float64")), type(np.dtype("float32")),
-                       type(np.dtype("int64"))]
-            scalar = getattr(getattr(np, "_core", np), "multiarray").scalar
-            with torch.serialization.safe_globals([scalar, *allowed]):
-                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # noqa: BLE001
-            reason = str(first).strip().splitlines()[0] if str(first).strip() else type(first).__name__
-            raise CheckpointError(f"cannot read checkpoint {path!r} (truncated or not a torch "
-                                  f"checkpoint): {reason[:200]}") from None
+        checkpoint = _load_with_numpy_scalars(path, first)
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"checkpoint {path!r} holds a {type(checkpoint).__name__}, not a dict of "
                               "weights and training state")
@@ -116,6 +105,38 @@ def load_checkpoint(path: str) -> dict:
         raise CheckpointError(f"checkpoint {path!r} has format_version {version!r}; this code reads "
                               f"version {FORMAT_VERSION} and reference checkpoints (update the code)")
     return checkpoint
+
+
+def _numpy_scalar_types() -> list:
+    import numpy as np
+
+    scalar = getattr(getattr(np, "_core", np), "multiarray").scalar
+    return [scalar, np.dtype, type(np.dtype("float64")), type(np.dtype("float32")), type(np.dtype("int64"))]
+
+
+def _load_with_numpy_scalars(path: str, first: BaseException) -> dict:
+    """Reference checkpoints hold numpy scalars, which ``weights_only`` loading refuses unless
+    allowed: with ``safe_globals`` (torch >= 2.5) for this load only, or ``add_safe_globals``
+    (torch 2.4). Torch 2.3 has neither: one line says so instead of blaming the file."""
+    serialization = torch.serialization
+    allow_for_this_load = getattr(serialization, "safe_globals", None)
+    allow_from_now_on = getattr(serialization, "add_safe_globals", None)
+    try:
+        if allow_for_this_load is not None:
+            with allow_for_this_load(_numpy_scalar_types()):
+                return torch.load(path, map_location="cpu", weights_only=True)
+        if allow_from_now_on is not None:
+            allow_from_now_on(_numpy_scalar_types())
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - reported as one line below
+        pass
+    reason = str(first).strip().splitlines()[0] if str(first).strip() else type(first).__name__
+    if allow_for_this_load is None and allow_from_now_on is None and "numpy" in str(first):
+        raise CheckpointError(f"checkpoint {path!r} holds numpy values, which torch {torch.__version__} "
+                              "cannot load safely (weights_only needs torch >= 2.4); re-save it with a "
+                              "newer torch") from None
+    raise CheckpointError(f"cannot read checkpoint {path!r} (truncated or not a torch "
+                          f"checkpoint): {reason[:200]}") from None
 
 
 def model_state_from(checkpoint: dict, prefer: str = "best") -> dict:

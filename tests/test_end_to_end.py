@@ -53,6 +53,7 @@ def run_bounded(command: list[str], timeout: float, env=None) -> subprocess.Comp
         for pid in descendants(proc.pid) + [proc.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGABRT)
+            time.sleep(0.5)  # one process at a time: stacks written to one pipe at once interleave
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:

@@ -392,3 +392,21 @@ def test_preprocessing_reports_each_case_as_it_finishes(tmp_path):
     pp.preprocess_cases(pp.find_cases(str(raw))[0], str(out), 2, on_done)
     assert len(seen) == 3
     assert len(seen[0][1]) < 3      # waiting for all cases first would show all 3 written
+
+
+def test_reference_checkpoint_with_numpy_scalars_loads_or_says_why(tmp_path, monkeypatch):
+    """The reference saves numpy scalars beside the weights: they load (safe_globals on new
+    torch), and a torch without any way to allow them (2.3) gets one line naming the cause."""
+    state = Unet3D(filters=(2, 4, 4, 8, 8)).state_dict()
+    path = tmp_path / "reference.pt"
+    torch.save({"best_model_state_dict": state, "best_score": np.float64(0.91)}, path)
+    if hasattr(torch.serialization, "safe_globals") or hasattr(torch.serialization, "add_safe_globals"):
+        loaded = load_checkpoint(str(path))
+        assert float(loaded["best_score"]) == 0.91
+    for name in ("safe_globals", "add_safe_globals"):
+        monkeypatch.delattr(torch.serialization, name, raising=False)
+    from runtime.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="holds numpy values") as info:
+        load_checkpoint(str(path))
+    assert "\n" not in str(info.value) and "reference.pt" in str(info.value)
