@@ -201,6 +201,7 @@ def test_bad_checkpoint_is_one_line(small_data, random_checkpoint, tmp_path, cas
     assert "checkpoint" in proc.stderr
 
 
+@pytest.mark.slow
 def test_reference_style_checkpoint_evaluates(small_data, random_checkpoint, tmp_path):
     """A DDP-prefixed bare state_dict (as other tools save it) loads for evaluation."""
     state = load_checkpoint(random_checkpoint)["best_model_state_dict"]

@@ -156,6 +156,7 @@ def test_int8_prepared_model_keeps_the_first_convolution_float():
     assert type(prepared.output.conv) is nn.Conv3d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sw_batch_size", [1, 3])
 def test_fast_predictor_in_the_sliding_window(sw_batch_size):
     model = _tiny_model(3).eval()
