@@ -21,9 +21,16 @@ reference's: the share of voxels with the same class and the Dice of the two for
 tumour; ``dice vs label`` is the benchmark's score against the volume's label (meaningful only
 with trained weights, ``--ckpt``).
 
+Host memory: ``--memory reuse`` runs with :func:`runtime.memory.reuse_freed_memory` (what
+``main.py`` does), ``--memory system`` with glibc's defaults (what the reference runs with).
+The setting is per process, so comparing the two takes ``--isolate``: every variant then runs
+in a process of its own, one after the other within each repeat (starting variant rotating),
+and a variant name may carry its memory setting: ``reference+system``, ``fast_int8+reuse``.
+
 Usage::
 
     python benchmarks/bench_inference.py --repeats 3 --out inference.md     # 190 x 250 x 250
+    python benchmarks/bench_inference.py --isolate --variants reference+system,fast+reuse
     python benchmarks/bench_inference.py --shape 128 128 192 --repeats 2    # 2 windows, quicker
     python benchmarks/bench_inference.py --smoke                            # tiny, for tests
 """
@@ -54,8 +61,10 @@ from model.losses import DiceScore  # noqa: E402
 from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
 from runtime.inference import fast_predictor, sliding_window_inference  # noqa: E402
 from runtime.flops import flop_count_per_sample  # noqa: E402
+from runtime.memory import reuse_freed_memory  # noqa: E402
 
 VARIANTS = ("reference", "amp_cl", "fast", "fast_int8")
+MEMORY = ("system", "reuse")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", help="a line per forward pass")
     p.add_argument("--smoke", action="store_true", help="tiny shapes and filters (tests)")
     p.add_argument("--out", default="", help="also write the markdown table here")
+    p.add_argument("--memory", choices=MEMORY, default="system",
+                   help="glibc's defaults, or keep and reuse freed memory (runtime.memory)")
+    p.add_argument("--isolate", action="store_true",
+                   help="each variant in a process of its own (names may end in +system/+reuse)")
+    p.add_argument("--child_out", default="", help=argparse.SUPPRESS)
     return p
 
 
@@ -229,12 +243,63 @@ def measure(variants: dict, image, label, args) -> tuple[dict, dict]:
         if r == 0:
             reference, trimmed = results.get("reference", next(iter(results.values())))
             quality = {n: agreement(lg, reference, trimmed.long()) for n, (lg, _) in results.items()}
+            measure.last_results = dict(results)
         results.clear()
     return times, quality
 
 
-def table(args, times: dict, quality: dict, window_flops: int, n_windows: int) -> str:
-    ref = times.get("reference")
+def child_command(args, name: str, memory: str, out: str) -> list[str]:
+    """This script for one variant, one repeat, in a process of its own."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--variants", name, "--repeats", "1",
+           "--memory", memory, "--child_out", out, "--shape", *map(str, args.shape),
+           "--roi", str(args.roi), "--overlap", str(args.overlap), "--filters", *map(str, args.filters),
+           "--sw_batch_size", str(args.sw_batch_size), "--threads", str(args.threads),
+           "--seed", str(args.seed)]
+    if args.ckpt:
+        cmd += ["--ckpt", args.ckpt]
+    if args.data:
+        cmd += ["--data", *args.data]
+    return cmd
+
+
+def run_isolated(args, names: list[str]) -> None:
+    """Each variant ``NAME[+MEMORY]`` in its own process per repeat, the starting variant
+    rotating; quality from the first repeat, against the first variant named ``reference*``
+    (else the first)."""
+    import subprocess
+
+    for name in names:
+        base, _, memory = name.partition("+")
+        if base not in VARIANTS or (memory or args.memory) not in MEMORY:
+            raise SystemExit(f"bench_inference: unknown variant {name!r}; choose from {VARIANTS}"
+                             f", optionally +{'/+'.join(MEMORY)}")
+    times, setup, outputs = {n: [] for n in names}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="bench_inference_") as folder:
+        for r in range(args.repeats):
+            load = os.getloadavg()[0]
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                base, _, memory = name.partition("+")
+                out = os.path.join(folder, f"{len(outputs)}.pt")
+                subprocess.run(child_command(args, base, memory or args.memory, out), check=True,
+                               stdout=subprocess.DEVNULL if not args.progress else None)
+                result = torch.load(out, weights_only=True)
+                times[name].append(result["seconds"])
+                setup[name] = result["setup"]
+                if r == 0:
+                    outputs[name] = (result["logits"], result["label"])
+                os.remove(out)
+            print(f"repeat {r} (load {load:.1f} -> {os.getloadavg()[0]:.1f}): "
+                  + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names), flush=True)
+    ref_name = next((n for n in names if n.startswith("reference")), names[0])
+    reference, trimmed = outputs[ref_name]
+    quality = {n: agreement(lg, reference, trimmed.long()) for n, (lg, _) in outputs.items()}
+    report(args, times, quality, setup, result["window_flops"], result["n_windows"], ref_name)
+
+
+def table(args, times: dict, quality: dict, window_flops: int, n_windows: int,
+          ref_name: str = "reference") -> str:
+    ref = times.get(ref_name)
     total_tflop = window_flops * n_windows / 1e12
     rows = ["| variant | median s | speed-up vs reference (median of per-repeat ratios) | "
             "TFLOP/s | % of fp32 ceiling | % of bf16 ceiling | voxels = reference | "
@@ -264,7 +329,9 @@ def describe(args, n_windows: int, window_flops: int) -> str:
             f"{tuple(args.shape)}, {n_windows} windows of {args.roi}³ at overlap {args.overlap}, "
             f"filters {tuple(args.filters)}, {window_flops / 1e9:.1f} GFLOP per window, "
             f"{window_flops * n_windows / 1e12:.2f} TFLOP per volume · sw_batch_size "
-            f"{args.sw_batch_size} (amp_cl, fast*), {args.repeats} repeats · "
+            f"{args.sw_batch_size} (amp_cl, fast*), {args.repeats} repeats"
+            f"{', each variant in its own process' if args.isolate else ', lock-step'}, host memory "
+            f"{args.memory if not args.isolate else 'per variant (+system/+reuse; default ' + args.memory + ')'} · "
             f"{'weights ' + args.ckpt if args.ckpt else 'random weights, seed ' + str(args.seed)}")
 
 
@@ -276,6 +343,12 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [n for n in args.variants.split(",") if n]
+    if args.isolate:
+        return run_isolated(args, names)
+    if any("+" in n for n in names):
+        raise SystemExit("bench_inference: a +system/+reuse variant needs --isolate")
+    if args.memory == "reuse" and reuse_freed_memory() is not None:
+        raise SystemExit(f"bench_inference: --memory reuse: {reuse_freed_memory()}")
     if "fast_int8" in names and int8_available() is not None:
         print(f"skipping fast_int8: {int8_available()}")
         names.remove("fast_int8")
@@ -290,8 +363,20 @@ def main(argv=None) -> None:
         variants[name] = make_variant(name, model, args)
         setup[name] = time.perf_counter() - start
     times, quality = measure(variants, image, label, args)
-    header = describe(args, geo.n_windows, window_flops)
-    text = header + "\n\n" + table(args, times, quality, window_flops, geo.n_windows)
+    if args.child_out:
+        name = names[0]
+        torch.save({"seconds": times[name][0], "setup": setup[name], "n_windows": geo.n_windows,
+                    "window_flops": window_flops,
+                    "logits": measure.last_results[name][0], "label": measure.last_results[name][1]},
+                   args.child_out)
+        return None
+    report(args, times, quality, setup, window_flops, geo.n_windows)
+    return None
+
+
+def report(args, times, quality, setup, window_flops, n_windows, ref_name="reference") -> None:
+    header = describe(args, n_windows, window_flops)
+    text = header + "\n\n" + table(args, times, quality, window_flops, n_windows, ref_name)
     text += "\n\nsetup s (not timed above): " + ", ".join(f"{n} {s:.2f}" for n, s in setup.items())
     text += "\nper-repeat s: " + "; ".join(f"{n} " + " ".join(f"{v:.1f}" for v in vs)
                                           for n, vs in times.items())

@@ -19,6 +19,7 @@ without int8, with the same prediction up to float32 rounding; int8 2.75x, with 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -134,7 +135,9 @@ def quantize_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
     in the same layout, with the scale and zero point of :func:`uint8_range` of its range."""
     low, high = torch.aminmax(_flat(x))
     scale, zero_point = uint8_range(float(low), float(high))
-    q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8)
+    with warnings.catch_warnings():  # torch 2.10+ calls the quantized dtypes deprecated
+        warnings.simplefilter("ignore", UserWarning)
+        q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8)
     return q.int_repr(), scale, zero_point
 
 
@@ -163,6 +166,8 @@ def prepare_for_inference(model: nn.Module, channels_last: bool = True, int8: bo
         for name, child in list(module.named_children()):
             if isinstance(child, nn.InstanceNorm3d):
                 setattr(module, name, LayoutPreservingInstanceNorm3d(child))
+            elif type(child) is nn.ReLU:  # no autograd here: overwrite the norm's output
+                setattr(module, name, nn.ReLU(inplace=True))
             elif (int8 and type(child) is nn.Conv3d and child.kernel_size == (3, 3, 3)
                   and child.in_channels >= int8_min_channels):
                 setattr(module, name, Int8Conv3d(child))

@@ -13,6 +13,7 @@ from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.benchmark import benchmark_evaluate, benchmark_train
 from runtime.build import Components, build_components
+from runtime.memory import reuse_freed_memory
 from runtime.logging import METRICS_LOG_NAME, MLPERF_LOG_NAME, MetricsWriter, MLPerfLogger
 from runtime.outputs import RunLock, check_output_dir, check_output_file, keep_previous
 from runtime.progress import make_progress
@@ -69,6 +70,9 @@ def run(config: Config, data=None) -> int:
     (default: ``data_loading.data_loader.data_source(config)``; tests pass their own)."""
     from data_loading.data_loader import data_source
 
+    why_not = reuse_freed_memory()
+    if why_not and config.verbose:
+        print(f"host memory: freed blocks go back to the system ({why_not})")
     if config.exec_mode == "predict":
         from runtime.predict import run_predict
 

@@ -170,18 +170,22 @@ def test_fast_predictor_in_the_sliding_window(sw_batch_size):
     torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_benchmark_smoke_run(tmp_path):
+@pytest.mark.slow
+@pytest.mark.parametrize("isolate", [False, True], ids=["lock-step", "isolated"])
+def test_benchmark_smoke_run(tmp_path, isolate):
     out = tmp_path / "table.md"
+    variants = "reference+system,fast+reuse,fast_int8" if isolate else "reference,fast,fast_int8"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_inference.py"), "--smoke", "--threads", "1",
-           "--repeats", "1", "--variants", "reference,fast,fast_int8", "--out", str(out)]
+           "--repeats", "1", "--variants", variants, "--out", str(out)] + ["--isolate"] * isolate
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = out.read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
             for line in table.splitlines() if line.startswith("| ") and "---" not in line}
-    assert rows["reference"][2] == "1.00x" and rows["reference"][6] == "100.000%"
-    assert float(rows["fast"][6].rstrip("%")) > 99.9  # same function, float32 rounding only
-    assert float(rows["fast"][1]) > 0 and float(rows["fast"][3]) > 0
+    reference, fast = ("reference+system", "fast+reuse") if isolate else ("reference", "fast")
+    assert rows[reference][2] == "1.00x" and rows[reference][6] == "100.000%"
+    assert float(rows[fast][6].rstrip("%")) > 99.9  # same function, float32 rounding only
+    assert float(rows[fast][1]) > 0 and float(rows[fast][3]) > 0
     if int8_available() is None:
         assert "fast_int8" in rows
