@@ -32,7 +32,7 @@ from data_loading.scans import (Scan, ScanError, class_volumes_ml, find_scans, l
 from data_loading.windows import window_geometry
 from model.losses import label_map_dice
 from runtime import distributed as D
-from model.inference import prepare_for_inference
+from model.inference import int8_available, prepare_for_inference
 from runtime.arguments import Config, UsageError, replace
 from runtime.build import autocast_factory, build_model
 from runtime.checkpoint import Saved, load_checkpoint, load_model_weights, model_state_from
@@ -99,10 +99,15 @@ def load_predict_model(config: Config, device: torch.device) -> tuple[torch.nn.M
         config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
     model = build_model(config, device)
     load_model_weights(model, model_state_from(checkpoint, prefer="best"), config.load_ckpt_path)
-    if config.channels_last:
-        # Instance norms that keep the channels-last layout (no copy back to NCDHW per layer):
-        # 1.37x on one volume in fp32 (docs/performance.md), the same logits up to rounding.
-        model = prepare_for_inference(model, channels_last=True)
+    if config.int8 and device.type != "cpu":
+        raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
+    if config.int8 and int8_available() is not None:
+        raise UsageError(f"--int8: {int8_available()}")
+    if config.channels_last or config.int8:
+        # Instance norms that keep the channels-last layout (no copy back to NCDHW per layer),
+        # in-place ReLU: the same logits up to rounding; with --int8 the 3x3x3 convolutions
+        # in oneDNN int8 (docs/performance.md).
+        model = prepare_for_inference(model, channels_last=True, int8=config.int8)
     model.eval()
     return compile_model(model, config.compile), config
 
@@ -115,7 +120,7 @@ def window_predictor(model: torch.nn.Module, config: Config,
     autocast, _ = autocast_factory(config, device)
 
     def logits_of(batch: torch.Tensor) -> torch.Tensor:
-        if config.channels_last:
+        if config.channels_last or config.int8:
             batch = batch.contiguous(memory_format=torch.channels_last_3d)
         with autocast():
             return model(batch).float()

@@ -67,6 +67,8 @@ BAD = [
     (["--optimizer", "rmsprop"], "--optimizer"),
     (["--epochs", "abc"], "--epochs"),
     (["--input_shape", "32", "32", "32"], "--input_shape"),
+    (["--exec_mode", "evaluate", "--benchmark", "--int8"], "--int8"),
+    (["--int8"], "--int8"),  # train
 ]
 
 

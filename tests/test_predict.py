@@ -22,6 +22,7 @@ from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
                                 scan_geometry, segmentation_nifti)
 from data_loading.windows import window_geometry
+from model.inference import int8_available
 from model.losses import DiceScore, label_map_dice
 from model.unet3d import Unet3D
 from runtime.arguments import UsageError, explicit_flags, parse_args
@@ -381,6 +382,23 @@ def test_channels_last_gives_the_same_segmentation(tmp_path, tiny_checkpoint, ca
         labels[name] = np.asarray(nibabel.load(str(tmp_path / name / "scan.nii.gz")).dataobj)
     assert labels["plain"].shape == labels["cl"].shape == (26, 30, 28)
     assert np.mean(labels["plain"] == labels["cl"]) > 0.999
+
+
+@pytest.mark.skipif(int8_available() is not None, reason=f"int8: {int8_available()}")
+def test_int8_segments_like_float(tmp_path, tiny_checkpoint, capsys):
+    """--int8 runs the int8 inference copy: a segmentation of the scan's shape whose labels are
+    those of the float model up to 8-bit rounding (random weights: close logits, so a few flip)."""
+    folder = tmp_path / "in"
+    rng = np.random.default_rng(3)
+    write_nifti(str(folder / "scan.nii.gz"), rng.integers(-100, 300, (26, 30, 28)).astype(np.int16), (2.0, 1.5, 1.3))
+    labels = {}
+    for name, flags in (("plain", []), ("int8", ["--int8"])):
+        argv = ["--exec_mode", "predict", "--input", str(folder), "--output_dir", str(tmp_path / name),
+                "--load_ckpt_path", tiny_checkpoint, "--val_input_shape", "64", "64", "64", *flags]
+        assert run_main(capsys, *argv)[0] == 0
+        labels[name] = np.asarray(nibabel.load(str(tmp_path / name / "scan.nii.gz")).dataobj)
+    assert labels["int8"].shape == (26, 30, 28) and labels["int8"].dtype == np.uint8
+    assert np.mean(labels["plain"] == labels["int8"]) > 0.9
 
 
 def test_skip_existing_then_force_and_summary(tmp_path, tiny_checkpoint, capsys):
