@@ -70,9 +70,10 @@ def run(config: Config, data=None) -> int:
     (default: ``data_loading.data_loader.data_source(config)``; tests pass their own)."""
     from data_loading.data_loader import data_source
 
-    why_not = reuse_freed_memory()
-    if why_not and config.verbose:
-        print(f"host memory: freed blocks go back to the system ({why_not})")
+    if config.exec_mode in ("evaluate", "predict"):  # measured there (docs/performance.md)
+        why_not = reuse_freed_memory()
+        if why_not and config.verbose:
+            print(f"host memory: freed blocks go back to the system ({why_not})")
     if config.exec_mode == "predict":
         from runtime.predict import run_predict
 
