@@ -12,32 +12,40 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 # 64 MB is above glibc's largest mmap threshold (32 MB): by default each such tensor is a fresh
 # mapping whose 16,384 pages fault on first touch.
 PROBE = textwrap.dedent("""
-    import resource, sys, torch
+    import resource, sys, threading, torch
     from runtime.memory import reuse_freed_memory
     if sys.argv[1] == "reuse":
         assert reuse_freed_memory() is None
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for i in range(20):
-        if i == 10:  # glibc's heap settles within a few rounds; count the last ten
-            before = faults()
-        x = torch.empty(16 * 2**20)  # 64 MB
-        x.fill_(1.0)
-        del x
-    print(faults() - before)
+    def work():
+        for i in range(20):
+            if i == 10:  # glibc's heap settles within a few rounds; count the last ten
+                before = faults()
+            x = torch.empty(16 * 2**20)  # 64 MB
+            x.fill_(1.0)
+            del x
+        print(faults() - before)
+    if sys.argv[2] == "thread":  # another thread would have an arena of its own
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    else:
+        work()
 """)
 
 
-def page_faults(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True,
+def page_faults(mode: str, where: str) -> int:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode, where], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(memory._glibc() is None, reason="not glibc: reuse_freed_memory does nothing")
-def test_freed_large_tensors_are_reused_not_faulted_in_again():
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_freed_large_tensors_are_reused_not_faulted_in_again(where):
     pages = 16 * 2**20 * 4 // 4096
-    default, reused = page_faults("default"), page_faults("reuse")
+    default, reused = page_faults("default", where), page_faults("reuse", where)
     assert default >= 9 * pages  # ten fresh mappings: the known cost being removed
     assert reused <= pages // 4  # the same memory again, already mapped
 
