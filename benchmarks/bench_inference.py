@@ -317,6 +317,10 @@ def table(args, times: dict, quality: dict, window_flops: int, n_windows: int,
     return "\n".join(rows)
 
 
+def volume_shape(args) -> tuple[int, ...]:
+    return tuple(np.load(args.data[0], mmap_mode="r").shape[-3:]) if args.data else tuple(args.shape)
+
+
 def describe(args, n_windows: int, window_flops: int) -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -326,7 +330,7 @@ def describe(args, n_windows: int, window_flops: int) -> str:
         pass
     return (f"{datetime.date.today()} · {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, Python {platform.python_version()} · volume "
-            f"{tuple(args.shape)}, {n_windows} windows of {args.roi}³ at overlap {args.overlap}, "
+            f"{tuple(args.shape) if not args.data else args.data[0] + ' ' + str(volume_shape(args))}, {n_windows} windows of {args.roi}³ at overlap {args.overlap}, "
             f"filters {tuple(args.filters)}, {window_flops / 1e9:.1f} GFLOP per window, "
             f"{window_flops * n_windows / 1e12:.2f} TFLOP per volume · sw_batch_size "
             f"{args.sw_batch_size} (amp_cl, fast*), {args.repeats} repeats"
