@@ -321,14 +321,17 @@ def volume_shape(args) -> tuple[int, ...]:
     return tuple(np.load(args.data[0], mmap_mode="r").shape[-3:]) if args.data else tuple(args.shape)
 
 
-def describe(args, n_windows: int, window_flops: int) -> str:
-    cpu = platform.processor() or platform.machine()
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
-        pass
-    return (f"{datetime.date.today()} · {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        return platform.processor() or platform.machine()
+
+
+def describe(args, n_windows: int, window_flops: int) -> str:
+    return (f"{datetime.date.today()} · {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, Python {platform.python_version()} · volume "
             f"{tuple(args.shape) if not args.data else args.data[0] + ' ' + str(volume_shape(args))}, {n_windows} windows of {args.roi}³ at overlap {args.overlap}, "
             f"filters {tuple(args.filters)}, {window_flops / 1e9:.1f} GFLOP per window, "
