@@ -35,8 +35,9 @@ from data_loading.windows import window_geometry  # noqa: E402
 from runtime.arguments import parse_args  # noqa: E402
 from runtime.predict import STAGES, StageTimer, cover_padding, load_predict_model, make_infer, segment_scan  # noqa: E402
 from runtime.flops import flop_count_per_sample  # noqa: E402
+from runtime.memory import reuse_freed_memory  # noqa: E402
 
-DEFAULT_SETTINGS = [("fp32", ""), ("bf16+cl+sw4", "--amp --amp_dtype bf16 --channels_last --sw_batch_size 4")]
+DEFAULT_SETTINGS = [("fp32", ""), ("channels_last", "--channels_last"), ("int8", "--int8")]
 PEAK_TFLOPS = {"fp32": 0.4, "bf16": 0.8}  # this 2-core AVX-512 (BF16) EPYC, from the issue
 
 
@@ -53,10 +54,11 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", type=int, nargs=3, default=[300, 512, 512])
     parser.add_argument("--filters", type=int, nargs=5, default=[32, 64, 128, 256, 320])
     parser.add_argument("--setting", nargs=2, action="append", metavar=("NAME", "FLAGS"),
-                        help="a name and extra predict flags (repeatable); default fp32 and bf16+cl+sw4")
+                        help="a name and extra predict flags (repeatable); default fp32, channels_last, int8")
     parser.add_argument("--workdir", default=None, help="folder for the scan and outputs (default: a temporary one)")
     parser.add_argument("--out", default=None, help="also write the markdown table here")
     args = parser.parse_args(argv)
+    reuse_freed_memory()  # as main.py does in predict
     settings = args.setting or DEFAULT_SETTINGS
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_predict_"))
     work.mkdir(parents=True, exist_ok=True)
