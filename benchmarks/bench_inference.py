@@ -350,15 +350,15 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [n for n in args.variants.split(",") if n]
+    if int8_available() is not None and any(n.partition("+")[0] == "fast_int8" for n in names):
+        print(f"skipping fast_int8: {int8_available()}")
+        names = [n for n in names if n.partition("+")[0] != "fast_int8"]
     if args.isolate:
         return run_isolated(args, names)
     if any("+" in n for n in names):
         raise SystemExit("bench_inference: a +system/+reuse variant needs --isolate")
     if args.memory == "reuse" and reuse_freed_memory() is not None:
         raise SystemExit(f"bench_inference: --memory reuse: {reuse_freed_memory()}")
-    if "fast_int8" in names and int8_available() is not None:
-        print(f"skipping fast_int8: {int8_available()}")
-        names.remove("fast_int8")
     image, label = load_volume(args)
     model = load_model(args)
     roi = (args.roi,) * 3
