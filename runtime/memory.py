@@ -4,7 +4,7 @@ PyTorch has no caching allocator for the CPU: every tensor comes from ``malloc``
 blocks above its mmap threshold (at most 32 MB) with a fresh ``mmap`` and returns them with
 ``munmap`` when freed, so every 268 MB activation of a 128³ window (32 channels, float32) is
 new memory whose pages the kernel faults in and zeroes on first touch: measured on the 2-core
-CPU, about 2.2 million page faults and 4.5 s of system time per window of the default model,
+CPU, about 2.3 million page faults and 5-6 s of system time per window of the default model,
 about a third of the CPU time (docs/performance.md, "Host memory reuse").
 
 :func:`reuse_freed_memory` tells glibc to serve every block from its main heap (``M_MMAP_MAX``
@@ -13,7 +13,7 @@ mappings, which would map large blocks afresh again), and never to give the heap
 to the system (``M_TRIM_THRESHOLD`` -1): a freed activation is then reused by a later one,
 already mapped. The numbers computed do not change.
 The cost is memory: the process keeps its largest heap until it exits, and blocks of varying
-sizes fragment it (measured: peak resident memory of one window 3.4 GB against 2.3 GB; it
+sizes fragment it (measured: peak resident memory of one window 3.0-3.6 GB against 2.2 GB; it
 stays there over many windows instead of growing). Other C libraries (musl, macOS) are left as
 they are.
 """
