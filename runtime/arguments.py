@@ -315,6 +315,8 @@ def validate(cfg: Config) -> list[str]:
                                  "(benchmarks/bench_predict.py times it)")
         check(not (cfg.int8 and cfg.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu")
         check(not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them")
+        check(not (cfg.int8 and cfg.compile), "--int8 runs eagerly (its oneDNN int8 calls recompile under "
+                                               "torch.compile for every shape): drop --compile")
     else:
         check(not cfg.int8, "--int8 applies to --exec_mode predict only (evaluation scores the model as trained)")
     return errors

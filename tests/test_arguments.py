@@ -103,3 +103,15 @@ def test_readme_documents_every_flag():
         for option in action.option_strings:
             if option.startswith("--") and option != "--help":
                 assert f"`{option}`" in readme, option
+
+
+def test_int8_combinations_for_predict(tmp_path):
+    """--int8 is predict on the CPU, eager, without --amp: each conflict named in one message."""
+    from runtime.arguments import validate
+
+    base = Config(exec_mode="predict", input=str(tmp_path), output_dir=str(tmp_path / "out"),
+                  load_ckpt_path="", data_dir=str(tmp_path), int8=True)
+    assert [m for m in validate(base) if "--int8" in m] == []
+    for change, named in ((dict(compile=True), "--compile"), (dict(amp=True), "--amp")):
+        messages = [m for m in validate(dataclasses.replace(base, **change)) if "--int8" in m]
+        assert len(messages) == 1 and named in messages[0], messages
