@@ -228,11 +228,11 @@ def run_interleaved(variants: dict, image, label, args) -> tuple[dict, dict]:
     return baton.elapsed, results
 
 
-def measure(variants: dict, image, label, args) -> tuple[dict, dict]:
+def measure(variants: dict, image, label, args) -> tuple[dict, dict, dict]:
     """Seconds of every variant per repeat (lock-step, see :class:`Baton`) and, from the first
-    repeat, each variant's agreement with the reference."""
+    repeat, each variant's agreement with the reference and its ``(logits, trimmed label)``."""
     times = {n: [] for n in variants}
-    quality = {}
+    quality, first = {}, {}
     for r in range(args.repeats):
         load = os.getloadavg()[0]
         elapsed, results = run_interleaved(variants, image, label, args)
@@ -243,9 +243,9 @@ def measure(variants: dict, image, label, args) -> tuple[dict, dict]:
         if r == 0:
             reference, trimmed = results.get("reference", next(iter(results.values())))
             quality = {n: agreement(lg, reference, trimmed.long()) for n, (lg, _) in results.items()}
-            measure.last_results = dict(results)
+            first = dict(results)
         results.clear()
-    return times, quality
+    return times, quality, first
 
 
 def child_command(args, name: str, memory: str, out: str) -> list[str]:
@@ -369,12 +369,12 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         variants[name] = make_variant(name, model, args)
         setup[name] = time.perf_counter() - start
-    times, quality = measure(variants, image, label, args)
+    times, quality, first = measure(variants, image, label, args)
     if args.child_out:
         name = names[0]
         torch.save({"seconds": times[name][0], "setup": setup[name], "n_windows": geo.n_windows,
                     "window_flops": window_flops,
-                    "logits": measure.last_results[name][0], "label": measure.last_results[name][1]},
+                    "logits": first[name][0], "label": first[name][1]},
                    args.child_out)
         return None
     report(args, times, quality, setup, window_flops, geo.n_windows)

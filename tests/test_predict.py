@@ -369,17 +369,23 @@ def test_bad_input_is_one_line(tmp_path, tiny_checkpoint, capsys, problem):
     assert stderr.count("\n") == 1 and culprit in stderr and "Traceback" not in stderr, stderr
 
 
-def test_channels_last_gives_the_same_segmentation(tmp_path, tiny_checkpoint, capsys):
-    """--channels_last runs the layout-preserving inference copy of the model: the same labels."""
+def labels_by_setting(tmp_path, checkpoint, capsys, settings: dict[str, list[str]]) -> dict[str, np.ndarray]:
+    """One random 26x30x28 scan predicted once per setting (name -> extra flags): the labels."""
     folder = tmp_path / "in"
     rng = np.random.default_rng(3)
     write_nifti(str(folder / "scan.nii.gz"), rng.integers(-100, 300, (26, 30, 28)).astype(np.int16), (2.0, 1.5, 1.3))
     labels = {}
-    for name, flags in (("plain", []), ("cl", ["--channels_last"])):
+    for name, flags in settings.items():
         argv = ["--exec_mode", "predict", "--input", str(folder), "--output_dir", str(tmp_path / name),
-                "--load_ckpt_path", tiny_checkpoint, "--val_input_shape", "64", "64", "64", *flags]
+                "--load_ckpt_path", checkpoint, "--val_input_shape", "64", "64", "64", *flags]
         assert run_main(capsys, *argv)[0] == 0
         labels[name] = np.asarray(nibabel.load(str(tmp_path / name / "scan.nii.gz")).dataobj)
+    return labels
+
+
+def test_channels_last_gives_the_same_segmentation(tmp_path, tiny_checkpoint, capsys):
+    """--channels_last runs the layout-preserving inference copy of the model: the same labels."""
+    labels = labels_by_setting(tmp_path, tiny_checkpoint, capsys, {"plain": [], "cl": ["--channels_last"]})
     assert labels["plain"].shape == labels["cl"].shape == (26, 30, 28)
     assert np.mean(labels["plain"] == labels["cl"]) > 0.999
 
@@ -388,15 +394,7 @@ def test_channels_last_gives_the_same_segmentation(tmp_path, tiny_checkpoint, ca
 def test_int8_segments_like_float(tmp_path, tiny_checkpoint, capsys):
     """--int8 runs the int8 inference copy: a segmentation of the scan's shape whose labels are
     those of the float model up to 8-bit rounding (random weights: close logits, so a few flip)."""
-    folder = tmp_path / "in"
-    rng = np.random.default_rng(3)
-    write_nifti(str(folder / "scan.nii.gz"), rng.integers(-100, 300, (26, 30, 28)).astype(np.int16), (2.0, 1.5, 1.3))
-    labels = {}
-    for name, flags in (("plain", []), ("int8", ["--int8"])):
-        argv = ["--exec_mode", "predict", "--input", str(folder), "--output_dir", str(tmp_path / name),
-                "--load_ckpt_path", tiny_checkpoint, "--val_input_shape", "64", "64", "64", *flags]
-        assert run_main(capsys, *argv)[0] == 0
-        labels[name] = np.asarray(nibabel.load(str(tmp_path / name / "scan.nii.gz")).dataobj)
+    labels = labels_by_setting(tmp_path, tiny_checkpoint, capsys, {"plain": [], "int8": ["--int8"]})
     assert labels["int8"].shape == (26, 30, 28) and labels["int8"].dtype == np.uint8
     assert np.mean(labels["plain"] == labels["int8"]) > 0.9
 
