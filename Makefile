@@ -15,6 +15,11 @@ PYTEST_ARGS ?=
 # runs on the CPU: about 3 GB to download the first time.
 COMPAT_VENV ?= .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
+# The site's interpreter is Python 3.10: use one where it is installed (pyenv carries one on these
+# machines), else python3; the recipe prints which.
+# (A pyenv shim answers `command -v` for a version it will not run: ask each candidate to run.)
+COMPAT_PYTHON ?= $(shell for p in python3.10 $(HOME)/.pyenv/versions/3.10*/bin/python3.10; do \
+	$$p -c '' >/dev/null 2>&1 && { command -v $$p; exit 0; }; done; echo $(PYTHON))
 # The site guide's MONAI for torch 2.3 (MONAI 1.6 needs torch >= 2.8); it needs numpy < 2.
 COMPAT_MONAI_SPEC ?= monai==1.4.0
 
@@ -41,13 +46,15 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
 
 $(COMPAT_VENV)/.installed: requirements.txt requirements-test.txt constraints-compat.txt
-	$(PYTHON) -m venv $(COMPAT_VENV)
+	@echo "test-compat: $$($(COMPAT_PYTHON) --version) ($(COMPAT_PYTHON))"
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --quiet -c constraints-compat.txt torch numpy scipy
 	$(COMPAT_PY) -m pip install --quiet -c constraints-compat.txt -r requirements.txt -r requirements-test.txt
 	$(COMPAT_PY) -m pip install --quiet --no-deps "$(COMPAT_MONAI_SPEC)" || echo "MONAI oracle not installed: its tests will skip"
 	touch $@
 
 test-compat: $(COMPAT_VENV)/.installed
+	@echo "test-compat on $$($(COMPAT_PY) --version), torch $$($(COMPAT_PY) -c 'import torch; print(torch.__version__)')"
 	$(COMPAT_PY) -m pytest -q $(PYTEST_ARGS) tests
 
 clean:
