@@ -22,6 +22,7 @@ cases of a lightly trained network).
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import torch
@@ -78,19 +79,56 @@ def int8_available() -> str | None:
     return None
 
 
+FULL_CODES = 255   # activation codes 0..255: exact where int8 products accumulate in 32 bits
+SEVEN_BIT_CODES = 127  # 0..127: what oneDNN asks for where pairs of products saturate at 16 bits
+
+
+@functools.lru_cache(maxsize=None)
+def int8_activation_codes() -> int:
+    """The largest uint8 activation code that this CPU's int8 convolution computes exactly.
+
+    With VNNI or AMX, oneDNN accumulates each uint8 x int8 product in int32. Without them
+    (AVX2, AVX-512 without VNNI) it uses ``vpmaddubsw``, which adds each pair of products into a
+    signed 16-bit value with saturation: 255 x 127 x 2 = 64,770 > 32,767, so full-range codes
+    lose up to half of a pair's sum, and oneDNN's notes ask for 7-bit activations there
+    (127 x 127 x 2 = 32,258 fits). Decided once per process by a known-answer convolution, not by
+    the CPU's name: every input code 255 and every weight 127 give exactly ``8 x 27`` at the
+    centre voxel when nothing saturates, about half of it when pairs do. Returns
+    :data:`FULL_CODES` or :data:`SEVEN_BIT_CODES`.
+    """
+    conv = nn.Conv3d(8, 1, 3, padding=1, bias=False)
+    with torch.no_grad():
+        conv.weight.fill_(1.0)
+        probe = Int8Conv3d(conv, codes=FULL_CODES)
+        centre = float(probe(torch.ones(1, 8, 3, 3, 3).contiguous(memory_format=torch.channels_last_3d))
+                       [0, 0, 1, 1, 1])
+    return FULL_CODES if abs(centre - 8 * 27) < 1e-3 else SEVEN_BIT_CODES
+
+
+def int8_path() -> str:
+    """One line saying which int8 arithmetic this CPU runs (for the user)."""
+    if int8_activation_codes() == FULL_CODES:
+        return "int8 convolutions: 8-bit activations (the CPU accumulates int8 products in 32 bits: VNNI/AMX)"
+    return ("int8 convolutions: 7-bit activations (this CPU adds pairs of int8 products in 16 bits "
+            "with saturation: no VNNI/AMX)")
+
+
 class Int8Conv3d(nn.Module):
     """A stride-s 3-D convolution computed by oneDNN in int8, with a float output.
 
     Weights: symmetric int8 per output channel (scale = max|w| / 127), packed once. Input:
-    asymmetric uint8 per tensor, its scale and zero point taken from this input's own minimum
-    and maximum (dynamic: nothing is calibrated, every window gets its own range). The product
-    is accumulated in int32 and rescaled to float32, NDHWC. Input ``(N, C, D, H, W)`` float32
-    (any layout; channels-last avoids a copy); output float32 channels-last. With VNNI (AVX-512
-    VNNI) the int8 kernel does four times the multiply-adds per instruction of float32.
+    asymmetric uint8 per tensor, codes ``0..codes``, its scale and zero point taken from this
+    input's own minimum and maximum (dynamic: nothing is calibrated, every window gets its own
+    range). The product is accumulated in int32 and rescaled to float32, NDHWC. Input
+    ``(N, C, D, H, W)`` float32 (any layout; channels-last avoids a copy); output float32
+    channels-last. With VNNI (AVX-512 VNNI) the int8 kernel does four times the multiply-adds per
+    instruction of float32. ``codes``: the activation grid, default the one this CPU computes
+    exactly (:func:`int8_activation_codes`).
     """
 
-    def __init__(self, conv: nn.Conv3d):
+    def __init__(self, conv: nn.Conv3d, codes: int | None = None):
         super().__init__()
+        self.codes = int8_activation_codes() if codes is None else codes
         if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
             raise ValueError("Int8Conv3d supports groups=1 and numeric zero padding only")
         weight = conv.weight.detach().float()
@@ -116,32 +154,34 @@ class Int8Conv3d(nn.Module):
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, scale, zero_point = quantize_uint8(x)
+        q, scale, zero_point = quantize_uint8(x, self.codes)
         return torch.ops.onednn.qconv_pointwise(
             q, scale, zero_point, self._packed_weight(tuple(x.shape)), self.w_scale,
             self.w_zero_point, self.bias, self.stride, self.padding, self.dilation, 1, 1.0, 0,
             torch.float32, "none", [], "")
 
 
-def uint8_range(minimum: float, maximum: float) -> tuple[float, int]:
-    """Scale and zero point of an asymmetric uint8 grid covering ``[min(minimum, 0),
-    max(maximum, 0)]`` (0 exactly representable, as zero padding needs)."""
+def uint8_range(minimum: float, maximum: float, codes: int = FULL_CODES) -> tuple[float, int]:
+    """Scale and zero point of an asymmetric grid of codes ``0..codes`` covering
+    ``[min(minimum, 0), max(maximum, 0)]`` (0 exactly representable, as zero padding needs)."""
     low, high = min(minimum, 0.0), max(maximum, 0.0)
-    scale = (high - low) / 255.0
+    scale = (high - low) / codes
     if scale <= 0.0:
         return 1.0, 0
-    return scale, int(min(255, max(0, round(-low / scale))))
+    return scale, int(min(codes, max(0, round(-low / scale))))
 
 
-def quantize_uint8(x: torch.Tensor) -> tuple[torch.Tensor, float, int]:
-    """``x`` (float, any layout) as uint8 codes ``clamp(round(x / scale) + zero_point, 0, 255)``
+def quantize_uint8(x: torch.Tensor, codes: int = FULL_CODES) -> tuple[torch.Tensor, float, int]:
+    """``x`` (float, any layout) as uint8 codes ``clamp(round(x / scale) + zero_point, 0, codes)``
     in the same layout, with the scale and zero point of :func:`uint8_range` of its range."""
     low, high = torch.aminmax(_flat(x))
-    scale, zero_point = uint8_range(float(low), float(high))
+    scale, zero_point = uint8_range(float(low), float(high), codes)
     with warnings.catch_warnings():  # torch 2.10+ calls the quantized dtypes deprecated
         warnings.simplefilter("ignore", UserWarning)
-        q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8)
-    return q.int_repr(), scale, zero_point
+        q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()
+    if codes < FULL_CODES:  # two roundings (value, zero point) can reach codes + 1 at the top
+        q.clamp_(max=codes)
+    return q, scale, zero_point
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from data_loading.scans import (Scan, ScanError, class_volumes_ml, find_scans, l
 from data_loading.windows import window_geometry
 from model.losses import label_map_dice
 from runtime import distributed as D
-from model.inference import int8_available, prepare_for_inference
+from model.inference import int8_available, int8_path, prepare_for_inference
 from runtime.arguments import Config, UsageError, replace
 from runtime.build import autocast_factory, build_model
 from runtime.checkpoint import Saved, load_checkpoint, load_model_weights, model_state_from
@@ -351,6 +351,8 @@ def run_predict(config: Config) -> int:
     graceful = True
     try:
         model, config = load_predict_model(config, dist_info.device)
+        if config.int8 and dist_info.is_main:
+            print(f"predict: {int8_path()}")
         infer = make_infer(model, config, dist_info.device)
         mine = scans[dist_info.rank::dist_info.world_size]
         results = predict_cases(mine, infer, config, show_progress=dist_info.is_main)

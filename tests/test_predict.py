@@ -22,7 +22,7 @@ from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
                                 scan_geometry, segmentation_nifti)
 from data_loading.windows import window_geometry
-from model.inference import int8_available
+from model.inference import int8_activation_codes, int8_available
 from model.losses import DiceScore, label_map_dice
 from model.unet3d import Unet3D
 from runtime.arguments import UsageError, explicit_flags, parse_args
@@ -369,8 +369,10 @@ def test_bad_input_is_one_line(tmp_path, tiny_checkpoint, capsys, problem):
     assert stderr.count("\n") == 1 and culprit in stderr and "Traceback" not in stderr, stderr
 
 
-def labels_by_setting(tmp_path, checkpoint, capsys, settings: dict[str, list[str]]) -> dict[str, np.ndarray]:
-    """One random 26x30x28 scan predicted once per setting (name -> extra flags): the labels."""
+def labels_by_setting(tmp_path, checkpoint, capsys, settings: dict[str, list[str]],
+                      stdout: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """One random 26x30x28 scan predicted once per setting (name -> extra flags): the labels
+    (and each setting's printed output in ``stdout`` when given)."""
     folder = tmp_path / "in"
     rng = np.random.default_rng(3)
     write_nifti(str(folder / "scan.nii.gz"), rng.integers(-100, 300, (26, 30, 28)).astype(np.int16), (2.0, 1.5, 1.3))
@@ -378,7 +380,10 @@ def labels_by_setting(tmp_path, checkpoint, capsys, settings: dict[str, list[str
     for name, flags in settings.items():
         argv = ["--exec_mode", "predict", "--input", str(folder), "--output_dir", str(tmp_path / name),
                 "--load_ckpt_path", checkpoint, "--val_input_shape", "64", "64", "64", *flags]
-        assert run_main(capsys, *argv)[0] == 0
+        code, printed, _ = run_main(capsys, *argv)
+        assert code == 0
+        if stdout is not None:
+            stdout[name] = printed
         labels[name] = np.asarray(nibabel.load(str(tmp_path / name / "scan.nii.gz")).dataobj)
     return labels
 
@@ -393,10 +398,15 @@ def test_channels_last_gives_the_same_segmentation(tmp_path, tiny_checkpoint, ca
 @pytest.mark.skipif(int8_available() is not None, reason=f"int8: {int8_available()}")
 def test_int8_segments_like_float(tmp_path, tiny_checkpoint, capsys):
     """--int8 runs the int8 inference copy: a segmentation of the scan's shape whose labels are
-    those of the float model up to 8-bit rounding (random weights: close logits, so a few flip)."""
-    labels = labels_by_setting(tmp_path, tiny_checkpoint, capsys, {"plain": [], "int8": ["--int8"]})
+    those of the float model up to 8-bit rounding (random weights: close logits, so a few flip).
+    It says once which int8 arithmetic this CPU runs."""
+    stdout = {}
+    labels = labels_by_setting(tmp_path, tiny_checkpoint, capsys, {"plain": [], "int8": ["--int8"]}, stdout)
     assert labels["int8"].shape == (26, 30, 28) and labels["int8"].dtype == np.uint8
     assert np.mean(labels["plain"] == labels["int8"]) > 0.9
+    bits = "8-bit" if int8_activation_codes() == 255 else "7-bit"
+    assert stdout["int8"].count("int8 convolutions:") == 1 and f"{bits} activations" in stdout["int8"]
+    assert "int8 convolutions" not in stdout["plain"]
 
 
 def test_skip_existing_then_force_and_summary(tmp_path, tiny_checkpoint, capsys):
