@@ -37,7 +37,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import statistics
@@ -55,6 +54,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_pipeline import write_blob_case  # noqa: E402
+from benchmarks.cpu_isa import isa_line  # noqa: E402
 from data_loading.windows import window_geometry  # noqa: E402
 from model.inference import int8_available  # noqa: E402
 from model.losses import DiceScore  # noqa: E402
@@ -321,17 +321,8 @@ def volume_shape(args) -> tuple[int, ...]:
     return tuple(np.load(args.data[0], mmap_mode="r").shape[-3:]) if args.data else tuple(args.shape)
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def describe(args, n_windows: int, window_flops: int) -> str:
-    return (f"{datetime.date.today()} · {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    return (f"{isa_line()}, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, Python {platform.python_version()} · volume "
             f"{tuple(args.shape) if not args.data else args.data[0] + ' ' + str(volume_shape(args))}, {n_windows} windows of {args.roi}³ at overlap {args.overlap}, "
             f"filters {tuple(args.filters)}, {window_flops / 1e9:.1f} GFLOP per window, "

@@ -16,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -134,10 +133,9 @@ def main(argv=None) -> None:
                     f"{med['user']:.2f} | {med['sys']:.2f} | {med['faults']:.0f} | {med['maxrss_gb']:.2f} |")
     import torch
 
-    from benchmarks.bench_inference import cpu_name
+    from benchmarks.cpu_isa import isa_line
 
-    header = (f"{datetime.date.today()} · {cpu_name()}, {os.cpu_count()} "
-              f"cores, torch {torch.__version__}, Python {platform.python_version()} · one {args.roi}³ "
+    header = (f"{isa_line()}, torch {torch.__version__}, Python {platform.python_version()} · one {args.roi}³ "
               f"window, filters {args.filters or 'default'}, {args.windows} timed windows per process "
               f"after one warm-up, {args.repeats} repeats (medians), load {os.getloadavg()[0]:.1f}")
     text = header + "\n\n" + "\n".join(rows)
