@@ -7,8 +7,9 @@ which makes a newer x86 CPU run the int8 kernels of an AVX2-only one, saturating
 
 * ``float``: the float model (channels-last inference copy);
 * ``int8``: ``--int8`` with the activation grid the CPU's probe chooses (what users get);
-* ``int8-8bit`` / ``int8-7bit``: ``--int8`` with the grid forced (``8bit`` under an AVX2 cap
-  is the arithmetic of every AVX2-only CPU before the probe existed).
+* ``int8-full`` / ``int8-7bit-weights`` / ``int8-7bit-activations``: ``--int8`` with the grid
+  forced (``full`` under an AVX2 cap is the arithmetic of every AVX2-only CPU before the probe
+  existed; the two 7-bit grids are the two ways to keep pairs of products within 16 bits).
 
 Per setting: the fraction of all voxels, and of the foreground union (voxels that either
 segmentation calls kidney or tumour), whose label equals float's; mean Dice against the ground
@@ -40,16 +41,17 @@ from benchmarks.cpu_isa import isa_line  # noqa: E402
 
 # A process that forces the int8 grid, then runs the CLI unchanged.
 FORCED_GRID = ("import sys; sys.path.insert(0, {root!r}); import model.inference as m; "
-               "m.int8_activation_codes = lambda: {codes}; import main; sys.exit(main.main(sys.argv[1:]))")
-SETTINGS = {"float": ([], None), "int8": (["--int8"], None), "int8-8bit": (["--int8"], 255),
-            "int8-7bit": (["--int8"], 127)}
+               "m.int8_grid = lambda: m.{grid}; import main; sys.exit(main.main(sys.argv[1:]))")
+SETTINGS = {"float": ([], None), "int8": (["--int8"], None), "int8-full": (["--int8"], "FULL_GRID"),
+            "int8-7bit-weights": (["--int8"], "SEVEN_BIT_WEIGHTS"),
+            "int8-7bit-activations": (["--int8"], "SEVEN_BIT_ACTIVATIONS")}
 
 
 def run_predict(setting: str, isa: str, args: argparse.Namespace, output_dir: Path) -> float:
-    flags, codes = SETTINGS[setting]
+    flags, grid = SETTINGS[setting]
     argv = ["--exec_mode", "predict", "--input", args.input, "--output_dir", str(output_dir),
             "--load_ckpt_path", args.checkpoint, "--channels_last", *flags, *args.predict_flags]
-    program = (["-c", FORCED_GRID.format(root=str(ROOT), codes=codes)] if codes is not None
+    program = (["-c", FORCED_GRID.format(root=str(ROOT), grid=grid)] if grid is not None
                else [str(ROOT / "main.py")])
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     if isa != "native":

@@ -14,16 +14,16 @@ can go on) with:
 
 Without int8 the state_dict keys stay those of the reference (``...conv1.1.weight`` and so
 on), so a prepared model loads the same checkpoints. The prepared model is for ``eval`` only.
-Measured on the 2-core CPU, full volume, idle, with host memory reuse (docs/performance.md):
-1.73x the reference's way without int8, the same prediction up to float32 rounding; 3.33x with
-int8, with 8-bit rounding (Dice against the label within 0.0023 of the reference's on three
-cases of a lightly trained network).
+Without int8 it computes the same prediction up to float32 rounding; with int8, with 8-bit
+rounding (7-bit weights on CPUs without VNNI/AMX). Speed and agreement, per CPU:
+docs/performance.md.
 """
 from __future__ import annotations
 
 import copy
 import functools
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -79,64 +79,93 @@ def int8_available() -> str | None:
     return None
 
 
-FULL_CODES = 255   # activation codes 0..255: exact where int8 products accumulate in 32 bits
-SEVEN_BIT_CODES = 127  # 0..127: what oneDNN asks for where pairs of products saturate at 16 bits
+@dataclass(frozen=True)
+class Int8Grid:
+    """The integer grids of an int8 convolution: uint8 activation codes ``0..activation_codes``,
+    int8 weight codes ``-weight_max..weight_max``."""
+
+    activation_codes: int
+    weight_max: int
+
+    def describe(self) -> str:
+        return (f"{bits(self.activation_codes)}-bit activations, "
+                f"{bits(self.weight_max) + 1}-bit weights")
+
+
+def bits(codes: int) -> int:
+    return int(codes).bit_length()
+
+
+FULL_GRID = Int8Grid(255, 127)  # exact where int8 products accumulate in 32 bits (VNNI, AMX)
+# Where pairs of products saturate at 16 bits, either grid fits (255 x 63 x 2 = 32,130 and
+# 127 x 127 x 2 = 32,258 <= 32,767). 7-bit weights are the one used: on trained weights they
+# halved the logits' error of 7-bit activations (docs/performance.md, int8 section).
+SEVEN_BIT_WEIGHTS = Int8Grid(255, 63)
+SEVEN_BIT_ACTIVATIONS = Int8Grid(127, 127)
 
 
 @functools.lru_cache(maxsize=None)
-def int8_activation_codes() -> int:
-    """The largest uint8 activation code that this CPU's int8 convolution computes exactly.
+def int8_grid() -> Int8Grid:
+    """The grid this CPU's int8 convolution computes exactly: :data:`FULL_GRID` or
+    :data:`SEVEN_BIT_WEIGHTS`.
 
     With VNNI or AMX, oneDNN accumulates each uint8 x int8 product in int32. Without them
     (AVX2, AVX-512 without VNNI) it uses ``vpmaddubsw``, which adds each pair of products into a
-    signed 16-bit value with saturation: 255 x 127 x 2 = 64,770 > 32,767, so full-range codes
-    lose up to half of a pair's sum, and oneDNN's notes ask for 7-bit activations there
-    (127 x 127 x 2 = 32,258 fits). Decided once per process by a known-answer convolution, not by
-    the CPU's name: every input code 255 and every weight 127 give exactly ``8 x 27`` at the
-    centre voxel when nothing saturates, about half of it when pairs do. Returns
-    :data:`FULL_CODES` or :data:`SEVEN_BIT_CODES`.
+    signed 16-bit value with saturation: 255 x 127 x 2 = 64,770 > 32,767, so full-range codes lose
+    up to half of a pair's sum. Decided once per process by a known-answer convolution, not by the
+    CPU's name: every activation code 255 and every weight code 127 give exactly ``8 x 27`` at the
+    centre voxel when nothing saturates, about half of it when pairs do.
     """
     conv = nn.Conv3d(8, 1, 3, padding=1, bias=False)
     with torch.no_grad():
         conv.weight.fill_(1.0)
-        probe = Int8Conv3d(conv, codes=FULL_CODES)
+        probe = Int8Conv3d(conv, grid=FULL_GRID)
         centre = float(probe(torch.ones(1, 8, 3, 3, 3).contiguous(memory_format=torch.channels_last_3d))
                        [0, 0, 1, 1, 1])
-    return FULL_CODES if abs(centre - 8 * 27) < 1e-3 else SEVEN_BIT_CODES
+    return FULL_GRID if abs(centre - 8 * 27) < 1e-3 else SEVEN_BIT_WEIGHTS
 
 
 def int8_path() -> str:
     """One line saying which int8 arithmetic this CPU runs (for the user)."""
-    if int8_activation_codes() == FULL_CODES:
-        return "int8 convolutions: 8-bit activations (the CPU accumulates int8 products in 32 bits: VNNI/AMX)"
-    return ("int8 convolutions: 7-bit activations (this CPU adds pairs of int8 products in 16 bits "
-            "with saturation: no VNNI/AMX)")
+    grid = int8_grid()
+    if grid == FULL_GRID:
+        return (f"int8 convolutions: {grid.describe()} (this CPU accumulates int8 products in "
+                f"32 bits: VNNI/AMX)")
+    return (f"int8 convolutions: {grid.describe()} (this CPU adds pairs of int8 products in 16 bits "
+            f"with saturation, no VNNI/AMX: weights on 7 bits keep every sum exact)")
+
+
+def quantize_weight(weight: torch.Tensor, weight_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel codes of a convolution weight ``(O, I, kD, kH, kW)``: int8
+    ``clamp(round(w / scale), -weight_max, weight_max)`` and the scales ``max|w| / weight_max``."""
+    scale = weight.abs().amax(dim=(1, 2, 3, 4)).clamp_min(1e-12) / weight_max
+    q = torch.clamp(torch.round(weight / scale[:, None, None, None, None]), -weight_max, weight_max)
+    return q.to(torch.int8), scale
 
 
 class Int8Conv3d(nn.Module):
     """A stride-s 3-D convolution computed by oneDNN in int8, with a float output.
 
-    Weights: symmetric int8 per output channel (scale = max|w| / 127), packed once. Input:
-    asymmetric uint8 per tensor, codes ``0..codes``, its scale and zero point taken from this
+    Weights: symmetric int8 per output channel (scale = max|w| / weight_max), packed once. Input:
+    asymmetric uint8 per tensor, codes ``0..activation_codes``, its scale and zero point taken from this
     input's own minimum and maximum (dynamic: nothing is calibrated, every window gets its own
     range). The product is accumulated in int32 and rescaled to float32, NDHWC. Input
     ``(N, C, D, H, W)`` float32 (any layout; channels-last avoids a copy); output float32
     channels-last. With VNNI (AVX-512 VNNI) the int8 kernel does four times the multiply-adds per
-    instruction of float32. ``codes``: the activation grid, default the one this CPU computes
-    exactly (:func:`int8_activation_codes`).
+    instruction of float32. ``grid``: the integer grids, default the one this CPU computes
+    exactly (:func:`int8_grid`).
     """
 
-    def __init__(self, conv: nn.Conv3d, codes: int | None = None):
+    def __init__(self, conv: nn.Conv3d, grid: Int8Grid | None = None):
         super().__init__()
-        self.codes = int8_activation_codes() if codes is None else codes
+        self.grid = int8_grid() if grid is None else grid
         if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
             raise ValueError("Int8Conv3d supports groups=1 and numeric zero padding only")
         weight = conv.weight.detach().float()
-        scale = weight.abs().amax(dim=(1, 2, 3, 4)).clamp_min(1e-12) / 127.0
+        q, scale = quantize_weight(weight, self.grid.weight_max)
         self.register_buffer("w_scale", scale, persistent=False)
         self.register_buffer("w_zero_point", torch.zeros_like(scale, dtype=torch.int64), persistent=False)
-        q = torch.clamp(torch.round(weight / scale[:, None, None, None, None]), -127, 127)
-        self.register_buffer("q_weight", q.to(torch.int8), persistent=False)
+        self.register_buffer("q_weight", q, persistent=False)
         self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().float().clone(),
                              persistent=False)
         self.stride, self.padding = list(conv.stride), list(conv.padding)
@@ -154,14 +183,14 @@ class Int8Conv3d(nn.Module):
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, scale, zero_point = quantize_uint8(x, self.codes)
+        q, scale, zero_point = quantize_uint8(x, self.grid.activation_codes)
         return torch.ops.onednn.qconv_pointwise(
             q, scale, zero_point, self._packed_weight(tuple(x.shape)), self.w_scale,
             self.w_zero_point, self.bias, self.stride, self.padding, self.dilation, 1, 1.0, 0,
             torch.float32, "none", [], "")
 
 
-def uint8_range(minimum: float, maximum: float, codes: int = FULL_CODES) -> tuple[float, int]:
+def uint8_range(minimum: float, maximum: float, codes: int = 255) -> tuple[float, int]:
     """Scale and zero point of an asymmetric grid of codes ``0..codes`` covering
     ``[min(minimum, 0), max(maximum, 0)]`` (0 exactly representable, as zero padding needs)."""
     low, high = min(minimum, 0.0), max(maximum, 0.0)
@@ -171,7 +200,7 @@ def uint8_range(minimum: float, maximum: float, codes: int = FULL_CODES) -> tupl
     return scale, int(min(codes, max(0, round(-low / scale))))
 
 
-def quantize_uint8(x: torch.Tensor, codes: int = FULL_CODES) -> tuple[torch.Tensor, float, int]:
+def quantize_uint8(x: torch.Tensor, codes: int = 255) -> tuple[torch.Tensor, float, int]:
     """``x`` (float, any layout) as uint8 codes ``clamp(round(x / scale) + zero_point, 0, codes)``
     in the same layout, with the scale and zero point of :func:`uint8_range` of its range."""
     low, high = torch.aminmax(_flat(x))
@@ -179,7 +208,7 @@ def quantize_uint8(x: torch.Tensor, codes: int = FULL_CODES) -> tuple[torch.Tens
     with warnings.catch_warnings():  # torch 2.10+ calls the quantized dtypes deprecated
         warnings.simplefilter("ignore", UserWarning)
         q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()
-    if codes < FULL_CODES:  # two roundings (value, zero point) can reach codes + 1 at the top
+    if codes < 255:  # two roundings (value, zero point) can reach codes + 1 at the top
         q.clamp_(max=codes)
     return q, scale, zero_point
 

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.inference import (FULL_CODES, SEVEN_BIT_CODES, Int8Conv3d, LayoutPreservingInstanceNorm3d,
-                             int8_activation_codes, int8_available, prepare_for_inference,
-                             quantize_uint8, uint8_range)
+from model.inference import (FULL_GRID, SEVEN_BIT_ACTIVATIONS, SEVEN_BIT_WEIGHTS, Int8Conv3d,
+                             LayoutPreservingInstanceNorm3d, int8_available, int8_grid,
+                             prepare_for_inference, quantize_uint8, uint8_range)
 from model.unet3d import Unet3D
 from runtime.inference import fast_predictor, sliding_window_inference
 
@@ -113,11 +113,11 @@ def test_uint8_range_known_answers():
 
 
 def test_uint8_range_seven_bit_known_answers():
-    assert uint8_range(-1.0, 3.0, SEVEN_BIT_CODES) == (pytest.approx(4 / 127), 32)  # round(31.75)
-    assert uint8_range(-2.54, -1.0, SEVEN_BIT_CODES) == (pytest.approx(0.02), 127)
+    assert uint8_range(-1.0, 3.0, 127) == (pytest.approx(4 / 127), 32)  # round(31.75)
+    assert uint8_range(-2.54, -1.0, 127) == (pytest.approx(0.02), 127)
 
 
-@pytest.mark.parametrize("codes", [FULL_CODES, SEVEN_BIT_CODES])
+@pytest.mark.parametrize("codes", [255, 127])
 def test_quantize_uint8_round_trip(codes):
     x = (torch.randn(1, 3, 5, 6, 7) * 2 + 0.5).contiguous(memory_format=CL)
     q, scale, zp = quantize_uint8(x, codes)
@@ -131,16 +131,17 @@ def test_quantize_uint8_round_trip(codes):
 def test_seven_bit_codes_never_exceed_127_at_a_rounding_tie():
     # range [-1, 1] on 127 codes: zero point round(63.5) = 64 and 1.0 -> round(63.5) + 64 = 128
     # before the clamp; 128 x 127 x 2 would overflow 16 bits again.
-    q, _, zp = quantize_uint8(torch.tensor([-1.0, 0.0, 1.0]).view(1, 1, 1, 1, 3), SEVEN_BIT_CODES)
+    q, _, zp = quantize_uint8(torch.tensor([-1.0, 0.0, 1.0]).view(1, 1, 1, 1, 3), 127)
     assert zp == 64 and int(q.max()) == 127
 
 
-def _quantized_reference(conv, x, codes=FULL_CODES):
-    """Int8Conv3d's arithmetic written out: dequantised input and weight, float64 convolution."""
-    q, scale, zp = quantize_uint8(x, codes)
+def _quantized_reference(conv, x, grid=FULL_GRID):
+    """Int8Conv3d's arithmetic written out on ``grid``: dequantised input and weight, float64
+    convolution."""
+    q, scale, zp = quantize_uint8(x, grid.activation_codes)
     x_hat = (q.double() - zp) * scale
     w = conv.weight.detach().double()
-    w_scale = w.abs().amax(dim=(1, 2, 3, 4)) / 127
+    w_scale = w.abs().amax(dim=(1, 2, 3, 4)) / grid.weight_max
     w_hat = torch.round(w / w_scale.view(-1, 1, 1, 1, 1)) * w_scale.view(-1, 1, 1, 1, 1)
     bias = None if conv.bias is None else conv.bias.detach().double()
     return F.conv3d(x_hat, w_hat, bias, conv.stride, conv.padding)
@@ -157,9 +158,9 @@ def test_int8_conv_matches_its_quantised_arithmetic(stride, bias, shift):
     with torch.no_grad():
         int8_conv = Int8Conv3d(conv)  # the grid this CPU computes exactly
         out = int8_conv(x.contiguous(memory_format=CL))
-        exact = _quantized_reference(conv, x, int8_conv.codes)
+        exact = _quantized_reference(conv, x, int8_conv.grid)
         plain = conv(x)
-    assert int8_conv.codes == int8_activation_codes()
+    assert int8_conv.grid == int8_grid() and int8_conv.grid in (FULL_GRID, SEVEN_BIT_WEIGHTS)
     assert out.shape == plain.shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), exact, rtol=1e-4, atol=1e-4)
     assert float((out - plain).norm() / plain.norm()) < 0.03  # 7- or 8-bit quantisation error only
@@ -173,17 +174,17 @@ def _cpu_has(flag: str) -> bool:
 _SATURATION_PROBE = """
 import torch
 from torch import nn
-from model.inference import Int8Conv3d, int8_activation_codes
+from model.inference import FULL_GRID, SEVEN_BIT_ACTIVATIONS, SEVEN_BIT_WEIGHTS, Int8Conv3d, int8_grid
 from tests.test_fast_inference import _quantized_reference
 torch.manual_seed(1)
 conv = nn.Conv3d(6, 10, 3, padding=1, bias=False)
 x = torch.randn(2, 6, 9, 10, 11).relu()
-errors = {}
+errors = []
 with torch.no_grad():
-    for codes in (255, 127):
-        out = Int8Conv3d(conv, codes=codes)(x.contiguous(memory_format=torch.channels_last_3d))
-        errors[codes] = float((out.double() - _quantized_reference(conv, x, codes)).abs().max())
-print(int8_activation_codes(), errors[255], errors[127])
+    for grid in (FULL_GRID, SEVEN_BIT_WEIGHTS, SEVEN_BIT_ACTIVATIONS):
+        out = Int8Conv3d(conv, grid=grid)(x.contiguous(memory_format=torch.channels_last_3d))
+        errors.append(float((out.double() - _quantized_reference(conv, x, grid)).abs().max()))
+print(int8_grid() == SEVEN_BIT_WEIGHTS, *errors)
 """
 
 
@@ -191,15 +192,16 @@ print(int8_activation_codes(), errors[255], errors[127])
 @pytest.mark.skipif(not _cpu_has("avx2"), reason="needs an x86 CPU with AVX2 (ONEDNN_MAX_CPU_ISA=AVX2)")
 def test_int8_grid_follows_the_saturating_avx2_kernel():
     """oneDNN limited to AVX2 (``ONEDNN_MAX_CPU_ISA``, honoured on any newer x86 CPU) runs the
-    saturating ``vpmaddubsw`` kernel of a CPU without VNNI: the probe must choose 7-bit codes, the
-    full-range codes must visibly break the arithmetic there, and 7-bit codes must keep it exact."""
+    saturating ``vpmaddubsw`` kernel of a CPU without VNNI: the probe must choose 7-bit weights,
+    the full grid must visibly break the arithmetic there, and either 7-bit grid keeps it exact."""
     proc = subprocess.run([sys.executable, "-c", _SATURATION_PROBE], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    codes, error_full, error_seven = proc.stdout.split()
-    assert int(codes) == SEVEN_BIT_CODES
-    assert float(error_full) > 0.05      # pairs saturated: what the AVX2-only CPUs computed
-    assert float(error_seven) < 1e-4     # 7-bit codes: exact again
+    chose_seven_bit_weights, error_full, error_weights, error_activations = proc.stdout.split()
+    assert chose_seven_bit_weights == "True"
+    assert float(error_full) > 0.05        # pairs saturated: what the AVX2-only CPUs computed
+    assert float(error_weights) < 1e-4     # 255 x 63 x 2 fits in 16 bits: exact again
+    assert float(error_activations) < 1e-4  # 127 x 127 x 2 fits too
 
 
 @needs_int8
