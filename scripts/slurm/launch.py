@@ -71,7 +71,10 @@ def main() -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    # Each of the agent's modules has a logger with a level of its own: quiet them one by one.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     signal.signal(signal.SIGUSR1, forward)
     try:
         torchrun(sys.argv[1:])
