@@ -21,6 +21,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 
 
 def children(pid: int) -> list[int]:
@@ -39,12 +41,42 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def forward_when_ready(signum: int, timeout: float = 600.0) -> None:
+    """Send ``signum`` to each worker as soon as it has a handler for it. A worker still
+    importing torch would be killed by SIGUSR1 (its default action), and before the rendezvous
+    there is no worker yet: the warning can come at any time, the first seconds of a job
+    included."""
+    done: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        waiting = [pid for pid in children(os.getpid()) if pid not in done]
+        if done and not waiting:
+            return
+        for pid in waiting:
+            if catches(pid, signum):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+                done.add(pid)
+        time.sleep(0.2)
+
+
 def forward(signum, _frame) -> None:
-    for pid in children(os.getpid()):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
+    # A thread: the agent's own loop goes on meanwhile (it watches the workers end).
+    threading.Thread(target=forward_when_ready, args=(signum,), daemon=True).start()
 
 
 def failure_lines(error) -> list[str]:

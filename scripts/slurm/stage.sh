@@ -57,6 +57,7 @@ copy() {
             die "the copy in $DEST.partial differs from $SRC (names or sizes) on $NODE"
         : > "$DEST.partial/.staged"
         mv -T "$DEST.partial" "$DEST"
+        echo "$NODE: copied $SRC to $DEST"
     fi
     mkdir -p "$DEST.users"
     # Sign-ins of an earlier attempt (a node killed before it could leave) no longer count.
