@@ -23,7 +23,7 @@ COMPAT_PYTHON ?= $(shell for p in python3.10 $(HOME)/.pyenv/versions/3.10*/bin/p
 # The site guide's MONAI for torch 2.3 (MONAI 1.6 needs torch >= 2.8); it needs numpy < 2.
 COMPAT_MONAI_SPEC ?= monai==1.4.0
 
-.PHONY: setup demo test test-fast test-compat clean
+.PHONY: setup demo test test-fast test-compat test-deploy clean
 
 setup: $(VENV)/.installed
 
@@ -56,6 +56,13 @@ $(COMPAT_VENV)/.installed: requirements.txt requirements-test.txt constraints-co
 test-compat: $(COMPAT_VENV)/.installed
 	@echo "test-compat on $$($(COMPAT_PY) --version), torch $$($(COMPAT_PY) -c 'import torch; print(torch.__version__)')"
 	$(COMPAT_PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# `make test-deploy`: the deployment for real (root; see README "Run on a cluster"): the SLURM
+# jobs under a two-node SLURM started on this machine (scripts/cluster/start.sh), the
+# container image built on a stand-in site base and run (scripts/container/build_and_check.sh).
+# tests/deploy is not collected by `make test`.
+test-deploy: setup
+	UNET3D_DEPLOY_TESTS=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS) tests/deploy
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(DEMO_DIR) .pytest_cache

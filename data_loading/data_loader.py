@@ -19,6 +19,7 @@ augmentations as batched tensor ops there, no CPU workers); ``auto`` is decided 
 from __future__ import annotations
 
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -57,6 +58,17 @@ def resolve_cache(cache: str, device: torch.device | None, dataset_bytes: int | 
         if dataset_bytes > DEVICE_CACHE_MAX_SHARE * free:
             return "memory"
     return "device"
+
+
+def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: a worker ignores SIGTERM and SIGUSR1. A scheduler (SLURM's
+    scancel, requeue, pre-emption, time limit) signals every process of a job at once; a worker
+    killed by it makes the training process raise at its next batch instead of saving its
+    checkpoint. The training process acts on the signal and ends its workers itself (a worker
+    also exits when its training process is gone)."""
+    for name in ("SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 class TrainLoader:
@@ -106,6 +118,7 @@ class TrainLoader:
         self._loader = torch.utils.data.DataLoader(
             self.dataset, batch_sampler=self._sampler, num_workers=self.num_workers,
             collate_fn=collate_batch, pin_memory=cuda, persistent_workers=self.num_workers > 0,
+            worker_init_fn=leave_stop_signals_to_the_trainer,
             generator=torch.Generator().manual_seed(self.seed))
 
     def __len__(self) -> int:

@@ -160,6 +160,21 @@ def start_exit_watchdog(timeout: float, rank: int) -> None:
         _watchdog = None  # no watchdog: the teardown proceeds exactly as without one
 
 
+def _never_free(group) -> None:
+    """Keep ``group``'s C++ process group alive until the process ends (one extra reference
+    that nothing drops): cleanup() runs when the process is about to exit, and freeing a gloo
+    group can deadlock on torch 2.3. Its destructor joins gloo's worker threads with the GIL
+    held (neither the group's binding nor DDP's reducer, which may hold the last reference,
+    releases it), while a worker thread still has to free the last work it ran, whose tensors
+    were created in Python and need the GIL to go. Seen as "rank N still tearing down" in about
+    one two-process run out of four on torch 2.3 (gdb: main thread in ~ProcessGroupGloo ->
+    thread::join, worker in ~AsyncWork -> take_gil). Never freed, the group's threads and
+    sockets end with the process."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+
+
 def cleanup(graceful: bool = True, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
     """Leave the process group. On a normal exit all ranks meet first: a rank that destroys its
     group while a peer still uses the connection can abort the peer (seen with gloo). After an
@@ -173,4 +188,6 @@ def cleanup(graceful: bool = True, timeout: float = TEARDOWN_TIMEOUT_S) -> None:
             if graceful:
                 barrier()
         finally:
+            if dist.get_backend() == "gloo":
+                _never_free(dist.group.WORLD)
             dist.destroy_process_group()

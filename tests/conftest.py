@@ -5,6 +5,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+# tests/deploy/ starts a real SLURM cluster and builds container images (root, minutes, the
+# package registries): `make test-deploy` runs it, `make test` does not collect it.
+collect_ignore = [] if os.environ.get("UNET3D_DEPLOY_TESTS") == "1" else ["deploy"]
+
 
 def pytest_configure(config):
     # `make test` runs everything (CI); `make test-fast` deselects these with -m "not slow".

@@ -25,6 +25,10 @@ MULTI_NODE = SLURM / "multi_node.sbatch"
 SWEEP = SLURM / "sweep.sh"
 RUN_AND_TIME = ROOT / "run_and_time.sh"
 INSTALL = ROOT / "scripts" / "install_requirements.sh"
+# The jobs run torchrun through this launcher (torch.distributed.run with the scheduler's
+# signals handled), inside stage.sh (dataset copied to the node's scratch, removed after).
+LAUNCHER = str(SLURM / "launch.py")
+STAGE = str(SLURM / "stage.sh")
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", "node_modules"}
 USER_FLAGS = ["--amp", "--log_dir", "/tmp/a b"]  # a space: the quoting must survive
 
@@ -183,11 +187,11 @@ def test_multi_node_dry_run_prints_one_torchrun_per_node_with_rendezvous_on_firs
     proc = run_script(MULTI_NODE, env, *USER_FLAGS, cwd=tmp_path)
     cmds = commands(proc.stdout)
 
-    i, launch = the_command(cmds, "torchrun")
+    i, launch = the_command(cmds, LAUNCHER)
     assert launch[0] == "srun" and option(launch, "--nodes") == "2"
     assert option(launch, "--ntasks-per-node") == "1"
     assert option(launch, "--cpus-per-task") == "32"
-    torchrun = after(launch, "torchrun")
+    torchrun = after(launch, LAUNCHER)
     assert option(torchrun, "--nnodes") == "2"
     assert option(torchrun, "--nproc_per_node") == "4"
     assert option(torchrun, "--rdzv_backend") == "c10d"
@@ -198,20 +202,19 @@ def test_multi_node_dry_run_prints_one_torchrun_per_node_with_rendezvous_on_firs
     assert flags[-len(USER_FLAGS):] == USER_FLAGS
     assert option(flags, "--data_dir") == "/scratch/kits19"
 
-    container = launch[launch.index("apptainer"):launch.index("torchrun")]
+    container = launch[launch.index("apptainer"):launch.index(LAUNCHER) - 1]
     assert container[:3] == ["apptainer", "exec", "--rocm"]
     binds = [container[j + 1] for j, a in enumerate(container) if a == "--bind"]
     assert f"{tmp_path}/shared/kits19:/data:ro" in binds
     assert "/scratch/slurm-4242:/scratch" in binds
     assert container[-1] == str(tmp_path / "unet3d.sif")
+    assert launch[launch.index(LAUNCHER) - 1] == "python3"
 
-    # The data goes to every node's scratch before training and is removed after.
-    copies = [j for j, c in enumerate(cmds) if c[:1] == ["srun"] and (
-        "rsync" in c or "cp" in c)]
-    assert copies and all(j < i for j in copies)
-    assert all(option(cmds[j], "--ntasks-per-node") == "1" for j in copies)
-    assert any(c[0] == "srun" and "rm" in c and "/scratch/slurm-4242/kits19" in c
-               for c in cmds[i + 1:])
+    # Every node copies the data to its scratch before training and removes it after
+    # (stage.sh around), in the same step as its torchrun, with --kill-on-bad-exit=1.
+    assert "--kill-on-bad-exit=1" in launch[:launch.index("bash")]
+    assert launch[launch.index("bash"):launch.index("bash") + 6] == [
+        "bash", STAGE, "around", f"{tmp_path}/shared/kits19", "/scratch/slurm-4242/kits19", "--"]
     # A dry run asks scontrol for the hosts and runs nothing else.
     assert calls(tmp_path) == ["scontrol show hostnames node-a1,node-b7"]
 
@@ -223,9 +226,9 @@ def test_multi_node_user_flags_and_environment_reach_main(tmp_path):
                     GPU_VENDOR="nvidia", SEED="17", LEARNING_RATE="0.5",
                     EXTRA_ARGS="--filters 8 16 32 64 80", RDZV_PORT="31000")
     proc = run_script(MULTI_NODE, env, "--verbose", cwd=tmp_path)
-    _, launch = the_command(commands(proc.stdout), "torchrun")
+    _, launch = the_command(commands(proc.stdout), LAUNCHER)
     assert "--nv" in launch and "--rocm" not in launch
-    torchrun = after(launch, "torchrun")
+    torchrun = after(launch, LAUNCHER)
     assert option(torchrun, "--nproc_per_node") == "8"
     assert option(torchrun, "--rdzv_endpoint") == "node-a1:31000"
     flags = main_py_args(torchrun)
@@ -242,19 +245,32 @@ def test_multi_node_without_a_slurm_allocation_says_so(tmp_path):
 
 
 def test_multi_node_real_run_stages_trains_and_cleans_up_even_on_failure(tmp_path):
-    """No DRY_RUN: the fake srun logs each step; training fails, the cleanup still runs."""
-    bin_dir = fake_slurm_bin(tmp_path, srun_status=3)
-    (tmp_path / "shared" / "kits19").mkdir(parents=True)
-    (tmp_path / "unet3d.sif").write_text("")
+    """No DRY_RUN: the fake srun runs its command once (one node); training fails (a fake
+    python exits 3 after looking at the staged copy), the copy is removed all the same."""
+    bin_dir = fake_slurm_bin(tmp_path)
+    write_executable(bin_dir / "srun", f"""#!/usr/bin/env bash
+echo "srun $*" >> {shlex.quote(str(tmp_path / "calls.log"))}
+while [[ $1 == -* ]]; do
+    case $1 in --nodes|--ntasks-per-node|--cpus-per-task) shift 2 ;; *) shift ;; esac
+done
+exec "$@"
+""")
+    write_executable(bin_dir / "fake-python", """#!/usr/bin/env bash
+ls "$SCRATCH/kits19" > "$SCRATCH/../seen-by-training"
+exit 3
+""")
+    data = tmp_path / "shared" / "kits19"
+    data.mkdir(parents=True)
+    (data / "case_00000_x.npy").write_bytes(b"x" * 100)
+    scratch = tmp_path / "scratch" / "job"
     env = slurm_env(tmp_path, bin_dir, SLURM_NNODES="2", SLURM_JOB_NODELIST="node-a1,node-b7",
-                    GPUS_PER_NODE="4")
+                    GPUS_PER_NODE="4", CONTAINER="", PYTHON="fake-python", SCRATCH=str(scratch))
     proc = run_script(MULTI_NODE, env, cwd=tmp_path, check=False)
     assert proc.returncode == 3, proc.stderr
     srun_calls = [c for c in calls(tmp_path) if c.startswith("srun")]
-    steps = ["mkdir" if " mkdir " in c else "copy" if (" rsync " in c or " cp " in c)
-             else "train" if " torchrun " in c else "clean" if " rm " in c else c
-             for c in srun_calls]
-    assert steps == ["mkdir", "copy", "train", "clean"]
+    assert len(srun_calls) == 1 and "--kill-on-bad-exit=1" in srun_calls[0].split()
+    assert (tmp_path / "scratch" / "seen-by-training").read_text().split() == ["case_00000_x.npy"]
+    assert not (scratch / "kits19").exists() and os.listdir(scratch) == []
     assert (tmp_path / "results").is_dir()
 
 
@@ -265,7 +281,7 @@ def test_job_finds_its_checkout_when_sbatch_runs_a_spooled_copy(tmp_path):
     shutil.copy(SINGLE_NODE, spooled)
     env = slurm_env(tmp_path, DRY_RUN="1", SLURM_SUBMIT_DIR=str(ROOT))
     proc = run_script(spooled, env, cwd=tmp_path)
-    _, launch = the_command(commands(proc.stdout), "torchrun")
+    _, launch = the_command(commands(proc.stdout), LAUNCHER)
     assert str(ROOT / "main.py") in launch
 
 
@@ -275,23 +291,22 @@ def test_single_node_dry_run_uses_standalone_torchrun(tmp_path):
     env = slurm_env(tmp_path, DRY_RUN="1", GPUS_PER_NODE="4")
     proc = run_script(SINGLE_NODE, env, *USER_FLAGS, cwd=tmp_path)
     cmds = commands(proc.stdout)
-    i, launch = the_command(cmds, "torchrun")
-    torchrun = after(launch, "torchrun")
+    i, launch = the_command(cmds, LAUNCHER)
+    torchrun = after(launch, LAUNCHER)
     assert torchrun[:3] == ["--standalone", "--nproc_per_node", "4"]
     assert "--nnodes" not in torchrun and "srun" not in launch
     assert main_py_args(torchrun)[-len(USER_FLAGS):] == USER_FLAGS
-    assert launch[:3] == ["apptainer", "exec", "--rocm"]
-    copy = [j for j, c in enumerate(cmds) if c[0] in ("rsync", "cp")]
-    assert copy and copy[0] < i
-    assert any(c[:2] == ["rm", "-rf"] for c in cmds[i + 1:])
+    staged = launch[:launch.index("--") + 1]
+    assert staged == ["bash", STAGE, "around", f"{tmp_path}/shared/kits19", "/scratch/slurm-4242/kits19", "--"]
+    assert launch[len(staged):][:3] == ["apptainer", "exec", "--rocm"]
 
 
 def test_single_node_without_container_runs_on_the_host(tmp_path):
     env = slurm_env(tmp_path, DRY_RUN="1", GPUS_PER_NODE="2", CONTAINER="",
                     SCRATCH=str(tmp_path / "scratch"))
     proc = run_script(SINGLE_NODE, env, cwd=tmp_path)
-    _, launch = the_command(commands(proc.stdout), "torchrun")
-    assert launch[0] == "torchrun" and "apptainer" not in launch
+    _, launch = the_command(commands(proc.stdout), LAUNCHER)
+    assert launch[launch.index("--") + 1:][:2] == ["python3", LAUNCHER] and "apptainer" not in launch
     flags = main_py_args(launch)
     assert option(flags, "--data_dir") == str(tmp_path / "scratch" / "kits19")
     assert option(flags, "--log_dir") == str(tmp_path / "results")
@@ -322,7 +337,7 @@ def test_swept_variables_become_main_py_flags(tmp_path):
     """What `sbatch --export=ALL,LEARNING_RATE=..,SEED=..` hands the job reaches main.py."""
     env = slurm_env(tmp_path, DRY_RUN="1", LEARNING_RATE="0.25", SEED="9")
     proc = run_script(SINGLE_NODE, env)
-    flags = main_py_args(the_command(commands(proc.stdout), "torchrun")[1])
+    flags = main_py_args(the_command(commands(proc.stdout), LAUNCHER)[1])
     assert option(flags, "--learning_rate") == "0.25" and option(flags, "--seed") == "9"
 
 

@@ -3,6 +3,8 @@
 #
 # Every setting is an environment variable with a default, so a job is tuned with
 # `sbatch --export=ALL,NAME=value job.sbatch` and nothing has to be edited:
+#   GPUS_PER_NODE processes per node (default: the GPUs allocated, --gres=gpu:N; else 4)
+#   PYTHON        the interpreter that runs torchrun (default python3, in the container if any)
 #   CONTAINER     Apptainer image (.sif); empty = run on the host's Python (a venv, a module)
 #   GPU_VENDOR    amd (apptainer --rocm), nvidia (--nv) or none
 #   APPTAINER     the container runtime's command (apptainer; singularity on older sites)
@@ -35,6 +37,12 @@ set_common_defaults() {
     SCRATCH=${SCRATCH:-/scratch/slurm-$JOB_ID}
     RESULTS_DIR=${RESULTS_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/results/$JOB_ID}
     CODE_DIR=${CODE_DIR:-$REPO_DIR}
+    # GPUs are asked for on the sbatch command line (--gres=gpu:N), not in the job's header, so
+    # that the same script runs on a CPU partition (GPU_VENDOR=none GPUS_PER_NODE=N processes).
+    if [[ -z ${GPUS_PER_NODE:-} && -z ${SLURM_GPUS_ON_NODE:-} && $GPU_VENDOR != none && -n ${SLURM_JOB_ID:-} ]]; then
+        printf 'warning: no GPU allocated to job %s (submit with --gres=gpu:N, or set GPU_VENDOR=none '\
+'and GPUS_PER_NODE for CPU processes): starting 4 processes per node\n' "$JOB_ID" >&2
+    fi
     GPUS_PER_NODE=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-4}}
     [[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "GPUS_PER_NODE must be a positive integer, got '$GPUS_PER_NODE'"
     # The reference's 8 data workers per process can oversubscribe a node with several GPUs:
@@ -109,29 +117,78 @@ container_prefix() {
     LAUNCH+=("$CONTAINER")
 }
 
-# The copy command for DATA_DIR -> SCRATCH/kits19: rsync where there is one, else cp.
-# Sets the array COPY.
-copy_command() {
-    if command -v rsync >/dev/null 2>&1; then
-        COPY=(rsync -a "$DATA_DIR/" "$SCRATCH/kits19/")
-    else
-        COPY=(cp -a "$DATA_DIR/." "$SCRATCH/kits19/")
+# The training command, run once per node by the job scripts: scripts/slurm/stage.sh copies
+# the dataset to SCRATCH (once per node, or once for nodes that share SCRATCH), runs torchrun
+# through scripts/slurm/launch.py (the scheduler's signals handled, no traceback when a job is
+# stopped) and removes the copy however the run ends. Arguments: torchrun's own flags.
+# Sets the array NODE_TASK.
+node_task() {
+    [[ ${DRY_RUN:-0} == 1 || -d $DATA_DIR ]] ||
+        die "DATA_DIR=$DATA_DIR is not a folder: set it to the preprocessed dataset"
+    # shellcheck disable=SC2034  # used by the job scripts
+    NODE_TASK=(bash "$REPO_DIR/scripts/slurm/stage.sh" around "$DATA_DIR" "$SCRATCH/kits19" --
+        ${LAUNCH[@]+"${LAUNCH[@]}"} "${PYTHON:-python3}" "$CODE_DIR/scripts/slurm/launch.py" "$@"
+        "$CODE_DIR/main.py" "${TRAIN_ARGS[@]}")
+}
+
+# A requeued job (its own requeue before the time limit, a pre-emption, an administrator's
+# `scontrol requeue`) starts this script again with SLURM_RESTART_COUNT > 0: continue the run
+# from its checkpoint (main.py --resume starts afresh when there is none yet).
+resume_if_requeued() {
+    if (( ${SLURM_RESTART_COUNT:-0} > 0 )); then
+        printf 'job %s: attempt %s, resuming from %s if it exists\n' "$JOB_ID" \
+            $(( SLURM_RESTART_COUNT + 1 )) "$RESULTS_DIR/checkpoint.pt" >&2
+        TRAIN_ARGS+=(--resume)
     fi
 }
 
-# Copy the dataset to the fast scratch. Arguments: a prefix that runs a command once on
-# every node of the job (srun ...), or nothing for this node only.
-stage_data() {
-    [[ ${DRY_RUN:-0} == 1 || -d $DATA_DIR ]] ||
-        die "DATA_DIR=$DATA_DIR is not a folder: set it to the preprocessed dataset"
-    copy_command
-    run "$@" mkdir -p "$SCRATCH/kits19"
-    run "$@" "${COPY[@]}"
+# run_and_watch CMD...: run CMD in the background and wait for it, so that signals reach this
+# shell while it waits. SIGUSR1 (the warning `#SBATCH --signal=B:USR1@...` sends before the
+# time limit) is passed on to CMD (its training processes save and exit) and makes the job
+# requeue itself; SIGTERM (scancel, requeue, pre-emption, the time limit itself) reaches every
+# process of the job from SLURM directly, so here it is only noted. Sets STATUS and STOPPED_BY.
+run_and_watch() {
+    if [[ ${DRY_RUN:-0} == 1 ]]; then
+        run "$@"
+        STATUS=0 STOPPED_BY=
+        return 0
+    fi
+    STOPPED_BY=
+    local child
+    trap 'STOPPED_BY=USR1; [[ -n ${child:-} ]] && kill -USR1 "$child" 2>/dev/null || true' USR1
+    trap 'STOPPED_BY=${STOPPED_BY:-TERM}' TERM
+    trap 'STOPPED_BY=${STOPPED_BY:-INT}' INT
+    "$@" &
+    child=$!
+    while true; do
+        STATUS=0
+        wait "$child" || STATUS=$?
+        kill -0 "$child" 2>/dev/null || break
+    done
+    trap - USR1 TERM INT
 }
 
-# Remove what stage_data copied; never fails, so an EXIT trap keeps the job's own status.
-remove_staged_data() {
-    run "$@" rm -rf "$SCRATCH/kits19" || printf 'warning: could not clean %s/kits19\n' "$SCRATCH" >&2
+# After run_and_watch: one line on a stop by the scheduler, and a requeue after the warning.
+after_stop() {
+    [[ -z $STOPPED_BY ]] && return 0
+    local checkpoint=$RESULTS_DIR/checkpoint.pt where
+    if [[ -f $checkpoint ]]; then
+        where="its checkpoint is $checkpoint"
+    else
+        where="no checkpoint was saved yet"
+    fi
+    if [[ $STOPPED_BY == USR1 ]]; then
+        if (( STATUS == 0 )) && scontrol requeue "$SLURM_JOB_ID" >/dev/null 2>&1; then
+            printf 'job %s: stopped before its time limit (SIGUSR1); %s; requeued, it will resume from it\n' \
+                "$JOB_ID" "$where" >&2
+        else
+            printf 'job %s: stopped before its time limit (SIGUSR1); %s; could not requeue (exit %s): resubmit to resume\n' \
+                "$JOB_ID" "$where" "$STATUS" >&2
+        fi
+    else
+        printf 'job %s: stopped by the scheduler (SIG%s); %s; a requeued job resumes from it\n' \
+            "$JOB_ID" "$STOPPED_BY" "$where" >&2
+    fi
 }
 
 # Settings go to stderr so that a dry run's stdout holds nothing but commands.
