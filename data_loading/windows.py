@@ -67,3 +67,15 @@ def window_geometry(shape: Sequence[int], roi: Sequence[int], overlap: float) ->
         grid.append((size_p - window) // stride + 1)
     return WindowGeometry(tuple(strides), tuple(trim), tuple(trimmed), tuple(pad), tuple(padded),
                           tuple(grid))
+
+
+def region_in_trimmed(region: Sequence[slice], shape: Sequence[int], roi: Sequence[int],
+                      overlap: float) -> tuple[slice, ...]:
+    """``region`` (slices of a volume of ``shape``) in the coordinates of the trimmed volume that
+    the sliding window scores (:func:`window_geometry`), cut to what the trim keeps."""
+    geometry = window_geometry(shape, roi, overlap)
+    out = []
+    for part, (before, _), kept in zip(region, geometry.trim, geometry.trimmed_shape):
+        start = min(max(part.start - before, 0), kept)
+        out.append(slice(start, max(start, min(part.stop - before, kept))))
+    return tuple(out)

@@ -2,7 +2,6 @@
 non-zero exit and nothing earlier lost. docs/reliability.md lists them with what a user sees."""
 import errno
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,50 +13,17 @@ import torch
 
 import easy_data
 import fake_data
-import main as main_module
+from main_runs import SMALL, TINY, call, one_line_error
 from model.unet3d import Unet3D
-from runtime.arguments import parse_args
 from runtime.checkpoint import load_checkpoint
 from runtime.outputs import LOCK_NAME, RunLock, keep_previous
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "32", "32", "64",
-         "--val_input_shape", "32", "32", "64", "--num_workers", "0", "--seed", "3"]
-TINY = ["--loader", "synthetic", "--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32",
-        "--val_input_shape", "32", "32", "32", "--normalization", "batchnorm", "--batch_size", "2",
-        "--optimizer", "adam", "--learning_rate", "0.01", "--seed", "7", "--device", "cpu", "--num_workers", "0"]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return easy_data.write_dataset(str(tmp_path_factory.mktemp("easy") / "data"), range(13))
-
-
-def call(argv, capsys, data_source=None):
-    """main.py in this process: (exit code, stdout, stderr). ``data_source`` replaces the data."""
-    if data_source is None:
-        try:
-            code = main_module.main(argv)
-        except SystemExit as exit_:
-            code = exit_.code
-    else:
-        from runtime.app import run
-
-        code = run(parse_args(argv), data=data_source)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-PROGRESS = re.compile(r"^.+: \d+/[\d?]+ done \(|^(warm-up|timed) step ")
-
-
-def one_line_error(code, err, *named):
-    """One error line on stderr (progress lines aside), naming each of ``named``."""
-    assert code != 0
-    messages = [line for line in err.splitlines() if line.strip() and not PROGRESS.match(line)]
-    assert "Traceback" not in err and len(messages) == 1, err
-    for name in named:
-        assert str(name) in err, (name, err)
 
 
 # -------------------------------------------------------------------- outputs checked up front
