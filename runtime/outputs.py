@@ -114,13 +114,15 @@ class RunLock:
         except FileExistsError:
             return False
         except OSError as err:
-            raise OutputError(f"cannot take the lock {self.path!r} of {self.flag}: {_reason(err)}") from None
+            raise OutputError(f"{self.flag} {self.subject!r} cannot be locked: cannot write {self.path!r} "
+                              f"({_reason(err)})") from None
         try:
             with os.fdopen(fd, "w") as handle:
                 handle.write(f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
         except OSError as err:  # a full disk: the lock would be empty, i.e. unreadable garbage
             os.remove(self.path)
-            raise OutputError(f"cannot take the lock {self.path!r} of {self.flag}: {_reason(err)}") from None
+            raise OutputError(f"{self.flag} {self.subject!r} cannot be locked: cannot write {self.path!r} "
+                              f"({_reason(err)})") from None
         return True
 
     def _holder(self) -> tuple[int | None, str]:
