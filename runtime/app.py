@@ -85,7 +85,7 @@ def run(config: Config, data=None) -> int:
         if why_not and config.verbose:
             print(f"host memory: freed blocks go back to the system ({why_not})")
     if config.exec_mode == "predict":
-        from runtime.predict import run_predict
+        from runtime.predict_folder import run_predict
 
         return run_predict(config)
     made = check_outputs(config)
