@@ -45,12 +45,16 @@ def window_geometry(shape: Sequence[int], roi: Sequence[int], overlap: float) ->
     stride is trimmed (half before, the rest after); the trimmed volume is padded (centred) to a
     multiple of the stride that is at least ``roi`` (and, where the stride does not divide the
     window, until the last window ends at the edge).
+
+    An axis shorter than half a stride is the whole remainder: the benchmark's rule would trim
+    it to nothing (an empty prediction; the reference scores it NaN). Such an axis is padded
+    instead, like any axis shorter than the window. Every other axis is as the benchmark has it.
     """
     strides, trim, trimmed, pad, padded, grid = [], [], [], [], [], []
     for size, window in zip(shape, roi):
         stride = max(1, int(window * (1 - overlap)))
         remainder = size % stride
-        cut = remainder if remainder < stride // 2 else 0
+        cut = remainder if remainder < stride // 2 and remainder < size else 0
         size_t = size - cut
         extra = (stride - size_t % stride) % stride
         if size_t + extra < window:
