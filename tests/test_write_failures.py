@@ -199,3 +199,22 @@ def test_a_failed_save_leaves_the_previous_checkpoint_loadable(tmp_path):
             atomic_save({"w": torch.zeros(100_000)}, path)
         shutil.copy(path, tmp_path / "copy.pt")
     assert torch.equal(load_checkpoint(str(tmp_path / "copy.pt"))["w"], torch.ones(10))
+
+
+# -------------------------------------------------------------------- the report
+
+@pytest.mark.parametrize("fault", ["full", "read_only"])
+def test_report_on_a_full_or_read_only_disk_names_the_file(tmp_path, capsys, fault):
+    from runtime import report
+
+    argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "run")]
+    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        if fault == "full":
+            fill(disk)
+        else:
+            read_only(disk)
+        code = report.main([str(tmp_path / "run"), "--output", disk, "--no_compliance", "--no_curves"])
+        _, err = capsys.readouterr()
+        one_line_error(code, err, os.path.join(disk, "summary.md"), NO_SPACE if fault == "full" else READ_ONLY)
+        assert [n for n in os.listdir(disk) if n != "filler"] == []
