@@ -173,3 +173,21 @@ def test_evaluate_says_what_it_scored_and_writes_each_case(preprocessed, tmp_pat
     assert "inside the scans: unknown" in out_bare
     logged = [json.loads(l) for l in open(tmp_path / "with" / "log.json")][-1]
     assert f"mean_dice {logged['mean_dice']:.4f}" == lines[0]
+
+
+def test_the_documented_example_runs_and_shows_the_three_causes(capsys):
+    """scripts/dice_definitions.py (docs/reliability.md): the stored label is perfect only by the
+    benchmark's definition; a slab in the padding costs the benchmark's Dice only."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "dice_definitions", os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "dice_definitions.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([]) == 0
+    table = [line.split("|")[2:5] for line in capsys.readouterr().out.splitlines() if line.startswith("| the")]
+    values = [[float(cell.split()[0]) for cell in row] for row in table]
+    stored, image_way, with_slab = values
+    assert stored[0] == stored[1] == 1.0 and stored[2] < 1.0                 # label resampling + grid
+    assert image_way[0] < 1.0 and image_way[2] > image_way[0]                # predict's grid reads higher
+    assert with_slab[0] < image_way[0] and with_slab[1:] == image_way[1:]    # padding: evaluate only
