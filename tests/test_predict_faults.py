@@ -77,6 +77,7 @@ def test_a_scan_with_an_absurd_or_zero_spacing_is_refused_before_any_work(tmp_pa
     assert [(c, summary[c]["status"]) for c in ("a", "b_bad", "c")] == [("a", "segmented"), ("b_bad", "failed"),
                                                                         ("c", "segmented")]
     assert said in summary["b_bad"]["error"] and "failed scans: b_bad" in stdout
+    assert f"weights: the best weights (best_model_state_dict) of {checkpoint}" in stdout   # which weights
 
 
 def test_a_scan_too_large_for_memory_is_refused_with_its_size(tmp_path):
