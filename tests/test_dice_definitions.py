@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from data_loading import geometry
 from data_loading import preprocessing as pp
 from main_runs import call
 from model.losses import DiceCELoss, DiceScore
@@ -109,6 +108,7 @@ def preprocessed(tmp_path_factory):
 
 
 def test_preprocessing_writes_a_geometry_record_beside_unchanged_arrays(preprocessed):
+    from data_loading import geometry
     from data_loading.scans import read_scan, scan_geometry
 
     data, raw = preprocessed / "data", preprocessed / "raw"
@@ -132,6 +132,7 @@ def test_a_missing_record_is_written_from_the_header_on_the_next_run(preprocesse
     import shutil
 
     import preprocess_dataset
+    from data_loading import geometry
 
     data = tmp_path / "data"
     shutil.copytree(preprocessed / "data", data)

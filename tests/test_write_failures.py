@@ -10,7 +10,6 @@ import torch
 
 import fake_data
 from data_loading.atomic import atomic_write
-from data_loading.write_errors import append_bytes, is_full_disk, write_failure
 from disks import fill, read_only, small_disk
 from main_runs import TINY, call, call_main, one_line_error
 from runtime.checkpoint import atomic_save, load_checkpoint
@@ -24,6 +23,8 @@ READ_ONLY = os.strerror(errno.EROFS)
 
 @pytest.mark.parametrize("number", [errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT])
 def test_write_failure_names_the_reason(number):
+    from data_loading.write_errors import is_full_disk, write_failure
+
     assert write_failure(OSError(number, os.strerror(number))) == os.strerror(number)
     try:  # torch's zip writer: its RuntimeError raised while handling the OSError
         try:
@@ -36,6 +37,8 @@ def test_write_failure_names_the_reason(number):
 
 
 def test_a_bug_is_no_write_failure():
+    from data_loading.write_errors import write_failure
+
     assert write_failure(ValueError("bad value")) is None
     assert write_failure(RuntimeError("shape mismatch")) is None
 
@@ -43,6 +46,8 @@ def test_a_bug_is_no_write_failure():
 def test_torch_save_and_np_save_on_a_full_disk(tmp_path):
     """The real errors, both explained: torch's wrapped RuntimeError and numpy's short write
     (an OSError without errno, probed for the reason)."""
+    from data_loading.write_errors import write_failure
+
     with small_disk(tmp_path / "disk", "256k") as disk:
         with pytest.raises(Exception) as saved:
             atomic_save({"w": torch.zeros(200_000)}, os.path.join(disk, "c.pt"))
@@ -54,6 +59,8 @@ def test_torch_save_and_np_save_on_a_full_disk(tmp_path):
 
 
 def test_append_is_all_or_nothing(tmp_path):
+    from data_loading.write_errors import append_bytes
+
     with small_disk(tmp_path / "disk", "8k") as disk:
         path = os.path.join(disk, "log.json")
         append_bytes(path, b'{"a": 1}\n')
