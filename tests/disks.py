@@ -35,8 +35,11 @@ def small_disk(folder, size: str = "4m"):
         subprocess.run(["umount", "-l", folder], capture_output=True)
 
 
-def fill(folder, name: str = "filler") -> str:
-    """Fill the file system of ``folder`` to the last byte with one file; returns its path."""
+def fill(folder, name: str = "filler", leave: int = 0) -> str:
+    """Fill the file system of ``folder`` with one file, to the last byte or up to ``leave``
+    free bytes; returns its path. (With a page or so left, ``torch.save`` fails inside its zip
+    writer, a ``RuntimeError`` around the ``OSError``; with nothing left, the ``OSError`` of
+    the final flush comes last: both happen on real full disks.)"""
     path = os.path.join(str(folder), name)
     block = bytes(1 << 16)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -50,6 +53,8 @@ def fill(folder, name: str = "filler") -> str:
                     break
     finally:
         os.close(fd)
+    if leave:
+        os.truncate(path, max(0, os.path.getsize(path) - leave))
     return path
 
 

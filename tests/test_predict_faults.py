@@ -184,3 +184,21 @@ def test_a_refused_predict_leaves_no_empty_output_dir(tmp_path, capsys):
     code, _, stderr = predict(capsys, folder, tmp_path / "new" / "out", str(tmp_path / "list.pt"))
     assert code == 1 and len(error_lines(stderr)) == 1 and "list.pt" in stderr
     assert not os.path.exists(tmp_path / "new")
+
+
+def test_an_interrupted_folder_keeps_the_summary_of_what_finished(tmp_path, capsys, checkpoint, monkeypatch):
+    import runtime.predict_folder as folder_module
+
+    folder = folder_of_scans(tmp_path / "in", {"a": TARGET, "b": TARGET})
+    original = folder_module.segment_scan
+
+    def interrupt_on_b(scan, *args, **kwargs):
+        if scan.name == "b":
+            raise KeyboardInterrupt
+        return original(scan, *args, **kwargs)
+
+    monkeypatch.setattr(folder_module, "segment_scan", interrupt_on_b)
+    code, _, stderr = predict(capsys, folder, tmp_path / "out", checkpoint)
+    assert code == 130 and "Traceback" not in stderr
+    assert [(c, r["status"]) for c, r in rows(tmp_path / "out").items()] == [("a", "segmented")]
+    assert not os.path.exists(tmp_path / "out" / LOCK_NAME)
