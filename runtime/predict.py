@@ -37,6 +37,7 @@ from runtime.inference import PAD_VALUE, sliding_window_inference
 from runtime.outputs import OutputError
 from runtime.predict_summary import CaseResult
 from runtime.resolve import amp_dtype_for, architecture_from
+from runtime.signals import Stopped
 
 FLIPS = [dims for n in range(4) for dims in itertools.combinations((2, 3, 4), n)]  # 8, () first
 STAGES = ("read", "preprocess", "infer", "restore", "write", "preview")
@@ -244,6 +245,8 @@ def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.nd
         write_output(path, lambda: write_preview(path, image, labels, truth, result.case))
     except OutputWriteError as exc:
         result.error, result.full_disk = f"preview not written: {exc}", exc.full
+    except Stopped:  # a signal, not a preview problem
+        raise
     except Exception as exc:  # noqa: BLE001 - matplotlib's own errors: one line, the segmentation is kept
         result.error = f"preview {path} not written: {one_line_reason(exc)} (the segmentation is written)"
 

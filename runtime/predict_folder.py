@@ -22,7 +22,7 @@ from runtime.outputs import OutputError, RunLock, check_output_dir, remove_if_em
 from runtime.predict import (OutputWriteError, load_predict_model, make_infer, one_line_reason, segment_scan,
                              summarise_existing)
 from runtime.predict_summary import CaseResult, report, save_summary
-from runtime.signals import PreemptionFlag
+from runtime.signals import PreemptionFlag, Stopped
 
 
 ALLOCATOR_SIGNS = ("can't allocate memory", "out of memory", "DefaultCPUAllocator", "std::bad_alloc")
@@ -50,6 +50,8 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
             return summarise_existing(scan, path)
         check_header(scan.image_path)
         return segment_scan(scan, infer, config.output_dir, config.preview)
+    except Stopped:  # SIGTERM / SIGUSR1: the run stops, it is no failure of this scan
+        raise
     except Exception as exc:  # noqa: BLE001 - one scan's failure is never the folder's end
         return CaseResult(scan.name, "failed", scan.image_path, error=failure_message(scan, exc),
                           full_disk=isinstance(exc, OutputWriteError) and exc.full)

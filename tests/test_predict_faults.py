@@ -186,19 +186,25 @@ def test_a_refused_predict_leaves_no_empty_output_dir(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "new")
 
 
-def test_an_interrupted_folder_keeps_the_summary_of_what_finished(tmp_path, capsys, checkpoint, monkeypatch):
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_folder_keeps_the_summary_of_what_finished(tmp_path, capsys, checkpoint, monkeypatch,
+                                                                  signal_name):
+    """Ctrl-C, or SIGTERM (its handler raises ``Stopped`` in the scan being segmented): the run
+    stops there (never "that scan failed, on to the next"), the finished scans are summarised."""
     import runtime.predict_folder as folder_module
+    from runtime.signals import Stopped
 
-    folder = folder_of_scans(tmp_path / "in", {"a": TARGET, "b": TARGET})
+    folder = folder_of_scans(tmp_path / "in", {"a": TARGET, "b": TARGET, "c": TARGET})
     original = folder_module.segment_scan
 
     def interrupt_on_b(scan, *args, **kwargs):
         if scan.name == "b":
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt if signal_name == "SIGINT" else Stopped("SIGTERM", 15)
         return original(scan, *args, **kwargs)
 
     monkeypatch.setattr(folder_module, "segment_scan", interrupt_on_b)
     code, _, stderr = predict(capsys, folder, tmp_path / "out", checkpoint)
-    assert code == 130 and "Traceback" not in stderr
+    assert code == (130 if signal_name == "SIGINT" else 143) and "Traceback" not in stderr
     assert [(c, r["status"]) for c, r in rows(tmp_path / "out").items()] == [("a", "segmented")]
+    assert not os.path.exists(tmp_path / "out" / "c.nii.gz")
     assert not os.path.exists(tmp_path / "out" / LOCK_NAME)
