@@ -34,18 +34,35 @@ class ScanHeader:
     spacing: tuple[float, ...]
 
 
+NIFTI_HEADER_SIZES = {348: "Nifti1Header", 540: "Nifti2Header"}  # sizeof_hdr, the first int32
+
+
 def read_header(path: str) -> ScanHeader:
-    """The header of the NIfTI file ``path`` as stored (no fixes applied); :class:`ScanError`
-    naming the file when it is unreadable or not 3-D."""
+    """The header of the NIfTI-1 or -2 file ``path`` as stored (no fixes applied, no extension
+    read); :class:`ScanError` naming the file when it is unreadable, no NIfTI or not 3-D."""
+    import struct
+    import zlib
+
     import nibabel
     from nibabel.openers import ImageOpener
+    from nibabel.spatialimages import HeaderDataError
 
     try:
         with ImageOpener(path) as handle:
-            header = nibabel.Nifti1Header.from_fileobj(handle, check=False)
+            head = handle.read(max(NIFTI_HEADER_SIZES))
+        for endian in "<>":
+            size = struct.unpack(f"{endian}i", head[:4])[0] if len(head) >= 4 else 0
+            if size in NIFTI_HEADER_SIZES and len(head) >= size:
+                klass = getattr(nibabel, NIFTI_HEADER_SIZES[size])
+                header = klass(head[:size], endianness=endian, check=False)
+                break
+        else:
+            raise ScanError(f"{path}: unreadable or corrupt NIfTI (no NIfTI header)")
         shape = tuple(int(s) for s in header.get_data_shape())
         spacing = tuple(float(s) for s in header["pixdim"][1:4])
-    except Exception as exc:  # noqa: BLE001 - any failure to parse is one line naming the file
+    except (OSError, ValueError, EOFError, zlib.error, struct.error, HeaderDataError) as exc:
+        if isinstance(exc, ScanError):
+            raise
         raise ScanError(f"{path}: unreadable or corrupt NIfTI ({_reason(exc)})") from None
     if len(shape) != 3:
         raise ScanError(f"{path}: expected a 3-D volume, got shape {shape}")
