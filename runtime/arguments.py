@@ -254,6 +254,15 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def checkpoint_path_problem(path: str, flag: str) -> str:
+    """Why ``path`` is no checkpoint file: a folder (naming the checkpoints in it) or missing."""
+    if not os.path.isdir(path):
+        return f"{flag} {path!r} does not exist"
+    found = sorted(name for name in os.listdir(path) if name.endswith((".pt", ".pth", ".ckpt")))
+    hint = f", such as {os.path.join(path, found[0])!r}" if found else ""
+    return f"{flag} {path!r} is a folder; give the checkpoint file{hint}"
+
+
 def validate(cfg: Config) -> list[str]:
     """Every problem with ``cfg``, as one message each naming the flag."""
     errors = []
@@ -300,7 +309,7 @@ def validate(cfg: Config) -> list[str]:
     if cfg.exec_mode == "evaluate" and not cfg.benchmark:
         check(bool(cfg.load_ckpt_path), "--exec_mode evaluate needs --load_ckpt_path")
     if cfg.load_ckpt_path:
-        check(os.path.isfile(cfg.load_ckpt_path), f"--load_ckpt_path {cfg.load_ckpt_path!r} does not exist")
+        check(os.path.isfile(cfg.load_ckpt_path), checkpoint_path_problem(cfg.load_ckpt_path, "--load_ckpt_path"))
     if cfg.resume:
         check(bool(cfg.save_ckpt_path), "--resume needs --save_ckpt_path (the checkpoint to continue)")
     if cfg.device == "cuda":
