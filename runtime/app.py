@@ -48,11 +48,24 @@ def output_locks(config: Config, dist_info: D.DistInfo) -> list[RunLock]:
             checkpoint_lock(config.save_ckpt_path, enabled=mine and config.is_train)]
 
 
+# A run whose checkpoint says it reached the target or stopped for good: resuming it would train
+# past its end (a job requeued just as it succeeded, a scheduler's retry).
+ENDED_STATUSES = ("success", "aborted")
+
+
 def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
     saved = ckpt.saved_for(config)
     if config.resume and (saved is None or not saved.resume) and dist_info.is_main:
         print(f"--resume: no checkpoint at {config.save_ckpt_path} yet, starting a new run")
     return saved
+
+
+def already_ended(saved: ckpt.Saved | None) -> str | None:
+    """The one line to print when ``--resume`` finds a run that has ended, else None."""
+    if saved is None or not saved.resume or saved.checkpoint.get("status") not in ENDED_STATUSES:
+        return None
+    return (f"--resume: the run in {saved.path} already ended ({saved.checkpoint['status']} at epoch "
+            f"{saved.checkpoint.get('epoch')}); nothing to resume")
 
 
 def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preempt: PreemptionFlag) -> Reporters:
@@ -97,7 +110,12 @@ def run(config: Config, data=None) -> int:
     try:
         for lock in locks:
             lock.acquire()
-        out, components, saved = start_run(config, dist_info, data, preempt)
+        saved = starting_point(config, dist_info)
+        if already_ended(saved):
+            if dist_info.is_main:
+                print(already_ended(saved))
+            return 0
+        out, components = start_run(config, dist_info, data, preempt, saved)
         if config.exec_mode == "evaluate":
             return run_evaluate(components, out, saved)
         if config.benchmark:
@@ -121,13 +139,13 @@ def run(config: Config, data=None) -> int:
         D.cleanup(graceful)
 
 
-def start_run(config: Config, dist_info: D.DistInfo, data, preempt: PreemptionFlag):
-    """Read the data and the checkpoint, resolve, open the reporters, build the components:
-    ``(reporters, components, the checkpoint started from or None)``."""
+def start_run(config: Config, dist_info: D.DistInfo, data, preempt: PreemptionFlag,
+              saved: ckpt.Saved | None):
+    """Read the data, resolve, open the reporters, build the components from ``saved`` (the
+    checkpoint started from, or None): ``(reporters, components)``."""
     from data_loading.data_loader import data_source
 
     data = data if data is not None else data_source(config)
-    saved = starting_point(config, dist_info)
     config = resolve(config, dist_info, data, saved)
     out = make_reporters(config, dist_info, saved is not None and saved.resume, preempt)
     out.mlperf.submission_info(config)
@@ -138,7 +156,7 @@ def start_run(config: Config, dist_info: D.DistInfo, data, preempt: PreemptionFl
         state = components.state
         out.say(f"resuming {saved.path} after epoch {state.epoch}"
                 + (f" + {state.step_in_epoch} batches" if state.step_in_epoch else ""))
-    return out, components, saved
+    return out, components
 
 
 def run_evaluate(components: Components, out: Reporters, saved: ckpt.Saved | None) -> int:
