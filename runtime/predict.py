@@ -34,6 +34,7 @@ from model.losses import label_map_dice
 from runtime import distributed as D
 from model.inference import int8_available, prepare_for_inference
 from runtime.arguments import Config, UsageError, replace
+from runtime.backend import predict_model
 from runtime.build import autocast_factory, build_model
 from runtime.checkpoint import Saved, load_checkpoint, load_model_weights, model_state_from
 from runtime.compiling import compile_model
@@ -350,7 +351,7 @@ def run_predict(config: Config) -> int:
     preempt = PreemptionFlag(interrupt=True).install()  # SIGTERM: stop now (outputs are atomic)
     graceful = True
     try:
-        model, config = load_predict_model(config, dist_info.device)
+        model, config = predict_model(config, dist_info.device, load_predict_model, dist_info.is_main)
         infer = make_infer(model, config, dist_info.device)
         mine = scans[dist_info.rank::dist_info.world_size]
         results = predict_cases(mine, infer, config, show_progress=dist_info.is_main)
