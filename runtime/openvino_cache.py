@@ -116,6 +116,7 @@ class CacheEntry:
         try:
             os.makedirs(self.folder, exist_ok=True)
             temp = tempfile.mkdtemp(prefix=".building-", dir=self.folder)
+            os.chmod(temp, 0o777 & ~_umask())  # mkdtemp makes it private; the entry is not
             ov.save_model(ov_model, os.path.join(temp, "model.xml"), compress_to_fp16=False)
             with open(os.path.join(temp, "key.json"), "w") as handle:
                 json.dump(self.fields, handle, indent=1, sort_keys=True)
@@ -149,6 +150,12 @@ class CacheEntry:
                 stale = True
             if stale:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _replace_folder(temp: str, final: str) -> None:
