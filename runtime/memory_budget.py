@@ -1,7 +1,8 @@
 """Predict's host memory: the window batch chosen so that the estimated peak fits a limit.
 
 The limit is ``--max_memory_gb`` when given, else the memory available when predict starts
-(``MemAvailable`` in ``/proc/meminfo``). The estimate is the process's base (PyTorch, the
+(``MemAvailable`` in ``/proc/meminfo``; under torchrun, divided among the node's processes).
+The estimate is the process's base (PyTorch, the
 network, OpenVINO's compiled model), the volume's buffers, and the windows in flight:
 
 * PyTorch holds every window of a batch in one forward, and keeps freed blocks for reuse
@@ -18,6 +19,7 @@ segmentation does not depend on the batch.
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable
 
 from runtime.arguments import Config, UsageError, replace
@@ -41,6 +43,14 @@ def available_bytes(path: str = "/proc/meminfo") -> float | None:
     return None
 
 
+def local_processes() -> int:
+    """Processes of this job on this node (torchrun's ``LOCAL_WORLD_SIZE``; 1 otherwise)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def first_activation_bytes(config: Config) -> float:
     return 4.0 * config.filters[0] * math.prod(config.val_input_shape)
 
@@ -62,6 +72,9 @@ def bounded_window_batch(config: Config, backend: str, say: Callable[[str], None
     if limit is None:
         return config
     source = f"--max_memory_gb {config.max_memory_gb:g}" if explicit else "the memory available now"
+    if not explicit and local_processes() > 1:  # torchrun: the node's ranks share what is available
+        limit /= local_processes()
+        source += f" shared by {local_processes()} processes on this node"
     if estimate_bytes(config, backend, 1) > limit:
         if explicit:
             raise UsageError(f"--max_memory_gb {config.max_memory_gb:g}: predict needs about "
