@@ -207,10 +207,11 @@ def prepare(names, inputs, work: Path, roi: int) -> dict:
     for name in names:
         if name.startswith("openvino"):
             out = str(work / f"setup-{name}")
-            wall, _, code = run_process(variant_command(name, *inputs, out, roi), work / f"setup-{name}.log")
+            wall, rss, code = run_process(variant_command(name, *inputs, out, roi), work / f"setup-{name}.log")
             if code != 0:
                 raise SystemExit(f"bench_backends: {name} failed, see {work / f'setup-{name}.log'}")
             setup[name] = wall - summary_of(out)["seconds"]
+            print(f"setup {name}: conversion and start {setup[name]:.1f} s, peak RSS {rss:.2f} GB", flush=True)
     return setup
 
 
@@ -228,6 +229,8 @@ def run_rounds(names, inputs, work: Path, rounds: int, roi: int) -> tuple[dict, 
                 raise SystemExit(f"bench_backends: {name} exited {code}, see {work / f'{name}-{r}.log'}")
             summary = summary_of(out)
             runs[name].append(dict(summary, wall=wall, rss=rss, load=load))
+            with open(work / "runs.jsonl", "a") as record:  # kept even if the benchmark is stopped
+                record.write(json.dumps(dict(runs[name][-1], variant=name, round=r + 1)) + "\n")
             print(f"round {r + 1} {name}: {summary['seconds']:.1f} s scans, {wall:.1f} s process, "
                   f"peak RSS {rss:.2f} GB, load {load:.1f}", flush=True)
             if r == 0:
