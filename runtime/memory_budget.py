@@ -11,8 +11,10 @@ network, OpenVINO's compiled model), the volume's buffers, and the windows in fl
 * OpenVINO runs one window per request whatever the batch, in buffers it plans once:
   ``OPENVINO_WINDOW_FACTOR`` times the first activation, once.
 
-The factors are measured on a KiTS-size scan (docs/performance.md, "Predict's peak memory"),
-rounded up. The batch is the largest (at most ``--sw_batch_size``) whose estimate fits; when
+The constants are set above the peaks measured on a KiTS-size scan (300 x 512 x 512, 18
+windows of 128³, the default network; docs/performance.md, "Peak memory"): PyTorch fp32
+channels-last with 2 windows per forward 6.2-7.0 GB (estimate 7.8), int8 6.0 (7.8), OpenVINO
+fp32 3.5 (4.6), int8 2.8 (4.6), the reference's way with 1 window 3.2 (5.4). The batch is the largest (at most ``--sw_batch_size``) whose estimate fits; when
 not even one window fits an explicit ``--max_memory_gb``, predict stops with one line. The
 segmentation does not depend on the batch.
 """
@@ -26,8 +28,8 @@ from runtime.arguments import Config, UsageError, replace
 
 GB = 1e9
 BASE_BYTES = 1.0 * GB  # interpreter, PyTorch and its libraries, the network's weights
-VOLUME_BYTES = 2.5 * GB  # a KiTS-size scan: padded image, class sums, weights, probabilities, restore
-TORCH_WINDOW_FACTOR = 11.0
+VOLUME_BYTES = 2.0 * GB  # a KiTS-size scan: padded image, class sums, weights, probabilities, restore
+TORCH_WINDOW_FACTOR = 9.0
 OPENVINO_WINDOW_FACTOR = 6.0
 
 
