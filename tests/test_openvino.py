@@ -313,3 +313,25 @@ def test_predict_cli_openvino_segments_like_torch(tmp_path):
     assert "converting" in outs["ov"].stdout and "using the converted network" in outs["ov2"].stdout
     assert "backend: --backend auto: OpenVINO" in outs["ov2"].stdout
     assert np.mean(labels["torch"] == labels["ov"]) > 0.999 and np.array_equal(labels["ov"], labels["ov2"])
+
+
+# ----------------------------------------------------------------------------- the benchmark
+
+
+@pytest.mark.slow
+def test_backends_benchmark_smoke(tmp_path):
+    """benchmarks/bench_backends.py on a tiny scan and network, the two PyTorch variants (the
+    OpenVINO ones where installed): every variant's row, the windows, the ISA header, and the
+    reference's way run as its own process without memory reuse."""
+    variants = "reference,torch_fp32" + (",openvino_fp32" if openvino_missing() is None else "")
+    out = subprocess.run([sys.executable, "benchmarks/bench_backends.py", "--shape", "40", "60", "60", "--resampled",
+                          "100", "110", "110", "--filters", "4", "8", "16", "32", "32", "--rounds", "1", "--variants",
+                          variants, "--workdir", str(tmp_path), "--out", str(tmp_path / "t.md")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1200, env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "t.md").read_text()
+    assert "IMITATION: ONEDNN_MAX_CPU_ISA=AVX2" in table and "ISA: " in table
+    assert "1 windows of 128³ per run" in table
+    for name in variants.split(","):
+        assert f"| {name} |" in table
+    assert "| reference |" in table and "| 1.00x |" in table
