@@ -11,6 +11,7 @@ from mlperf_logging.mllog import constants as C
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
+from runtime.backend import evaluation_components
 from runtime.benchmark import benchmark_evaluate, benchmark_train
 from runtime.build import Components, build_components
 from runtime.memory import reuse_freed_memory
@@ -163,6 +164,7 @@ def run_evaluate(components: Components, out: Reporters, saved: ckpt.Saved | Non
     if components.config.benchmark:
         benchmark_evaluate(components, out)
         return 0
+    components = evaluation_components(components, out.is_main)  # PyTorch or OpenVINO (--backend)
     cases: list[dict] = []
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
     cases = [c for part in D.all_gather_objects(cases) for c in part]

@@ -10,6 +10,8 @@ and writes the summary (:mod:`runtime.predict_summary`); the exit code is 1 if a
 """
 from __future__ import annotations
 
+import functools
+
 import os
 import sys
 from typing import Callable, Sequence
@@ -19,6 +21,7 @@ from data_loading.scans import Scan, ScanError, find_scans, output_path
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.outputs import OutputError, RunLock, check_output_dir, remove_if_empty
+from runtime.backend import predict_model
 from runtime.predict import (OutputWriteError, load_predict_model, make_infer, one_line_reason, segment_scan,
                              summarise_existing)
 from runtime.predict_summary import CaseResult, report, save_summary
@@ -98,7 +101,8 @@ def take_output_lock(config: Config, dist_info: D.DistInfo) -> RunLock:
 
 def predict_scans(config: Config, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
     """Load the model, segment this rank's share of ``scans``, write the summary (rank 0)."""
-    model, config = load_predict_model(config, dist_info.device, say=print if dist_info.is_main else None)
+    load = functools.partial(load_predict_model, say=print if dist_info.is_main else None)
+    model, config = predict_model(config, dist_info.device, load, dist_info.is_main)  # PyTorch or OpenVINO
     infer = make_infer(model, config, dist_info.device)
     results: list[CaseResult] = []
     try:
