@@ -52,6 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.cpu_isa import isa_line  # noqa: E402
+
 VARIANTS = {
     "reference": ["--backend", "torch", "--sw_batch_size", "1"],
     "torch_fp32": ["--backend", "torch", "--channels_last"],
@@ -59,7 +61,6 @@ VARIANTS = {
     "openvino_fp32": ["--backend", "openvino"],
     "openvino_int8": ["--backend", "openvino", "--int8"],
 }
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,29 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
 def run_reference_child(argv: list[str]) -> int:
     """The ``reference`` variant's process: the predict code without ``main.py``'s memory reuse."""
     from runtime.arguments import parse_args
-    from runtime.predict import run_predict
+    from runtime.predict_folder import run_predict
 
     return run_predict(parse_args(argv))
 
 
 def cpu_line() -> str:
-    """CPU model, cores and the ISA flags that matter here (AVX2, AVX-512, VNNI, BF16, AMX), plus
-    an ``ONEDNN_MAX_CPU_ISA`` limit when one is set (an imitation of a smaller CPU)."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    isa = ", ".join(f for f in ISA_FLAGS if f in flags) or "unknown"
+    """CPU model, ISA flags (AVX2, AVX-512, VNNI, BF16, AMX) and cores, plus an
+    ``ONEDNN_MAX_CPU_ISA`` limit when one is set (an imitation of a smaller CPU)."""
     limit = os.environ.get("ONEDNN_MAX_CPU_ISA")
-    text = f"{name}, {os.cpu_count()} cores, ISA: {isa}"
-    return text + (f"; IMITATION: ONEDNN_MAX_CPU_ISA={limit} (oneDNN in PyTorch and OpenVINO limited to it)"
-                   if limit else "")
+    return isa_line() + (f" · IMITATION: ONEDNN_MAX_CPU_ISA={limit} (oneDNN in PyTorch and OpenVINO "
+                         f"limited to it)" if limit else "")
 
 
 def make_inputs(args, work: Path) -> tuple[str, str, str]:
@@ -256,7 +245,7 @@ def versions() -> str:
 
 def report(args, names, runs, labels, setup, windows, shapes, inputs) -> str:
     ref = "reference" if "reference" in names else names[0]
-    lines = [f"{datetime.datetime.now():%Y-%m-%d %H:%M} · {cpu_line()} · {versions()}",
+    lines = [f"{datetime.datetime.now():%H:%M} · {cpu_line()} · {versions()}",
              f"scans {inputs[0]} (preprocessed {', '.join('x'.join(map(str, s)) for s in shapes)}), "
              f"{windows} windows of {args.roi}³ per run (predict's geometry, the same for every variant) · "
              f"weights {args.ckpt or 'random, filters ' + ' '.join(map(str, args.filters))} · "
