@@ -541,3 +541,55 @@ def test_dockerfile_runs_as_a_non_root_user_with_volumes():
 def test_dockerignore_keeps_local_state_out_of_the_image():
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".git", ".venv", "results"} <= ignored
+
+
+# --------------------------------------------------------------------------- launch.py
+
+def load_launcher():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("slurm_launch", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)    # no side effect: main() runs only as a script
+    return module
+
+
+def agent_log(filter_, error: BaseException | None, message: str = "Error waiting on exit barrier. "
+              "Elapsed: %s seconds") -> str:
+    """What torchrun's agent logs (logger.exception, as in its _exit_barrier) through ``filter_``."""
+    import io
+    import logging
+
+    logger = logging.getLogger("test_scripts.agent")
+    logger.propagate = False
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    logger.addFilter(filter_)
+    try:
+        if error is None:
+            logger.error(message, 0.004)
+        else:
+            try:
+                raise error
+            except type(error):
+                logger.exception(message, 0.004)
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(filter_)
+    return stream.getvalue()
+
+
+def test_launcher_drops_the_exit_barrier_traceback_when_the_host_has_left():
+    launch = load_launcher()
+    closed = RuntimeError("Failed to recv, got 0 bytes. Connection was likely closed. "
+                          "Did the remote server shutdown or crash?")
+    assert agent_log(launch.ExitBarrierFilter(), closed) == ""
+    # Any other failure of the barrier: one line, no traceback.
+    timeout = RuntimeError("Wait timeout after 300 s\nException raised from wait at store.cpp")
+    text = agent_log(launch.ExitBarrierFilter(), timeout)
+    assert text.splitlines() == ["torchrun: warning: the agents' exit barrier failed after this node's "
+                                 "workers succeeded: RuntimeError: Wait timeout after 300 s"]
+    # Every other record is untouched, its traceback included.
+    other = agent_log(launch.ExitBarrierFilter(), ValueError("worker group failed"), "Something else after %s s")
+    assert other.startswith("Something else") and "Traceback" in other and "ValueError" in other
