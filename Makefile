@@ -23,7 +23,7 @@ COMPAT_PYTHON ?= $(shell for p in python3.10 $(HOME)/.pyenv/versions/3.10*/bin/p
 # The site guide's MONAI for torch 2.3 (MONAI 1.6 needs torch >= 2.8); it needs numpy < 2.
 COMPAT_MONAI_SPEC ?= monai==1.4.0
 
-.PHONY: setup demo test test-fast test-compat test-deploy clean
+.PHONY: setup demo test test-fast test-compat test-deploy test-deploy-jobs clean
 
 setup: $(VENV)/.installed
 
@@ -63,6 +63,11 @@ test-compat: $(COMPAT_VENV)/.installed
 # tests/deploy is not collected by `make test`.
 test-deploy: setup
 	UNET3D_DEPLOY_TESTS=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS) tests/deploy
+
+# `make test-deploy-jobs`: the SLURM job tests only (what CI runs after `make test`: the
+# container build and check does not fit CI's time budget; see README "Run on a cluster").
+test-deploy-jobs: setup
+	UNET3D_DEPLOY_TESTS=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS) tests/deploy/test_slurm_jobs.py
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(DEMO_DIR) .pytest_cache
