@@ -11,9 +11,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -593,3 +595,46 @@ def test_launcher_drops_the_exit_barrier_traceback_when_the_host_has_left():
     # Every other record is untouched, its traceback included.
     other = agent_log(launch.ExitBarrierFilter(), ValueError("worker group failed"), "Something else after %s s")
     assert other.startswith("Something else") and "Traceback" in other and "ValueError" in other
+
+
+def catches_usr1(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> 9 & 1)   # SIGUSR1 = 10
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_stage_keeps_an_early_time_limit_warning_until_the_command_can_take_it(tmp_path):
+    """SLURM's warning can come before the training has started. stage.sh gets it during its
+    copy or while COMMAND still has SIGUSR1's default action (which would kill it): COMMAND
+    must get it once it has its handler, and end normally."""
+    data = tmp_path / "shared" / "kits19"
+    data.mkdir(parents=True)
+    (data / "case_00000_x.npy").write_bytes(b"x" * 100)
+    seen = tmp_path / "seen"
+    # Default SIGUSR1 action for 1.5 s (Python and torch loading), then a handler.
+    command = ("import signal, sys, time\n"
+               "time.sleep(1.5)\n"
+               "got = []\n"
+               "signal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
+               "deadline = time.time() + 20\n"
+               "while not got and time.time() < deadline:\n"
+               "    time.sleep(0.05)\n"
+               "open(sys.argv[1], 'w').write('warned' if got else 'not warned')\n")
+    proc = subprocess.Popen(["bash", STAGE, "around", str(data), str(tmp_path / "scratch" / "kits19"), "--",
+                             sys.executable, "-c", command, str(seen)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not catches_usr1(proc.pid):     # stage.sh's first line traps it
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert seen.read_text() == "warned"
+    assert not (tmp_path / "scratch" / "kits19").exists()
