@@ -148,12 +148,13 @@ def test_time_limit_warning_saves_requeues_and_the_job_finishes(cluster, dataset
     slurmctld checks time limits every 30 s and may send the warning up to 60 s early: asked
     for 160 s before a 3-minute limit, it comes in the job's first ~30 s, while Python and
     torch may still be loading (the scripts must keep it until the training can take it), and
-    leaves 2.5 minutes to save and requeue however loaded the machine is. 120 epochs (~1 s each
-    on a loaded 2-core machine, about half that idle) outlast that first half-minute twice
-    over, so the first attempt is always interrupted mid-run."""
+    leaves 2.5 minutes to save and requeue however loaded the machine is. An epoch of this
+    tiny run costs about 1 s of CPU time (0.8 s wall idle, 1.4 s on a loaded 2-core machine):
+    72 epochs outlast that first half-minute with a margin, so the first attempt is always
+    interrupted mid-run, and the whole test stays near 1.5 minutes idle."""
     out = tmp_path / "job.out"
     results = tmp_path / "results"
-    epochs = 120
+    epochs = 72
     job = cluster.submit("single_node.sbatch", job_env(tmp_path, dataset, MAX_EPOCHS=epochs, START_EVAL_AT=epochs),
                          args=SMALL, sbatch=["--time=3:00", "--signal=B:USR1@160"], output=out)
     cluster.wait_for(lambda: cluster.job(job).get("Restarts") == "1", 240, "the job's requeue")
