@@ -193,6 +193,11 @@ after_stop() {
         if (( STATUS == 0 )) && scontrol requeue "$SLURM_JOB_ID" >/dev/null 2>&1; then
             printf 'job %s: stopped before its time limit (SIGUSR1); %s; requeued, it will resume from it\n' \
                 "$JOB_ID" "$where" >&2
+            # SLURM now ends this attempt (SIGTERM to this script, then SIGKILL): wait for
+            # that instead of exiting first. An exit that races with the requeue was seen to
+            # leave the job FAILED instead of pending for its next attempt.
+            sleep "${REQUEUE_WAIT:-120}" &
+            wait $! || true
         else
             printf 'job %s: stopped before its time limit (SIGUSR1); %s; could not requeue (exit %s): resubmit to resume\n' \
                 "$JOB_ID" "$where" "$STATUS" >&2
