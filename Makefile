@@ -23,7 +23,14 @@ COMPAT_PYTHON ?= $(shell for p in python3.10 $(HOME)/.pyenv/versions/3.10*/bin/p
 # The site guide's MONAI for torch 2.3 (MONAI 1.6 needs torch >= 2.8); it needs numpy < 2.
 COMPAT_MONAI_SPEC ?= monai==1.4.0
 
-.PHONY: setup demo test test-fast test-compat test-deploy test-deploy-jobs clean
+# `make test-openvino`: the tests of the OpenVINO backend with OpenVINO and NNCF installed, in a
+# venv of their own that sees .venv's packages (a .pth file), so `make test` stays PyTorch-only
+# and no pip run touches .venv's torch.
+OPENVINO_VENV ?= .venv-openvino
+OPENVINO_PY := $(OPENVINO_VENV)/bin/python
+OPENVINO_TESTS ?= tests/test_openvino.py tests/test_predict.py
+
+.PHONY: setup demo test test-fast test-compat test-deploy test-deploy-jobs test-openvino clean
 
 setup: $(VENV)/.installed
 
@@ -69,5 +76,16 @@ test-deploy: setup
 test-deploy-jobs: setup
 	UNET3D_DEPLOY_TESTS=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS) tests/deploy/test_slurm_jobs.py
 
+$(OPENVINO_VENV)/.installed: $(VENV)/.installed requirements-openvino.txt
+	$(PY) -m venv $(VENV_FLAGS) $(OPENVINO_VENV)
+	$(OPENVINO_PY) -c "import site" && $(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> "$$($(OPENVINO_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/base_venv.pth"
+	$(OPENVINO_PY) -m pip install --quiet -r requirements-openvino.txt || echo "OpenVINO not installed: its tests will skip"
+	touch $@
+
+test-openvino: $(OPENVINO_VENV)/.installed
+	@echo "test-openvino: $$($(OPENVINO_PY) -c 'import openvino; print("OpenVINO", openvino.__version__)' 2>/dev/null || echo 'no OpenVINO')"
+	$(OPENVINO_PY) -m pytest -q $(PYTEST_ARGS) $(OPENVINO_TESTS)
+
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(DEMO_DIR) .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) $(OPENVINO_VENV) $(DEMO_DIR) .pytest_cache

@@ -101,6 +101,9 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
     if len(todo) < len(labelled):
         print(f"{len(labelled) - len(todo)} of {len(labelled)} cases already complete, kept "
               "(--force redoes them)")
+        done = [c for c in labelled if c not in todo]
+        if pp.save_missing_geometry(done, cfg.results_dir):
+            print("wrote the missing case_XXXXX_geometry.json records of those cases (from the headers)")
     # disable=None: no bar when stderr is not a terminal (logs, CI)
     with tqdm(total=len(todo), unit="case", disable=None) as bar:
         def report(stats: pp.CaseStats) -> None:

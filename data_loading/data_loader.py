@@ -30,6 +30,7 @@ import torch
 from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, case_foreground_boxes,
                                   check_finite, check_label_values, check_patch_fits, collate_batch,
                                   discover_cases, load_array, read_evaluation_ids, split_cases)
+from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
                                   epoch_batches)
@@ -170,6 +171,7 @@ class EvalLoader:
                  prefetch_depth: int):
         self.cases, self.num_cases = list(cases), num_cases
         self.device, self.prefetch_depth = device, prefetch_depth
+        self._checked: set[str] = set()  # cases whose label values and finiteness were checked
 
     def __len__(self) -> int:
         return len(self.cases)
@@ -178,10 +180,21 @@ class EvalLoader:
         for case in self.cases:
             image = load_array(case.image_path, np.float32)
             label = load_array(case.label_path, np.uint8)
-            check_label_values(case, label)
-            check_finite(case, image, " (an evaluation case)")
+            if case.case_id not in self._checked:  # once: evaluation repeats every few epochs
+                check_label_values(case, label)
+                check_finite(case, image, " (an evaluation case)")
+                self._checked.add(case.case_id)
             yield (torch.from_numpy(image).unsqueeze(0), torch.from_numpy(label).unsqueeze(0),
                    case.case_id)
+
+    def scan_region(self, case_id: str, shape: Sequence[int]) -> tuple[slice, ...] | None:
+        """The scan inside case ``case_id``'s stored volume of ``shape`` (padding excluded), from
+        the geometry record preprocessing wrote beside its arrays; None without one."""
+        case = next((c for c in self.cases if c.case_id == case_id), None)
+        if case is None:
+            return None
+        name = case.image_path.name[:-len("_x.npy")]
+        return scan_region(read_record(record_path(str(case.image_path.parent), name)), shape)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, str]]:
         return prefetch(self._volumes(), self.device, min(self.prefetch_depth, 1))

@@ -146,6 +146,18 @@ def check_finite(case: Case, image: np.ndarray | torch.Tensor, where: str = "") 
                         "preprocess the case again or remove it")
 
 
+FINITE_BLOCK = 16  # slices checked at a time: a bounded temporary, whatever the volume's size
+
+
+def check_volume_finite(case: Case, where: str) -> None:
+    """DataError naming the case and file if its image holds NaN or an infinity anywhere: the
+    whole volume, read once (memory-mapped, a few slices at a time), not only the patches that
+    training happens to sample."""
+    image = open_npy(case.image_path)
+    for start in range(0, image.shape[1], FINITE_BLOCK):
+        check_finite(case, np.asarray(image[:, start:start + FINITE_BLOCK]), where)
+
+
 def load_array(path: Path, dtype) -> np.ndarray:
     """Whole .npy file as a ``dtype`` array; DataError naming it if unreadable."""
     try:
@@ -203,9 +215,11 @@ def foreground_boxes(label: np.ndarray, classes: Sequence[int] = FOREGROUND_CLAS
 
 
 def case_foreground_boxes(case: Case) -> dict[int, tuple[Box, ...]]:
-    """Read one case's label once, check its values and compute its foreground boxes."""
+    """Read one case's label once, check its values and compute its foreground boxes; check
+    that its image is finite everywhere (once, as training first reads the case)."""
     label = np.asarray(open_npy(case.label_path)[0])
     check_label_values(case, label)
+    check_volume_finite(case, " (found when the training volumes were first read)")
     return foreground_boxes(label)
 
 

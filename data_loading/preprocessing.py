@@ -12,7 +12,9 @@ the files are byte-identical to its output and ``checksum.json`` verifies them:
    nearest for the label.
 3. ``normalize_intensity``: clip to [-79, 304], then ``(x - 101.0) / 76.9`` in float32.
 4. ``pad_to_min_shape``: edge-pad each spatial axis to at least 128 (``diff // 2`` before).
-5. ``save_atomic``: ``np.save(..., allow_pickle=False)`` to a temporary name, then rename.
+5. ``save_atomic``: ``np.save(..., allow_pickle=False)`` to a temporary name, then rename;
+   then ``save_geometry``: ``case_XXXXX_geometry.json`` beside them (shapes, spacing, padding;
+   not part of the benchmark's files or checksums).
 
 Input problems raise :class:`PreprocessError` with a one-line message naming the file or case.
 """
@@ -32,7 +34,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from data_loading import geometry
 from data_loading.atomic import TEMP_SUFFIX, atomic_write
+from data_loading.write_errors import is_full_disk, write_failure
 
 TARGET_SPACING = [1.6, 1.2, 1.2]  # (slices, height, width) in mm; a list, compared as one
 MIN_SHAPE = (128, 128, 128)
@@ -277,11 +281,43 @@ def save_atomic(path: str, array: np.ndarray) -> None:
     """``np.save`` through :func:`atomic_write`: a crash leaves at most a hidden
     ``.<name>.<pid>.tmp`` file, never a partial ``.npy``. (A file object, because np.save would
     append ".npy" to a temporary name.)"""
+    write_or_explain(path, lambda handle: np.save(handle, array, allow_pickle=False))
+
+
+def write_or_explain(path: str, write) -> None:
+    """:func:`atomic_write`; a failure to write (full disk, quota, read-only: the temporary file
+    is gone) is one :class:`PreprocessError` naming ``path`` and the reason."""
     try:
-        atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False))
-    except OSError as exc:  # a full disk, a quota, a vanished mount: the temporary file is gone
-        raise PreprocessError(f"cannot write {path}: {exc.strerror or type(exc).__name__}; finished "
-                              "cases are kept, free space and run again to resume") from None
+        atomic_write(path, write)
+    except Exception as exc:  # noqa: BLE001 - a write failure is one line, anything else a bug
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        then = "free space and run again to resume" if is_full_disk(exc) else "run again to resume"
+        raise PreprocessError(f"cannot write {path}: {reason}; finished cases are kept, {then}") from None
+
+
+def save_geometry(results_dir: str, name: str, shape: Sequence[int], spacing: list[float]) -> None:
+    """``<name>_geometry.json`` (:mod:`data_loading.geometry`): original shape and spacing,
+    resampled shape and padding of the case, as :func:`preprocess_arrays` makes them."""
+    resampled = resampled_shape(shape, spacing)
+    record = geometry.geometry_record(name, shape, spacing, TARGET_SPACING, resampled, min_shape_padding(resampled))
+    write_or_explain(geometry.record_path(results_dir, name), lambda handle: handle.write(geometry.record_bytes(record)))
+
+
+def save_missing_geometry(cases: Sequence[RawCase], results_dir: str) -> int:
+    """The geometry record of each case preprocessed before records existed, from its image's
+    header alone (shape and pixdim; no voxel is read); returns how many were written."""
+    written = 0
+    for case in cases:
+        if os.path.exists(geometry.record_path(results_dir, case.name)):
+            continue
+        nifti = _read_nifti(case.image_path)
+        if len(nifti.shape) != 3:
+            raise PreprocessError(f"{case.image_path}: expected a 3-D volume, got shape {nifti.shape}")
+        save_geometry(results_dir, case.name, nifti.shape, nifti.header["pixdim"][1:4].tolist())
+        written += 1
+    return written
 
 
 def prepare_results_dir(results_dir: str) -> None:
@@ -341,11 +377,13 @@ def process_case(case: RawCase, results_dir: str, torch_threads: int | None = No
     a case that fails to load never pays for importing torch.
     """
     image, label, spacing = load_pair(case)
+    shape = image.shape[1:]
     with _torch_threads(torch_threads):
         image, label = preprocess_arrays(image, label, spacing)
     x_path, y_path = output_paths(results_dir, case.name)
     save_atomic(x_path, image)
     save_atomic(y_path, label)
+    save_geometry(results_dir, case.name, shape, spacing)
     return CaseStats(case.name, tuple(image.shape), float(image.mean(dtype=np.float64)),
                      float(image.std(dtype=np.float64)))
 

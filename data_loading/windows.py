@@ -45,12 +45,16 @@ def window_geometry(shape: Sequence[int], roi: Sequence[int], overlap: float) ->
     stride is trimmed (half before, the rest after); the trimmed volume is padded (centred) to a
     multiple of the stride that is at least ``roi`` (and, where the stride does not divide the
     window, until the last window ends at the edge).
+
+    An axis shorter than half a stride is the whole remainder: the benchmark's rule would trim
+    it to nothing (an empty prediction; the reference scores it NaN). Such an axis is padded
+    instead, like any axis shorter than the window. Every other axis is as the benchmark has it.
     """
     strides, trim, trimmed, pad, padded, grid = [], [], [], [], [], []
     for size, window in zip(shape, roi):
         stride = max(1, int(window * (1 - overlap)))
         remainder = size % stride
-        cut = remainder if remainder < stride // 2 else 0
+        cut = remainder if remainder < stride // 2 and remainder < size else 0
         size_t = size - cut
         extra = (stride - size_t % stride) % stride
         if size_t + extra < window:
@@ -67,3 +71,15 @@ def window_geometry(shape: Sequence[int], roi: Sequence[int], overlap: float) ->
         grid.append((size_p - window) // stride + 1)
     return WindowGeometry(tuple(strides), tuple(trim), tuple(trimmed), tuple(pad), tuple(padded),
                           tuple(grid))
+
+
+def region_in_trimmed(region: Sequence[slice], shape: Sequence[int], roi: Sequence[int],
+                      overlap: float) -> tuple[slice, ...]:
+    """``region`` (slices of a volume of ``shape``) in the coordinates of the trimmed volume that
+    the sliding window scores (:func:`window_geometry`), cut to what the trim keeps."""
+    geometry = window_geometry(shape, roi, overlap)
+    out = []
+    for part, (before, _), kept in zip(region, geometry.trim, geometry.trimmed_shape):
+        start = min(max(part.start - before, 0), kept)
+        out.append(slice(start, max(start, min(part.stop - before, kept))))
+    return tuple(out)

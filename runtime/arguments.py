@@ -103,6 +103,9 @@ class Config:
     preview: bool = False
     force: bool = False
     int8: bool = False
+    # inference backend and memory (new): predict and evaluate
+    backend: str = "auto"
+    max_memory_gb: float = 0.0
 
     @property
     def is_train(self) -> bool:
@@ -245,13 +248,34 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--int8", action="store_true",
                    help="(new) predict on a CPU: 3x3x3 convolutions in int8 (oneDNN, VNNI), channels-last; "
                         "faster, with 8-bit rounding in the logits (docs/performance.md)")
+    add_backend_flags(p, d)
     return p
+
+
+def add_backend_flags(p: argparse.ArgumentParser, d: Config) -> None:
+    g = p.add_argument_group("inference backend (new)")
+    g.add_argument("--backend", default=d.backend, choices=["auto", "torch", "openvino"],
+                   help="(new) predict and evaluate: who runs the network's windows. auto: OpenVINO on the "
+                        "CPU when installed (pip install -r requirements-openvino.txt), else PyTorch; with "
+                        "--int8, OpenVINO calibrates on training windows of --data_dir. Training is PyTorch")
+    g.add_argument("--max_memory_gb", type=float, default=d.max_memory_gb,
+                   help="(new) predict: lower the window batch so the estimated peak memory fits this "
+                        "many GB (0: the memory available at start)")
 
 
 def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def checkpoint_path_problem(path: str, flag: str) -> str:
+    """Why ``path`` is no checkpoint file: a folder (naming the checkpoints in it) or missing."""
+    if not os.path.isdir(path):
+        return f"{flag} {path!r} does not exist"
+    found = sorted(name for name in os.listdir(path) if name.endswith((".pt", ".pth", ".ckpt")))
+    hint = f", such as {os.path.join(path, found[0])!r}" if found else ""
+    return f"{flag} {path!r} is a folder; give the checkpoint file{hint}"
 
 
 def validate(cfg: Config) -> list[str]:
@@ -300,7 +324,7 @@ def validate(cfg: Config) -> list[str]:
     if cfg.exec_mode == "evaluate" and not cfg.benchmark:
         check(bool(cfg.load_ckpt_path), "--exec_mode evaluate needs --load_ckpt_path")
     if cfg.load_ckpt_path:
-        check(os.path.isfile(cfg.load_ckpt_path), f"--load_ckpt_path {cfg.load_ckpt_path!r} does not exist")
+        check(os.path.isfile(cfg.load_ckpt_path), checkpoint_path_problem(cfg.load_ckpt_path, "--load_ckpt_path"))
     if cfg.resume:
         check(bool(cfg.save_ckpt_path), "--resume needs --save_ckpt_path (the checkpoint to continue)")
     if cfg.device == "cuda":
@@ -319,6 +343,19 @@ def validate(cfg: Config) -> list[str]:
                                                "torch.compile for every shape): drop --compile")
     else:
         check(not cfg.int8, "--int8 applies to --exec_mode predict only (evaluation scores the model as trained)")
+    errors += backend_errors(cfg)
+    return errors
+
+
+def backend_errors(cfg: Config) -> list[str]:
+    """Problems with --backend and --max_memory_gb (the machine-dependent ones come later)."""
+    errors = []
+    if cfg.backend == "openvino" and cfg.exec_mode == "train":
+        errors.append("--backend openvino applies to --exec_mode predict and evaluate; training runs PyTorch")
+    if cfg.backend == "openvino" and cfg.benchmark:
+        errors.append("--backend openvino does not apply to --benchmark (it times PyTorch)")
+    if not cfg.max_memory_gb >= 0:
+        errors.append(f"--max_memory_gb must be >= 0, got {cfg.max_memory_gb}")
     return errors
 
 

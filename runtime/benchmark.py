@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from runtime.arguments import UsageError
 from runtime.build import Components
 from runtime.inference import sliding_window_inference
 from runtime.latency import format_summary, latency_summary
@@ -17,9 +18,18 @@ def _synchronizer(device: torch.device):
     return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
+def check_something_to_time(iterations: int, what: str, cfg) -> None:
+    """A :class:`UsageError` before any work when ``--warmup_steps`` would leave no iteration
+    timed (the benchmark would run to its end and then have no number)."""
+    if iterations <= cfg.warmup_steps:
+        raise UsageError(f"--benchmark: {what} x --epochs {cfg.epochs} = {iterations} iterations, none left to time "
+                         f"after --warmup_steps {cfg.warmup_steps}; lower --warmup_steps or raise --epochs")
+
+
 def benchmark_train(components: Components, out: Reporters) -> dict:
     """Time every training iteration after ``--warmup_steps`` (device-synchronised)."""
     cfg, loader = components.config, components.train_loader
+    check_something_to_time(len(loader) * cfg.epochs, f"{len(loader)} batches per epoch", cfg)
     sync = _synchronizer(components.dist.device)
     set_learning_rate(components.optimizer, cfg.learning_rate)
     times, seen = [], 0
@@ -46,6 +56,7 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
 def benchmark_evaluate(components: Components, out: Reporters) -> dict:
     """Time the sliding-window evaluation of each volume after ``--warmup_steps`` volumes."""
     cfg, dev, loader = components.config, components.dist.device, components.val_loader
+    check_something_to_time(len(loader) * cfg.epochs, f"{len(loader)} evaluation volumes", cfg)
     sync = _synchronizer(dev)
     model = components.eval_model
     model.eval()

@@ -4,6 +4,11 @@ resume needs; every key is spelled here and nowhere else.
 A checkpoint holds the reference's keys (``best_model_state_dict``, ``last_model_state_dict``,
 ``optimizer_state_dict``) so tools of either implementation read it, plus the training state of
 :class:`TrainState`, the RNG states, the master seed and the run's config.
+
+Before the first evaluation there is no best: ``has_best`` is False and
+``best_model_state_dict`` holds the last weights (tools that read the reference's keys get the
+newest weights, not stale ones); a resume keeps no "best" from it, and evaluate and predict load
+the last weights and say so (:func:`has_best`, :func:`weights_description`).
 """
 from __future__ import annotations
 
@@ -16,10 +21,10 @@ import torch
 
 from data_loading.atomic import atomic_write
 
-FORMAT_VERSION = 1
-# Reference checkpoints carry no version; ours from 1 on. A newer version may hold keys this code
-# does not know how to read, so it is refused rather than half-understood.
-READABLE_VERSIONS = (None, 1)
+FORMAT_VERSION = 2
+# Reference checkpoints carry no version; ours from 1 on (2 adds ``has_best``). A newer version
+# may hold keys this code does not know how to read, so it is refused rather than half-understood.
+READABLE_VERSIONS = (None, 1, 2)
 
 
 class CheckpointError(RuntimeError):
@@ -91,6 +96,8 @@ def cpu_weights(model: torch.nn.Module) -> dict:
 def load_checkpoint(path: str) -> dict:
     """Load a checkpoint safely (``weights_only``); numpy scalars of reference checkpoints are
     allowed explicitly. Raises :class:`CheckpointError` with a one-line message."""
+    if os.path.isdir(path):
+        raise CheckpointError(f"checkpoint {path!r} is a folder; give the checkpoint file")
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
     try:
@@ -139,13 +146,50 @@ def _load_with_numpy_scalars(path: str, first: BaseException) -> dict:
                           f"checkpoint): {reason[:200]}") from None
 
 
-def model_state_from(checkpoint: dict, prefer: str = "best") -> dict:
-    """The model weights in a checkpoint: ours, the reference's, or a bare state_dict."""
-    order = (["best_model_state_dict", "last_model_state_dict"] if prefer == "best"
+def has_best(checkpoint: dict) -> bool:
+    """Whether ``best_model_state_dict`` holds weights an evaluation chose.
+
+    Ours from format 2 say it (``has_best``); format 1 wrote ``best_epoch`` 0 until the first
+    evaluation (and the last weights as "best", stale after a resume); a reference checkpoint's
+    best weights are the evaluated ones."""
+    if "has_best" in checkpoint:
+        return bool(checkpoint["has_best"])
+    if checkpoint.get("format_version") is not None:
+        return int(checkpoint.get("best_epoch") or 0) > 0
+    return isinstance(checkpoint.get("best_model_state_dict"), dict)
+
+
+def weights_key(checkpoint: dict, prefer: str = "best") -> str | None:
+    """The key of the weights to load (None: a bare state_dict): ``prefer`` "best" takes the
+    best weights only when :func:`has_best`, else the last ones."""
+    best_first = prefer == "best" and has_best(checkpoint)
+    order = (["best_model_state_dict", "last_model_state_dict"] if best_first
              else ["last_model_state_dict", "best_model_state_dict"]) + ["model_state_dict", "state_dict"]
-    for key in order:
-        if isinstance(checkpoint.get(key), dict):
-            return clean_state_dict(checkpoint[key])
+    return next((key for key in order if isinstance(checkpoint.get(key), dict)), None)
+
+
+def weights_description(checkpoint: dict, prefer: str = "best") -> str:
+    """What :func:`model_state_from` loads, for the user: best or last weights, and of when."""
+    key = weights_key(checkpoint, prefer)
+    ours = checkpoint.get("format_version") is not None
+    if key == "best_model_state_dict" and has_best(checkpoint):
+        if ours:
+            return (f"the best weights (epoch {int(checkpoint.get('best_epoch', 0))}, mean_dice "
+                    f"{float(checkpoint.get('best_mean_dice', float('nan'))):.4f})")
+        return "the best weights (best_model_state_dict)"
+    if key in ("last_model_state_dict", "best_model_state_dict"):
+        when = f"epoch {int(checkpoint['epoch'])}" if "epoch" in checkpoint else key
+        why = "; no evaluation yet, so no best" if not has_best(checkpoint) else ""
+        return f"the last weights ({when}{why})"
+    return f"the weights ({key or 'a bare state_dict'})"
+
+
+def model_state_from(checkpoint: dict, prefer: str = "best") -> dict:
+    """The model weights in a checkpoint: ours, the reference's, or a bare state_dict
+    (:func:`weights_key` decides which)."""
+    key = weights_key(checkpoint, prefer)
+    if key is not None:
+        return clean_state_dict(checkpoint[key])
     if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
         return clean_state_dict(checkpoint)
     raise CheckpointError("checkpoint holds no model state_dict (expected 'best_model_state_dict')")
@@ -208,7 +252,7 @@ def restore(checkpoint: dict, path: str, model: torch.nn.Module, optimizer: torc
                       epoch_loss_sum=float(checkpoint.get("epoch_loss_sum", 0.0)),
                       best_mean_dice=float(checkpoint.get("best_mean_dice", -1.0)),
                       best_epoch=int(checkpoint.get("best_epoch", 0)),
-                      best_state=checkpoint.get("best_model_state_dict"),
+                      best_state=checkpoint.get("best_model_state_dict") if has_best(checkpoint) else None,
                       last_eval=checkpoint.get("last_eval"))
 
 
@@ -246,7 +290,9 @@ def payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: to
     last = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return {
         "format_version": FORMAT_VERSION,
+        # before the first evaluation: no best (has_best False), the reference's key gets the last
         "best_model_state_dict": state.best_state if state.best_state is not None else last,
+        "has_best": state.best_state is not None,
         "last_model_state_dict": last,
         "optimizer_state_dict": optimizer.state_dict(),
         "scaler_state_dict": scaler.state_dict(),

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from typing import Any
 
 from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as C
 
+from data_loading.write_errors import append_bytes, write_failure
 from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
 from runtime.outputs import OutputError
@@ -23,14 +23,23 @@ MLPERF_LOG_NAME = "unet3d.log"
 METRICS_LOG_NAME = "log.json"
 
 
-class _StrictFileHandler(logging.FileHandler):
-    """A FileHandler whose write errors (disk full, ...) stop the run with one line, instead of
-    logging's default: a traceback on stderr and the event silently lost."""
+class _AppendHandler(logging.Handler):
+    """Appends each record to ``path`` as one whole line (:func:`append_bytes`: a failed write
+    cuts the file back, so the log never ends in half a line). Nothing is buffered, so closing
+    writes nothing and cannot fail. A write failure (disk full, quota, read-only) stops the run
+    with one line, instead of logging's default: a traceback on stderr and the event lost."""
 
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging API
-        err = sys.exc_info()[1]
-        reason = getattr(err, "strerror", None) or type(err).__name__
-        raise OutputError(f"cannot write the MLPerf log {self.baseFilename!r}: {reason}") from None
+    def __init__(self, path: str):
+        super().__init__(logging.INFO)
+        self.baseFilename = path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = (self.format(record) + "\n").encode("utf-8")
+        try:
+            append_bytes(self.baseFilename, line)
+        except OSError as err:
+            raise OutputError(f"cannot write the MLPerf log {self.baseFilename!r}: "
+                              f"{write_failure(err) or type(err).__name__}") from None
 
 
 class MLPerfLogger:
@@ -47,8 +56,7 @@ class MLPerfLogger:
         base = logging.getLogger(f"unet3d.mlperf.{id(self)}")
         base.setLevel(logging.INFO)
         base.propagate = False
-        handler = _StrictFileHandler(self.path, mode="a")
-        handler.setLevel(logging.INFO)
+        handler = _AppendHandler(self.path)
         base.addHandler(handler)
         self._handlers = [handler]
         self._base = base
@@ -122,7 +130,6 @@ class MetricsWriter:
             return
         record = {"time": time.time(), "kind": kind, **values}
         try:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-        except OSError as err:
-            raise OutputError(f"cannot write {self.path!r}: {err.strerror or type(err).__name__}") from None
+            append_bytes(self.path, (json.dumps(record) + "\n").encode("utf-8"))
+        except OSError as err:  # the file is cut back to its last whole line
+            raise OutputError(f"cannot write {self.path!r}: {write_failure(err) or type(err).__name__}") from None

@@ -4,79 +4,43 @@ Per scan (:func:`segment_scan`): read, preprocess exactly as ``preprocess_datase
 the evaluator's window over the volume (:func:`runtime.inference.sliding_window_inference`:
 Gaussian weights, ``--val_input_shape``, ``--overlap``, ``--sw_batch_size``; ``--tta`` adds the 8
 flips), softmax, back to the scan's grid (:mod:`data_loading.scans`), write uint8 labels with the
-scan's affine and header. Cases are shared between ranks; the summary (``summary.csv``,
-``summary.jsonl``) is written by rank 0 once every rank is done. A scan that fails is one line
-on stderr; the others still run, and the exit code is 1 if any failed.
+scan's affine and header; with ``--preview``, a PNG drawn after the segmentation is safe.
+A failure to write names the output file (:class:`OutputWriteError`).
+
+The folder (scans shared between ranks, each isolated, the lock, the summary) is
+:mod:`runtime.predict_folder`'s.
 """
 from __future__ import annotations
 
-import csv
-import io
 import itertools
-import json
 import os
-import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_loading.atomic import atomic_write
-from data_loading.scans import (Scan, ScanError, class_volumes_ml, find_scans, labels_in_original_grid,
+from data_loading.scans import (Scan, class_volumes_ml, labels_in_original_grid,
                                 output_path, preprocess_scan, read_label, read_labels_file, read_scan,
                                 write_segmentation)
 from data_loading.windows import window_geometry
-from model.losses import label_map_dice
-from runtime import distributed as D
+from data_loading.write_errors import is_full_disk, write_failure
 from model.inference import int8_available, int8_path, prepare_for_inference
+from model.losses import label_map_dice
 from runtime.arguments import Config, UsageError, replace
 from runtime.build import autocast_factory, build_model
-from runtime.checkpoint import Saved, load_checkpoint, load_model_weights, model_state_from
+from runtime.checkpoint import Saved, load_checkpoint, load_model_weights, model_state_from, weights_description
 from runtime.compiling import compile_model
 from runtime.inference import PAD_VALUE, sliding_window_inference
-from runtime.outputs import check_output_dir
+from runtime.outputs import OutputError
+from runtime.predict_summary import CaseResult
 from runtime.resolve import amp_dtype_for, architecture_from
-from runtime.signals import PreemptionFlag
+from runtime.signals import Stopped
+
 FLIPS = [dims for n in range(4) for dims in itertools.combinations((2, 3, 4), n)]  # 8, () first
-SUMMARY_FIELDS = ("case", "status", "shape", "spacing", "kidney_ml", "tumour_ml", "seconds",
-                  "kidney_dice", "tumour_dice", "mean_dice", "image", "error")
-STAGES = ("read", "preprocess", "infer", "restore", "preview", "write")
-
-
-@dataclass
-class CaseResult:
-    """One scan's outcome. ``status``: segmented, skipped (its output existed) or failed.
-    ``shape`` (D, H, W) and ``spacing`` (mm) of the scan; volumes in mL from the labels on the
-    original grid; Dice against the ground truth there when one lies beside the scan;
-    ``stages`` the seconds of each step of :func:`segment_scan`."""
-
-    case: str
-    status: str
-    image: str
-    shape: tuple[int, ...] | None = None
-    spacing: tuple[float, ...] | None = None
-    kidney_ml: float | None = None
-    tumour_ml: float | None = None
-    seconds: float | None = None
-    kidney_dice: float | None = None
-    tumour_dice: float | None = None
-    mean_dice: float | None = None
-    error: str = ""
-    stages: dict = field(default_factory=dict)
-
-    def line(self) -> str:
-        """One console line."""
-        if self.status == "failed":
-            return f"{self.case}: failed: {self.error}"
-        text = (f"{self.case}: {self.status}, {'x'.join(map(str, self.shape))} voxels, "
-                f"kidney {self.kidney_ml:.1f} mL, tumour {self.tumour_ml:.1f} mL")
-        if self.mean_dice is not None:
-            text += f", dice kidney {self.kidney_dice:.4f} tumour {self.tumour_dice:.4f}"
-        return text + (f", {self.seconds:.1f} s" if self.seconds is not None else "")
+STAGES = ("read", "preprocess", "infer", "restore", "write", "preview")
 
 
 # ----------------------------------------------------------------------------- the model
@@ -91,14 +55,18 @@ def model_architecture(config: Config, checkpoint: dict, path: str) -> Config:
     return replace(config, normalization="batchnorm") if config.normalization == "syncbatchnorm" else config
 
 
-def load_predict_model(config: Config, device: torch.device) -> tuple[torch.nn.Module, Config]:
-    """The model of ``--load_ckpt_path`` in eval mode, and the config with its architecture."""
+def load_predict_model(config: Config, device: torch.device,
+                       say: Callable[[str], None] | None = None) -> tuple[torch.nn.Module, Config]:
+    """The model of ``--load_ckpt_path`` in eval mode, and the config with its architecture;
+    ``say`` is told which weights were loaded (the best, or the last ones before any evaluation)."""
     checkpoint = load_checkpoint(config.load_ckpt_path)
     config = model_architecture(config, checkpoint, config.load_ckpt_path)
     if config.amp:
         config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
     model = build_model(config, device)
     load_model_weights(model, model_state_from(checkpoint, prefer="best"), config.load_ckpt_path)
+    if say is not None:
+        say(f"weights: {weights_description(checkpoint)} of {config.load_ckpt_path}")
     if config.int8 and device.type != "cpu":
         raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
     if config.int8 and int8_available() is not None:
@@ -108,6 +76,8 @@ def load_predict_model(config: Config, device: torch.device) -> tuple[torch.nn.M
         # in-place ReLU: the same logits up to rounding; with --int8 the 3x3x3 convolutions
         # in oneDNN int8 (docs/performance.md).
         model = prepare_for_inference(model, channels_last=True, int8=config.int8)
+        if config.int8 and say is not None:
+            say(f"predict: {int8_path()}")
     model.eval()
     return compile_model(model, config.compile), config
 
@@ -196,12 +166,34 @@ class StageTimer:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
+class OutputWriteError(OutputError):
+    """An output file of predict that could not be written (``path``, ``reason``; ``full``:
+    the disk is full, so the remaining scans are not run)."""
+
+    def __init__(self, path: str, reason: str, full: bool):
+        super().__init__(f"cannot write {path}: {reason}")
+        self.path, self.reason, self.full = path, reason, full
+
+
+def write_output(path: str, write: Callable[[], None]) -> None:
+    """``write()`` (an atomic writer of ``path``); a failure to write becomes one
+    :class:`OutputWriteError` naming ``path``, anything else is raised as it is."""
+    try:
+        write()
+    except Exception as exc:  # noqa: BLE001 - classified: a write failure, or raised again
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        raise OutputWriteError(path, reason, is_full_disk(exc)) from None
+
+
 def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray | None,
                   spacing: Sequence[float], seconds: float | None = None, stages: dict | None = None) -> CaseResult:
     """A :class:`CaseResult` from the labels on the scan's grid (and the ground truth)."""
     kidney_ml, tumour_ml = class_volumes_ml(labels, spacing)
     result = CaseResult(scan.name, status, scan.image_path, tuple(int(s) for s in labels.shape),
-                        tuple(float(s) for s in spacing), kidney_ml, tumour_ml, seconds, stages=stages or {})
+                        tuple(float(s) for s in spacing), kidney_ml, tumour_ml, seconds,
+                        stages=stages if stages is not None else {})
     if truth is not None:
         result.kidney_dice, result.tumour_dice = label_map_dice(labels, truth)
         result.mean_dice = (result.kidney_dice + result.tumour_dice) / 2
@@ -213,7 +205,8 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
     """Segment one scan into ``output_dir/<case>.nii.gz`` (and ``<case>.png`` with ``preview``).
 
     ``infer`` maps the preprocessed image (1, D', H', W') to class probabilities (3, D', H', W').
-    The preview is written before the segmentation, whose existence marks the case done.
+    The segmentation is written first (its existence marks the case done); a preview that
+    cannot be drawn is the result's ``error``, never the loss of the segmentation.
     """
     timer = timer or StageTimer()
     start = time.perf_counter()
@@ -228,15 +221,36 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
     with timer("restore"):
         labels = labels_in_original_grid(probabilities, geometry)
     del probabilities
-    if preview:
-        from runtime.preview import write_preview
-
-        with timer("preview"):
-            write_preview(os.path.join(output_dir, f"{scan.name}.png"), raw.image[0], labels, truth, scan.name)
+    path = output_path(output_dir, scan)
     with timer("write"):
-        write_segmentation(output_path(output_dir, scan), labels, raw.nifti)
-    return scored_result(scan, "segmented", labels, truth, raw.spacing, time.perf_counter() - start,
-                         dict(timer.seconds))
+        write_output(path, lambda: write_segmentation(path, labels, raw.nifti))
+    result = scored_result(scan, "segmented", labels, truth, raw.spacing, stages=timer.seconds)
+    if preview:
+        with timer("preview"):
+            draw_preview(result, os.path.join(output_dir, f"{scan.name}.png"), raw.image[0], labels, truth)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def one_line_reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.ndarray,
+                 truth: np.ndarray | None) -> None:
+    """``--preview``, after the segmentation is safe: any failure (a broken matplotlib, a full
+    disk) becomes ``result.error``."""
+    from runtime.preview import write_preview
+
+    try:
+        write_output(path, lambda: write_preview(path, image, labels, truth, result.case))
+    except OutputWriteError as exc:
+        result.error, result.full_disk = f"preview not written: {exc}", exc.full
+    except Stopped:  # a signal, not a preview problem
+        raise
+    except Exception as exc:  # noqa: BLE001 - matplotlib's own errors: one line, the segmentation is kept
+        result.error = f"preview {path} not written: {one_line_reason(exc)} (the segmentation is written)"
 
 
 def summarise_existing(scan: Scan, path: str) -> CaseResult:
@@ -244,127 +258,3 @@ def summarise_existing(scan: Scan, path: str) -> CaseResult:
     labels, spacing = read_labels_file(path)
     truth = read_label(scan.label_path, labels.shape) if scan.label_path else None
     return scored_result(scan, "skipped", labels, truth, spacing)
-
-
-# ----------------------------------------------------------------------------- many scans
-
-
-def failure_message(scan: Scan, exc: BaseException) -> str:
-    if isinstance(exc, OSError) and not isinstance(exc, ScanError):
-        where = exc.filename or scan.image_path
-        return f"{scan.image_path}: cannot write or read {where} ({exc.strerror or type(exc).__name__})"
-    return str(exc).splitlines()[0] if str(exc) else f"{scan.image_path}: {type(exc).__name__}"
-
-
-def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_progress: bool) -> list[CaseResult]:
-    """Segment (or skip) each scan of this rank; a scan that fails is one stderr line naming it."""
-    from tqdm import tqdm
-
-    results = []
-    # disable=None: a bar only on a terminal (or always with --verbose), never in captured logs
-    bar = tqdm(scans, desc="predict", unit="scan", dynamic_ncols=True,
-               disable=(None if not config.verbose else False) if show_progress else True)
-    for scan in bar:
-        path = output_path(config.output_dir, scan)
-        try:
-            if os.path.exists(path) and not config.force:
-                result = summarise_existing(scan, path)
-            else:
-                result = segment_scan(scan, infer, config.output_dir, config.preview)
-        except (ScanError, OSError) as exc:
-            result = CaseResult(scan.name, "failed", scan.image_path, error=failure_message(scan, exc))
-            tqdm.write(f"main.py: error: {result.error}", file=sys.stderr)
-        else:
-            tqdm.write(result.line(), file=sys.stdout)
-        results.append(result)
-    return results
-
-
-def summary_rows(results: Sequence[CaseResult]) -> list[dict]:
-    """One dict per case (``SUMMARY_FIELDS``), sorted by case, and a final ``mean`` row with the
-    mean Dice over the cases that have a ground truth (when any has)."""
-    rows = []
-    for r in sorted(results, key=lambda r: r.case):
-        row = {k: v for k, v in asdict(r).items() if k in SUMMARY_FIELDS}
-        row["shape"] = list(r.shape) if r.shape else None
-        row["spacing"] = list(r.spacing) if r.spacing else None
-        rows.append(row)
-    scored = [r for r in results if r.mean_dice is not None]
-    if scored:
-        mean = {k: None for k in SUMMARY_FIELDS}
-        mean.update(case="mean", status=f"{len(scored)} cases", error="")
-        for key in ("kidney_dice", "tumour_dice", "mean_dice"):
-            mean[key] = float(np.mean([getattr(r, key) for r in scored]))
-        rows.append(mean)
-    return rows
-
-
-def _csv_value(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, list):
-        return "x".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
-def write_summary(output_dir: str, results: Sequence[CaseResult]) -> None:
-    """``summary.csv`` and ``summary.jsonl`` (same rows), each written atomically."""
-    rows = summary_rows(results)
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(SUMMARY_FIELDS)
-    for row in rows:
-        writer.writerow([_csv_value(row[k]) for k in SUMMARY_FIELDS])
-    atomic_write(os.path.join(output_dir, "summary.csv"), lambda h: h.write(text.getvalue().encode()))
-    lines = "".join(json.dumps(row) + "\n" for row in rows)
-    atomic_write(os.path.join(output_dir, "summary.jsonl"), lambda h: h.write(lines.encode()))
-
-
-def report(results: Sequence[CaseResult], output_dir: str) -> int:
-    """Print the run's outcome; the exit code: 1 if any scan failed, else 0."""
-    counts = {s: sum(r.status == s for r in results) for s in ("segmented", "skipped", "failed")}
-    print(f"predict: {counts['segmented']} segmented, {counts['skipped']} skipped (output exists; --force "
-          f"redoes them), {counts['failed']} failed of {len(results)} scans; "
-          f"summary in {os.path.join(output_dir, 'summary.csv')}")
-    scored = [r for r in results if r.mean_dice is not None]
-    if scored:
-        print(f"mean_dice {np.mean([r.mean_dice for r in scored]):.4f} over {len(scored)} cases with ground truth")
-    failed = sorted(r.case for r in results if r.status == "failed")
-    if failed:
-        print(f"failed scans: {', '.join(failed)}")
-    return 1 if failed else 0
-
-
-def run_predict(config: Config) -> int:
-    """``--exec_mode predict``; returns the exit code."""
-    check_output_dir(config.output_dir, "--output_dir")
-    scans = find_scans(config.input)
-    if config.preview:
-        from runtime.preview import matplotlib_missing
-
-        if matplotlib_missing():
-            raise UsageError("--preview needs matplotlib, which is not installed (pip install matplotlib)")
-    dist_info = D.init_distributed(config.device, config.local_rank)
-    preempt = PreemptionFlag(interrupt=True).install()  # SIGTERM: stop now (outputs are atomic)
-    graceful = True
-    try:
-        model, config = load_predict_model(config, dist_info.device)
-        if config.int8 and dist_info.is_main:
-            print(f"predict: {int8_path()}")
-        infer = make_infer(model, config, dist_info.device)
-        mine = scans[dist_info.rank::dist_info.world_size]
-        results = predict_cases(mine, infer, config, show_progress=dist_info.is_main)
-        everything = [r for part in D.all_gather_objects(results) for r in part]
-        code = 0
-        if dist_info.is_main:
-            write_summary(config.output_dir, everything)
-            code = report(everything, config.output_dir)
-        return 1 if any(r.status == "failed" for r in everything) else code
-    except BaseException:
-        graceful = False
-        raise
-    finally:
-        preempt.restore()
-        D.cleanup(graceful)

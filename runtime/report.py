@@ -101,6 +101,7 @@ class Run:
     evals: tuple[EvalPoint, ...]
     attempts: tuple[Attempt, ...]
     notes: tuple[str, ...] = ()
+    result: str | None = None  # training's own last status in log.json (finished, aborted, ...)
 
 
 @dataclass(frozen=True)
@@ -261,10 +262,12 @@ def load_run(folder: str, label: str | None = None) -> Run:
     train: list[TrainPoint] = []
     evals: list[EvalPoint] = []
     metrics_path = os.path.join(folder, METRICS_LOG)
+    result = None
     if os.path.isfile(metrics_path):
         records, read_notes = read_json_lines(metrics_path)
         train, evals, metric_notes = metrics_from_records(records)
         notes += read_notes + metric_notes
+        result = final_result(records)
     else:
         notes.append("no log.json: no curves")
     attempts = []
@@ -283,7 +286,15 @@ def load_run(folder: str, label: str | None = None) -> Run:
     elif not evals:
         notes.append("no evaluation logged (the run stopped or is still before its first evaluation)")
     return Run(folder=folder, label=label or os.path.basename(os.path.abspath(folder)),
-               train=tuple(train), evals=tuple(evals), attempts=tuple(attempts), notes=tuple(notes))
+               train=tuple(train), evals=tuple(evals), attempts=tuple(attempts), notes=tuple(notes),
+               result=result)
+
+
+def final_result(records: Sequence[dict]) -> str | None:
+    """The status of training's last ``result`` record in ``log.json`` (None: none, as in
+    logs written before the record existed)."""
+    results = [r for r in records if r.get("kind") == "result" and isinstance(r.get("status"), str)]
+    return results[-1]["status"] if results else None
 
 
 def find_runs(path: str, depth: int = SEARCH_DEPTH) -> list[str]:
@@ -337,7 +348,11 @@ def diverged_epoch(run: Run) -> int | None:
 
 
 def run_outcome(run: Run) -> str:
-    """success | aborted | diverged | incomplete (no run_stop: running or crashed) | no MLPerf log."""
+    """success | finished (ran its --epochs without reaching the target) | aborted | diverged |
+    incomplete (no run_stop: running or crashed) | no MLPerf log.
+
+    MLPerf's run_stop knows only success and aborted: a run that simply ran out of epochs is
+    "aborted" there; training's ``result`` record in log.json tells it apart."""
     if diverged_epoch(run) is not None:
         return "diverged"
     if not run.attempts:
@@ -345,7 +360,9 @@ def run_outcome(run: Run) -> str:
     last = run.attempts[-1]
     if last.status is None:
         return "incomplete"
-    return "success" if last.status == "success" else "aborted"
+    if last.status == "success":
+        return "success"
+    return "finished" if run.result == "finished" else "aborted"
 
 
 def run_seconds(attempts: Sequence[Attempt]) -> float | None:
@@ -497,10 +514,18 @@ def check_compliance(log: str, ruleset: str = DEFAULT_RULESET, timeout: float = 
 
 def atomic_write(path: str, write: Callable) -> str:
     """:func:`data_loading.atomic.atomic_write` (temporary file beside ``path``, then rename:
-    a reader never sees half a file), returning ``path``."""
+    a reader never sees half a file), returning ``path``. A failure to write (full disk, quota,
+    read-only) is one :class:`ReportError` naming ``path``."""
     from data_loading.atomic import atomic_write as write_atomically
+    from data_loading.write_errors import write_failure
 
-    write_atomically(path, write)
+    try:
+        write_atomically(path, write)
+    except Exception as error:  # noqa: BLE001 - a write failure is one line, anything else a bug
+        reason = write_failure(error)
+        if reason is None:
+            raise
+        raise ReportError(f"cannot write {path}: {reason}") from None
     return path
 
 
@@ -719,7 +744,10 @@ def make_report(paths: Sequence[str], output: str, threshold: float = DEFAULT_TH
         raise ReportError("; ".join(missing))
     for line in missing:
         say(line)
-    os.makedirs(output, exist_ok=True)
+    try:
+        os.makedirs(output, exist_ok=True)
+    except OSError as error:
+        raise ReportError(f"cannot create --output {output}: {error.strerror or type(error).__name__}") from None
     verdicts = check_all(runs, ruleset) if check else {}
     summaries = []
     for run in runs:
@@ -769,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = make_report(args.runs, args.output, args.quality_threshold, args.ruleset,
                              check=not args.no_compliance, drop=args.drop, draw=not args.no_curves)
     except (ReportError, OSError) as error:
-        print(f"report: {error}", file=sys.stderr)
+        print(f"report: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         return 1
     for s in result["runs"]:
         print(f"{s.label}: {s.status}, {s.epochs or 0} epochs, time to target {_time_text(s.time_to_target_s)}, "

@@ -15,6 +15,7 @@ from mlperf_logging.mllog import constants as C
 
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
+from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.inference import evaluate
 from runtime.logging import MetricsWriter, MLPerfLogger
@@ -100,24 +101,28 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def save_checkpoint(components: Components, status: str, required: bool = True) -> bool:
+def save_checkpoint(components: Components, status: str, required: bool = True) -> str | None:
     """Rank 0 writes ``--save_ckpt_path`` atomically (nothing when the path is empty).
 
-    A failed write (full disk, quota, ...) leaves the previous checkpoint intact and no temporary
-    file; it raises :class:`OutputError` when ``required``, else returns False.
+    A failed write (full disk, quota, read-only, ...: ``write_failure``) leaves the previous
+    checkpoint intact and no temporary file; it raises :class:`OutputError` when ``required``,
+    else returns the reason (None: saved, or nothing to save).
     """
-    cfg, ok = components.config, True
+    cfg, failed = components.config, None
     if cfg.save_ckpt_path and components.dist.is_main:
         try:
             ckpt.save(cfg.save_ckpt_path, components.model, components.optimizer, components.scaler,
                       components.state, cfg, components.dist.device, status)
-        except OSError as err:
+        except Exception as err:  # noqa: BLE001 - a write failure is one line, anything else a bug
+            reason = write_failure(err)
+            if reason is None:
+                raise
             if required:
-                raise OutputError(f"cannot write the checkpoint {cfg.save_ckpt_path!r}: "
-                                  f"{err.strerror or type(err).__name__} (the previous one is unchanged)") from None
-            ok = False
+                raise OutputError(f"cannot write the checkpoint {cfg.save_ckpt_path!r}: {reason} "
+                                  "(the previous one is unchanged)") from None
+            failed = reason
     D.barrier()
-    return ok
+    return failed
 
 
 def periodic_save_due(epochs_since: int, minutes_since: float, every_epochs: int, every_minutes: float) -> bool:
@@ -146,12 +151,13 @@ class PeriodicCheckpoints:
                                 cfg.ckpt_every_epochs, cfg.ckpt_every_minutes)
         if not D.broadcast_int(int(due), self.components.dist.device):
             return
-        if save_checkpoint(self.components, "running", required=False):
+        reason = save_checkpoint(self.components, "running", required=False)
+        if reason is None:
             self.saved(epoch)
         elif not self.warned:
             self.warned = True
-            self.out.say(f"warning: cannot write the periodic checkpoint {cfg.save_ckpt_path!r} (disk full or "
-                         "not writable?); training goes on, the previous checkpoint is unchanged")
+            self.out.say(f"warning: cannot write the periodic checkpoint {cfg.save_ckpt_path!r} ({reason}); "
+                         "training goes on, the previous checkpoint is unchanged")
 
 
 def should_stop_for_preemption(preempt: PreemptionFlag, device: torch.device, step: int,
@@ -198,8 +204,9 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
     return EpochResult(mean_loss, throughput, preempted=False)
 
 
-def run_evaluation(components: Components, out: Reporters, epoch: int) -> dict:
-    """Sliding-window evaluation of all evaluation cases (MLPerf eval events around it)."""
+def run_evaluation(components: Components, out: Reporters, epoch: int, cases: list | None = None) -> dict:
+    """Sliding-window evaluation of all evaluation cases (MLPerf eval events around it);
+    ``cases`` receives this rank's per-case scores (``runtime.inference.case_scores``)."""
     cfg = components.config
     # Evaluation bypasses DDP; with batch norm every rank must use rank 0's running statistics
     # (the ones the checkpoint holds), not the ones its own last training forward left.
@@ -210,7 +217,8 @@ def run_evaluation(components: Components, out: Reporters, epoch: int) -> dict:
                        cfg.val_input_shape, cfg.overlap, cfg.sw_batch_size, components.dist.device,
                        components.autocast,
                        progress=lambda it: out.progress(it, desc=f"eval {epoch} cases", total=len(loader),
-                                                        always=True))
+                                                        always=True),
+                       cases=cases, scan_region=getattr(loader, "scan_region", None))
     out.mlperf.event(C.EVAL_ACCURACY, value=metrics["mean_dice"], metadata={"epoch_num": epoch})
     out.mlperf.end(C.EVAL_STOP, metadata={"epoch_num": epoch})
     return metrics

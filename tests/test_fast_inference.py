@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.inference import (FULL_GRID, SEVEN_BIT_ACTIVATIONS, SEVEN_BIT_WEIGHTS, Int8Conv3d,
+from model.inference import (FULL_GRID, SEVEN_BIT_WEIGHTS, Int8Conv3d,
                              LayoutPreservingInstanceNorm3d, int8_available, int8_grid,
                              prepare_for_inference, quantize_uint8, uint8_range)
 from model.unet3d import Unet3D

@@ -272,7 +272,7 @@ def test_skips_unlabelled_ids_once_and_accepts_the_data_folder(tmp_path, capsys)
     assert [line for line in printed.splitlines() if "210" in line] == [
         "skipping 2 cases with id >= 210 (KiTS19 has no labels for them)"]
     assert "case_00003: shape (1, 128, 128, 128), mean" in printed and "median over 1" in printed
-    assert sorted(os.listdir(out)) == ["case_00003_x.npy", "case_00003_y.npy"]
+    assert sorted(os.listdir(out)) == ["case_00003_geometry.json", "case_00003_x.npy", "case_00003_y.npy"]
 
 
 def test_two_workers_write_the_same_bytes_as_one(tmp_path, capsys):
@@ -283,8 +283,8 @@ def test_two_workers_write_the_same_bytes_as_one(tmp_path, capsys):
         code = preprocess_dataset.main(["--data_dir", str(raw), "--results_dir",
                                         str(tmp_path / workers), "--num_workers", workers])
         assert code == 0
-    names = sorted(os.listdir(tmp_path / "1"))
-    assert len(names) == 6 and names == sorted(os.listdir(tmp_path / "2"))
+    names = sorted(os.listdir(tmp_path / "1"))   # 6 arrays and 3 geometry records
+    assert len(names) == 9 and names == sorted(os.listdir(tmp_path / "2"))
     for name in names:
         assert md5(tmp_path / "1" / name) == md5(tmp_path / "2" / name), name
 
@@ -333,13 +333,13 @@ def test_resume_after_the_process_is_killed_midway(tmp_path, capsys):
         proc.wait()
     done_before = [pp.is_complete(str(out), f"case_{i:05d}") for i in range(5)]
     assert done_before[0] and not all(done_before), "killed too late to test a resume"
-    assert all(n.endswith(".npy") or n.endswith(".tmp") for n in os.listdir(out))
+    assert all(n.endswith((".npy", ".tmp", "_geometry.json")) for n in os.listdir(out))
 
     assert preprocess_dataset.main(["--data_dir", str(raw), "--results_dir", str(out),
                                     "--num_workers", "1"]) == 0
     assert f"{sum(done_before)} of 5 cases already complete" in capsys.readouterr().out
-    assert sorted(os.listdir(out)) == sorted(f"case_{i:05d}_{k}.npy" for i in range(5)
-                                             for k in "xy")
+    assert sorted(os.listdir(out)) == sorted([f"case_{i:05d}_{k}.npy" for i in range(5) for k in "xy"]
+                                             + [f"case_{i:05d}_geometry.json" for i in range(5)])
     for i in range(5):
         assert pp.is_complete(str(out), f"case_{i:05d}")
         fresh_x, fresh_y = reference_transcription(raw / f"case_{i:05d}")
@@ -358,7 +358,7 @@ def good_set(tmp_path_factory):
     for case_id in (0, 1):
         write_case(raw, case_id, (10, 12, 14), (2.0, 1.3, 1.3))
     pp.preprocess_cases(pp.find_cases(str(raw))[0], str(out), 1, lambda s: None)
-    sums = {n: md5(out / n) for n in sorted(os.listdir(out))}
+    sums = {n: md5(out / n) for n in sorted(os.listdir(out)) if n.endswith(".npy")}   # the arrays only
     (base / "checksum.json").write_text(json.dumps(sums))
     return out, base / "checksum.json"
 

@@ -2,7 +2,6 @@
 non-zero exit and nothing earlier lost. docs/reliability.md lists them with what a user sees."""
 import errno
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,50 +13,17 @@ import torch
 
 import easy_data
 import fake_data
-import main as main_module
+from main_runs import SMALL, TINY, call, one_line_error
 from model.unet3d import Unet3D
-from runtime.arguments import parse_args
 from runtime.checkpoint import load_checkpoint
 from runtime.outputs import LOCK_NAME, RunLock, keep_previous
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "32", "32", "64",
-         "--val_input_shape", "32", "32", "64", "--num_workers", "0", "--seed", "3"]
-TINY = ["--loader", "synthetic", "--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32",
-        "--val_input_shape", "32", "32", "32", "--normalization", "batchnorm", "--batch_size", "2",
-        "--optimizer", "adam", "--learning_rate", "0.01", "--seed", "7", "--device", "cpu", "--num_workers", "0"]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return easy_data.write_dataset(str(tmp_path_factory.mktemp("easy") / "data"), range(13))
-
-
-def call(argv, capsys, data_source=None):
-    """main.py in this process: (exit code, stdout, stderr). ``data_source`` replaces the data."""
-    if data_source is None:
-        try:
-            code = main_module.main(argv)
-        except SystemExit as exit_:
-            code = exit_.code
-    else:
-        from runtime.app import run
-
-        code = run(parse_args(argv), data=data_source)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-PROGRESS = re.compile(r"^.+: \d+/[\d?]+ done \(|^(warm-up|timed) step ")
-
-
-def one_line_error(code, err, *named):
-    """One error line on stderr (progress lines aside), naming each of ``named``."""
-    assert code != 0
-    messages = [line for line in err.splitlines() if line.strip() and not PROGRESS.match(line)]
-    assert "Traceback" not in err and len(messages) == 1, err
-    for name in named:
-        assert str(name) in err, (name, err)
 
 
 # -------------------------------------------------------------------- outputs checked up front
@@ -410,3 +376,170 @@ def test_reference_checkpoint_with_numpy_scalars_loads_or_says_why(tmp_path, mon
     with pytest.raises(CheckpointError, match="holds numpy values") as info:
         load_checkpoint(str(path))
     assert "\n" not in str(info.value) and "reference.pt" in str(info.value)
+
+
+# -------------------------------------------------------------------- "best" before the first evaluation
+
+def _kill_after_epoch(argv, ckpt, epoch, seconds=300):
+    """Start main.py ``argv``; kill -9 it once ``ckpt`` holds ``epoch`` or later (it must still
+    be running then); returns the epoch it was killed after."""
+    proc = _popen(*argv)
+    deadline = time.time() + seconds
+    saved = 0
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(ckpt):
+            try:
+                saved = int(load_checkpoint(str(ckpt))["epoch"])
+            except Exception:  # noqa: BLE001 - read while being replaced: try again
+                saved = 0
+            if saved >= epoch:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    proc.kill()
+    proc.communicate()
+    return saved
+
+
+@pytest.mark.slow
+def test_kill_before_the_first_evaluation_then_resume_evaluates_like_an_uninterrupted_run(data, tmp_path, capsys):
+    """Periodic checkpoints, no evaluation yet (--start_eval_at beyond --epochs): kill -9 after
+    epoch 2, --resume, and evaluate the result: the same weights and the same Dice as a run never
+    interrupted, and evaluate says that it used the last weights (there is no best yet)."""
+    common = ["--data_dir", data, *SMALL, "--epochs", "4", "--start_eval_at", "20", "--ckpt_every_epochs", "1",
+              "--ckpt_every_minutes", "0", "--batch_size", "2"]
+    whole = common + ["--log_dir", str(tmp_path / "whole"), "--save_ckpt_path", str(tmp_path / "whole.pt")]
+    assert call(whole, capsys)[0] == 0
+    part = common + ["--log_dir", str(tmp_path / "part"), "--save_ckpt_path", str(tmp_path / "part.pt")]
+    killed = _kill_after_epoch(part, tmp_path / "part.pt", 2)
+    assert 2 <= killed < 4
+    code, out, _ = call(part + ["--resume"], capsys)
+    assert code == 0 and f"resuming {tmp_path / 'part.pt'} after epoch {killed}" in out
+    a, b = load_checkpoint(str(tmp_path / "whole.pt")), load_checkpoint(str(tmp_path / "part.pt"))
+    assert a["has_best"] is False and b["has_best"] is False
+    for key in ("last_model_state_dict", "best_model_state_dict"):
+        assert all(torch.equal(a[key][k], b[key][k]) for k in a[key]), key
+    scores = []
+    for name in ("whole", "part"):
+        code, out, _ = call(["--exec_mode", "evaluate", "--data_dir", data, *SMALL, "--log_dir",
+                             str(tmp_path / f"eval-{name}"), "--load_ckpt_path", str(tmp_path / f"{name}.pt")], capsys)
+        assert code == 0 and "weights: the last weights (epoch 4; no evaluation yet, so no best)" in out, out
+        scores.append(out.splitlines()[:2])
+    assert scores[0] == scores[1]
+
+
+def test_old_checkpoints_say_whether_they_hold_a_best():
+    from runtime.checkpoint import has_best, model_state_from, weights_description
+
+    last, best = {"w": torch.ones(1)}, {"w": torch.zeros(1)}
+    reference = {"best_model_state_dict": best, "last_model_state_dict": last}
+    version_1_before_evaluation = {**reference, "format_version": 1, "best_epoch": 0, "epoch": 3}
+    version_1_evaluated = {**reference, "format_version": 1, "best_epoch": 2, "best_mean_dice": 0.5, "epoch": 3}
+    assert has_best(reference) and not has_best(version_1_before_evaluation) and has_best(version_1_evaluated)
+    assert torch.equal(model_state_from(version_1_before_evaluation)["w"], last["w"])   # not the stale "best"
+    assert torch.equal(model_state_from(version_1_evaluated)["w"], best["w"])
+    assert torch.equal(model_state_from(reference)["w"], best["w"])
+    assert "last weights (epoch 3; no evaluation yet" in weights_description(version_1_before_evaluation)
+    assert weights_description(version_1_evaluated) == "the best weights (epoch 2, mean_dice 0.5000)"
+
+
+def test_a_resume_keeps_no_best_from_a_checkpoint_without_one(tmp_path, capsys):
+    argv = TINY + ["--start_eval_at", "10", "--ckpt_every_epochs", "1", "--log_dir", str(tmp_path / "l"),
+                   "--save_ckpt_path", str(tmp_path / "c.pt")]
+    assert call(argv + ["--epochs", "1"], capsys, fake_data.FakeData())[0] == 0
+    assert call(argv + ["--epochs", "2", "--resume"], capsys, fake_data.FakeData())[0] == 0
+    saved = load_checkpoint(str(tmp_path / "c.pt"))
+    assert saved["has_best"] is False and saved["epoch"] == 2
+    assert all(torch.equal(saved["best_model_state_dict"][k], saved["last_model_state_dict"][k])
+               for k in saved["last_model_state_dict"])
+
+
+# -------------------------------------------------------------------- one run per checkpoint file
+
+def test_a_second_training_on_one_checkpoint_file_is_refused(tmp_path, capsys):
+    import socket
+
+    ckpt = tmp_path / "c.pt"
+    (tmp_path / ".c.pt.lock").write_text(f"{os.getppid()} {socket.gethostname()} now\n")   # a live run
+    code, out, err = call(TINY + ["--epochs", "1", "--log_dir", str(tmp_path / "other_logs"),
+                                  "--save_ckpt_path", str(ckpt)], capsys)
+    one_line_error(code, err, "--save_ckpt_path", str(ckpt), f"pid {os.getppid()}")
+    assert not ckpt.exists() and not (tmp_path / "other_logs" / LOCK_NAME).exists()
+
+
+# -------------------------------------------------------------------- a NaN anywhere in a training volume
+
+def test_a_nan_outside_any_sampled_patch_is_named_before_training(data, tmp_path, capsys):
+    folder = tmp_path / "nan"
+    folder.mkdir()
+    for name in os.listdir(data):
+        os.symlink(os.path.join(data, name), folder / name)
+    image = np.load(os.path.join(data, "case_00001_x.npy"))
+    image[0, -1, -1, -1] = np.nan                                 # one voxel, in a corner
+    os.remove(folder / "case_00001_x.npy")
+    np.save(folder / "case_00001_x.npy", image)
+    code, out, err = call(["--data_dir", str(folder), "--log_dir", str(tmp_path / "l"), *SMALL, "--epochs", "1",
+                           "--start_eval_at", "1", "--batch_size", "2"], capsys)
+    one_line_error(code, err, folder / "case_00001_x.npy", "NaN", "first read")
+    assert "epoch 1/" not in out
+
+
+# -------------------------------------------------------------------- an axis shorter than half a stride
+
+def test_window_geometry_pads_an_axis_shorter_than_half_a_stride_and_changes_nothing_else():
+    from data_loading.windows import window_geometry
+
+    for size in range(1, 300):
+        geometry = window_geometry((size, 128, 200), (128, 128, 128), 0.5)
+        remainder = size % 64
+        benchmark_trim = remainder if remainder < 32 else 0               # the benchmark's rule
+        expected = size if size < 32 else size - benchmark_trim
+        assert geometry.trimmed_shape[0] == expected, size
+        assert geometry.trimmed_shape[0] > 0 and geometry.padded_shape[0] >= 128
+
+
+def test_sliding_window_on_20_slices_returns_20_slices():
+    """The window returns every slice (identity 'model': the prediction is the image)."""
+    from runtime.inference import sliding_window_inference
+
+    image = torch.randn(1, 1, 20, 70, 140)
+    label = torch.zeros(1, 1, 20, 70, 140, dtype=torch.uint8)
+    out, kept = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image, label, (128, 128, 128), 0.5)
+    # D kept whole; H and W trimmed by the benchmark's rule (remainders 6 and 12 of the stride 64)
+    assert out.shape == (1, 3, 20, 64, 128) and kept.shape == (1, 1, 20, 64, 128)
+    torch.testing.assert_close(out[:, :1], image[..., 3:67, 6:134], rtol=0, atol=1e-5)
+
+
+# -------------------------------------------------------------------- smaller
+
+def test_evaluate_benchmark_with_fewer_volumes_than_warmup_steps_is_refused_first(data, tmp_path, capsys):
+    start = time.time()
+    code, out, err = call(["--exec_mode", "evaluate", "--benchmark", "--data_dir", data, *SMALL,
+                           "--warmup_steps", "100"], capsys)
+    one_line_error(code, err, "--warmup_steps 100", "evaluation volumes")
+    assert "benchmark eval volumes" not in err and time.time() - start < 60
+
+
+def test_a_folder_as_load_ckpt_path_is_called_a_folder(data, tmp_path, capsys):
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    code, out, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--load_ckpt_path", str(tmp_path)], capsys)
+    assert code == 2
+    one_line_error(code, err, "is a folder", str(tmp_path / "ckpt.pt"))
+    assert "does not exist" not in err
+
+
+def test_a_run_refused_for_a_bad_checkpoint_leaves_no_empty_log_dir(data, tmp_path, capsys):
+    torch.save([1, 2, 3], tmp_path / "list.pt")
+    log_dir = tmp_path / "new" / "logs"
+    code, _, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--log_dir", str(log_dir),
+                         "--load_ckpt_path", str(tmp_path / "list.pt"), *SMALL], capsys)
+    one_line_error(code, err, "list.pt")
+    assert not (tmp_path / "new").exists()
+
+
+def test_report_calls_a_run_that_ran_its_epochs_finished(tmp_path, capsys):
+    from runtime.report import load_run, run_outcome
+
+    argv = TINY + ["--epochs", "2", "--start_eval_at", "1", "--quality_threshold", "1.0", "--log_dir", str(tmp_path)]
+    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    assert run_outcome(load_run(str(tmp_path))) == "finished"

@@ -166,3 +166,17 @@ def test_plot_draws_curves_after_each_evaluation(tmp_path, fake_loaders):
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     code, log_dir, _ = run(tmp_path, "noplot", "--epochs", "1", "--start_eval_at", "1")
     assert code == 0 and not (log_dir / "curves.png").exists()
+
+
+def test_resume_of_a_run_that_reached_its_target_trains_no_further(tmp_path, fake_loaders, capsys):
+    """A job requeued just as its run succeeded (or any second --resume): nothing to resume, exit
+    0, the checkpoint and the logs as they were, no new MLPerf log."""
+    args = ("--epochs", "4", "--start_eval_at", "1", "--evaluate_every", "1", "--quality_threshold", "1e-9")
+    code, log_dir, ckpt_path = run(tmp_path, "done", *args)
+    assert code == 0 and load_checkpoint(str(ckpt_path))["status"] == "success"
+    before = ckpt_path.read_bytes(), sorted(os.listdir(log_dir)), (log_dir / "log.json").read_text()
+    capsys.readouterr()
+    code, _, _ = run(tmp_path, "done", *args, "--resume")
+    out = capsys.readouterr().out
+    assert code == 0 and "already ended (success at epoch 1); nothing to resume" in out, out
+    assert (ckpt_path.read_bytes(), sorted(os.listdir(log_dir)), (log_dir / "log.json").read_text()) == before

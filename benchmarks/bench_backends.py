@@ -1,0 +1,311 @@
+"""Predict through its command line, one process per variant, in lock-step rounds: the reference's
+way against PyTorch and OpenVINO, fp32 and int8, on the same scans and windows.
+
+Variants (``--variants``, default all):
+
+* ``reference``: **the project's copy of the reference's way** (not the MLCommons code, which is
+  not available here): PyTorch fp32, NCDHW, one window per forward under ``torch.no_grad``,
+  glibc's allocator (no memory reuse), through the predict code (``runtime.predict.run_predict``
+  called without ``main.py``'s memory reuse), ``--backend torch --sw_batch_size 1``;
+* ``torch_fp32``: ``main.py --exec_mode predict --backend torch --channels_last`` (PyTorch's
+  fastest exact path: layout-preserving norms, memory reuse, 2 windows per forward);
+* ``torch_int8``: ``--backend torch --int8`` (oneDNN int8 convolutions, dynamic ranges);
+* ``openvino_fp32``: ``--backend openvino``;
+* ``openvino_int8``: ``--backend openvino --int8 --data_dir CALIBRATION`` (NNCF, static ranges).
+
+Each round runs every variant once, each in a new process, the starting variant rotating from
+round to round, so that load from other jobs on a shared machine falls on all of them alike.
+The OpenVINO conversions (and int8 calibration) are built once before the rounds and timed
+apart: the rounds read them from the cache beside the checkpoint, as a user's second run does.
+Times: the summary's seconds of each scan (read, preprocess, infer, restore, write) summed,
+and the process's wall time; the speed-up is the median over rounds of reference / variant.
+Peak RSS of each process from ``wait4``. Quality, from the first round: the share of voxels
+whose label equals the reference's, and each variant's mean Dice against the scans' labels
+(meaningful with trained weights only).
+
+Scans: ``--input`` (scans with ``segmentation.nii.gz`` beside them, e.g. a synthetic KiTS19
+tree) or one synthetic KiTS-like scan written here (``--shape`` raw, ``--resampled`` after
+preprocessing; default 300 x 512 x 512 -> 190 x 250 x 250, 18 windows of 128³). Weights:
+``--ckpt``, or random (``--filters``; time does not depend on the weights).
+
+Usage::
+
+    python benchmarks/bench_backends.py --rounds 2 --out table.md
+    python benchmarks/bench_backends.py --input RAW_CASES --ckpt trained.pt --calibration DATA --rounds 1
+    ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/bench_backends.py --resampled 128 192 192   # AVX2 imitation
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+VARIANTS = {
+    "reference": ["--backend", "torch", "--sw_batch_size", "1"],
+    "torch_fp32": ["--backend", "torch", "--channels_last"],
+    "torch_int8": ["--backend", "torch", "--int8"],
+    "openvino_fp32": ["--backend", "openvino"],
+    "openvino_int8": ["--backend", "openvino", "--int8"],
+}
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {list(VARIANTS)}")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--input", default="", help="scans to segment (default: one synthetic KiTS-like scan)")
+    p.add_argument("--shape", type=int, nargs=3, default=[300, 512, 512], help="raw synthetic scan D H W")
+    p.add_argument("--resampled", type=int, nargs=3, default=[190, 250, 250],
+                   help="its size after preprocessing (sets the spacing)")
+    p.add_argument("--ckpt", default="", help="checkpoint (default: random weights of --filters)")
+    p.add_argument("--filters", type=int, nargs=5, default=[32, 64, 128, 256, 320])
+    p.add_argument("--calibration", default="", help="preprocessed cases for openvino_int8 (--data_dir); "
+                   "default: the synthetic scan preprocessed here")
+    p.add_argument("--roi", type=int, default=128)
+    p.add_argument("--workdir", default="", help="scans, outputs, caches (default: a temporary folder)")
+    p.add_argument("--out", default="", help="also write the markdown report here")
+    p.add_argument("--child_reference", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+def run_reference_child(argv: list[str]) -> int:
+    """The ``reference`` variant's process: the predict code without ``main.py``'s memory reuse."""
+    from runtime.arguments import parse_args
+    from runtime.predict import run_predict
+
+    return run_predict(parse_args(argv))
+
+
+def cpu_line() -> str:
+    """CPU model, cores and the ISA flags that matter here (AVX2, AVX-512, VNNI, BF16, AMX), plus
+    an ``ONEDNN_MAX_CPU_ISA`` limit when one is set (an imitation of a smaller CPU)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = ", ".join(f for f in ISA_FLAGS if f in flags) or "unknown"
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    text = f"{name}, {os.cpu_count()} cores, ISA: {isa}"
+    return text + (f"; IMITATION: ONEDNN_MAX_CPU_ISA={limit} (oneDNN in PyTorch and OpenVINO limited to it)"
+                   if limit else "")
+
+
+def make_inputs(args, work: Path) -> tuple[str, str, str]:
+    """``(input, checkpoint, calibration data_dir)``: given, or written into ``work``."""
+    import torch
+
+    from model.unet3d import Unet3D
+
+    scans = args.input
+    if not scans:
+        scans = str(work / "raw")
+        if not os.path.isdir(scans):
+            write_scan(scans, tuple(args.shape), tuple(args.resampled))
+    ckpt = args.ckpt or str(work / "random.pt")
+    if not args.ckpt and not os.path.exists(ckpt):
+        torch.manual_seed(0)
+        torch.save({"best_model_state_dict": Unet3D(filters=args.filters).state_dict(),
+                    "config": {"filters": args.filters, "normalization": "instancenorm", "activation": "relu"}}, ckpt)
+    calibration = args.calibration or str(work / "calibration")
+    if not args.calibration and not os.path.isdir(calibration):
+        subprocess.run([sys.executable, str(ROOT / "preprocess_dataset.py"), "--data_dir", scans,
+                        "--results_dir", calibration, "--num_workers", "1"], check=True, stdout=subprocess.DEVNULL)
+    return scans, ckpt, calibration
+
+
+def write_scan(folder: str, shape: tuple[int, ...], resampled: tuple[int, ...]) -> None:
+    """A labelled synthetic KiTS19 case (id 1: a training id) of ``shape`` that preprocesses to
+    about ``resampled``."""
+    from data_loading import synthetic
+
+    target = synthetic.TARGET_SPACING
+    spacing = tuple(round(t * r / s, 3) for t, r, s in zip(target, resampled, shape))
+    case = synthetic.make_case(1, shape, spacing, synthetic.case_rng(0, 1))
+    synthetic.save_case(case, folder, labelled=True)
+
+
+def variant_command(name: str, scans: str, ckpt: str, calibration: str, out: str, roi: int) -> list[str]:
+    flags = ["--exec_mode", "predict", "--input", scans, "--output_dir", out, "--load_ckpt_path", ckpt,
+             "--device", "cpu", "--force", "--val_input_shape", *[str(roi)] * 3, *VARIANTS[name]]
+    if name == "openvino_int8":
+        flags += ["--data_dir", calibration]
+    if name == "reference":
+        return [sys.executable, str(Path(__file__).resolve()), "--child_reference", *flags]
+    return [sys.executable, str(ROOT / "main.py"), *flags]
+
+
+def run_process(command: list[str], log: Path) -> tuple[float, float, int]:
+    """``(wall seconds, peak RSS GB, exit code)`` of ``command`` (output to ``log``)."""
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - start, usage.ru_maxrss * 1024 / 1e9, process.returncode
+
+
+def summary_of(out: str) -> dict:
+    rows = [json.loads(line) for line in open(os.path.join(out, "summary.jsonl"))]
+    cases = [r for r in rows if r["case"] != "mean"]
+    dice = [r["mean_dice"] for r in cases if r.get("mean_dice") is not None]
+    return {"seconds": sum(r["seconds"] for r in cases), "cases": [r["case"] for r in cases],
+            "mean_dice": statistics.mean(dice) if dice else None}
+
+
+def labels_of(out: str, cases: list[str]):
+    import nibabel
+    import numpy as np
+
+    return {c: np.asarray(nibabel.load(os.path.join(out, f"{c}.nii.gz")).dataobj) for c in cases}
+
+
+def agreement(labels: dict, reference: dict) -> float:
+    import numpy as np
+
+    equal = sum(int(np.sum(labels[c] == reference[c])) for c in reference)
+    return equal / sum(reference[c].size for c in reference)
+
+
+def window_count(scans: str, roi: int) -> tuple[int, list]:
+    """Windows per run (all scans) and the preprocessed shapes, from predict's own geometry."""
+    from data_loading.scans import find_scans, preprocess_scan, read_scan
+    from data_loading.windows import window_geometry
+    from runtime.predict import cover_padding
+
+    total, shapes = 0, []
+    for scan in find_scans(scans):
+        image, _ = preprocess_scan(read_scan(scan.image_path), scan.image_path)
+        shape = image.shape[1:]
+        padded = [s + b + a for s, (b, a) in zip(shape, cover_padding(shape, (roi,) * 3, 0.5))]
+        total += window_geometry(padded, (roi,) * 3, 0.5).n_windows
+        shapes.append(tuple(shape))
+    return total, shapes
+
+
+def prepare(names, inputs, work: Path, roi: int) -> dict:
+    """One untimed run of each OpenVINO variant: converts (and calibrates) into the cache."""
+    setup = {}
+    for name in names:
+        if name.startswith("openvino"):
+            out = str(work / f"setup-{name}")
+            wall, rss, code = run_process(variant_command(name, *inputs, out, roi), work / f"setup-{name}.log")
+            if code != 0:
+                raise SystemExit(f"bench_backends: {name} failed, see {work / f'setup-{name}.log'}")
+            setup[name] = wall - summary_of(out)["seconds"]
+            print(f"setup {name}: conversion and start {setup[name]:.1f} s, peak RSS {rss:.2f} GB", flush=True)
+    return setup
+
+
+def run_rounds(names, inputs, work: Path, rounds: int, roi: int) -> tuple[dict, dict]:
+    """Every variant once per round in its own process, the first variant rotating."""
+    runs = {n: [] for n in names}
+    labels = {}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            out = str(work / f"{name}-{r}")
+            load = os.getloadavg()[0]
+            wall, rss, code = run_process(variant_command(name, *inputs, out, roi), work / f"{name}-{r}.log")
+            if code != 0:
+                raise SystemExit(f"bench_backends: {name} exited {code}, see {work / f'{name}-{r}.log'}")
+            summary = summary_of(out)
+            runs[name].append(dict(summary, wall=wall, rss=rss, load=load))
+            with open(work / "runs.jsonl", "a") as record:  # kept even if the benchmark is stopped
+                record.write(json.dumps(dict(runs[name][-1], variant=name, round=r + 1)) + "\n")
+            print(f"round {r + 1} {name}: {summary['seconds']:.1f} s scans, {wall:.1f} s process, "
+                  f"peak RSS {rss:.2f} GB, load {load:.1f}", flush=True)
+            if r == 0:
+                labels[name] = labels_of(out, summary["cases"])
+    return runs, labels
+
+
+def versions() -> str:
+    import torch
+
+    text = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    try:
+        import openvino
+
+        text += f", OpenVINO {openvino.__version__.split('-')[0]}"
+        import nncf
+
+        text += f", NNCF {nncf.__version__}"
+    except ImportError:
+        pass
+    return text + f", Python {platform.python_version()}"
+
+
+def report(args, names, runs, labels, setup, windows, shapes, inputs) -> str:
+    ref = "reference" if "reference" in names else names[0]
+    lines = [f"{datetime.datetime.now():%Y-%m-%d %H:%M} · {cpu_line()} · {versions()}",
+             f"scans {inputs[0]} (preprocessed {', '.join('x'.join(map(str, s)) for s in shapes)}), "
+             f"{windows} windows of {args.roi}³ per run (predict's geometry, the same for every variant) · "
+             f"weights {args.ckpt or 'random, filters ' + ' '.join(map(str, args.filters))} · "
+             f"int8 calibration data {inputs[2]} · {args.rounds} lock-step rounds, each variant in its own process",
+             "",
+             "| variant | flags | median s (scans) | speed-up vs reference (median of per-round ratios) | "
+             "median s (process) | peak RSS GB | voxels = reference | mean Dice vs label |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name in names:
+        secs = [r["seconds"] for r in runs[name]]
+        ratio = statistics.median(a["seconds"] / b["seconds"] for a, b in zip(runs[ref], runs[name]))
+        dice = runs[name][0]["mean_dice"]
+        flags = " ".join(VARIANTS[name]) + (" (no memory reuse: the reference's way)" if name == "reference" else "")
+        lines.append(f"| {name} | `{flags}` | {statistics.median(secs):.1f} | {ratio:.2f}x | "
+                     f"{statistics.median(r['wall'] for r in runs[name]):.1f} | "
+                     f"{max(r['rss'] for r in runs[name]):.2f} | {100 * agreement(labels[name], labels[ref]):.3f}% | "
+                     f"{'' if dice is None else f'{dice:.4f}'} |")
+    lines.append("")
+    lines.append("per round (s, scans): " + "; ".join(
+        f"{n} " + " / ".join(f"{r['seconds']:.1f}" for r in runs[n]) for n in names))
+    lines.append("load average before each run: " + "; ".join(
+        f"{n} " + " / ".join(f"{r['load']:.1f}" for r in runs[n]) for n in names))
+    if setup:
+        lines.append("conversion before the rounds (s, once per checkpoint and window; cached): "
+                     + ", ".join(f"{n} {s:.1f}" for n, s in setup.items()))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.child_reference is not None:
+        return run_reference_child(args.child_reference)
+    names = [n for n in args.variants.split(",") if n]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"bench_backends: unknown variant {unknown[0]!r}; choose from {list(VARIANTS)}")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_backends_"))
+    work.mkdir(parents=True, exist_ok=True)
+    inputs = make_inputs(args, work)
+    windows, shapes = window_count(inputs[0], args.roi)
+    print(f"{cpu_line()}\n{versions()}\n{windows} windows of {args.roi}³ per run; work in {work}", flush=True)
+    setup = prepare(names, inputs, work, args.roi)
+    runs, labels = run_rounds(names, inputs, work, args.rounds, args.roi)
+    text = report(args, names, runs, labels, setup, windows, shapes, inputs)
+    print("\n" + text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""A scan's header checked before any of its voxels is read: a plausible spacing, and a size
+after resampling that fits in this machine's memory.
+
+nibabel "fixes" a zero pixdim to 1 mm when it loads a file (with a warning that names no file),
+so the header is read here as stored (:func:`read_header`). A spacing of 1000 mm (a header in
+micrometres read as millimetres, or garbage) would ask the allocator for petabytes after
+resampling to 1.6 x 1.2 x 1.2 mm; such a scan is refused with one line naming it, and the other
+scans of the folder still run.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+from data_loading.preprocessing import MIN_SHAPE, TARGET_SPACING, _reason
+from data_loading.scans import ScanError
+
+# No CT (or MR) voxel is larger than this; anything beyond is a header in the wrong unit.
+MAX_SPACING_MM = 50.0
+# float32 copies of the resampled volume alive at the peak of predict: the image (resampled,
+# normalised, padded), the window sums of 3 classes + weights, and 3 class probabilities;
+# plus two float maps and the labels on the original grid (docs/reliability.md).
+RESAMPLED_COPIES = 11
+ORIGINAL_COPIES = 4
+
+
+@dataclass(frozen=True)
+class ScanHeader:
+    """``shape`` (array axes) and ``spacing`` (``pixdim[1:4]``, mm) exactly as stored."""
+
+    shape: tuple[int, ...]
+    spacing: tuple[float, ...]
+
+
+NIFTI_HEADER_SIZES = {348: "Nifti1Header", 540: "Nifti2Header"}  # sizeof_hdr, the first int32
+
+
+def read_header(path: str) -> ScanHeader:
+    """The header of the NIfTI-1 or -2 file ``path`` as stored (no fixes applied, no extension
+    read); :class:`ScanError` naming the file when it is unreadable, no NIfTI or not 3-D."""
+    import struct
+    import zlib
+
+    import nibabel
+    from nibabel.openers import ImageOpener
+    from nibabel.spatialimages import HeaderDataError
+
+    try:
+        with ImageOpener(path) as handle:
+            head = handle.read(max(NIFTI_HEADER_SIZES))
+        for endian in "<>":
+            size = struct.unpack(f"{endian}i", head[:4])[0] if len(head) >= 4 else 0
+            if size in NIFTI_HEADER_SIZES and len(head) >= size:
+                klass = getattr(nibabel, NIFTI_HEADER_SIZES[size])
+                header = klass(head[:size], endianness=endian, check=False)
+                break
+        else:
+            raise ScanError(f"{path}: unreadable or corrupt NIfTI (no NIfTI header)")
+        shape = tuple(int(s) for s in header.get_data_shape())
+        spacing = tuple(float(s) for s in header["pixdim"][1:4])
+    except (OSError, ValueError, EOFError, zlib.error, struct.error, HeaderDataError) as exc:
+        if isinstance(exc, ScanError):
+            raise
+        raise ScanError(f"{path}: unreadable or corrupt NIfTI ({_reason(exc)})") from None
+    if len(shape) != 3:
+        raise ScanError(f"{path}: expected a 3-D volume, got shape {shape}")
+    return ScanHeader(shape, spacing)
+
+
+def spacing_problem(spacing: Sequence[float]) -> str | None:
+    """Why ``spacing`` (mm) cannot be a scan's, or None."""
+    if any(not math.isfinite(s) or s <= 0 for s in spacing):
+        return f"spacing (pixdim[1:4]) {list(spacing)} mm is not positive"
+    if max(spacing) > MAX_SPACING_MM:
+        return (f"spacing (pixdim[1:4]) {list(spacing)} mm is not plausible (a voxel larger than "
+                f"{MAX_SPACING_MM:g} mm: a header in another unit?)")
+    return None
+
+
+def predict_bytes(shape: Sequence[int], spacing: Sequence[float]) -> int:
+    """An estimate of predict's peak memory for one scan (see ``RESAMPLED_COPIES``)."""
+    resampled = [max(int(s * p / t), m) for s, p, t, m in zip(shape, spacing, TARGET_SPACING, MIN_SHAPE)]
+    return 4 * (RESAMPLED_COPIES * math.prod(resampled) + ORIGINAL_COPIES * math.prod(shape))
+
+
+def memory_limit_bytes() -> int | None:
+    """This process's memory: physical memory, or a smaller cgroup limit (a SLURM job, a
+    container); None where neither can be read."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, encoding="ascii") as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def check_header(path: str, limit: int | None = None) -> ScanHeader:
+    """Read and check the header of ``path`` before any voxel is read: :class:`ScanError`
+    (one line naming the file) for a bad spacing or a scan too large for ``limit`` bytes
+    (default :func:`memory_limit_bytes`)."""
+    header = read_header(path)
+    problem = spacing_problem(header.spacing)
+    if problem:
+        raise ScanError(f"{path}: {problem}")
+    need, limit = predict_bytes(header.shape, header.spacing), limit or memory_limit_bytes()
+    if limit is not None and need > limit:
+        raise ScanError(f"{path}: shape {header.shape} at spacing {list(header.spacing)} mm needs about "
+                        f"{need / 2**30:.3g} GiB to segment at {TARGET_SPACING} mm, more than the "
+                        f"{limit / 2**30:.3g} GiB of memory here")
+    return header
+

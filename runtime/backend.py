@@ -1,0 +1,146 @@
+"""Which runtime computes the network's windows in predict and evaluate: PyTorch or OpenVINO.
+
+``--backend torch`` runs the PyTorch model as before. ``--backend openvino`` converts the
+loaded network once per weights and window shape (:mod:`runtime.openvino_runtime`, cached
+beside the checkpoint) and runs it with OpenVINO's CPU runtime; the sliding window, Gaussian
+blending, TTA, resampling and every output stay this project's code: OpenVINO only replaces
+``model(windows)``. ``--backend auto`` (the default) takes OpenVINO on the CPU when it is
+installed and no PyTorch-only lever (``--amp``, ``--compile``, ``--channels_last``) is asked
+for, else PyTorch; the log says which and why. Training never uses this module: the MLPerf
+timed run keeps PyTorch.
+
+OpenVINO is optional (``requirements-openvino.txt``); nothing here imports it at import time.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from runtime.arguments import Config, UsageError, replace
+
+INSTALL_HINT = "pip install -r requirements-openvino.txt"
+TORCH_ONLY_LEVERS = ("amp", "compile", "channels_last")
+
+
+def openvino_missing(int8: bool = False) -> str | None:
+    """``None`` when OpenVINO (and NNCF, for ``int8``) can be imported, else the one-line reason
+    with the command that installs it."""
+    for module, what in (("openvino", "OpenVINO"), ("nncf", "NNCF (OpenVINO's int8 quantizer)")):
+        if module == "nncf" and not int8:
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken or None entry in sys.modules
+            found = False
+        if found:
+            try:
+                __import__(module)
+            except ImportError as err:
+                return f"{what} is installed but cannot be imported ({err}); reinstall it: {INSTALL_HINT}"
+        else:
+            return f"{what} is not installed; install it with: {INSTALL_HINT}"
+    return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str  # "torch" or "openvino"
+    why: str  # one line for the log
+
+
+def choose_backend(config: Config, device: torch.device, calibration: Callable[[], str | None]) -> Choice:
+    """The backend for ``config`` on ``device``; ``calibration()`` says why int8 calibration
+    data is unavailable (None when it is). Raises :class:`UsageError` (one line) when
+    ``--backend openvino`` cannot run here."""
+    asked = config.backend
+    levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]
+    if asked == "torch":
+        return Choice("torch", "--backend torch")
+    problems = []
+    if device.type != "cpu":
+        problems.append(f"OpenVINO runs on the CPU here and this run's device is {device.type}")
+    if levers:
+        problems.append(f"{', '.join(levers)} {'is a' if len(levers) == 1 else 'are'} PyTorch lever"
+                        f"{'' if len(levers) == 1 else 's'}")
+    missing = openvino_missing(int8=config.int8)
+    if missing:
+        problems.append(missing)
+    elif config.int8:
+        no_data = calibration()
+        if no_data:
+            problems.append(no_data)
+    if asked == "openvino" and problems:
+        raise UsageError(f"--backend openvino: {problems[0]}")
+    if problems:
+        return Choice("torch", f"--backend auto: PyTorch ({problems[0]})")
+    return Choice("openvino", f"--backend {asked}: OpenVINO {_openvino_version()} on the CPU"
+                  + (", int8 (NNCF post-training quantisation)" if config.int8 else ", fp32"))
+
+
+def _openvino_version() -> str:
+    import openvino
+
+    return openvino.__version__.split("-")[0]
+
+
+def say(message: str, is_main: bool = True) -> None:
+    if is_main:
+        print(message, flush=True)
+
+
+def predict_model(config: Config, device: torch.device, load: Callable, is_main: bool = True):
+    """``(model, config)`` for ``--exec_mode predict``: ``load(config, device)`` is
+    :func:`runtime.predict.load_predict_model` (passed in: this module does not import
+    predict); with OpenVINO the returned ``model`` is an :class:`OpenVINOWindows` module that
+    ``runtime.predict.window_predictor`` calls like the PyTorch one. The window batch is
+    bounded by ``--max_memory_gb`` (:mod:`runtime.memory_budget`)."""
+    from runtime.calibration import calibration_unavailable
+    from runtime.memory_budget import bounded_window_batch
+
+    choice = choose_backend(config, device, lambda: calibration_unavailable(config))
+    say(f"backend: {choice.why}", is_main)
+    if choice.backend == "torch":
+        model, config = load(config, device)
+        return model, bounded_window_batch(config, "torch", say=lambda m: say(m, is_main))
+    int8 = config.int8  # the PyTorch model is loaded in fp32; OpenVINO quantises it
+    model, config = load(replace(config, int8=False), device)
+    config = replace(config, int8=int8)
+    module = openvino_module(model, config, say=lambda m: say(m, is_main))
+    return module, bounded_window_batch(config, "openvino", say=lambda m: say(m, is_main))
+
+
+def openvino_module(model: torch.nn.Module, config: Config, say: Callable[[str], None] = print):
+    """``model`` (eval mode, the checkpoint's weights) converted, cached and compiled for
+    ``config.val_input_shape`` windows, int8 with ``config.int8``."""
+    from runtime.calibration import calibration_set
+    from runtime.openvino_runtime import OpenVINOWindows, cached_openvino_model
+
+    calibration = calibration_set(config) if config.int8 else None
+    compiled = cached_openvino_model(model, config, config.load_ckpt_path, calibration, say=say)
+    return OpenVINOWindows(compiled, tuple(config.val_input_shape))
+
+
+def evaluation_components(components, is_main: bool = True):
+    """``components`` for ``--exec_mode evaluate`` with the backend's model as ``eval_model``
+    (unchanged with PyTorch). Evaluate scores the trained network in fp32: int8 is refused by
+    the flag checks."""
+    config = components.config
+    device = components.dist.device
+    choice = choose_backend(config, device, lambda: None)
+    say(f"backend: {choice.why}", is_main)
+    if choice.backend == "torch":
+        return components
+    from runtime.checkpoint import unwrap
+
+    model = unwrap(components.model).eval()
+    module = openvino_module(model, config, say=lambda m: say(m, is_main))
+    return _replace_eval_model(components, module)
+
+
+def _replace_eval_model(components, module):
+    import dataclasses
+
+    return dataclasses.replace(components, eval_model=module)

@@ -1,0 +1,84 @@
+"""What ``--exec_mode evaluate`` scored, said in words, and each case's Dice in a CSV.
+
+The benchmark's Dice (the mean over cases that MLPerf compares) is computed on the preprocessed
+volumes: the min-shape padding is scored, and the labels are the benchmark's resampled ones.
+Predict scores the segmentation on the scan's own grid against the untouched ground truth, and
+so reads higher on small or thick-slice scans. Where preprocessing left a geometry record
+(``case_XXXXX_geometry.json``), evaluate also reports the Dice inside the scan (padding excluded),
+marked as not the benchmark's number. docs/reliability.md ("Two Dice numbers") explains the three
+causes (padding, label resampling, grid).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+from typing import Sequence
+
+import numpy as np
+
+from data_loading.atomic import atomic_write
+from data_loading.write_errors import write_failure
+from runtime.outputs import OutputError
+
+CASES_CSV = "eval_cases.csv"
+FIELDS = ("case", "kidney_dice", "tumour_dice", "mean_dice", "eval_loss", "scan_kidney_dice",
+          "scan_tumour_dice", "scan_mean_dice")
+SCORED = ("scored: the benchmark's Dice on the preprocessed volumes (resampled to 1.6 x 1.2 x 1.2 mm, "
+          "min-shape padding and the benchmark's resampled labels included), the mean over cases")
+
+
+def scan_means(cases: Sequence[dict]) -> dict | None:
+    """Mean kidney, tumour and mean Dice inside the scans, over the cases that have them."""
+    inside = [c for c in cases if c.get("scan_mean_dice") is not None]
+    if not inside:
+        return None
+    means = {key: float(np.mean([c[f"scan_{key}"] for c in inside])) for key in ("kidney_dice", "tumour_dice",
+                                                                               "mean_dice")}
+    return {**means, "cases": len(inside)}
+
+
+def explain_scores(cases: Sequence[dict]) -> list[str]:
+    """Lines that say what was scored, and the Dice inside the scans where it is known."""
+    lines = [SCORED]
+    inside = scan_means(cases)
+    if inside is None:
+        lines.append("inside the scans: unknown (no case_XXXXX_geometry.json beside the arrays; "
+                     "preprocess_dataset.py writes them)")
+        return lines
+    of = "" if inside["cases"] == len(cases) else f" (of {len(cases)}; the others have no geometry record)"
+    lines.append(f"inside the scans (padding excluded; NOT the benchmark's number): mean_dice "
+                 f"{inside['mean_dice']:.4f} (kidney {inside['kidney_dice']:.4f}, tumour "
+                 f"{inside['tumour_dice']:.4f}) over {inside['cases']} cases{of}")
+    return lines
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.6f}" if isinstance(value, float) else str(value)
+
+
+def case_scores_csv(cases: Sequence[dict]) -> str:
+    """The CSV text: one row per case, sorted by case."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(FIELDS)
+    for case in sorted(cases, key=lambda c: str(c["case"])):
+        writer.writerow([_cell(case.get(key)) for key in FIELDS])
+    return text.getvalue()
+
+
+def write_case_scores(log_dir: str, cases: Sequence[dict]) -> str:
+    """``<log_dir>/eval_cases.csv`` written atomically; :class:`OutputError` (one line) when it
+    cannot be written."""
+    path = os.path.join(log_dir, CASES_CSV)
+    data = case_scores_csv(cases).encode("utf-8")
+    try:
+        atomic_write(path, lambda handle: handle.write(data))
+    except Exception as err:  # noqa: BLE001 - a write failure is one line, anything else a bug
+        reason = write_failure(err)
+        if reason is None:
+            raise
+        raise OutputError(f"cannot write {path!r}: {reason} (the scores are printed above)") from None
+    return path

@@ -1,0 +1,94 @@
+"""Predict's host memory: the window batch chosen so that the estimated peak fits a limit.
+
+The limit is ``--max_memory_gb`` when given, else the memory available when predict starts
+(``MemAvailable`` in ``/proc/meminfo``; under torchrun, divided among the node's processes).
+The estimate is the process's base (PyTorch, the
+network, OpenVINO's compiled model), the volume's buffers, and the windows in flight:
+
+* PyTorch holds every window of a batch in one forward, and keeps freed blocks for reuse
+  (``runtime.memory``): ``TORCH_WINDOW_FACTOR`` times the window's first activation
+  (``filters[0]`` channels x window voxels x 4 bytes) per window;
+* OpenVINO runs one window per request whatever the batch, in buffers it plans once:
+  ``OPENVINO_WINDOW_FACTOR`` times the first activation, once.
+
+The constants are set above the peaks measured on a KiTS-size scan (300 x 512 x 512, 18
+windows of 128³, the default network; docs/performance.md, "Peak memory"): PyTorch fp32
+channels-last with 2 windows per forward 6.2-7.0 GB (estimate 7.8), int8 6.0-7.2 (7.8), OpenVINO
+fp32 3.5-3.6 (4.6), int8 2.8 (4.6), the reference's way with 1 window 3.2 (5.4). The batch is the largest (at most ``--sw_batch_size``) whose estimate fits; when
+not even one window fits an explicit ``--max_memory_gb``, predict stops with one line. The
+segmentation does not depend on the batch.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable
+
+from runtime.arguments import Config, UsageError, replace
+
+GB = 1e9
+BASE_BYTES = 1.0 * GB  # interpreter, PyTorch and its libraries, the network's weights
+VOLUME_BYTES = 2.0 * GB  # a KiTS-size scan: padded image, class sums, weights, probabilities, restore
+TORCH_WINDOW_FACTOR = 9.0
+OPENVINO_WINDOW_FACTOR = 6.0
+
+
+def available_bytes(path: str = "/proc/meminfo") -> float | None:
+    """``MemAvailable`` in bytes, or None where the kernel does not say."""
+    try:
+        with open(path) as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def local_processes() -> int:
+    """Processes of this job on this node (torchrun's ``LOCAL_WORLD_SIZE``; 1 otherwise)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def first_activation_bytes(config: Config) -> float:
+    return 4.0 * config.filters[0] * math.prod(config.val_input_shape)
+
+
+def estimate_bytes(config: Config, backend: str, batch: int) -> float:
+    """Estimated peak resident bytes of predict with ``batch`` windows per forward."""
+    first = first_activation_bytes(config)
+    windows = OPENVINO_WINDOW_FACTOR * first if backend == "openvino" else TORCH_WINDOW_FACTOR * first * batch
+    return BASE_BYTES + VOLUME_BYTES + windows
+
+
+def bounded_window_batch(config: Config, backend: str, say: Callable[[str], None] = print,
+                         available: Callable[[], float | None] = available_bytes) -> Config:
+    """``config`` with ``sw_batch_size`` lowered until the estimate fits the limit (see the
+    module docstring); one line when it is lowered. :class:`UsageError` when an explicit
+    ``--max_memory_gb`` cannot hold one window."""
+    explicit = config.max_memory_gb > 0
+    limit = config.max_memory_gb * GB if explicit else available()
+    if limit is None:
+        return config
+    source = f"--max_memory_gb {config.max_memory_gb:g}" if explicit else "the memory available now"
+    if not explicit and local_processes() > 1:  # torchrun: the node's ranks share what is available
+        limit /= local_processes()
+        source += f" shared by {local_processes()} processes on this node"
+    if estimate_bytes(config, backend, 1) > limit:
+        if explicit:
+            raise UsageError(f"--max_memory_gb {config.max_memory_gb:g}: predict needs about "
+                             f"{estimate_bytes(config, backend, 1) / GB:.1f} GB with one window per forward "
+                             f"({backend}, {list(config.val_input_shape)} windows)")
+        say(f"memory: about {estimate_bytes(config, backend, 1) / GB:.1f} GB needed, "
+            f"{limit / GB:.1f} GB available; one window per forward")
+        return replace(config, sw_batch_size=1)
+    batch = config.sw_batch_size
+    while batch > 1 and estimate_bytes(config, backend, batch) > limit:
+        batch -= 1
+    if batch != config.sw_batch_size:
+        say(f"memory: --sw_batch_size {config.sw_batch_size} lowered to {batch} to stay within {source} "
+            f"({limit / GB:.1f} GB; about {estimate_bytes(config, backend, batch) / GB:.1f} GB estimated)")
+    return replace(config, sw_batch_size=batch)

@@ -1,0 +1,173 @@
+"""The cache of converted networks beside a checkpoint: keyed, checked, written atomically.
+
+Layout: ``<checkpoint>.openvino/<key>/`` holding ``model.xml``, ``model.bin`` (OpenVINO's IR)
+and ``key.json`` (the fields the key hashes, readable). The key is a hash of
+:func:`cache_fields`: a digest of the weights themselves (every tensor of the state dict,
+with its name, dtype and shape: a checkpoint rewritten with other weights changes it even with
+the same size and time stamp), the architecture flags, the window shape, the precision and
+calibration set, the versions of OpenVINO, NNCF, PyTorch, and a digest of the network's source
+files (a change to the model code changes the traced graph). An entry is used only when its
+``key.json`` equals the fields; a new entry is built in a hidden temporary folder and renamed
+into place, so a reader never sees half of one; entries of other weights are then removed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from runtime.arguments import Config
+
+FORMAT = 1  # bump when the conversion itself changes (trace shape, options)
+CODE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/openvino_runtime.py", "runtime/calibration.py")
+ROOT = Path(__file__).resolve().parents[1]
+LEFTOVER_SECONDS = 24 * 3600  # a hidden build folder older than this was left by a killed process
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over the state dict: names, dtypes, shapes and bytes of every tensor."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        array = tensor.detach().cpu().contiguous().numpy()
+        digest.update(f"{name}|{array.dtype}|{array.shape}|".encode())
+        digest.update(np.ascontiguousarray(array).view(np.uint8).tobytes())
+    return digest.hexdigest()
+
+
+def code_digest() -> str:
+    digest = hashlib.sha256()
+    for name in CODE_FILES:
+        digest.update(name.encode() + (ROOT / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
+def cache_fields(model: torch.nn.Module, config: Config, calibration=None) -> dict:
+    """What the converted network depends on (JSON-serialisable)."""
+    return {
+        "format": FORMAT,
+        "weights_sha256": weights_digest(model),
+        "architecture": {"filters": list(config.filters), "normalization": config.normalization,
+                         "activation": config.activation, "module": type(model).__name__},
+        "window": list(config.val_input_shape),
+        "precision": "int8" if calibration is not None else "fp32",
+        "calibration": calibration.fields() if calibration is not None else None,
+        "openvino": _version("openvino"),
+        "nncf": _version("nncf") if calibration is not None else None,
+        "torch": torch.__version__,
+        "code_sha256": code_digest(),
+    }
+
+
+def cache_key(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cache_folder(checkpoint_path: str) -> str:
+    """``<checkpoint>.openvino`` beside the checkpoint."""
+    return os.path.abspath(checkpoint_path) + ".openvino"
+
+
+class CacheEntry:
+    """One converted network in ``folder``: ``load`` it if its fields match, else ``store`` it."""
+
+    def __init__(self, folder: str, fields: dict):
+        self.folder = folder
+        self.fields = fields
+        self.path = os.path.join(folder, cache_key(fields))
+
+    def load(self, core, say: Callable[[str], None]):
+        """The stored ``openvino.Model``, or None when absent, of other fields, or unreadable
+        (then it is rebuilt: one line says so)."""
+        try:
+            with open(os.path.join(self.path, "key.json")) as handle:
+                stored = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        if stored != self.fields:  # a hash collision or an edited entry: never trust it
+            say(f"openvino: cache entry {self.path} does not match this network; converting again")
+            return None
+        try:
+            return core.read_model(os.path.join(self.path, "model.xml"))
+        except Exception as err:  # noqa: BLE001 - OpenVINO raises RuntimeError subclasses of its own
+            say(f"openvino: cannot read {self.path} ({str(err).splitlines()[0][:200]}); converting again")
+            return None
+
+    def store(self, ov_model, say: Callable[[str], None]) -> bool:
+        """Write ``ov_model`` as this entry (temporary folder, then rename); remove entries of
+        other weights. False (and one line) when the folder cannot be written."""
+        import openvino as ov
+
+        temp = None
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            temp = tempfile.mkdtemp(prefix=".building-", dir=self.folder)
+            os.chmod(temp, 0o777 & ~_umask())  # mkdtemp makes it private; the entry is not
+            ov.save_model(ov_model, os.path.join(temp, "model.xml"), compress_to_fp16=False)
+            with open(os.path.join(temp, "key.json"), "w") as handle:
+                json.dump(self.fields, handle, indent=1, sort_keys=True)
+            _replace_folder(temp, self.path)
+            temp = None
+        except OSError as err:
+            say(f"openvino: cannot cache the converted network in {self.folder} "
+                f"({err.strerror or type(err).__name__}); it is used for this run only")
+            return False
+        finally:
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
+        self.remove_stale()
+        return True
+
+    def remove_stale(self) -> None:
+        """Remove entries converted from other weights (they can never match this checkpoint
+        again unless it is rewritten with those weights, which converts again)."""
+        for name in os.listdir(self.folder):
+            path = os.path.join(self.folder, name)
+            if name.startswith("."):  # a build in progress, or left by a killed process
+                if time.time() - os.path.getmtime(path) > LEFTOVER_SECONDS:
+                    shutil.rmtree(path, ignore_errors=True)
+                continue
+            if path == self.path:
+                continue
+            try:
+                with open(os.path.join(path, "key.json")) as handle:
+                    stale = json.load(handle).get("weights_sha256") != self.fields["weights_sha256"]
+            except (OSError, ValueError):
+                stale = True
+            if stale:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _replace_folder(temp: str, final: str) -> None:
+    """Rename ``temp`` to ``final``; an existing ``final`` (a stale or concurrent copy) is moved
+    aside first, so ``final`` is always a complete entry or absent."""
+    if os.path.exists(final):
+        aside = tempfile.mkdtemp(prefix=".old-", dir=os.path.dirname(final))
+        os.rename(final, os.path.join(aside, "entry"))
+        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.rename(temp, final)
+    except OSError:
+        if not os.path.isfile(os.path.join(final, "key.json")):
+            raise
+        shutil.rmtree(temp, ignore_errors=True)  # another process stored the same entry first

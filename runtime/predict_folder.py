@@ -1,0 +1,155 @@
+"""``--exec_mode predict`` over a folder: every scan isolated, the output folder locked, the
+summary always written.
+
+Each scan of this rank goes through :func:`runtime.predict.segment_scan` after its header is
+checked (:func:`data_loading.scan_checks.check_header`, before any voxel is read). Any failure
+inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
+summary row with its status, never the folder's end; once the output disk is full, the
+remaining scans are "not run" and the summary names them. Rank 0 holds ``--output_dir``'s lock
+and writes the summary (:mod:`runtime.predict_summary`); the exit code is 1 if any scan failed.
+"""
+from __future__ import annotations
+
+import functools
+
+import os
+import sys
+from typing import Callable, Sequence
+
+from data_loading.scan_checks import check_header
+from data_loading.scans import Scan, ScanError, find_scans, output_path
+from runtime import distributed as D
+from runtime.arguments import Config, UsageError
+from runtime.outputs import OutputError, RunLock, check_output_dir, remove_if_empty
+from runtime.backend import predict_model
+from runtime.predict import (OutputWriteError, load_predict_model, make_infer, one_line_reason, segment_scan,
+                             summarise_existing)
+from runtime.predict_summary import CaseResult, report, save_summary
+from runtime.signals import PreemptionFlag, Stopped
+
+
+ALLOCATOR_SIGNS = ("can't allocate memory", "out of memory", "DefaultCPUAllocator", "std::bad_alloc")
+
+
+def failure_message(scan: Scan, exc: BaseException) -> str:
+    """One line naming the scan (or the output file) and what went wrong."""
+    if isinstance(exc, OutputWriteError):
+        return f"{exc}" + ("; the remaining scans are not run (the output disk is full)" if exc.full else "")
+    if isinstance(exc, ScanError):
+        return str(exc).splitlines()[0] if str(exc) else f"{scan.image_path}: {type(exc).__name__}"
+    if isinstance(exc, MemoryError) or any(sign in str(exc) for sign in ALLOCATOR_SIGNS):
+        return f"{scan.image_path}: out of memory ({one_line_reason(exc)[:200]})"
+    if isinstance(exc, OSError):
+        return f"{scan.image_path}: cannot read it ({exc.strerror or type(exc).__name__})"
+    return f"{scan.image_path}: {one_line_reason(exc)[:300]}"
+
+
+def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
+    """Segment (or skip) one scan, its header checked before any voxel is read; every failure
+    inside it (bad input, out of memory, an allocator error, a full output disk) is its result."""
+    path = output_path(config.output_dir, scan)
+    try:
+        if os.path.exists(path) and not config.force:
+            return summarise_existing(scan, path)
+        check_header(scan.image_path)
+        return segment_scan(scan, infer, config.output_dir, config.preview)
+    except Stopped:  # SIGTERM / SIGUSR1: the run stops, it is no failure of this scan
+        raise
+    except Exception as exc:  # noqa: BLE001 - one scan's failure is never the folder's end
+        return CaseResult(scan.name, "failed", scan.image_path, error=failure_message(scan, exc),
+                          full_disk=isinstance(exc, OutputWriteError) and exc.full)
+
+
+def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_progress: bool,
+                  results: list | None = None) -> list[CaseResult]:
+    """Segment (or skip) each scan of this rank into ``results`` (returned); a scan that fails
+    is one stderr line naming it. Once the output disk is full, the remaining scans are "not
+    run" (each would fail the same way after minutes of work)."""
+    from tqdm import tqdm
+
+    results = [] if results is None else results
+    full_disk = None
+    # disable=None: a bar only on a terminal (or always with --verbose), never in captured logs
+    bar = tqdm(scans, desc="predict", unit="scan", dynamic_ncols=True,
+               disable=(None if not config.verbose else False) if show_progress else True)
+    for scan in bar:
+        if full_disk is not None:
+            result = CaseResult(scan.name, "not run", scan.image_path, error=f"the output disk is full ({full_disk})")
+        else:
+            result = predict_one(scan, infer, config)
+            full_disk = result.error if result.full_disk else None
+        if result.status == "failed" or (result.error and result.status != "not run"):
+            tqdm.write(f"main.py: error: {result.error}", file=sys.stderr)
+        if result.status != "failed":
+            tqdm.write(result.line(), file=sys.stdout)
+        results.append(result)
+    return results
+
+
+def take_output_lock(config: Config, dist_info: D.DistInfo) -> RunLock:
+    """``--output_dir`` for this run only (rank 0 holds the lock; every rank learns the outcome)."""
+    lock = RunLock(config.output_dir, enabled=dist_info.is_main, flag="--output_dir")
+    problem = None
+    try:
+        lock.acquire()
+    except OutputError as exc:
+        problem = exc
+    if not D.broadcast_int(int(problem is None), dist_info.device):
+        raise problem or OutputError(f"--output_dir {config.output_dir!r} is used by another run (rank 0 says why)")
+    return lock
+
+
+def predict_scans(config: Config, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
+    """Load the model, segment this rank's share of ``scans``, write the summary (rank 0)."""
+    load = functools.partial(load_predict_model, say=print if dist_info.is_main else None)
+    model, config = predict_model(config, dist_info.device, load, dist_info.is_main)  # PyTorch or OpenVINO
+    infer = make_infer(model, config, dist_info.device)
+    results: list[CaseResult] = []
+    try:
+        predict_cases(scans[dist_info.rank::dist_info.world_size], infer, config, dist_info.is_main, results)
+    except BaseException:
+        if not D.is_dist():  # stopped (a signal, Ctrl-C): what is finished is summarised
+            save_summary(config.output_dir, results)
+        raise
+    everything = [r for part in D.all_gather_objects(results) for r in part]
+    code = 0
+    if dist_info.is_main:
+        code = report(everything, config.output_dir, save_summary(config.output_dir, everything))
+    return 1 if any(not r.ok for r in everything) else code
+
+
+def run_predict(config: Config) -> int:
+    """``--exec_mode predict``; returns the exit code. A run refused before it wrote anything
+    leaves no empty ``--output_dir`` behind."""
+    created = check_output_dir(config.output_dir, "--output_dir")
+    graceful = False
+    try:
+        scans = find_scans(config.input)
+        if config.preview:
+            from runtime.preview import matplotlib_missing
+
+            if matplotlib_missing():
+                raise UsageError("--preview needs matplotlib, which is not installed (pip install matplotlib)")
+        code = run_with_process_group(config, scans)
+        graceful = True
+        return code
+    finally:
+        if not graceful:
+            remove_if_empty(config.output_dir, created)
+
+
+def run_with_process_group(config: Config, scans: Sequence[Scan]) -> int:
+    dist_info = D.init_distributed(config.device, config.local_rank)
+    preempt = PreemptionFlag(interrupt=True).install()  # SIGTERM: stop now (outputs are atomic)
+    lock, graceful = None, True
+    try:
+        lock = take_output_lock(config, dist_info)
+        return predict_scans(config, scans, dist_info)
+    except BaseException:
+        graceful = False
+        raise
+    finally:
+        preempt.restore()
+        if lock is not None:
+            lock.release()
+        D.cleanup(graceful)

@@ -1,0 +1,337 @@
+"""The OpenVINO backend of predict and evaluate (``--backend``), its cache, int8 calibration, and
+the window batch bounded by memory.
+
+Known answers: a pointwise network (1x1x1 convolution) through the sliding window gives the
+network applied to the whole volume, with OpenVINO as with PyTorch; a tiny UNet3D converted
+by OpenVINO gives PyTorch's logits up to float32 rounding; a cache entry is never used for
+other weights, even when the checkpoint keeps its size and time stamp. Tests that need
+OpenVINO skip with the reason when it is not installed (``make test-openvino`` installs it);
+the missing-OpenVINO line and the flag checks run everywhere.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import nibabel
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from model.unet3d import Unet3D
+from runtime import memory_budget
+from runtime.arguments import UsageError, parse_args, replace
+from runtime.backend import INSTALL_HINT, choose_backend, openvino_missing
+from runtime.calibration import foreground_origin, int8_pairs_saturate, window_at
+from runtime.predict import volume_probabilities, window_predictor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = (4, 8, 16, 32, 32)
+CPU = torch.device("cpu")
+needs_openvino = pytest.mark.skipif(openvino_missing() is not None, reason=f"{openvino_missing()}")
+needs_nncf = pytest.mark.skipif(openvino_missing(int8=True) is not None, reason=f"{openvino_missing(int8=True)}")
+
+
+def predict_config(tmp_path, *flags, roi=(32, 32, 64)):
+    return parse_args(["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "out"),
+                       "--load_ckpt_path", __file__, "--val_input_shape", *map(str, roi), "--sw_batch_size", "3",
+                       "--filters", *map(str, TINY), *flags])
+
+
+def pointwise_model():
+    """A 1x1x1 convolution: each voxel's logits depend on that voxel only."""
+    model = nn.Conv3d(1, 3, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([-2.0, 0.5, 3.0]).view(3, 1, 1, 1, 1))
+        model.bias.copy_(torch.tensor([0.0, 0.2, -1.0]))
+    return model.eval()
+
+
+def save_tiny(path, seed):
+    torch.manual_seed(seed)
+    model = Unet3D(filters=TINY).eval()
+    torch.save({"best_model_state_dict": model.state_dict(),
+                "config": {"filters": list(TINY), "normalization": "instancenorm", "activation": "relu"}}, path)
+    return model
+
+
+def write_scan(path, seed=3, shape=(26, 30, 28)):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = np.random.default_rng(seed).integers(-100, 300, shape).astype(np.int16)
+    image = nibabel.Nifti1Image(data, np.diag([2.0, 1.5, 1.3, 1.0]))
+    image.header.set_zooms((2.0, 1.5, 1.3))
+    nibabel.save(image, path)
+    return path
+
+
+# ----------------------------------------------------------------------------- without OpenVINO
+
+
+def test_missing_openvino_is_one_line(tmp_path):
+    """OpenVINO made unimportable: --backend openvino is one stderr line with the install
+    command, exit code 1, no traceback; --backend auto runs PyTorch and says why."""
+    scan = write_scan(str(tmp_path / "in" / "scan.nii.gz"))
+    ckpt = str(tmp_path / "tiny.pt")
+    save_tiny(ckpt, 0)
+    hide = "import sys; sys.modules['openvino'] = None; sys.modules['nncf'] = None; import main; "
+    common = ["--exec_mode", "predict", "--input", scan, "--load_ckpt_path", ckpt, "--val_input_shape", "128", "128", "128"]
+
+    def run(*flags):
+        code = hide + f"sys.exit(main.main({[*common, *flags]!r}))"
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+    refused = run("--backend", "openvino", "--output_dir", str(tmp_path / "a"))
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == f"main.py: error: --backend openvino: OpenVINO is not installed; install it with: {INSTALL_HINT}"
+    auto = run("--output_dir", str(tmp_path / "b"))
+    assert auto.returncode == 0, auto.stderr[-2000:]
+    assert "backend: --backend auto: PyTorch (OpenVINO is not installed" in auto.stdout
+    assert os.path.exists(tmp_path / "b" / "scan.nii.gz")
+
+
+def test_choice_of_backend(tmp_path, monkeypatch):
+    """auto: PyTorch for a GPU device or a PyTorch lever, or without OpenVINO; openvino refuses
+    the same cases in one line; torch is torch."""
+    import runtime.backend as backend
+
+    monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: None)
+    monkeypatch.setattr(backend, "_openvino_version", lambda: "X")
+    no_data = lambda: "no calibration data"  # noqa: E731
+    assert choose_backend(predict_config(tmp_path), CPU, no_data).backend == "openvino"
+    assert choose_backend(predict_config(tmp_path, "--backend", "torch"), CPU, no_data).backend == "torch"
+    amp = choose_backend(predict_config(tmp_path, "--amp"), CPU, no_data)
+    assert amp.backend == "torch" and "--amp is a PyTorch lever" in amp.why
+    assert choose_backend(predict_config(tmp_path), torch.device("cuda"), no_data).backend == "torch"
+    int8 = choose_backend(predict_config(tmp_path, "--int8"), CPU, no_data)
+    assert int8.backend == "torch" and "no calibration data" in int8.why
+    assert choose_backend(predict_config(tmp_path, "--int8"), CPU, lambda: None).backend == "openvino"
+    with pytest.raises(UsageError, match="--backend openvino: --channels_last is a PyTorch lever"):
+        choose_backend(predict_config(tmp_path, "--backend", "openvino", "--channels_last"), CPU, no_data)
+    with pytest.raises(UsageError, match="--backend openvino: no calibration data"):
+        choose_backend(predict_config(tmp_path, "--backend", "openvino", "--int8"), CPU, no_data)
+    monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: "OpenVINO is not installed")
+    assert choose_backend(predict_config(tmp_path), CPU, no_data).backend == "torch"
+
+
+def test_backend_flags_are_checked(tmp_path, capsys):
+    for argv, message in [
+        (["--exec_mode", "train", "--backend", "openvino"], "training runs PyTorch"),
+        (["--exec_mode", "evaluate", "--benchmark", "--backend", "openvino"], "does not apply to --benchmark"),
+        (["--exec_mode", "evaluate", "--load_ckpt_path", __file__, "--int8"], "--int8 applies to --exec_mode predict"),
+        (["--exec_mode", "evaluate", "--load_ckpt_path", __file__, "--max_memory_gb", "-1"], "--max_memory_gb must be >= 0"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            parse_args(["--data_dir", str(tmp_path), *argv])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    # --backend auto (the default) in training is fine: training never asks it
+    assert parse_args(["--data_dir", str(tmp_path)]).backend == "auto"
+
+
+def test_window_batch_bounded_by_memory(tmp_path):
+    """The batch is the largest whose estimate fits; an explicit limit that cannot hold one
+    window is one line; without a limit the memory available is the limit."""
+    config = predict_config(tmp_path, "--sw_batch_size", "4", roi=(128, 128, 128))
+    config = replace(config, filters=(32, 64, 128, 256, 320))
+    estimate = [memory_budget.estimate_bytes(config, "torch", b) for b in range(1, 5)]
+    assert estimate == sorted(estimate) and estimate[0] < estimate[1]
+    lines = []
+    limit = (estimate[1] + estimate[2]) / 2 / memory_budget.GB
+    got = memory_budget.bounded_window_batch(replace(config, max_memory_gb=limit), "torch", lines.append)
+    assert got.sw_batch_size == 2 and "lowered to 2" in lines[0]
+    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e15).sw_batch_size == 4
+    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e9).sw_batch_size == 1
+    with pytest.raises(UsageError, match=r"--max_memory_gb 0.5: predict needs about"):
+        memory_budget.bounded_window_batch(replace(config, max_memory_gb=0.5), "torch", lines.append)
+    # OpenVINO runs one window per request: its estimate does not grow with the batch
+    assert memory_budget.estimate_bytes(config, "openvino", 1) == memory_budget.estimate_bytes(config, "openvino", 4)
+
+
+def test_vnni_detection_and_the_isa_limit():
+    assert not int8_pairs_saturate({"avx2", "avx512f", "avx512_vnni"}, {})
+    assert int8_pairs_saturate({"avx2", "fma"}, {})
+    assert int8_pairs_saturate({"avx2", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "avx2"})
+    assert not int8_pairs_saturate({"avx2", "avx_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"})
+
+
+def test_calibration_window_centred_on_the_foreground():
+    label = np.zeros((1, 40, 50, 60), np.uint8)
+    label[0, 10:14, 30:40, 50:60] = 1  # box centre (12, 35, 55)
+    assert foreground_origin(label, (16, 16, 16)) == (4, 27, 44)  # the last clamped to 60 - 16
+    assert foreground_origin(np.zeros((1, 40, 50, 60), np.uint8), (16, 16, 16)) == (12, 17, 22)
+    assert foreground_origin(label, (64, 16, 16))[0] == 0  # smaller than the window: padded
+    image = np.arange(40 * 50 * 60, dtype=np.float32).reshape(1, 40, 50, 60)
+    window = window_at(image, (0, 27, 44), (64, 16, 16))
+    assert window.shape == (1, 64, 16, 16) and np.all(window[:, 40:] == -2.2)
+    assert np.array_equal(window[:, :40], image[:, :, 27:43, 44:60])
+
+
+# ----------------------------------------------------------------------------- with OpenVINO
+
+
+@needs_openvino
+def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_path):
+    """The pointwise network converted by OpenVINO, through the project's sliding window and
+    predictor: the network on the whole volume, exactly up to float32 rounding, as PyTorch's."""
+    from runtime.openvino_runtime import OpenVINOWindows, compile_for_cpu, convert
+
+    model = pointwise_model()
+    config = predict_config(tmp_path)
+    windows = OpenVINOWindows(compile_for_cpu(convert(model, config.val_input_shape)), config.val_input_shape)
+    image = np.random.default_rng(1).normal(size=(1, 37, 66, 50)).astype(np.float32)
+    ov = volume_probabilities(window_predictor(windows, config, CPU), image, config, CPU)
+    pt = volume_probabilities(window_predictor(model, config, CPU), image, config, CPU)
+    with torch.no_grad():
+        whole = torch.softmax(model(torch.from_numpy(image)[None])[0], 0)
+    assert ov.shape == whole.shape == (3, 37, 66, 50)
+    assert torch.allclose(ov, whole, atol=2e-6, rtol=0) and torch.allclose(pt, whole, atol=2e-6, rtol=0)
+
+
+@needs_openvino
+def test_openvino_unet_gives_torchs_logits(tmp_path):
+    """A tiny UNet3D, traced at 64³ and reshaped to 32x32x64 windows: PyTorch's logits up to
+    float32 rounding, window by window, in any input layout (a flipped view, as TTA passes)."""
+    from runtime.openvino_runtime import OpenVINOWindows, compile_for_cpu, convert
+
+    torch.manual_seed(0)
+    model = Unet3D(filters=TINY).eval()
+    windows = OpenVINOWindows(compile_for_cpu(convert(model, (32, 32, 64))), (32, 32, 64))
+    batch = torch.randn(3, 1, 32, 32, 64)
+    with torch.no_grad():
+        for x in (batch, batch.flip(4)):
+            expected, got = model(x), windows(x)
+            assert got.shape == expected.shape and got.is_contiguous()
+            assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+    with pytest.raises(ValueError, match=r"compiled for \(32, 32, 64\)"):
+        windows(torch.zeros(1, 1, 32, 32, 32))
+
+
+@needs_openvino
+def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
+    """The first run converts, the second reads the cache; new weights in the same file (same
+    size, same time stamp) convert again and give the new weights' logits, never the old
+    ones; the old entry is removed; a damaged entry is rebuilt."""
+    from runtime.openvino_runtime import OpenVINOWindows, cached_openvino_model
+
+    ckpt = str(tmp_path / "tiny.pt")
+    config = replace(predict_config(tmp_path), load_ckpt_path=ckpt)
+    x = torch.randn(1, 1, 32, 32, 64)
+
+    def run(model):
+        lines = []
+        windows = OpenVINOWindows(cached_openvino_model(model, config, ckpt, say=lines.append), (32, 32, 64))
+        with torch.no_grad():
+            assert (windows(x) - model(x)).abs().max() <= 1e-4 * model(x).abs().max()
+        return lines[-1]
+
+    first = save_tiny(ckpt, 0)
+    stamp = os.stat(ckpt)
+    assert "converting" in run(first)
+    assert "using the converted network" in run(first)
+    second = save_tiny(ckpt, 1)
+    os.utime(ckpt, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert os.stat(ckpt).st_size == stamp.st_size and os.stat(ckpt).st_mtime_ns == stamp.st_mtime_ns
+    assert "converting" in run(second)
+    folder = ckpt + ".openvino"
+    entries = [e for e in os.listdir(folder) if not e.startswith(".")]
+    assert len(entries) == 1
+    with open(os.path.join(folder, entries[0], "key.json")) as handle:
+        assert json.load(handle)["window"] == [32, 32, 64]
+    with open(os.path.join(folder, entries[0], "model.xml"), "w") as handle:
+        handle.write("<damaged")
+    assert "converting" in run(second)
+
+
+@needs_openvino
+def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
+    from runtime.openvino_runtime import cached_openvino_model
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    ckpt = str(folder / "tiny.pt")
+    model = save_tiny(ckpt, 0)
+    folder.chmod(0o555)
+    lines = []
+    try:
+        cached_openvino_model(model, replace(predict_config(tmp_path), load_ckpt_path=ckpt), ckpt, say=lines.append)
+    finally:
+        folder.chmod(0o755)
+    assert any("used for this run only" in line for line in lines)
+
+
+@needs_nncf
+def test_int8_quantises_on_the_calibration_windows(tmp_path):
+    """NNCF quantises the tiny UNet3D on two windows: the compiled model has int8 (FakeQuantize)
+    layers, its logits stay near the float ones, and the calibration set is in the key."""
+    from runtime.calibration import CalibrationSet, CalibrationWindow
+    from runtime.openvino_cache import cache_fields
+    from runtime.openvino_runtime import OpenVINOWindows, build_model, compile_for_cpu
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(2):
+        paths.append(str(tmp_path / f"x{i}.npy"))
+        np.save(paths[-1], rng.normal(size=(1, 40, 40, 70)).astype(np.float32))
+    calibration = CalibrationSet(str(tmp_path), (32, 32, 64),
+                                 tuple(CalibrationWindow(f"0000{i}", p, f"sha{i}", (i, 0, 0)) for i, p in enumerate(paths)),
+                                 "first_layer")
+    torch.manual_seed(0)
+    model = Unet3D(filters=TINY).eval()
+    config = predict_config(tmp_path)
+    quantised = build_model(model, config, calibration)
+    assert any(op.get_type_name() == "FakeQuantize" for op in quantised.get_ops())
+    windows = OpenVINOWindows(compile_for_cpu(quantised), (32, 32, 64))
+    x = torch.from_numpy(np.load(paths[0])[None, :, :32, :32, :64].copy())
+    with torch.no_grad():
+        expected = model(x)
+    error = float((windows(x) - expected).norm() / expected.norm())
+    assert error < 0.1, error
+    fields = cache_fields(model, config, calibration)
+    assert fields["precision"] == "int8" and fields["calibration"]["windows"][1]["origin"] == [1, 0, 0]
+    other = CalibrationSet(calibration.data_dir, calibration.roi, calibration.windows[:1], "first_layer")
+    assert cache_fields(model, config, other) != fields
+
+
+@needs_openvino
+def test_predict_cli_openvino_segments_like_torch(tmp_path):
+    """``main.py --exec_mode predict``: the OpenVINO backend's labels equal PyTorch's up to
+    float32 rounding; the second run reads the cache."""
+    scan = write_scan(str(tmp_path / "in" / "scan.nii.gz"))
+    ckpt = str(tmp_path / "tiny.pt")
+    save_tiny(ckpt, 0)
+    labels, outs = {}, {}
+    for name, backend in (("torch", "torch"), ("ov", "openvino"), ("ov2", "auto")):
+        outs[name] = subprocess.run(
+            [sys.executable, "main.py", "--exec_mode", "predict", "--input", scan, "--output_dir", str(tmp_path / name),
+             "--load_ckpt_path", ckpt, "--val_input_shape", "128", "128", "128", "--backend", backend],
+            cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert outs[name].returncode == 0, outs[name].stderr[-2000:]
+        labels[name] = np.asarray(nibabel.load(str(tmp_path / name / "scan.nii.gz")).dataobj)
+    assert "converting" in outs["ov"].stdout and "using the converted network" in outs["ov2"].stdout
+    assert "backend: --backend auto: OpenVINO" in outs["ov2"].stdout
+    assert np.mean(labels["torch"] == labels["ov"]) > 0.999 and np.array_equal(labels["ov"], labels["ov2"])
+
+
+# ----------------------------------------------------------------------------- the benchmark
+
+
+@pytest.mark.slow
+def test_backends_benchmark_smoke(tmp_path):
+    """benchmarks/bench_backends.py on a tiny scan and network, the two PyTorch variants (the
+    OpenVINO ones where installed): every variant's row, the windows, the ISA header, and the
+    reference's way run as its own process without memory reuse."""
+    variants = "reference,torch_fp32" + (",openvino_fp32" if openvino_missing() is None else "")
+    out = subprocess.run([sys.executable, "benchmarks/bench_backends.py", "--shape", "40", "60", "60", "--resampled",
+                          "100", "110", "110", "--filters", "4", "8", "16", "32", "32", "--rounds", "1", "--variants",
+                          variants, "--workdir", str(tmp_path), "--out", str(tmp_path / "t.md")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1200, env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "t.md").read_text()
+    assert "IMITATION: ONEDNN_MAX_CPU_ISA=AVX2" in table and "ISA: " in table
+    assert "1 windows of 128³ per run" in table
+    for name in variants.split(","):
+        assert f"| {name} |" in table
+    assert "| reference |" in table and "| 1.00x |" in table
