@@ -30,7 +30,7 @@ OPENVINO_VENV ?= .venv-openvino
 OPENVINO_PY := $(OPENVINO_VENV)/bin/python
 OPENVINO_TESTS ?= tests/test_openvino.py tests/test_predict.py
 
-.PHONY: setup demo test test-fast test-compat test-deploy test-openvino clean
+.PHONY: setup demo test test-fast test-compat test-deploy test-deploy-jobs test-openvino clean
 
 setup: $(VENV)/.installed
 
@@ -70,6 +70,11 @@ test-compat: $(COMPAT_VENV)/.installed
 # tests/deploy is not collected by `make test`.
 test-deploy: setup
 	UNET3D_DEPLOY_TESTS=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS) tests/deploy
+
+# `make test-deploy-jobs`: the SLURM job tests only (what CI runs after `make test`: the
+# container build and check does not fit CI's time budget; see README "Run on a cluster").
+test-deploy-jobs: setup
+	UNET3D_DEPLOY_TESTS=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS) tests/deploy/test_slurm_jobs.py
 
 $(OPENVINO_VENV)/.installed: $(VENV)/.installed requirements-openvino.txt
 	$(PY) -m venv $(VENV_FLAGS) $(OPENVINO_VENV)

@@ -11,9 +11,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -541,3 +543,98 @@ def test_dockerfile_runs_as_a_non_root_user_with_volumes():
 def test_dockerignore_keeps_local_state_out_of_the_image():
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".git", ".venv", "results"} <= ignored
+
+
+# --------------------------------------------------------------------------- launch.py
+
+def load_launcher():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("slurm_launch", LAUNCHER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)    # no side effect: main() runs only as a script
+    return module
+
+
+def agent_log(filter_, error: BaseException | None, message: str = "Error waiting on exit barrier. "
+              "Elapsed: %s seconds") -> str:
+    """What torchrun's agent logs (logger.exception, as in its _exit_barrier) through ``filter_``."""
+    import io
+    import logging
+
+    logger = logging.getLogger("test_scripts.agent")
+    logger.propagate = False
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    logger.addFilter(filter_)
+    try:
+        if error is None:
+            logger.error(message, 0.004)
+        else:
+            try:
+                raise error
+            except type(error):
+                logger.exception(message, 0.004)
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(filter_)
+    return stream.getvalue()
+
+
+def test_launcher_drops_the_exit_barrier_traceback_when_the_host_has_left():
+    launch = load_launcher()
+    closed = RuntimeError("Failed to recv, got 0 bytes. Connection was likely closed. "
+                          "Did the remote server shutdown or crash?")
+    assert agent_log(launch.ExitBarrierFilter(), closed) == ""
+    # Any other failure of the barrier: one line, no traceback.
+    timeout = RuntimeError("Wait timeout after 300 s\nException raised from wait at store.cpp")
+    text = agent_log(launch.ExitBarrierFilter(), timeout)
+    assert text.splitlines() == ["torchrun: warning: the agents' exit barrier failed after this node's "
+                                 "workers succeeded: RuntimeError: Wait timeout after 300 s"]
+    # Every other record is untouched, its traceback included.
+    other = agent_log(launch.ExitBarrierFilter(), ValueError("worker group failed"), "Something else after %s s")
+    assert other.startswith("Something else") and "Traceback" in other and "ValueError" in other
+
+
+def catches_usr1(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> 9 & 1)   # SIGUSR1 = 10
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_stage_keeps_an_early_time_limit_warning_until_the_command_can_take_it(tmp_path):
+    """SLURM's warning can come before the training has started. stage.sh gets it during its
+    copy or while COMMAND still has SIGUSR1's default action (which would kill it): COMMAND
+    must get it once it has its handler, and end normally."""
+    data = tmp_path / "shared" / "kits19"
+    data.mkdir(parents=True)
+    (data / "case_00000_x.npy").write_bytes(b"x" * 100)
+    seen = tmp_path / "seen"
+    # Default SIGUSR1 action for 1.5 s (Python and torch loading), then a handler.
+    command = ("import signal, sys, time\n"
+               "time.sleep(1.5)\n"
+               "got = []\n"
+               "signal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
+               "deadline = time.time() + 20\n"
+               "while not got and time.time() < deadline:\n"
+               "    time.sleep(0.05)\n"
+               "open(sys.argv[1], 'w').write('warned' if got else 'not warned')\n")
+    proc = subprocess.Popen(["bash", STAGE, "around", str(data), str(tmp_path / "scratch" / "kits19"), "--",
+                             sys.executable, "-c", command, str(seen)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not catches_usr1(proc.pid):     # stage.sh's first line traps it
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert seen.read_text() == "warned"
+    assert not (tmp_path / "scratch" / "kits19").exists()

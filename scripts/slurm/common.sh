@@ -21,14 +21,21 @@
 # run CMD...: print the command shell-quoted (DRY_RUN=1) or run it.
 # shellcheck source=scripts/lib/run.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/run.sh"
+# forward_usr1 PID: SIGUSR1 to PID once it has a handler for it.
+# shellcheck source=scripts/lib/forward.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/forward.sh"
 
 die() {
     printf 'error: %s\n' "$*" >&2
     exit 1
 }
 
-# Defaults shared by both jobs. Call after SLURM has set its variables.
+# Defaults shared by both jobs. Call after SLURM has set its variables, first thing.
 set_common_defaults() {
+    # The warning before the time limit can come in the job's first seconds: from here on it
+    # is noted (run_and_watch passes it on), not the end of the job script.
+    STOPPED_BY=
+    trap 'STOPPED_BY=USR1' USR1
     JOB_ID=${SLURM_JOB_ID:-local-$$}
     GPU_VENDOR=${GPU_VENDOR:-amd}
     CONTAINER=${CONTAINER-$HOME/containers/unet3d.sif}
@@ -153,13 +160,18 @@ run_and_watch() {
         STATUS=0 STOPPED_BY=
         return 0
     fi
-    STOPPED_BY=
-    local child
-    trap 'STOPPED_BY=USR1; [[ -n ${child:-} ]] && kill -USR1 "$child" 2>/dev/null || true' USR1
+    STOPPED_BY=${STOPPED_BY:-}
+    local child=
+    # Passed on as soon as CMD (stage.sh, or srun on several nodes) has its handler for it.
+    trap 'STOPPED_BY=USR1; [[ -n $child ]] && { forward_usr1 "$child" & }' USR1
     trap 'STOPPED_BY=${STOPPED_BY:-TERM}' TERM
     trap 'STOPPED_BY=${STOPPED_BY:-INT}' INT
     "$@" &
     child=$!
+    # A warning that came before CMD started.
+    if [[ $STOPPED_BY == USR1 ]]; then
+        forward_usr1 "$child" &
+    fi
     while true; do
         STATUS=0
         wait "$child" || STATUS=$?
@@ -181,6 +193,11 @@ after_stop() {
         if (( STATUS == 0 )) && scontrol requeue "$SLURM_JOB_ID" >/dev/null 2>&1; then
             printf 'job %s: stopped before its time limit (SIGUSR1); %s; requeued, it will resume from it\n' \
                 "$JOB_ID" "$where" >&2
+            # SLURM now ends this attempt (SIGTERM to this script, then SIGKILL): wait for
+            # that instead of exiting first. An exit that races with the requeue was seen to
+            # leave the job FAILED instead of pending for its next attempt.
+            sleep "${REQUEUE_WAIT:-120}" &
+            wait $! || true
         else
             printf 'job %s: stopped before its time limit (SIGUSR1); %s; could not requeue (exit %s): resubmit to resume\n' \
                 "$JOB_ID" "$where" "$STATUS" >&2

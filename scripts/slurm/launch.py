@@ -13,7 +13,11 @@ stopped by its scheduler needs:
 
 The agent's informational warnings are left out of the log (its errors stay), and so is the
 C++ stack that a node's agent prints when the rendezvous host has already left at the end of a
-multi-node run (a warning: the run succeeded).
+multi-node run (a warning: the run succeeded). So is the traceback of the agents' exit barrier
+when it is the rendezvous host that is gone: the barrier runs only after this node's workers
+succeeded, and the host's agent leaves as soon as the last agent has checked in, closing the
+store while the last agent still waits for the answer ("Failed to recv, got 0 bytes"). The run
+succeeded, the exit code says so. Any other failure of the barrier is one line.
 """
 from __future__ import annotations
 
@@ -88,7 +92,32 @@ def failure_lines(error) -> list[str]:
     return lines or [f"torchrun: error: {error}"]
 
 
+EXIT_BARRIER = "Error waiting on exit barrier"
+
+
+class ExitBarrierFilter(logging.Filter):
+    """The agent's "Error waiting on exit barrier" record: nothing when the store's host has
+    closed the connection (it left after the barrier), else one line without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(EXIT_BARRIER):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and "connection was likely closed" in str(error).lower():
+            return False
+        detail = str(error).strip().splitlines()[0] if error is not None and str(error).strip() else ""
+        record.msg = "torchrun: warning: the agents' exit barrier failed after this node's workers succeeded" + (
+            f": {type(error).__name__}: {detail}" if error is not None else "")
+        record.args = ()
+        record.exc_info = record.exc_text = None
+        record.stack_info = None
+        return True
+
+
 def main() -> int:
+    # First of all: the warning can come while torch is still loading (its default action
+    # would kill this process and with it the job's requeue).
+    signal.signal(signal.SIGUSR1, forward)
     # The agent's C++ warnings only: read once when torch loads, then the workers get the
     # caller's setting back.
     previous = os.environ.get("TORCH_CPP_LOG_LEVEL")
@@ -104,10 +133,11 @@ def main() -> int:
     from torch.distributed.run import main as torchrun
 
     # Each of the agent's modules has a logger with a level of its own: quiet them one by one.
+    # A filter sees only the records of its own logger (not those propagated to it): each one.
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.ERROR)
-    signal.signal(signal.SIGUSR1, forward)
+            logging.getLogger(name).addFilter(ExitBarrierFilter())
     try:
         torchrun(sys.argv[1:])
     except SignalException as stop:

@@ -13,7 +13,11 @@
 # step, and no new step can start in a job being cancelled, so it has to happen here).
 # SIGUSR1 is passed on to COMMAND (the job's warning before its time limit); SIGTERM reaches
 # COMMAND from SLURM itself, so here it only waits for COMMAND to finish.
+# The time-limit warning may come before COMMAND has started (during the copy): remember it.
+trap 'USR1_PENDING=1' USR1
 set -euo pipefail
+# shellcheck source=scripts/lib/forward.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/forward.sh"
 
 die() {
     printf 'error: %s\n' "$*" >&2
@@ -81,13 +85,16 @@ remove() {
 
 around() {
     copy
-    local child status=0
-    # Forward the time-limit warning; note SIGTERM/SIGINT and keep waiting for COMMAND, which
-    # got them too and is saving its checkpoint.
-    trap '[[ -n ${child:-} ]] && kill -USR1 "$child" 2>/dev/null || true' USR1
+    local child='' status=0
+    # Forward the time-limit warning (once COMMAND can take it); note SIGTERM/SIGINT and keep
+    # waiting for COMMAND, which got them too and is saving its checkpoint.
+    trap 'if [[ -n $child ]]; then forward_usr1 "$child" & else USR1_PENDING=1; fi' USR1
     trap ':' TERM INT
     "$@" &
     child=$!
+    if [[ ${USR1_PENDING:-0} == 1 ]]; then
+        forward_usr1 "$child" &
+    fi
     # `wait` returns early (> 128) when a trapped signal arrives: wait again until COMMAND ends.
     while true; do
         status=0
