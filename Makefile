@@ -28,7 +28,7 @@ COMPAT_MONAI_SPEC ?= monai==1.4.0
 # and no pip run touches .venv's torch.
 OPENVINO_VENV ?= .venv-openvino
 OPENVINO_PY := $(OPENVINO_VENV)/bin/python
-OPENVINO_TESTS ?= tests/test_openvino.py tests/test_predict.py
+OPENVINO_TESTS ?= tests/test_openvino.py
 
 .PHONY: setup demo test test-fast test-compat test-deploy test-deploy-jobs test-openvino clean
 
