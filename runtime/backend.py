@@ -14,6 +14,7 @@ OpenVINO is optional (``requirements-openvino.txt``); nothing here imports it at
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -86,9 +87,11 @@ def _openvino_version() -> str:
     return openvino.__version__.split("-")[0]
 
 
-def say(message: str, is_main: bool = True) -> None:
+def say(message: str, is_main: bool = True, stream=None) -> None:
+    """One log line on rank 0: stdout by default (predict's log of its scans), ``stream``
+    (stderr) for evaluate, whose stdout is its result."""
     if is_main:
-        print(message, flush=True)
+        print(message, file=stream or sys.stdout, flush=True)
 
 
 def predict_model(config: Config, device: torch.device, load: Callable, is_main: bool = True):
@@ -130,13 +133,13 @@ def evaluation_components(components, is_main: bool = True):
     config = components.config
     device = components.dist.device
     choice = choose_backend(config, device, lambda: None)
-    say(f"backend: {choice.why}", is_main)
+    say(f"backend: {choice.why}", is_main, sys.stderr)
     if choice.backend == "torch":
         return components
     from runtime.checkpoint import unwrap
 
     model = unwrap(components.model).eval()
-    module = openvino_module(model, config, say=lambda m: say(m, is_main))
+    module = openvino_module(model, config, say=lambda m: say(m, is_main, sys.stderr))
     return _replace_eval_model(components, module)
 
 
