@@ -122,7 +122,7 @@ def run_evaluate(components: Components, out: Reporters) -> int:
     if components.config.benchmark:
         benchmark_evaluate(components, out)
         return 0
-    components = evaluation_components(components, out.is_main)  # PyTorch or OpenVINO (--backend)
+    components = evaluation_components(components, out)  # PyTorch or OpenVINO (--backend)
     metrics = run_evaluation(components, out, epoch=0)
     out.metrics.write("eval", epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
     out.say(f"mean_dice {metrics['mean_dice']:.4f}")

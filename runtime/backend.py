@@ -126,13 +126,16 @@ def openvino_module(model: torch.nn.Module, config: Config, say: Callable[[str],
     return OpenVINOWindows(compiled, tuple(config.val_input_shape))
 
 
-def evaluation_components(components, is_main: bool = True):
+def evaluation_components(components, out):
     """``components`` for ``--exec_mode evaluate`` with the backend's model as ``eval_model``
-    (unchanged with PyTorch). Evaluate scores the trained network in fp32: int8 is refused by
-    the flag checks."""
+    (unchanged with PyTorch). Evaluate scores the trained network in fp32 (int8 is refused by
+    the flag checks). ``out`` (``runtime.training.Reporters``): the choice is a ``backend``
+    record in log.json; the lines go to stderr with ``--verbose`` only, since evaluate's
+    stdout is its result and its stderr one line on an error."""
     config = components.config
-    device = components.dist.device
-    choice = choose_backend(config, device, lambda: None)
+    choice = choose_backend(config, components.dist.device, lambda: None)
+    out.metrics.write("backend", backend=choice.backend, why=choice.why)
+    is_main = out.is_main and config.verbose
     say(f"backend: {choice.why}", is_main, sys.stderr)
     if choice.backend == "torch":
         return components
