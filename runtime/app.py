@@ -164,7 +164,7 @@ def run_evaluate(components: Components, out: Reporters, saved: ckpt.Saved | Non
     if components.config.benchmark:
         benchmark_evaluate(components, out)
         return 0
-    components = evaluation_components(components, out.is_main)  # PyTorch or OpenVINO (--backend)
+    components = evaluation_components(components, out)  # PyTorch or OpenVINO (--backend)
     cases: list[dict] = []
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
     cases = [c for part in D.all_gather_objects(cases) for c in part]

@@ -14,6 +14,7 @@ OpenVINO is optional (``requirements-openvino.txt``); nothing here imports it at
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -86,9 +87,11 @@ def _openvino_version() -> str:
     return openvino.__version__.split("-")[0]
 
 
-def say(message: str, is_main: bool = True) -> None:
+def say(message: str, is_main: bool = True, stream=None) -> None:
+    """One log line on rank 0: stdout by default (predict's log of its scans), ``stream``
+    (stderr) for evaluate, whose stdout is its result."""
     if is_main:
-        print(message, flush=True)
+        print(message, file=stream or sys.stdout, flush=True)
 
 
 def predict_model(config: Config, device: torch.device, load: Callable, is_main: bool = True):
@@ -123,20 +126,23 @@ def openvino_module(model: torch.nn.Module, config: Config, say: Callable[[str],
     return OpenVINOWindows(compiled, tuple(config.val_input_shape))
 
 
-def evaluation_components(components, is_main: bool = True):
+def evaluation_components(components, out):
     """``components`` for ``--exec_mode evaluate`` with the backend's model as ``eval_model``
-    (unchanged with PyTorch). Evaluate scores the trained network in fp32: int8 is refused by
-    the flag checks."""
+    (unchanged with PyTorch). Evaluate scores the trained network in fp32 (int8 is refused by
+    the flag checks). ``out`` (``runtime.training.Reporters``): the choice is a ``backend``
+    record in log.json; the lines go to stderr with ``--verbose`` only, since evaluate's
+    stdout is its result and its stderr one line on an error."""
     config = components.config
-    device = components.dist.device
-    choice = choose_backend(config, device, lambda: None)
-    say(f"backend: {choice.why}", is_main)
+    choice = choose_backend(config, components.dist.device, lambda: None)
+    out.metrics.write("backend", backend=choice.backend, why=choice.why)
+    is_main = out.is_main and config.verbose
+    say(f"backend: {choice.why}", is_main, sys.stderr)
     if choice.backend == "torch":
         return components
     from runtime.checkpoint import unwrap
 
     model = unwrap(components.model).eval()
-    module = openvino_module(model, config, say=lambda m: say(m, is_main))
+    module = openvino_module(model, config, say=lambda m: say(m, is_main, sys.stderr))
     return _replace_eval_model(components, module)
 
 

@@ -335,3 +335,44 @@ def test_backends_benchmark_smoke(tmp_path):
     for name in variants.split(","):
         assert f"| {name} |" in table
     assert "| reference |" in table and "| 1.00x |" in table
+
+
+@needs_openvino
+def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
+    """``evaluation_components`` swaps in the OpenVINO window predictor as ``eval_model``: the
+    benchmark's evaluation of two random volumes gives PyTorch's loss and Dice up to float32
+    rounding; the choice is a log.json record, and a stderr line with --verbose only (evaluate's
+    stdout is its result, its stderr one line on an error)."""
+    import dataclasses
+
+    from model.losses import DiceCELoss, DiceScore
+    from runtime.backend import evaluation_components
+    from runtime.inference import evaluate
+    from runtime.logging import MetricsWriter
+    from runtime.training import Reporters
+
+    @dataclasses.dataclass
+    class Parts:
+        config: object
+        dist: object
+        model: object
+        eval_model: object
+
+    ckpt = str(tmp_path / "tiny.pt")
+    model = save_tiny(ckpt, 2)
+    config = parse_args(["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", ckpt,
+                         "--val_input_shape", "32", "32", "64", "--filters", *map(str, TINY)])
+    out = Reporters(metrics=MetricsWriter(str(tmp_path), enabled=True))
+    parts = evaluation_components(Parts(config, type("D", (), {"device": CPU})(), model, model), out)
+    assert parts.eval_model is not model and capsys.readouterr().err == ""  # quiet without --verbose
+    record = json.loads(open(tmp_path / "log.json").readline())
+    assert record["kind"] == "backend" and record["backend"] == "openvino"
+    evaluation_components(Parts(replace(config, verbose=True), type("D", (), {"device": CPU})(), model, model), out)
+    assert "backend: --backend auto: OpenVINO" in capsys.readouterr().err
+    rng = np.random.default_rng(4)
+    volumes = [(torch.from_numpy(rng.normal(size=(1, 1, 40, 50, 70)).astype(np.float32)),
+                torch.from_numpy(rng.integers(0, 3, (1, 1, 40, 50, 70)).astype(np.uint8)), str(i)) for i in range(2)]
+    scores = [evaluate(m, volumes, DiceCELoss(to_onehot_y=True, use_softmax=True), DiceScore(to_onehot_y=True, use_argmax=True),
+                       (32, 32, 64), 0.5, 2, CPU) for m in (model, parts.eval_model)]
+    for key in ("eval_loss", "l1_dice", "l2_dice", "mean_dice"):
+        assert scores[1][key] == pytest.approx(scores[0][key], abs=2e-3), key
