@@ -164,7 +164,7 @@ def run_evaluate(components: Components, out: Reporters, saved: ckpt.Saved | Non
     if components.config.benchmark:
         benchmark_evaluate(components, out)
         return 0
-    components = evaluation_components(components, out)  # PyTorch or OpenVINO (--backend)
+    components, backend = evaluation_components(components, out)  # PyTorch or OpenVINO (--backend)
     cases: list[dict] = []
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
     cases = [c for part in D.all_gather_objects(cases) for c in part]
@@ -176,6 +176,7 @@ def run_evaluate(components: Components, out: Reporters, saved: ckpt.Saved | Non
         out.say(f"weights: {ckpt.weights_description(saved.checkpoint)} of {saved.path}")
     for line in explain_scores(cases):
         out.say(line)
+    out.metrics.write("backend", backend=backend.backend, why=backend.why)
     out.metrics.write("eval", epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
     if out.is_main:
         path = write_case_scores(components.config.log_dir, cases)

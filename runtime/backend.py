@@ -131,19 +131,20 @@ def evaluation_components(components, out):
     (unchanged with PyTorch). Evaluate scores the trained network in fp32 (int8 is refused by
     the flag checks). ``out`` (``runtime.training.Reporters``): the choice is a ``backend``
     record in log.json; the lines go to stderr with ``--verbose`` only, since evaluate's
-    stdout is its result and its stderr one line on an error."""
+    stdout is its result and its stderr one line on an error. Returns ``(components, choice)``:
+    the caller writes the choice to log.json after the scores are printed (a full disk must lose
+    no number)."""
     config = components.config
     choice = choose_backend(config, components.dist.device, lambda: None)
-    out.metrics.write("backend", backend=choice.backend, why=choice.why)
     is_main = out.is_main and config.verbose
     say(f"backend: {choice.why}", is_main, sys.stderr)
     if choice.backend == "torch":
-        return components
+        return components, choice
     from runtime.checkpoint import unwrap
 
     model = unwrap(components.model).eval()
     module = openvino_module(model, config, say=lambda m: say(m, is_main, sys.stderr))
-    return _replace_eval_model(components, module)
+    return _replace_eval_model(components, module), choice
 
 
 def _replace_eval_model(components, module):
