@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from model.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import Unet3D
 from runtime import checkpoint as ckpt
@@ -70,6 +71,19 @@ def build_model(config: Config, device: torch.device) -> torch.nn.Module:
     return model
 
 
+def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
+    """bf16 training on a CPU whose oneDNN gets 2-deep convolutions' weight gradients wrong:
+    those convolutions run in float32 (:mod:`model.bf16_guard`)."""
+    if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
+        return
+    if bf16_weight_grad_ok():
+        return
+    protect_shallow_convolutions(model)
+    if say:
+        print("bf16: this CPU's oneDNN computes wrong weight gradients for convolutions over 2-voxel-deep "
+              "inputs; those run in float32")
+
+
 def wrap_model(model: torch.nn.Module, config: Config, dist_info: D.DistInfo) -> torch.nn.Module:
     if D.is_dist():
         ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
@@ -126,6 +140,7 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
     configure_backends(config, device)
     torch.manual_seed(D.rank_seed(config.seed, dist_info.rank))
     model = build_model(config, device)
+    guard_bf16_training(model, config, device, dist_info.is_main)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,
                                config.momentum, config.weight_decay, config.lamb_betas,
