@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_reference_child(argv: list[str]) -> int:
     """The ``reference`` variant's process: the predict code without ``main.py``'s memory reuse."""
     from runtime.arguments import parse_args
-    from runtime.predict_folder import run_predict
+    from runtime.predict.folder import run_predict
 
     return run_predict(parse_args(argv))
 
@@ -178,7 +178,7 @@ def window_count(scans: str, roi: int) -> tuple[int, list]:
     """Windows per run (all scans) and the preprocessed shapes, from predict's own geometry."""
     from data_loading.scans import find_scans, preprocess_scan, read_scan
     from data_loading.windows import window_geometry
-    from runtime.predict import cover_padding
+    from runtime.predict.scan import cover_padding
 
     total, shapes = 0, []
     for scan in find_scans(scans):

@@ -1,13 +1,13 @@
 """Sliding-window inference of one volume: the reference's way against the fast paths, in one run.
 
-Variants (all through ``runtime.inference.sliding_window_inference``, overlap 0.5, Gaussian
+Variants (all through ``runtime.sliding_window.sliding_window_inference``, overlap 0.5, Gaussian
 weights, the same model weights and volume):
 
 * ``reference``: what the MLCommons reference does: fp32, NCDHW, one window per forward, under
   ``torch.no_grad`` (also this application's ``evaluate`` at default flags);
 * ``amp_cl``: the application's evaluate levers today: bf16 autocast, channels-last weights,
   ``--sw_batch_size`` windows per forward;
-* ``fast``: ``runtime.inference.fast_predictor``: an inference copy of the model whose instance
+* ``fast``: ``runtime.sliding_window.fast_predictor``: an inference copy of the model whose instance
   norms keep the channels-last layout, fp32, under ``torch.inference_mode``;
 * ``fast_int8``: the same with the 3x3x3 convolutions in oneDNN int8 (dynamic per-window
   activation ranges, per-channel weights), float32 output.
@@ -56,11 +56,11 @@ if str(ROOT) not in sys.path:
 from benchmarks.bench_pipeline import write_blob_case  # noqa: E402
 from benchmarks.cpu_isa import isa_line  # noqa: E402
 from data_loading.windows import window_geometry  # noqa: E402
-from model.inference import int8_available  # noqa: E402
+from model.inference_copy import int8_available  # noqa: E402
 from model.losses import DiceScore  # noqa: E402
 from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
-from runtime.inference import fast_predictor, sliding_window_inference  # noqa: E402
-from runtime.flops import flop_count_per_sample  # noqa: E402
+from runtime.sliding_window import fast_predictor, sliding_window_inference  # noqa: E402
+from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.memory import reuse_freed_memory  # noqa: E402
 
 VARIANTS = ("reference", "amp_cl", "fast", "fast_int8")

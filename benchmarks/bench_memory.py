@@ -61,7 +61,7 @@ def child(args) -> None:
     import torch
 
     from model.unet3d import Unet3D
-    from runtime.inference import fast_predictor
+    from runtime.sliding_window import fast_predictor
 
     if args.threads:
         torch.set_num_threads(args.threads)

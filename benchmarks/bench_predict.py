@@ -33,8 +33,8 @@ from data_loading import synthetic  # noqa: E402
 from data_loading.scans import find_scans, preprocess_scan, read_scan  # noqa: E402
 from data_loading.windows import window_geometry  # noqa: E402
 from runtime.arguments import parse_args  # noqa: E402
-from runtime.predict import STAGES, StageTimer, cover_padding, load_predict_model, make_infer, segment_scan  # noqa: E402
-from runtime.flops import flop_count_per_sample  # noqa: E402
+from runtime.predict.scan import STAGES, StageTimer, cover_padding, load_predict_model, make_infer, segment_scan  # noqa: E402
+from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.memory import reuse_freed_memory  # noqa: E402
 
 DEFAULT_SETTINGS = [("fp32", ""), ("channels_last", "--channels_last"), ("int8", "--int8")]

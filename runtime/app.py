@@ -11,8 +11,8 @@ from mlperf_logging.mllog import constants as C
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
-from runtime.backend import evaluation_components
-from runtime.benchmark import benchmark_evaluate, benchmark_train
+from runtime.openvino.backend import evaluation_components
+from runtime.training.benchmark import benchmark_evaluate, benchmark_train
 from runtime.build import Components, build_components
 from runtime.memory import reuse_freed_memory
 from runtime.logging import METRICS_LOG_NAME, MLPERF_LOG_NAME, MetricsWriter, MLPerfLogger
@@ -22,7 +22,7 @@ from runtime.outputs import (RunLock, check_output_dir, check_output_file, check
 from runtime.progress import make_progress
 from runtime.resolve import resolve
 from runtime.signals import PreemptionFlag
-from runtime.training import Reporters, run_evaluation, train
+from runtime.training.loop import Reporters, run_evaluation, train
 
 
 def writes_outputs(config: Config) -> bool:
@@ -99,7 +99,7 @@ def run(config: Config, data=None) -> int:
         if why_not and config.verbose:
             print(f"host memory: freed blocks go back to the system ({why_not})")
     if config.exec_mode == "predict":
-        from runtime.predict_folder import run_predict
+        from runtime.predict.folder import run_predict
 
         return run_predict(config)
     made = check_outputs(config)

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.inference import (FULL_GRID, SEVEN_BIT_WEIGHTS, Int8Conv3d,
+from model.inference_copy import (FULL_GRID, SEVEN_BIT_WEIGHTS, Int8Conv3d,
                              LayoutPreservingInstanceNorm3d, int8_available, int8_grid,
                              prepare_for_inference, quantize_uint8, uint8_range)
 from model.unet3d import Unet3D
-from runtime.inference import fast_predictor, sliding_window_inference
+from runtime.sliding_window import fast_predictor, sliding_window_inference
 
 ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last_3d
@@ -174,7 +174,7 @@ def _cpu_has(flag: str) -> bool:
 _SATURATION_PROBE = """
 import torch
 from torch import nn
-from model.inference import FULL_GRID, SEVEN_BIT_ACTIVATIONS, SEVEN_BIT_WEIGHTS, Int8Conv3d, int8_grid
+from model.inference_copy import FULL_GRID, SEVEN_BIT_ACTIVATIONS, SEVEN_BIT_WEIGHTS, Int8Conv3d, int8_grid
 from tests.test_fast_inference import _quantized_reference
 torch.manual_seed(1)
 conv = nn.Conv3d(6, 10, 3, padding=1, bias=False)

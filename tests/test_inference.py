@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from data_loading.windows import window_geometry
-from runtime.inference import gaussian_importance_map, sliding_window_inference
+from runtime.sliding_window import gaussian_importance_map, sliding_window_inference
 
 
 def _predictor(seed=0):

@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from model.unet3d import Unet3D
-from runtime import memory_budget
+from runtime.predict import memory_budget
 from runtime.arguments import UsageError, parse_args, replace
-from runtime.backend import INSTALL_HINT, choose_backend, openvino_missing
-from runtime.calibration import foreground_origin, int8_pairs_saturate, window_at
-from runtime.predict import volume_probabilities, window_predictor
+from runtime.openvino.backend import INSTALL_HINT, choose_backend, openvino_missing
+from runtime.openvino.calibration import foreground_origin, int8_pairs_saturate, window_at
+from runtime.predict.scan import volume_probabilities, window_predictor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (4, 8, 16, 32, 32)
@@ -93,7 +93,7 @@ def test_missing_openvino_is_one_line(tmp_path):
 def test_choice_of_backend(tmp_path, monkeypatch):
     """auto: PyTorch for a GPU device or a PyTorch lever, or without OpenVINO; openvino refuses
     the same cases in one line; torch is torch."""
-    import runtime.backend as backend
+    import runtime.openvino.backend as backend
 
     monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: None)
     monkeypatch.setattr(backend, "_openvino_version", lambda: "X")
@@ -174,7 +174,7 @@ def test_calibration_window_centred_on_the_foreground():
 def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_path):
     """The pointwise network converted by OpenVINO, through the project's sliding window and
     predictor: the network on the whole volume, exactly up to float32 rounding, as PyTorch's."""
-    from runtime.openvino_runtime import OpenVINOWindows, compile_for_cpu, convert
+    from runtime.openvino.compiled import OpenVINOWindows, compile_for_cpu, convert
 
     model = pointwise_model()
     config = predict_config(tmp_path)
@@ -192,7 +192,7 @@ def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_p
 def test_openvino_unet_gives_torchs_logits(tmp_path):
     """A tiny UNet3D, traced at 64³ and reshaped to 32x32x64 windows: PyTorch's logits up to
     float32 rounding, window by window, in any input layout (a flipped view, as TTA passes)."""
-    from runtime.openvino_runtime import OpenVINOWindows, compile_for_cpu, convert
+    from runtime.openvino.compiled import OpenVINOWindows, compile_for_cpu, convert
 
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
@@ -212,7 +212,7 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
     """The first run converts, the second reads the cache; new weights in the same file (same
     size, same time stamp) convert again and give the new weights' logits, never the old
     ones; the old entry is removed; a damaged entry is rebuilt."""
-    from runtime.openvino_runtime import OpenVINOWindows, cached_openvino_model
+    from runtime.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     ckpt = str(tmp_path / "tiny.pt")
     config = replace(predict_config(tmp_path), load_ckpt_path=ckpt)
@@ -245,7 +245,7 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
 
 @needs_openvino
 def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
-    from runtime.openvino_runtime import cached_openvino_model
+    from runtime.openvino.compiled import cached_openvino_model
 
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")
@@ -266,9 +266,9 @@ def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
 def test_int8_quantises_on_the_calibration_windows(tmp_path):
     """NNCF quantises the tiny UNet3D on two windows: the compiled model has int8 (FakeQuantize)
     layers, its logits stay near the float ones, and the calibration set is in the key."""
-    from runtime.calibration import CalibrationSet, CalibrationWindow
-    from runtime.openvino_cache import cache_fields
-    from runtime.openvino_runtime import OpenVINOWindows, build_model, compile_for_cpu
+    from runtime.openvino.calibration import CalibrationSet, CalibrationWindow
+    from runtime.openvino.cache import cache_fields
+    from runtime.openvino.compiled import OpenVINOWindows, build_model, compile_for_cpu
 
     rng = np.random.default_rng(0)
     paths = []
@@ -346,10 +346,10 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     import dataclasses
 
     from model.losses import DiceCELoss, DiceScore
-    from runtime.backend import evaluation_components
-    from runtime.inference import evaluate
+    from runtime.openvino.backend import evaluation_components
+    from runtime.sliding_window import evaluate
     from runtime.logging import MetricsWriter
-    from runtime.training import Reporters
+    from runtime.training.loop import Reporters
 
     @dataclasses.dataclass
     class Parts:

@@ -21,11 +21,11 @@ from runtime.arguments import Config
 from runtime.checkpoint import clean_state_dict, unwrap
 from runtime.graphs import (GraphedTrainStep, _graph_safe_autocast, capturable_optimizer,
                             cuda_graphs_supported, restore_snapshot, snapshot)
-from runtime.inference import sliding_window_inference
+from runtime.sliding_window import sliding_window_inference
 from runtime.optimizers import make_optimizer
 from runtime.compiling import CompiledModule, compile_model
-from runtime.flops import flop_count_per_sample
-from runtime.layout import to_channels_last
+from benchmarks.flops import flop_count_per_sample
+from benchmarks.layout import to_channels_last
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1",

@@ -1,7 +1,7 @@
 """Which runtime computes the network's windows in predict and evaluate: PyTorch or OpenVINO.
 
 ``--backend torch`` runs the PyTorch model as before. ``--backend openvino`` converts the
-loaded network once per weights and window shape (:mod:`runtime.openvino_runtime`, cached
+loaded network once per weights and window shape (:mod:`runtime.openvino.compiled`, cached
 beside the checkpoint) and runs it with OpenVINO's CPU runtime; the sliding window, Gaussian
 blending, TTA, resampling and every output stay this project's code: OpenVINO only replaces
 ``model(windows)``. ``--backend auto`` (the default) takes OpenVINO on the CPU when it is
@@ -99,9 +99,9 @@ def predict_model(config: Config, device: torch.device, load: Callable, is_main:
     :func:`runtime.predict.load_predict_model` (passed in: this module does not import
     predict); with OpenVINO the returned ``model`` is an :class:`OpenVINOWindows` module that
     ``runtime.predict.window_predictor`` calls like the PyTorch one. The window batch is
-    bounded by ``--max_memory_gb`` (:mod:`runtime.memory_budget`)."""
-    from runtime.calibration import calibration_unavailable
-    from runtime.memory_budget import bounded_window_batch
+    bounded by ``--max_memory_gb`` (:mod:`runtime.predict.memory_budget`)."""
+    from runtime.openvino.calibration import calibration_unavailable
+    from runtime.predict.memory_budget import bounded_window_batch
 
     choice = choose_backend(config, device, lambda: calibration_unavailable(config))
     say(f"backend: {choice.why}", is_main)
@@ -118,8 +118,8 @@ def predict_model(config: Config, device: torch.device, load: Callable, is_main:
 def openvino_module(model: torch.nn.Module, config: Config, say: Callable[[str], None] = print):
     """``model`` (eval mode, the checkpoint's weights) converted, cached and compiled for
     ``config.val_input_shape`` windows, int8 with ``config.int8``."""
-    from runtime.calibration import calibration_set
-    from runtime.openvino_runtime import OpenVINOWindows, cached_openvino_model
+    from runtime.openvino.calibration import calibration_set
+    from runtime.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     calibration = calibration_set(config) if config.int8 else None
     compiled = cached_openvino_model(model, config, config.load_ckpt_path, calibration, say=say)

@@ -1,14 +1,14 @@
 """``--exec_mode predict``: raw NIfTI CT scans -> segmentation NIfTI files in each scan's own grid.
 
 Per scan (:func:`segment_scan`): read, preprocess exactly as ``preprocess_dataset.py``, slide
-the evaluator's window over the volume (:func:`runtime.inference.sliding_window_inference`:
+the evaluator's window over the volume (:func:`runtime.sliding_window.sliding_window_inference`:
 Gaussian weights, ``--val_input_shape``, ``--overlap``, ``--sw_batch_size``; ``--tta`` adds the 8
 flips), softmax, back to the scan's grid (:mod:`data_loading.scans`), write uint8 labels with the
 scan's affine and header; with ``--preview``, a PNG drawn after the segmentation is safe.
 A failure to write names the output file (:class:`OutputWriteError`).
 
 The folder (scans shared between ranks, each isolated, the lock, the summary) is
-:mod:`runtime.predict_folder`'s.
+:mod:`runtime.predict.folder`'s.
 """
 from __future__ import annotations
 
@@ -27,15 +27,15 @@ from data_loading.scans import (Scan, class_volumes_ml, labels_in_original_grid,
                                 write_segmentation)
 from data_loading.windows import window_geometry
 from data_loading.write_errors import is_full_disk, write_failure
-from model.inference import int8_available, int8_path, prepare_for_inference
+from model.inference_copy import int8_available, int8_path, prepare_for_inference
 from model.losses import label_map_dice
 from runtime.arguments import Config, UsageError, replace
 from runtime.build import autocast_factory, build_model
 from runtime.checkpoint import Saved, load_checkpoint, load_model_weights, model_state_from, weights_description
 from runtime.compiling import compile_model
-from runtime.inference import PAD_VALUE, sliding_window_inference
+from runtime.sliding_window import PAD_VALUE, sliding_window_inference
 from runtime.outputs import OutputError
-from runtime.predict_summary import CaseResult
+from runtime.predict.summary import CaseResult
 from runtime.resolve import amp_dtype_for, architecture_from
 from runtime.signals import Stopped
 
@@ -241,7 +241,7 @@ def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.nd
                  truth: np.ndarray | None) -> None:
     """``--preview``, after the segmentation is safe: any failure (a broken matplotlib, a full
     disk) becomes ``result.error``."""
-    from runtime.preview import write_preview
+    from runtime.predict.preview import write_preview
 
     try:
         write_output(path, lambda: write_preview(path, image, labels, truth, result.case))

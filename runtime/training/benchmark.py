@@ -1,5 +1,5 @@
 """``--benchmark``: time training steps or sliding-window evaluations (no checkpoints, no
-evaluation during training); statistics from :mod:`runtime.latency`."""
+evaluation during training); statistics from :mod:`runtime.training.latency`."""
 from __future__ import annotations
 
 import sys
@@ -9,9 +9,9 @@ import torch
 
 from runtime.arguments import UsageError
 from runtime.build import Components
-from runtime.inference import sliding_window_inference
-from runtime.latency import format_summary, latency_summary
-from runtime.training import Reporters, set_learning_rate, step_inputs
+from runtime.sliding_window import sliding_window_inference
+from runtime.training.latency import format_summary, latency_summary
+from runtime.training.loop import Reporters, set_learning_rate, step_inputs
 
 
 def _synchronizer(device: torch.device):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from scipy.signal import windows
 
 from data_loading.windows import region_in_trimmed, window_geometry
-from model.inference import prepare_for_inference
+from model.inference_copy import prepare_for_inference
 from runtime.distributed import all_reduce_sum
 
 PAD_VALUE = -2.2  # the reference's constant (near, not equal to, (-79 - 101.0) / 76.9 = -2.34)
@@ -67,7 +67,7 @@ def fast_predictor(model: torch.nn.Module, channels_last: bool = True,
                    int8: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
     """A ``predict`` for :func:`sliding_window_inference` that runs an inference copy of ``model``.
 
-    The copy comes from :func:`model.inference.prepare_for_inference` (layout-preserving instance
+    The copy comes from :func:`model.inference_copy.prepare_for_inference` (layout-preserving instance
     norms; channels-last weights; int8 convolutions if ``int8``); ``model`` is not changed.
     ``predict`` takes windows ``(N, C, D, H, W)`` in any layout, converts them to channels-last
     when ``channels_last``, runs under ``torch.inference_mode`` and returns float32 NCDHW

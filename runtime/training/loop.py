@@ -17,7 +17,7 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from data_loading.write_errors import write_failure
 from runtime.build import Components
-from runtime.inference import evaluate
+from runtime.sliding_window import evaluate
 from runtime.logging import MetricsWriter, MLPerfLogger
 from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
@@ -206,7 +206,7 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
 
 def run_evaluation(components: Components, out: Reporters, epoch: int, cases: list | None = None) -> dict:
     """Sliding-window evaluation of all evaluation cases (MLPerf eval events around it);
-    ``cases`` receives this rank's per-case scores (``runtime.inference.case_scores``)."""
+    ``cases`` receives this rank's per-case scores (``runtime.sliding_window.case_scores``)."""
     cfg = components.config
     # Evaluation bypasses DDP; with batch norm every rank must use rank 0's running statistics
     # (the ones the checkpoint holds), not the ones its own last training forward left.

@@ -6,7 +6,7 @@ checked (:func:`data_loading.scan_checks.check_header`, before any voxel is read
 inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
 summary row with its status, never the folder's end; once the output disk is full, the
 remaining scans are "not run" and the summary names them. Rank 0 holds ``--output_dir``'s lock
-and writes the summary (:mod:`runtime.predict_summary`); the exit code is 1 if any scan failed.
+and writes the summary (:mod:`runtime.predict.summary`); the exit code is 1 if any scan failed.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from data_loading.scans import Scan, ScanError, find_scans, output_path
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.outputs import OutputError, RunLock, check_output_dir, remove_if_empty
-from runtime.backend import predict_model
-from runtime.predict import (OutputWriteError, load_predict_model, make_infer, one_line_reason, segment_scan,
+from runtime.openvino.backend import predict_model
+from runtime.predict.scan import (OutputWriteError, load_predict_model, make_infer, one_line_reason, segment_scan,
                              summarise_existing)
-from runtime.predict_summary import CaseResult, report, save_summary
+from runtime.predict.summary import CaseResult, report, save_summary
 from runtime.signals import PreemptionFlag, Stopped
 
 
@@ -126,7 +126,7 @@ def run_predict(config: Config) -> int:
     try:
         scans = find_scans(config.input)
         if config.preview:
-            from runtime.preview import matplotlib_missing
+            from runtime.predict.preview import matplotlib_missing
 
             if matplotlib_missing():
                 raise UsageError("--preview needs matplotlib, which is not installed (pip install matplotlib)")
