@@ -7,7 +7,7 @@ weights, the same model weights and volume):
   ``torch.no_grad`` (also this application's ``evaluate`` at default flags);
 * ``amp_cl``: the application's evaluate levers today: bf16 autocast, channels-last weights,
   ``--sw_batch_size`` windows per forward;
-* ``fast``: ``runtime.sliding_window.fast_predictor``: an inference copy of the model whose instance
+* ``fast``: ``runtime.predictor.build_predictor(..., inference_copy=True)``: an inference copy of the model whose instance
   norms keep the channels-last layout, fp32, under ``torch.inference_mode``;
 * ``fast_int8``: the same with the 3x3x3 convolutions in oneDNN int8 (dynamic per-window
   activation ranges, per-channel weights), float32 output.
@@ -59,7 +59,10 @@ from data_loading.windows import window_geometry  # noqa: E402
 from model.inference_copy import int8_available  # noqa: E402
 from model.losses import DiceScore  # noqa: E402
 from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
-from runtime.sliding_window import fast_predictor, sliding_window_inference  # noqa: E402
+from runtime.predictor import PredictorOptions, build_predictor  # noqa: E402
+from runtime.sliding_window import sliding_window_inference, trim_like_window  # noqa: E402
+
+CPU = torch.device("cpu")
 from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.memory import reuse_freed_memory  # noqa: E402
 
@@ -127,15 +130,12 @@ def make_variant(name: str, model: Unet3D, args) -> tuple:
         cl_model = Unet3D(filters=args.filters).eval()
         cl_model.load_state_dict(model.state_dict())
         cl_model = cl_model.to(memory_format=torch.channels_last_3d)
-
-        def predict(x):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return cl_model(x)
-
-        return predict, args.sw_batch_size, torch.no_grad
+        options = PredictorOptions(channels_last=True, amp_dtype="bf16")
+        return build_predictor(cl_model, CPU, options), args.sw_batch_size, torch.no_grad
     if name in ("fast", "fast_int8"):
-        return (fast_predictor(model, channels_last=True, int8=name == "fast_int8"),
-                args.sw_batch_size, torch.inference_mode)
+        options = PredictorOptions(channels_last=True, int8=name == "fast_int8")
+        return (build_predictor(model, CPU, options, inference_copy=True), args.sw_batch_size,
+                torch.inference_mode)
     raise SystemExit(f"bench_inference: unknown variant {name!r}; choose from {VARIANTS}")
 
 
@@ -210,8 +210,9 @@ def run_interleaved(variants: dict, image, label, args) -> tuple[dict, dict]:
         baton.acquire(name)
         try:
             with grad_mode():
-                results[name] = sliding_window_inference(
-                    baton.wrap(name, predict), image, label, (args.roi,) * 3, args.overlap, sw)
+                logits = sliding_window_inference(baton.wrap(name, predict), image, (args.roi,) * 3,
+                                                  args.overlap, sw)
+                results[name] = (logits, trim_like_window(label, (args.roi,) * 3, args.overlap))
         except BaseException as err:  # noqa: BLE001 - reported by the main thread
             errors[name] = err
         finally:

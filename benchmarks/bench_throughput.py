@@ -62,7 +62,9 @@ from runtime.build import Components, build_components, build_model  # noqa: E40
 from runtime.compiling import OUT_OF_MEMORY  # noqa: E402
 from runtime.arguments import parse_args  # noqa: E402
 from runtime.graphs import cuda_graphs_supported  # noqa: E402
-from runtime.sliding_window import evaluate, sliding_window_inference  # noqa: E402
+from runtime.evaluation import evaluate  # noqa: E402
+from runtime.predictor import build_predictor, options_from  # noqa: E402
+from runtime.sliding_window import sliding_window_inference  # noqa: E402
 from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.resolve import resolve  # noqa: E402
 from runtime.training.loop import set_learning_rate, step_inputs  # noqa: E402
@@ -462,19 +464,14 @@ def run_eval_row(name: str, flags: list[str], args, argv0: list[str], device: to
         first.close()
         windows_per_volume = window_geometry(image.shape[2:], roi, config.overlap).n_windows
         model.eval()
-
-        def predict(x):
-            with c.autocast():
-                return model(x)
-
+        predict = build_predictor(model, device, options_from(c.config))
         with torch.no_grad():      # warm-up: every window-batch shape once (autotuning, compiling)
-            sliding_window_inference(predict, image.to(device), label.to(device), roi, config.overlap,
-                                     config.sw_batch_size)
+            sliding_window_inference(predict, image.to(device), roi, config.overlap, config.sw_batch_size)
         image = label = None
         synchronize(device)
         start = time.perf_counter()
-        metrics = evaluate(model, val_loader, c.loss_fn, c.score_fn, roi, config.overlap,
-                           config.sw_batch_size, device, c.autocast)
+        metrics = evaluate(predict, val_loader, c.loss_fn, c.score_fn, roi, config.overlap,
+                           config.sw_batch_size, device)
         synchronize(device)
         result.seconds = time.perf_counter() - start
         result.volumes = int(metrics["eval_cases"])

@@ -24,7 +24,8 @@ from runtime.predict import memory_budget
 from runtime.arguments import UsageError, parse_args, replace
 from runtime.openvino.backend import INSTALL_HINT, choose_backend, openvino_missing
 from runtime.openvino.calibration import foreground_origin, int8_pairs_saturate, window_at
-from runtime.predict.scan import volume_probabilities, window_predictor
+from runtime.predict.scan import volume_probabilities
+from runtime.predictor import build_predictor, options_from
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (4, 8, 16, 32, 32)
@@ -180,8 +181,8 @@ def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_p
     config = predict_config(tmp_path)
     windows = OpenVINOWindows(compile_for_cpu(convert(model, config.val_input_shape)), config.val_input_shape)
     image = np.random.default_rng(1).normal(size=(1, 37, 66, 50)).astype(np.float32)
-    ov = volume_probabilities(window_predictor(windows, config, CPU), image, config, CPU)
-    pt = volume_probabilities(window_predictor(model, config, CPU), image, config, CPU)
+    ov = volume_probabilities(build_predictor(windows, CPU, options_from(config)), image, config, CPU)
+    pt = volume_probabilities(build_predictor(model, CPU, options_from(config)), image, config, CPU)
     with torch.no_grad():
         whole = torch.softmax(model(torch.from_numpy(image)[None])[0], 0)
     assert ov.shape == whole.shape == (3, 37, 66, 50)
@@ -347,7 +348,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
 
     from model.losses import DiceCELoss, DiceScore
     from runtime.openvino.backend import evaluation_components
-    from runtime.sliding_window import evaluate
+    from runtime.evaluation import evaluate
     from runtime.logging import MetricsWriter
     from runtime.training.loop import Reporters
 
@@ -371,7 +372,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     rng = np.random.default_rng(4)
     volumes = [(torch.from_numpy(rng.normal(size=(1, 1, 40, 50, 70)).astype(np.float32)),
                 torch.from_numpy(rng.integers(0, 3, (1, 1, 40, 50, 70)).astype(np.uint8)), str(i)) for i in range(2)]
-    scores = [evaluate(m, volumes, DiceCELoss(to_onehot_y=True, use_softmax=True), DiceScore(to_onehot_y=True, use_argmax=True),
+    scores = [evaluate(m.eval(), volumes, DiceCELoss(to_onehot_y=True, use_softmax=True), DiceScore(to_onehot_y=True, use_argmax=True),
                        (32, 32, 64), 0.5, 2, CPU) for m in (model, parts.eval_model)]
     for key in ("eval_loss", "l1_dice", "l2_dice", "mean_dice"):
         assert scores[1][key] == pytest.approx(scores[0][key], abs=2e-3), key

@@ -26,8 +26,19 @@ from model.inference_copy import int8_available, int8_grid
 from model.losses import DiceScore, label_map_dice
 from model.unet3d import Unet3D
 from runtime.arguments import UsageError, explicit_flags, parse_args
-from runtime.predict.scan import (FLIPS, cover_padding, model_architecture, segment_scan, volume_probabilities,
-                             window_predictor)
+from runtime.checkpoint import Saved
+from runtime.predict.scan import cover_padding, segment_scan, volume_probabilities
+from runtime.predictor import FLIPS, build_predictor, options_from
+from runtime.resolve import architecture_from, resolve_predict
+
+
+def window_predictor(model, config, device):
+    return build_predictor(model, device, options_from(config))
+
+
+def model_architecture(config, checkpoint, path):
+    """The network flags predict resolves from a checkpoint."""
+    return resolve_predict(architecture_from(config, Saved(path, checkpoint, resume=False)), torch.device("cpu"))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--filters", "4", "8", "16", "32", "32"]

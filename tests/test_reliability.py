@@ -500,11 +500,12 @@ def test_window_geometry_pads_an_axis_shorter_than_half_a_stride_and_changes_not
 
 def test_sliding_window_on_20_slices_returns_20_slices():
     """The window returns every slice (identity 'model': the prediction is the image)."""
-    from runtime.sliding_window import sliding_window_inference
+    from runtime.sliding_window import sliding_window_inference, trim_like_window
 
     image = torch.randn(1, 1, 20, 70, 140)
     label = torch.zeros(1, 1, 20, 70, 140, dtype=torch.uint8)
-    out, kept = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image, label, (128, 128, 128), 0.5)
+    out = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image, (128, 128, 128), 0.5)
+    kept = trim_like_window(label, (128, 128, 128), 0.5)
     # D kept whole; H and W trimmed by the benchmark's rule (remainders 6 and 12 of the stride 64)
     assert out.shape == (1, 3, 20, 64, 128) and kept.shape == (1, 1, 20, 64, 128)
     torch.testing.assert_close(out[:, :1], image[..., 3:67, 6:134], rtol=0, atol=1e-5)

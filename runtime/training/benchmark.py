@@ -9,6 +9,7 @@ import torch
 
 from runtime.arguments import UsageError
 from runtime.build import Components
+from runtime.predictor import build_predictor, options_from
 from runtime.sliding_window import sliding_window_inference
 from runtime.training.latency import format_summary, latency_summary
 from runtime.training.loop import Reporters, set_learning_rate, step_inputs
@@ -58,22 +59,17 @@ def benchmark_evaluate(components: Components, out: Reporters) -> dict:
     cfg, dev, loader = components.config, components.dist.device, components.val_loader
     check_something_to_time(len(loader) * cfg.epochs, f"{len(loader)} evaluation volumes", cfg)
     sync = _synchronizer(dev)
-    model = components.eval_model
-    model.eval()
+    components.eval_model.eval()
+    predict = build_predictor(components.eval_model, dev, options_from(cfg))
     times, seen = [], 0
-
-    def predict(x):
-        with components.autocast():
-            return model(x)
-
     with torch.no_grad():
         for _ in range(cfg.epochs):
-            for image, label, _case in out.progress(loader, desc="benchmark eval volumes", total=len(loader),
-                                                    always=True):
+            for image, _label, _case in out.progress(loader, desc="benchmark eval volumes", total=len(loader),
+                                                     always=True):
                 sync()
                 tick = time.perf_counter()
-                sliding_window_inference(predict, image.to(dev), label.to(dev), cfg.val_input_shape,
-                                         cfg.overlap, cfg.sw_batch_size)
+                sliding_window_inference(predict, image.to(dev), cfg.val_input_shape, cfg.overlap,
+                                         cfg.sw_batch_size)
                 sync()
                 if seen >= cfg.warmup_steps:
                     times.append(time.perf_counter() - tick)
