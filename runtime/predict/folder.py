@@ -25,7 +25,7 @@ from runtime.checkpoint import Saved
 from runtime.openvino.backend import predict_windows
 from runtime.predict.scan import (OutputWriteError, load_trained_model, make_infer, one_line_reason, segment_scan,
                                   summarise_existing)
-from runtime.predict.summary import CaseResult, report, save_summary
+from runtime.predict.summary import CaseResult, print_outcome, save_summary
 from runtime.signals import Stopped
 
 
@@ -124,5 +124,5 @@ def predict_scans(config: Config, saved: Saved, scans: Sequence[Scan], dist_info
     everything = [r for part in D.all_gather_objects(results) for r in part]
     code = 0
     if dist_info.is_main:
-        code = report(everything, config.output_dir, save_summary(config.output_dir, everything))
+        code = print_outcome(everything, config.output_dir, save_summary(config.output_dir, everything))
     return 1 if any(not r.ok for r in everything) else code

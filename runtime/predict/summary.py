@@ -126,7 +126,7 @@ def save_summary(output_dir: str, results: Sequence[CaseResult]) -> bool:
     return False
 
 
-def report(results: Sequence[CaseResult], output_dir: str, summary_written: bool = True) -> int:
+def print_outcome(results: Sequence[CaseResult], output_dir: str, summary_written: bool = True) -> int:
     """Print the run's outcome; the exit code: 1 if any scan failed or was not run (or a
     preview or the summary is missing), else 0."""
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
