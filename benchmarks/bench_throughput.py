@@ -271,7 +271,7 @@ def make_step(components: Components):
 
     def step(image, label):
         image, label = step_inputs(components, image, label)
-        return components.step(image, label, True, True)
+        return components.step(image, label)
     return step
 
 

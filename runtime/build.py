@@ -19,8 +19,9 @@ from runtime.compiling import compile_model
 from runtime.optimizers import make_optimizer
 from runtime.predictor import autocast_context
 
-# step(image, label, sync_grads, apply_update) -> detached loss of the micro-batch, on the device
-TrainStep = Callable[[torch.Tensor, torch.Tensor, bool, bool], torch.Tensor]
+# step(image, label, last_micro_batch) -> detached loss of the micro-batch, on the device; on the
+# last micro-batch of an optimizer step the gradients are all-reduced and the update applied
+TrainStep = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
 @dataclass
@@ -91,16 +92,16 @@ def wrap_model(model: torch.nn.Module, config: Config, dist_info: D.DistInfo) ->
 
 def eager_train_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
                      scaler: torch.amp.GradScaler, autocast: Callable[[], object], ga_steps: int) -> TrainStep:
-    """Forward, backward and (when ``apply_update``) the optimizer step; DDP's gradient
-    all-reduce is skipped unless ``sync_grads`` (gradient accumulation). No host sync."""
+    """Forward, backward and, on the ``last_micro_batch`` of an optimizer step, DDP's gradient
+    all-reduce and the optimizer step (gradient accumulation: the others skip both). No host sync."""
 
-    def step(image, label, sync_grads: bool, apply_update: bool) -> torch.Tensor:
+    def step(image, label, last_micro_batch: bool = True) -> torch.Tensor:
         no_sync = getattr(model, "no_sync", None)
-        with no_sync() if (no_sync is not None and not sync_grads) else nullcontext():
+        with no_sync() if (no_sync is not None and not last_micro_batch) else nullcontext():
             with autocast():
                 loss = loss_fn(model(image), label) / ga_steps
             scaler.scale(loss).backward()
-        if apply_update:
+        if last_micro_batch:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -122,7 +123,7 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
         image = image.contiguous(memory_format=torch.channels_last_3d)
     label = torch.zeros(shape, dtype=torch.uint8, device=device)
     graphed = GraphedTrainStep(model, loss_fn, optimizer, image, label, autocast, scaler)
-    return lambda image, label, sync_grads=True, apply_update=True: graphed(image, label)
+    return lambda image, label, last_micro_batch=True: graphed(image, label)
 
 
 def build_components(config: Config, dist_info: D.DistInfo, data,

@@ -41,7 +41,7 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
             sync()
             tick = time.perf_counter()
             image, label = step_inputs(components, image, label)
-            components.step(image, label, True, True)
+            components.step(image, label)
             sync()
             seconds = time.perf_counter() - tick
             if seen >= cfg.warmup_steps:

@@ -191,7 +191,7 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
             continue
         image, label = step_inputs(components, image, label)
         boundary = (step + 1) % cfg.ga_steps == 0 or step + 1 == len(loader)
-        loss_sum += components.step(image, label, boundary, boundary)
+        loss_sum += components.step(image, label, boundary)
         steps_done += 1
         if boundary and should_stop_for_preemption(out.preempt, components.dist, step + 1,
                                                    step + 1 == len(loader)):
