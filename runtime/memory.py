@@ -3,9 +3,8 @@
 PyTorch has no caching allocator for the CPU: every tensor comes from ``malloc``. glibc serves
 blocks above its mmap threshold (at most 32 MB) with a fresh ``mmap`` and returns them with
 ``munmap`` when freed, so every 268 MB activation of a 128³ window (32 channels, float32) is
-new memory whose pages the kernel faults in and zeroes on first touch: measured on the 2-core
-CPU, about 2.3 million page faults and 5-6 s of system time per window of the default model,
-about a third of the CPU time (docs/performance.md, "Host memory reuse").
+new memory whose pages the kernel faults in and zeroes on first touch: a large share of a
+window's CPU time goes to page faults (docs/performance.md, "Host memory reuse").
 
 :func:`reuse_freed_memory` tells glibc to serve every block from its main heap (``M_MMAP_MAX``
 0), to give every thread that heap (``M_ARENA_MAX`` 1: a thread's own arena is a set of 64 MB
@@ -13,8 +12,8 @@ mappings, which would map large blocks afresh again), and never to give the heap
 to the system (``M_TRIM_THRESHOLD`` -1): a freed activation is then reused by a later one,
 already mapped. The numbers computed do not change.
 The cost is memory: the process keeps its largest heap until it exits, and blocks of varying
-sizes fragment it (measured: peak resident memory of one window 3.0-3.6 GB against 2.2 GB; it
-stays there over many windows instead of growing). Other C libraries (musl, macOS) are left as
+sizes fragment it (the peak resident memory is higher, and stays there over many windows
+instead of growing: docs/performance.md, "Host memory reuse"). Other C libraries (musl, macOS) are left as
 they are.
 """
 from __future__ import annotations

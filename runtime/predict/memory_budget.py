@@ -11,10 +11,9 @@ network, OpenVINO's compiled model), the volume's buffers, and the windows in fl
 * OpenVINO runs one window per request whatever the batch, in buffers it plans once:
   ``OPENVINO_WINDOW_FACTOR`` times the first activation, once.
 
-The constants are set above the peaks measured on a KiTS-size scan (300 x 512 x 512, 18
-windows of 128³, the default network; docs/performance.md, "Peak memory"): PyTorch fp32
-channels-last with 2 windows per forward 6.2-7.0 GB (estimate 7.8), int8 6.0-7.2 (7.8), OpenVINO
-fp32 3.5-3.6 (4.6), int8 2.8 (4.6), the reference's way with 1 window 3.2 (5.4). The batch is the largest (at most ``--sw_batch_size``) whose estimate fits; when
+The constants are set above the peaks measured on a KiTS-size scan with the default network
+(docs/performance.md, "Peak memory of predict": each measured peak beside its estimate). The
+batch is the largest (at most ``--sw_batch_size``) whose estimate fits; when
 not even one window fits an explicit ``--max_memory_gb``, predict stops with one line. The
 segmentation does not depend on the batch.
 """
