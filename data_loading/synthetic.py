@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from data_loading.cli_types import OneLineParser, non_negative_int
+
 TARGET_SPACING = (1.6, 1.2, 1.2)  # the benchmark's target spacing, (slices, height, width), mm
 FIRST_UNLABELLED_ID = 210
 
@@ -205,29 +207,17 @@ def generate(output_dir: str, cases: int, seed: int = 0, size: str = "small",
     return ids
 
 
-def _non_negative_int(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return number
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="python -m data_loading.synthetic", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m data_loading.synthetic", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", required=True,
                         help="raw dataset folder to write case_XXXXX/ folders into")
-    parser.add_argument("--cases", type=_non_negative_int, default=8,
+    parser.add_argument("--cases", type=non_negative_int, default=8,
                         help="number of cases (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--size", choices=sorted(PRESETS), default="small",
                         help="size preset (default small)")
-    parser.add_argument("--start_id", type=_non_negative_int, default=0,
+    parser.add_argument("--start_id", type=non_negative_int, default=0,
                         help="id of the first case (default 0); ids >= 210 get no segmentation")
     return parser
 
