@@ -43,7 +43,7 @@ MIN_SHAPE = (128, 128, 128)
 CLIP_MIN, CLIP_MAX = -79, 304
 MEAN, STD = 101.0, 76.9
 FIRST_UNLABELLED_ID = 210  # KiTS19 has labels for cases 0-209 only
-LABEL_VALUES = (0, 1, 2)
+LABEL_VALUES = (0, 1, 2)  # model.unet3d.N_CLASSES classes (not imported: no torch at start-up)
 IMAGE_FILE, LABEL_FILE = "imaging.nii.gz", "segmentation.nii.gz"
 DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checksum.json")
 
