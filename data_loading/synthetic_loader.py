@@ -15,6 +15,7 @@ import torch
 
 from data_loading.dataset import EVALUATION_CASES_FILE, read_evaluation_ids
 from data_loading.sampler import balance_by_cost, batches_per_epoch
+from data_loading.source import DataSummary
 from model.unet3d import N_CLASSES
 
 TRAIN_CASES = 168
@@ -87,9 +88,7 @@ def evaluation_ids(count: int = EVAL_CASES) -> list[str]:
 class SyntheticData:
     """``--loader synthetic`` as a data source (the interface of ``PreprocessedData``)."""
 
-    def summary(self, config):
-        from data_loading.data_loader import DataSummary
-
+    def summary(self, config) -> DataSummary:
         return DataSummary(TRAIN_CASES, EVAL_CASES, 0)
 
     def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | None = None):
