@@ -68,7 +68,8 @@ PRESETS = {
     "medium": SizePreset(slices=(220, 360), pixels=(260, 320), out_slices=(170, 210),
                          out_pixels=(230, 270)),
     # KiTS19 scale: 512 x 512 in-plane, 300-600 slices, about 190 x 250 x 250 after
-    # resampling (the sizes the benchmark's preprocessing sees). ~15 s per case to write.
+    # resampling (the sizes the benchmark's preprocessing sees). The slowest preset to write
+    # (docs/performance.md, "Preprocessing").
     "realistic": SizePreset(slices=(300, 600), pixels=(512, 512), out_slices=(170, 210),
                             out_pixels=(230, 270)),
 }
