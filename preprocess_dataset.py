@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from data_loading import preprocessing as pp
+from data_loading.cli_types import OneLineParser, positive_int
 
 PROG = "preprocess_dataset.py"
 
@@ -32,23 +33,6 @@ class PreprocessConfig:
     verify: bool
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports errors in one line (no usage dump) and exits with code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return number
-
-
 def default_workers() -> int:
     """Cores this process may run on (affinity-aware where the OS says)."""
     if hasattr(os, "sched_getaffinity"):
@@ -57,8 +41,8 @@ def default_workers() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog=PROG, description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog=PROG, description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=None,
                         help="raw KiTS19: case_XXXXX/{imaging,segmentation}.nii.gz, directly "
                              "or under data/ (required for --mode preprocess)")
@@ -69,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checksum", default=pp.DEFAULT_CHECKSUM,
                         help="JSON of file name -> md5 for verification (default: "
                              "data_loading/checksum.json, the reference's sums for KiTS19)")
-    parser.add_argument("--num_workers", type=_positive_int, default=default_workers(),
+    parser.add_argument("--num_workers", type=positive_int, default=default_workers(),
                         help="parallel processes (default: all cores, here %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="redo cases whose outputs are already complete")

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model.losses import DiceCELoss  # noqa: E402
-from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
+from model.unet3d import DEFAULT_FILTERS, N_CLASSES, Unet3D  # noqa: E402
 
 COPY_NODES = ("CopySlices", "AsStridedBackward0", "CloneBackward0")
 
@@ -74,9 +74,9 @@ def main(argv=None) -> int:
     p.add_argument("--filters", type=int, nargs=5, default=list(DEFAULT_FILTERS))
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    model = Unet3D(1, 3, filters=tuple(args.filters))
+    model = Unet3D(filters=tuple(args.filters))
     image = torch.randn(args.batch, 1, *[args.shape] * 3)
-    label = torch.randint(0, 3, (args.batch, 1, *[args.shape] * 3), dtype=torch.uint8)
+    label = torch.randint(0, N_CLASSES, (args.batch, 1, *[args.shape] * 3), dtype=torch.uint8)
     nodes = {flag: copy_node_count(set_inplace(model, flag), image, label) for flag in (True, False)}
     times = {True: [], False: []}
     identical = True

@@ -61,7 +61,7 @@ def write_blob_case(folder: Path, case_id: str, shape, rng: np.random.Generator)
 
 def naive_sample(x_path, y_path, patch, oversampling, rng, label_every_sample=False):
     """One training sample the reference's way: whole-volume loads, and whole-volume labelling
-    for foreground crops (``label_every_sample``: for every sample, as the issue words it)."""
+    for foreground crops (``label_every_sample``: for every sample, the worst case)."""
     image, label = np.load(x_path), np.load(y_path)
     shape = label.shape[1:]
     start = [int(rng.integers(0, s - p + 1)) for s, p in zip(shape, patch)]

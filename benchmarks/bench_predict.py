@@ -44,7 +44,7 @@ from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.memory import reuse_freed_memory  # noqa: E402
 
 DEFAULT_SETTINGS = [("fp32", ""), ("channels_last", "--channels_last"), ("int8", "--int8")]
-PEAK_TFLOPS = {"fp32": 0.4, "bf16": 0.8}  # this 2-core AVX-512 (BF16) EPYC, from the issue
+PEAK_TFLOPS = {"fp32": 0.4, "bf16": 0.8}  # assumed for the 2-core AVX-512 (BF16) VM, as bench_inference.py's --ceiling_*
 
 
 def make_scan(folder: Path, shape: tuple[int, int, int], seed: int = 0) -> Path:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -34,6 +33,8 @@ from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
                                   epoch_batches)
+from data_loading.source import DataSource, DataSummary
+from data_loading.synthetic_loader import SyntheticData
 from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
 from data_loading.windows import window_geometry
 
@@ -217,15 +218,6 @@ def compute_boxes(cases: Sequence[Case], threads: int) -> list:
         return list(pool.map(case_foreground_boxes, cases))
 
 
-@dataclass(frozen=True)
-class DataSummary:
-    """What the runtime must know of a dataset before it builds anything."""
-
-    num_train: int  # training cases
-    num_eval: int  # evaluation cases
-    train_bytes: int = 0  # the training volumes in memory (image float32 + label uint8)
-
-
 class PreprocessedData:
     """The preprocessed KiTS19 folder ``data_dir``: found and checked once, then loaded per rank.
 
@@ -280,11 +272,9 @@ class PreprocessedData:
         return train_loader, val_loader
 
 
-def data_source(config):
+def data_source(config) -> DataSource:
     """The data ``config.loader`` names: the preprocessed folder, or random tensors."""
     if config.loader == "synthetic":
-        from data_loading.synthetic_loader import SyntheticData
-
         return SyntheticData()
     return PreprocessedData(config.data_dir)
 

@@ -43,7 +43,7 @@ MIN_SHAPE = (128, 128, 128)
 CLIP_MIN, CLIP_MAX = -79, 304
 MEAN, STD = 101.0, 76.9
 FIRST_UNLABELLED_ID = 210  # KiTS19 has labels for cases 0-209 only
-LABEL_VALUES = (0, 1, 2)
+LABEL_VALUES = (0, 1, 2)  # model.unet3d.N_CLASSES classes (not imported: no torch at start-up)
 IMAGE_FILE, LABEL_FILE = "imaging.nii.gz", "segmentation.nii.gz"
 DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checksum.json")
 
@@ -137,12 +137,13 @@ def _read_nifti(path: str):
 def read_voxels(nifti, path: str) -> np.ndarray:
     """The voxel values that ``nifti.get_fdata()`` gives, in the narrowest exact dtype.
 
-    ``get_fdata()`` always builds a float64 copy (1.3 GB for a 611 x 512 x 512 case) and takes
-    two to three times as long. When the file has no scaling (slope 1, intercept 0) and its
-    dtype converts to float64 exactly (floats, integers of up to 32 bits), the stored array
-    holds the very same numbers, so a later cast to float32 (rounding to nearest from the exact
-    value) or, for validated labels, to uint8 gives the same bits either way. Other files go
-    through ``get_fdata()``. A truncated or corrupt payload becomes one :class:`PreprocessError`.
+    ``get_fdata()`` always builds a float64 copy (1.3 GB for a 611 x 512 x 512 case), which
+    costs time too (docs/performance.md, "Preprocessing"). When the file has no scaling (slope
+    1, intercept 0) and its dtype converts to float64 exactly (floats, integers of up to 32
+    bits), the stored array holds the very same numbers, so a later cast to float32 (rounding to
+    nearest from the exact value) or, for validated labels, to uint8 gives the same bits either
+    way. Other files go through ``get_fdata()``. A truncated or corrupt payload becomes one
+    :class:`PreprocessError`.
     """
     from nibabel.filebasedimages import ImageFileError
 

@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from data_loading.cli_types import OneLineParser, non_negative_int
+
 TARGET_SPACING = (1.6, 1.2, 1.2)  # the benchmark's target spacing, (slices, height, width), mm
 FIRST_UNLABELLED_ID = 210
 
@@ -66,7 +68,8 @@ PRESETS = {
     "medium": SizePreset(slices=(220, 360), pixels=(260, 320), out_slices=(170, 210),
                          out_pixels=(230, 270)),
     # KiTS19 scale: 512 x 512 in-plane, 300-600 slices, about 190 x 250 x 250 after
-    # resampling (the sizes the benchmark's preprocessing sees). ~15 s per case to write.
+    # resampling (the sizes the benchmark's preprocessing sees). The slowest preset to write
+    # (docs/performance.md, "Preprocessing").
     "realistic": SizePreset(slices=(300, 600), pixels=(512, 512), out_slices=(170, 210),
                             out_pixels=(230, 270)),
 }
@@ -205,29 +208,17 @@ def generate(output_dir: str, cases: int, seed: int = 0, size: str = "small",
     return ids
 
 
-def _non_negative_int(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return number
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="python -m data_loading.synthetic", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="python -m data_loading.synthetic", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", required=True,
                         help="raw dataset folder to write case_XXXXX/ folders into")
-    parser.add_argument("--cases", type=_non_negative_int, default=8,
+    parser.add_argument("--cases", type=non_negative_int, default=8,
                         help="number of cases (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--size", choices=sorted(PRESETS), default="small",
                         help="size preset (default small)")
-    parser.add_argument("--start_id", type=_non_negative_int, default=0,
+    parser.add_argument("--start_id", type=non_negative_int, default=0,
                         help="id of the first case (default 0); ids >= 210 get no segmentation")
     return parser
 

@@ -13,8 +13,10 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from data_loading.dataset import EVALUATION_CASES_FILE, NUM_CLASSES, read_evaluation_ids
+from data_loading.dataset import EVALUATION_CASES_FILE, read_evaluation_ids
 from data_loading.sampler import balance_by_cost, batches_per_epoch
+from data_loading.source import DataSummary
+from model.unet3d import N_CLASSES
 
 TRAIN_CASES = 168
 EVAL_CASES = 42
@@ -29,11 +31,11 @@ def _derived_seed(seed: int, stream: int, rank: int) -> int:
 
 def random_batch(generator: torch.Generator, batch: int, shape: Sequence[int],
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(image float32 N(0, 1), label uint8 in 0..2)``, both ``(batch, 1, *shape)``, on
+    """``(image float32 N(0, 1), label uint8 in 0..N_CLASSES-1)``, both ``(batch, 1, *shape)``, on
     ``device`` (drawn on the CPU from ``generator`` so every device gets the same values)."""
     size = (batch, 1, *shape)
     image = torch.randn(size, generator=generator)
-    label = torch.randint(0, NUM_CLASSES, size, generator=generator, dtype=torch.uint8)
+    label = torch.randint(0, N_CLASSES, size, generator=generator, dtype=torch.uint8)
     return image.to(device), label.to(device)
 
 
@@ -86,9 +88,7 @@ def evaluation_ids(count: int = EVAL_CASES) -> list[str]:
 class SyntheticData:
     """``--loader synthetic`` as a data source (the interface of ``PreprocessedData``)."""
 
-    def summary(self, config):
-        from data_loading.data_loader import DataSummary
-
+    def summary(self, config) -> DataSummary:
         return DataSummary(TRAIN_CASES, EVAL_CASES, 0)
 
     def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | None = None):

@@ -8,7 +8,7 @@ can go on) with:
   statistics and affine map, but a channels-last input gives a channels-last output.
   ``nn.InstanceNorm3d`` makes its input contiguous (NCDHW) to run it as a batch norm over
   ``(1, N·C, D, H, W)``, so in a channels-last network every convolution/norm pair pays two
-  full-size layout copies (22% of a channels-last forward here, measured with torch.profiler);
+  full-size layout copies (their share of a forward: docs/performance.md, "What each lever gave");
 * optionally (``int8=True``) the 3x3x3 convolutions with at least ``int8_min_channels`` input
   channels replaced by :class:`Int8Conv3d` (oneDNN int8 convolution with float output; see there).
 
@@ -99,7 +99,8 @@ def bits(codes: int) -> int:
 FULL_GRID = Int8Grid(255, 127)  # exact where int8 products accumulate in 32 bits (VNNI, AMX)
 # Where pairs of products saturate at 16 bits, either grid fits (255 x 63 x 2 = 32,130 and
 # 127 x 127 x 2 = 32,258 <= 32,767). 7-bit weights are the one used: on trained weights they
-# halved the logits' error of 7-bit activations (docs/performance.md, int8 section).
+# halved the logits' error of 7-bit activations
+# (docs/performance.md, "int8 on CPUs with and without VNNI").
 SEVEN_BIT_WEIGHTS = Int8Grid(255, 63)
 SEVEN_BIT_ACTIVATIONS = Int8Grid(127, 127)
 
@@ -215,7 +216,8 @@ def quantize_uint8(x: torch.Tensor, codes: int = 255) -> tuple[torch.Tensor, flo
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a 1-D view in memory order: reductions over a channels-last tensor's logical
-    order copy it to NCDHW first (measured: 15x the time of the reduction itself)."""
+    order copy it to NCDHW first, many times the reduction's own time
+    (docs/performance.md, "What each lever gave", int8)."""
     if _is_channels_last(x):
         return x.permute(0, 2, 3, 4, 1).reshape(-1)
     return x.reshape(-1)

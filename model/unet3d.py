@@ -7,21 +7,33 @@ from torch import nn
 
 from model.layers import DownsampleBlock, InputBlock, OutputLayer, UpsampleBlock
 
+IN_CHANNELS = 1  # the CT intensities
+N_CLASSES = 3  # background, kidney, tumour: KiTS19's label values 0, 1, 2
 DEFAULT_FILTERS = (32, 64, 128, 256, 320)
+
+
+def shape_divisor(filters: Sequence[int] = DEFAULT_FILTERS) -> int:
+    """Every spatial input size must be a multiple of this: each of the ``len(filters)`` stride-2
+    stages (the down blocks and the bottleneck) halves it."""
+    return 2 ** len(filters)
+
+
+SHAPE_DIVISOR = shape_divisor()  # of the benchmark's model (32)
 
 
 class Unet3D(nn.Module):
     """3-D U-Net for KiTS19 segmentation.
 
-    Input ``(N, in_channels, D, H, W)`` with D, H, W divisible by ``2 ** len(filters)``;
+    Input ``(N, in_channels, D, H, W)`` with D, H, W divisible by ``shape_divisor(filters)``;
     output logits ``(N, n_class, D, H, W)``. ``filters`` gives the channel widths of the input
     block and the down blocks; the bottleneck keeps the last width. Building has no side
     effects: the MLPerf ``weights_initialization`` events are logged by the runtime from
     :func:`weight_init_tensor_names`.
     """
 
-    def __init__(self, in_channels: int = 1, n_class: int = 3, normalization: str = "instancenorm",
-                 activation: str = "relu", filters: Sequence[int] = DEFAULT_FILTERS):
+    def __init__(self, in_channels: int = IN_CHANNELS, n_class: int = N_CLASSES,
+                 normalization: str = "instancenorm", activation: str = "relu",
+                 filters: Sequence[int] = DEFAULT_FILTERS):
         super().__init__()
         filters = tuple(filters)
         if len(filters) < 2:
@@ -40,7 +52,7 @@ class Unet3D(nn.Module):
     @property
     def divisor(self) -> int:
         """Every spatial size of the input must be a multiple of this."""
-        return 2 ** len(self.filters)
+        return shape_divisor(self.filters)
 
     def forward(self, x):
         x = self.input_block(x)

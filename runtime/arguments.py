@@ -14,10 +14,9 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from data_loading.cli_types import OneLineParser, positive_int
 from model.layers import ACTIVATIONS, NORMALIZATIONS
-from model.unet3d import DEFAULT_FILTERS
-
-SHAPE_DIVISOR = 32  # 2 ** (number of down-sampling stages incl. the bottleneck)
+from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
 
 
 @dataclass(frozen=True)
@@ -117,26 +116,7 @@ class UsageError(RuntimeError):
     one line, exit code 1)."""
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports errors in one line (no usage dump) and exits with code 2."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
-
-
-def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
-    p = _OneLineParser(prog=prog, description="3D U-Net on KiTS19 (MLPerf Training image "
-                       "segmentation): train, evaluate and benchmark.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d = Config()
-    g = p.add_argument_group("data and files")
+def _data_flags(g, d: Config) -> None:
     g.add_argument("--data_dir", default=d.data_dir, help="preprocessed dataset (case_XXXXX_x/_y.npy)")
     g.add_argument("--log_dir", default=d.log_dir,
                    help="folder for unet3d.log (MLPerf) and log.json; one run at a time (a lock file)")
@@ -159,7 +139,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--brightness", default=d.brightness, choices=["reference", "centered"],
                    help="(new) brightness augmentation factor: reference = x(1+U(0.7,1.3)) as the "
                         "MLCommons code does; centered = xU(0.7,1.3)")
-    g = p.add_argument_group("process")
+
+
+def _process_flags(g, d: Config) -> None:
     g.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
                    help="GPU index on this node (torchrun sets LOCAL_RANK)")
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
@@ -173,22 +155,28 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--plot", action="store_true",
                    help="(new) redraw <log_dir>/curves.png after each evaluation (rank 0, in the "
                         "background; needs matplotlib)")
-    g = p.add_argument_group("schedule")
+
+
+def _schedule_flags(g, d: Config) -> None:
     g.add_argument("--epochs", type=int, default=d.epochs, help="maximum number of epochs")
     g.add_argument("--quality_threshold", type=float, default=d.quality_threshold, help="target mean_dice")
-    g.add_argument("--ga_steps", type=_positive_int, default=d.ga_steps, help="gradient accumulation steps")
+    g.add_argument("--ga_steps", type=positive_int, default=d.ga_steps, help="gradient accumulation steps")
     g.add_argument("--warmup_steps", type=int, default=d.warmup_steps, help="untimed iterations in --benchmark")
-    g.add_argument("--batch_size", type=_positive_int, default=d.batch_size, help="per-process batch size")
+    g.add_argument("--batch_size", type=positive_int, default=d.batch_size, help="per-process batch size")
     g.add_argument("--evaluate_every", "--eval_every", dest="evaluate_every", type=int, default=None,
                    help="epochs between evaluations (default from samples_per_epoch, as MLPerf)")
     g.add_argument("--start_eval_at", type=int, default=None,
                    help="first epoch evaluated (default from samples_per_epoch, as MLPerf)")
-    g = p.add_argument_group("shapes")
+
+
+def _shape_flags(g, d: Config) -> None:
     g.add_argument("--layout", default=d.layout, choices=["NCDHW"], help="tensor layout")
     g.add_argument("--input_shape", nargs="+", type=int, default=list(d.input_shape), help="training patch")
     g.add_argument("--val_input_shape", nargs="+", type=int, default=list(d.val_input_shape),
                    help="sliding-window size")
-    g = p.add_argument_group("optimisation")
+
+
+def _optimisation_flags(g, d: Config) -> None:
     g.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adam", "lamb"],
                    help="sgd = SGD with Nesterov momentum; lamb in pure PyTorch")
     g.add_argument("--learning_rate", type=float, default=d.learning_rate, help="base learning rate after warm-up")
@@ -203,7 +191,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
                    help="LAMB betas (floats; the reference's type=int was a defect); Adam keeps torch's defaults")
     g.add_argument("--momentum", type=float, default=d.momentum, help="SGD (Nesterov) momentum")
     g.add_argument("--weight_decay", type=float, default=d.weight_decay, help="L2 weight decay")
-    g = p.add_argument_group("model")
+
+
+def _model_flags(g, d: Config) -> None:
     g.add_argument("--normalization", default=d.normalization, choices=list(NORMALIZATIONS),
                    help="norm after every 3x3x3 convolution (the benchmark uses instancenorm)")
     g.add_argument("--activation", default=d.activation, choices=list(ACTIVATIONS),
@@ -211,13 +201,17 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--filters", nargs="+", type=int, default=list(d.filters),
                    help="(new) channel widths; the default is the benchmark's model")
     g.add_argument("--include_background", action="store_true", help="count background in the Dice loss")
-    g = p.add_argument_group("augmentation and evaluation")
+
+
+def _augmentation_and_evaluation_flags(g, d: Config) -> None:
     g.add_argument("--oversampling", type=float, default=d.oversampling,
                    help="probability of a foreground-centred crop")
     g.add_argument("--overlap", type=float, default=d.overlap, help="sliding-window overlap in [0, 1)")
-    g.add_argument("--sw_batch_size", type=_positive_int, default=d.sw_batch_size,
+    g.add_argument("--sw_batch_size", type=positive_int, default=d.sw_batch_size,
                    help="(new) sliding windows per forward pass (same result, faster)")
-    g = p.add_argument_group("speed")
+
+
+def _speed_flags(g, d: Config) -> None:
     g.add_argument("--amp", action="store_true", help="mixed precision (autocast)")
     g.add_argument("--amp_dtype", default=d.amp_dtype, choices=["auto", "fp16", "bf16"],
                    help="(new) autocast type; auto = fp16 + grad scaler on CUDA, bf16 on CPU")
@@ -227,14 +221,18 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--fused_optimizer", action="store_true", help="(new) fused optimizer step where supported")
     g.add_argument("--cudnn_benchmark", action="store_true", help="let cuDNN pick the fastest kernels")
     g.add_argument("--cudnn_deterministic", action="store_true", help="deterministic cuDNN kernels")
-    g = p.add_argument_group("MLPerf submission metadata (new)")
+
+
+def _submission_flags(g, d: Config) -> None:
     g.add_argument("--submission_org", default=d.submission_org, help="MLPerf submitter")
     g.add_argument("--submission_platform", default=d.submission_platform, help="MLPerf system name")
     g.add_argument("--submission_division", default=d.submission_division, choices=["closed", "open"],
                    help="MLPerf division")
     g.add_argument("--submission_status", default=d.submission_status,
                    choices=["onprem", "cloud", "preview", "research"], help="MLPerf system status")
-    g = p.add_argument_group("predict (new)")
+
+
+def _predict_flags(g, d: Config) -> None:
     g.add_argument("--input", default=d.input,
                    help="(new) predict: a .nii/.nii.gz CT scan, a folder of them, or a KiTS19 tree")
     g.add_argument("--output_dir", default=d.output_dir,
@@ -248,12 +246,9 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     g.add_argument("--int8", action="store_true",
                    help="(new) predict on a CPU: 3x3x3 convolutions in int8 (oneDNN, VNNI), channels-last; "
                         "faster, with 8-bit rounding in the logits (docs/performance.md)")
-    add_backend_flags(p, d)
-    return p
 
 
-def add_backend_flags(p: argparse.ArgumentParser, d: Config) -> None:
-    g = p.add_argument_group("inference backend (new)")
+def _backend_flags(g, d: Config) -> None:
     g.add_argument("--backend", default=d.backend, choices=["auto", "torch", "openvino"],
                    help="(new) predict and evaluate: who runs the network's windows. auto: OpenVINO on the "
                         "CPU when installed (pip install -r requirements-openvino.txt), else PyTorch; with "
@@ -261,6 +256,32 @@ def add_backend_flags(p: argparse.ArgumentParser, d: Config) -> None:
     g.add_argument("--max_memory_gb", type=float, default=d.max_memory_gb,
                    help="(new) predict: lower the window batch so the estimated peak memory fits this "
                         "many GB (0: the memory available at start)")
+
+
+# The command line, one argparse group per entry, in the order ``--help`` shows them.
+FLAG_GROUPS = (
+    ("data and files", _data_flags),
+    ("process", _process_flags),
+    ("schedule", _schedule_flags),
+    ("shapes", _shape_flags),
+    ("optimisation", _optimisation_flags),
+    ("model", _model_flags),
+    ("augmentation and evaluation", _augmentation_and_evaluation_flags),
+    ("speed", _speed_flags),
+    ("MLPerf submission metadata (new)", _submission_flags),
+    ("predict (new)", _predict_flags),
+    ("inference backend (new)", _backend_flags),
+)
+
+
+def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description="3D U-Net on KiTS19 (MLPerf Training image "
+                           "segmentation): train, evaluate and benchmark.",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    defaults = Config()
+    for title, add_flags in FLAG_GROUPS:
+        add_flags(parser.add_argument_group(title), defaults)
+    return parser
 
 
 def cuda_available() -> bool:
@@ -278,84 +299,137 @@ def checkpoint_path_problem(path: str, flag: str) -> str:
     return f"{flag} {path!r} is a folder; give the checkpoint file{hint}"
 
 
-def validate(cfg: Config) -> list[str]:
-    """Every problem with ``cfg``, as one message each naming the flag."""
-    errors = []
+def _problems(*checks: tuple[bool, str]) -> list[str]:
+    """The messages of the failed ``(ok, message)`` checks, in order."""
+    return [message for ok, message in checks if not ok]
 
-    def check(ok: bool, message: str):
-        if not ok:
-            errors.append(message)
 
-    check(cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}")
+def _count_errors(cfg: Config) -> list[str]:
+    """Epochs, workers, warm-up and evaluation schedule: counts of every mode."""
+    errors = _problems((cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}"))
     for name in ("num_workers", "prefetch", "warmup_steps", "lr_warmup_epochs"):
-        check(getattr(cfg, name) >= 0, f"--{name} must be >= 0, got {getattr(cfg, name)}")
+        errors += _problems((getattr(cfg, name) >= 0, f"--{name} must be >= 0, got {getattr(cfg, name)}"))
     for name in ("evaluate_every", "start_eval_at"):
         value = getattr(cfg, name)
-        check(value is None or value >= 1, f"--{name} must be >= 1, got {value}")
-    for name in ("input_shape", "val_input_shape"):
-        shape = getattr(cfg, name)
-        check(len(shape) == 3, f"--{name} needs 3 sizes, got {len(shape)}")
-        check(all(s > 0 and s % SHAPE_DIVISOR == 0 for s in shape),
-              f"--{name} sizes must be positive multiples of {SHAPE_DIVISOR}, got {list(shape)}")
-    if cfg.normalization == "instancenorm" and cfg.is_train and len(cfg.input_shape) == 3:
-        bottleneck = [s // SHAPE_DIVISOR for s in cfg.input_shape]
-        check(bottleneck[0] * bottleneck[1] * bottleneck[2] > 1,
-              f"--input_shape {list(cfg.input_shape)} leaves a single bottleneck voxel, which instance "
-              f"norm cannot normalise in training: use at least one size >= 64 or --normalization batchnorm")
-    check(len(cfg.filters) == 5 and all(f > 0 for f in cfg.filters),
-          f"--filters needs 5 positive widths, got {list(cfg.filters)}")
-    check(0.0 <= cfg.overlap < 1.0, f"--overlap must be in [0, 1), got {cfg.overlap}")
-    check(0.0 <= cfg.oversampling <= 1.0, f"--oversampling must be in [0, 1], got {cfg.oversampling}")
-    check(all(0.0 <= b < 1.0 for b in cfg.lamb_betas),
-          f"--lamb_betas must be in [0, 1), got {list(cfg.lamb_betas)}")
-    check(0.0 <= cfg.momentum < 1.0, f"--momentum must be in [0, 1), got {cfg.momentum}")
-    check(cfg.learning_rate > 0, f"--learning_rate must be > 0, got {cfg.learning_rate}")
-    check(cfg.init_learning_rate >= 0, f"--init_learning_rate must be >= 0, got {cfg.init_learning_rate}")
-    check(cfg.weight_decay >= 0, f"--weight_decay must be >= 0, got {cfg.weight_decay}")
-    check(cfg.lr_decay_factor > 0, f"--lr_decay_factor must be > 0, got {cfg.lr_decay_factor}")
-    check(all(e >= 1 for e in cfg.lr_decay_epochs),
-          f"--lr_decay_epochs must be >= 1, got {list(cfg.lr_decay_epochs)}")
-    check(0.0 < cfg.quality_threshold <= 1.0,
-          f"--quality_threshold must be in (0, 1], got {cfg.quality_threshold}")
-    check(-1 <= cfg.seed < 2**63, f"--seed must be -1 (random) or in [0, 2^63), got {cfg.seed}")
-    check(cfg.local_rank >= 0, f"--local_rank must be >= 0, got {cfg.local_rank}")
-    if cfg.loader == "pytorch" and cfg.exec_mode != "predict":
-        check(os.path.isdir(cfg.data_dir), f"--data_dir {cfg.data_dir!r} does not exist or is not a folder")
-    if cfg.exec_mode == "evaluate" and not cfg.benchmark:
-        check(bool(cfg.load_ckpt_path), "--exec_mode evaluate needs --load_ckpt_path")
-    if cfg.load_ckpt_path:
-        check(os.path.isfile(cfg.load_ckpt_path), checkpoint_path_problem(cfg.load_ckpt_path, "--load_ckpt_path"))
-    if cfg.resume:
-        check(bool(cfg.save_ckpt_path), "--resume needs --save_ckpt_path (the checkpoint to continue)")
-    if cfg.device == "cuda":
-        check(cuda_available(), "--device cuda: no CUDA or ROCm GPU is visible here; use --device cpu or auto")
-    check(cfg.ckpt_every_epochs >= 0, f"--ckpt_every_epochs must be >= 0, got {cfg.ckpt_every_epochs}")
-    check(cfg.ckpt_every_minutes >= 0, f"--ckpt_every_minutes must be >= 0, got {cfg.ckpt_every_minutes}")
-    if cfg.exec_mode == "predict":
-        for name in ("load_ckpt_path", "input", "output_dir"):
-            check(bool(getattr(cfg, name)), f"--exec_mode predict needs --{name}")
-        check(not cfg.input or os.path.exists(cfg.input), f"--input {cfg.input!r} does not exist")
-        check(not cfg.benchmark, "--benchmark does not apply to --exec_mode predict "
-                                 "(benchmarks/bench_predict.py times it)")
-        check(not (cfg.int8 and cfg.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu")
-        check(not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them")
-        check(not (cfg.int8 and cfg.compile), "--int8 runs eagerly (its oneDNN int8 calls recompile under "
-                                               "torch.compile for every shape): drop --compile")
-    else:
-        check(not cfg.int8, "--int8 applies to --exec_mode predict only (evaluation scores the model as trained)")
-    errors += backend_errors(cfg)
+        errors += _problems((value is None or value >= 1, f"--{name} must be >= 1, got {value}"))
     return errors
 
 
-def backend_errors(cfg: Config) -> list[str]:
-    """Problems with --backend and --max_memory_gb (the machine-dependent ones come later)."""
+def _shape_errors(cfg: Config) -> list[str]:
+    """Patch and window sizes the network can take, and its channel widths."""
     errors = []
-    if cfg.backend == "openvino" and cfg.exec_mode == "train":
-        errors.append("--backend openvino applies to --exec_mode predict and evaluate; training runs PyTorch")
-    if cfg.backend == "openvino" and cfg.benchmark:
-        errors.append("--backend openvino does not apply to --benchmark (it times PyTorch)")
-    if not cfg.max_memory_gb >= 0:
-        errors.append(f"--max_memory_gb must be >= 0, got {cfg.max_memory_gb}")
+    for name in ("input_shape", "val_input_shape"):
+        shape = getattr(cfg, name)
+        errors += _problems(
+            (len(shape) == 3, f"--{name} needs 3 sizes, got {len(shape)}"),
+            (all(s > 0 and s % SHAPE_DIVISOR == 0 for s in shape),
+             f"--{name} sizes must be positive multiples of {SHAPE_DIVISOR}, got {list(shape)}"))
+    if cfg.is_train:
+        errors += _training_shape_errors(cfg)
+    levels = len(DEFAULT_FILTERS)
+    errors += _problems((len(cfg.filters) == levels and all(f > 0 for f in cfg.filters),
+                         f"--filters needs {levels} positive widths, got {list(cfg.filters)}"))
+    return errors
+
+
+def _training_shape_errors(cfg: Config) -> list[str]:
+    """Training normalises each sample's bottleneck: instance norm needs more than one voxel there."""
+    if cfg.normalization != "instancenorm" or len(cfg.input_shape) != 3:
+        return []
+    bottleneck = [s // SHAPE_DIVISOR for s in cfg.input_shape]
+    return _problems((bottleneck[0] * bottleneck[1] * bottleneck[2] > 1,
+                      f"--input_shape {list(cfg.input_shape)} leaves a single bottleneck voxel, which "
+                      f"instance norm cannot normalise in training: use at least one size >= 64 or "
+                      f"--normalization batchnorm"))
+
+
+def _range_errors(cfg: Config) -> list[str]:
+    """Values with a range: sampling, optimiser, target, seed, rank, memory limit."""
+    return _problems(
+        (0.0 <= cfg.overlap < 1.0, f"--overlap must be in [0, 1), got {cfg.overlap}"),
+        (0.0 <= cfg.oversampling <= 1.0, f"--oversampling must be in [0, 1], got {cfg.oversampling}"),
+        (all(0.0 <= b < 1.0 for b in cfg.lamb_betas),
+         f"--lamb_betas must be in [0, 1), got {list(cfg.lamb_betas)}"),
+        (0.0 <= cfg.momentum < 1.0, f"--momentum must be in [0, 1), got {cfg.momentum}"),
+        (cfg.learning_rate > 0, f"--learning_rate must be > 0, got {cfg.learning_rate}"),
+        (cfg.init_learning_rate >= 0, f"--init_learning_rate must be >= 0, got {cfg.init_learning_rate}"),
+        (cfg.weight_decay >= 0, f"--weight_decay must be >= 0, got {cfg.weight_decay}"),
+        (cfg.lr_decay_factor > 0, f"--lr_decay_factor must be > 0, got {cfg.lr_decay_factor}"),
+        (all(e >= 1 for e in cfg.lr_decay_epochs),
+         f"--lr_decay_epochs must be >= 1, got {list(cfg.lr_decay_epochs)}"),
+        (0.0 < cfg.quality_threshold <= 1.0,
+         f"--quality_threshold must be in (0, 1], got {cfg.quality_threshold}"),
+        (-1 <= cfg.seed < 2**63, f"--seed must be -1 (random) or in [0, 2^63), got {cfg.seed}"),
+        (cfg.local_rank >= 0, f"--local_rank must be >= 0, got {cfg.local_rank}"),
+        (cfg.max_memory_gb >= 0, f"--max_memory_gb must be >= 0, got {cfg.max_memory_gb}"))
+
+
+def _file_and_device_errors(cfg: Config) -> list[str]:
+    """Paths that must exist, checkpoints, and a CUDA device when asked for."""
+    errors = []
+    if cfg.loader == "pytorch" and cfg.exec_mode != "predict":
+        errors += _problems((os.path.isdir(cfg.data_dir),
+                             f"--data_dir {cfg.data_dir!r} does not exist or is not a folder"))
+    if cfg.load_ckpt_path:
+        errors += _problems((os.path.isfile(cfg.load_ckpt_path),
+                             checkpoint_path_problem(cfg.load_ckpt_path, "--load_ckpt_path")))
+    if cfg.resume:
+        errors += _problems((bool(cfg.save_ckpt_path),
+                             "--resume needs --save_ckpt_path (the checkpoint to continue)"))
+    if cfg.device == "cuda":
+        errors += _problems((cuda_available(),
+                             "--device cuda: no CUDA or ROCm GPU is visible here; use --device cpu or auto"))
+    return errors + _problems(
+        (cfg.ckpt_every_epochs >= 0, f"--ckpt_every_epochs must be >= 0, got {cfg.ckpt_every_epochs}"),
+        (cfg.ckpt_every_minutes >= 0, f"--ckpt_every_minutes must be >= 0, got {cfg.ckpt_every_minutes}"))
+
+
+def _int8_errors(cfg: Config) -> list[str]:
+    return _problems((not cfg.int8,
+                      "--int8 applies to --exec_mode predict only (evaluation scores the model as trained)"))
+
+
+def _train_errors(cfg: Config) -> list[str]:
+    return _int8_errors(cfg) + _problems(
+        (cfg.backend != "openvino", "--backend openvino applies to --exec_mode predict and evaluate; "
+                                    "training runs PyTorch"))
+
+
+def _evaluate_errors(cfg: Config) -> list[str]:
+    needs_checkpoint = _problems((cfg.benchmark or bool(cfg.load_ckpt_path),
+                                  "--exec_mode evaluate needs --load_ckpt_path"))
+    return needs_checkpoint + _int8_errors(cfg)
+
+
+def _predict_errors(cfg: Config) -> list[str]:
+    errors = _problems(*((bool(getattr(cfg, name)), f"--exec_mode predict needs --{name}")
+                         for name in ("load_ckpt_path", "input", "output_dir")))
+    return errors + _problems(
+        (not cfg.input or os.path.exists(cfg.input), f"--input {cfg.input!r} does not exist"),
+        (not cfg.benchmark, "--benchmark does not apply to --exec_mode predict "
+                            "(benchmarks/bench_predict.py times it)"),
+        (not (cfg.int8 and cfg.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu"),
+        (not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them"),
+        (not (cfg.int8 and cfg.compile), "--int8 runs eagerly (its oneDNN int8 calls recompile under "
+                                         "torch.compile for every shape): drop --compile"))
+
+
+def _benchmark_errors(cfg: Config) -> list[str]:
+    return _problems((cfg.backend != "openvino",
+                      "--backend openvino does not apply to --benchmark (it times PyTorch)"))
+
+
+# The checks of each --exec_mode, after those every mode shares.
+MODE_ERRORS = {"train": _train_errors, "evaluate": _evaluate_errors, "predict": _predict_errors}
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every problem with ``cfg``, as one message each naming the flag: the checks every mode
+    shares, then those of ``cfg.exec_mode``, then those of ``--benchmark``."""
+    errors = _count_errors(cfg) + _shape_errors(cfg) + _range_errors(cfg) + _file_and_device_errors(cfg)
+    errors += MODE_ERRORS[cfg.exec_mode](cfg)
+    if cfg.benchmark:
+        errors += _benchmark_errors(cfg)
     return errors
 
 

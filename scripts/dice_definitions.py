@@ -35,11 +35,12 @@ from data_loading import preprocessing as pp  # noqa: E402
 from data_loading import synthetic  # noqa: E402
 from data_loading.scans import crop_padding, labels_in_original_grid, scan_geometry  # noqa: E402
 from model.losses import label_map_dice  # noqa: E402
+from model.unet3d import N_CLASSES  # noqa: E402
 
 
 def one_hot(labels: np.ndarray) -> torch.Tensor:
-    """(D, H, W) labels -> (3, D, H, W) float."""
-    return F.one_hot(torch.from_numpy(labels.astype(np.int64)), 3).permute(3, 0, 1, 2).float()
+    """(D, H, W) labels -> (N_CLASSES, D, H, W) float."""
+    return F.one_hot(torch.from_numpy(labels.astype(np.int64)), N_CLASSES).permute(3, 0, 1, 2).float()
 
 
 def resampled_like_the_image(label: np.ndarray, shape) -> np.ndarray:

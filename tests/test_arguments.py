@@ -115,3 +115,39 @@ def test_int8_combinations_for_predict(tmp_path):
     for change, named in ((dict(compile=True), "--compile"), (dict(amp=True), "--amp")):
         messages = [m for m in validate(dataclasses.replace(base, **change)) if "--int8" in m]
         assert len(messages) == 1 and named in messages[0], messages
+
+
+def test_every_exec_mode_has_its_checks():
+    """A mode added to --exec_mode's choices without its entry in MODE_ERRORS fails here."""
+    from runtime.arguments import MODE_ERRORS
+
+    modes = next(a.choices for a in build_parser()._actions if a.dest == "exec_mode")
+    assert set(MODE_ERRORS) == set(modes)
+
+
+def test_mode_checks_stay_in_their_mode(tmp_path):
+    """Predict's requirements bind predict only; evaluate's checkpoint, evaluate only."""
+    from runtime.arguments import validate
+
+    train = Config(data_dir=str(tmp_path))
+    assert validate(train) == []
+    assert validate(dataclasses.replace(train, exec_mode="evaluate")) == [
+        "--exec_mode evaluate needs --load_ckpt_path"]
+    assert validate(dataclasses.replace(train, exec_mode="predict")) == [
+        f"--exec_mode predict needs --{name}" for name in ("load_ckpt_path", "input", "output_dir")]
+
+
+@pytest.mark.parametrize("command, flag, value, message", [
+    ([sys.executable, "main.py", "--data_dir", "."], "--batch_size", "0", "must be >= 1, got 0"),
+    ([sys.executable, "main.py", "--data_dir", "."], "--sw_batch_size", "x", "expected an integer, got 'x'"),
+    ([sys.executable, "preprocess_dataset.py", "--results_dir", "out"], "--num_workers", "0",
+     "must be >= 1, got 0"),
+    ([sys.executable, "-m", "data_loading.synthetic", "--output_dir", "out"], "--start_id", "-2",
+     "must be >= 0, got -2"),
+])
+def test_integer_flags_of_every_command_line(command, flag, value, message):
+    """main.py, preprocess_dataset.py and data_loading.synthetic share one parser and integer
+    types: a bad integer is one line naming the flag, and exit 2."""
+    proc = subprocess.run(command + [flag, value], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and f"argument {flag}: {message}" in proc.stderr

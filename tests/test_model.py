@@ -106,3 +106,21 @@ def test_plain_activation_has_no_copy_nodes_and_same_gradients(activation):
     assert torch.equal(results[False][1], results[True][1])
     assert all(torch.equal(a, b) for a, b in zip(results[False][2], results[True][2]))
     assert not any(getattr(m, "inplace", False) for m in Unet3D(1, 3, activation=activation).modules())
+
+
+@pytest.mark.parametrize("levels", [2, 3, 5])
+def test_shape_divisor_leaves_one_bottleneck_voxel(levels):
+    """An input of ``shape_divisor(filters)`` voxels per axis reaches the bottleneck as one voxel
+    (seen by a hook, not computed), and the benchmark's model has ``SHAPE_DIVISOR``, the
+    multiple main.py checks --input_shape against."""
+    from model.unet3d import SHAPE_DIVISOR, shape_divisor
+
+    filters = (2,) * levels
+    model = Unet3D(normalization="batchnorm", filters=filters).eval()
+    seen = []
+    model.bottleneck.register_forward_hook(lambda module, args, out: seen.append(out.shape[2:]))
+    size = shape_divisor(filters)
+    with torch.no_grad():
+        out = model(torch.randn(1, 1, size, size, size))
+    assert tuple(seen[0]) == (1, 1, 1) and out.shape == (1, 3, size, size, size)
+    assert Unet3D().divisor == SHAPE_DIVISOR == shape_divisor(DEFAULT_FILTERS)

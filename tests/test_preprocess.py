@@ -530,3 +530,9 @@ def test_an_error_in_a_worker_process_is_one_line_too(tmp_path, capsys):
     assert code != 0 and "Traceback" not in captured.out + captured.err
     assert captured.err.splitlines() == [
         "preprocess_dataset.py: error: case_00001: label values outside {0, 1, 2}: 3"]
+
+def test_label_values_are_the_models_classes():
+    """Preprocessing keeps its own label set (it starts without torch); it must be the model's."""
+    from model.unet3d import N_CLASSES
+
+    assert pp.LABEL_VALUES == tuple(range(N_CLASSES))

@@ -1,0 +1,27 @@
+"""What a data source gives the runtime: a summary before anything is built, then this rank's loaders.
+
+``data_loading.data_loader.data_source(config)`` picks the source: the preprocessed folder
+(``PreprocessedData``) or random tensors (``SyntheticData``, ``--loader synthetic``); tests pass
+their own. Each source imports this module and neither imports the other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What the runtime must know of a dataset before it builds anything."""
+
+    num_train: int  # training cases
+    num_eval: int  # evaluation cases
+    train_bytes: int = 0  # the training volumes in memory (image float32 + label uint8)
+
+
+class DataSource(Protocol):
+    def summary(self, config) -> DataSummary:
+        """Checks the data once (raises ``DataError``, one line) and counts it."""
+
+    def loaders(self, config, num_shards: int, global_rank: int, device: Any = None) -> tuple:
+        """``(train_loader, val_loader)`` of this rank (see ``data_loading.data_loader``)."""
