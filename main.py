@@ -1,4 +1,4 @@
-"""3D U-Net on KiTS19 (MLPerf Training image segmentation): train, evaluate, benchmark.
+"""3D U-Net on KiTS19 (MLPerf Training image segmentation): train, evaluate, benchmark, predict.
 
 Parse, build, run, tear down; see README.md for usage and every flag.
 """

@@ -276,7 +276,7 @@ FLAG_GROUPS = (
 
 def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description="3D U-Net on KiTS19 (MLPerf Training image "
-                           "segmentation): train, evaluate and benchmark.",
+                           "segmentation): train, evaluate, benchmark and predict.",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     defaults = Config()
     for title, add_flags in FLAG_GROUPS:

@@ -11,7 +11,7 @@ import torch
 
 from model.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
 from model.losses import DiceCELoss, DiceScore
-from model.unet3d import Unet3D
+from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
@@ -60,7 +60,7 @@ def configure_backends(config: Config, device: torch.device) -> None:
 
 
 def build_model(config: Config, device: torch.device, distributed: bool = False) -> torch.nn.Module:
-    model = Unet3D(1, 3, normalization=config.normalization, activation=config.activation,
+    model = Unet3D(IN_CHANNELS, N_CLASSES, normalization=config.normalization, activation=config.activation,
                    filters=config.filters)
     if config.normalization == "syncbatchnorm" and distributed:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)

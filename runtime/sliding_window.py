@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from scipy.signal import windows
 
 from data_loading.windows import window_geometry
+from model.unet3d import N_CLASSES
 
 PAD_VALUE = -2.2  # the reference's constant (near, not equal to, (-79 - 101.0) / 76.9 = -2.34)
 
@@ -29,7 +30,7 @@ def gaussian_importance_map(roi: Sequence[int], device=None, dtype=torch.float32
 
 def sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor,
                              roi: Sequence[int], overlap: float, sw_batch_size: int = 1,
-                             n_class: int = 3, pad_value: float = PAD_VALUE) -> torch.Tensor:
+                             n_class: int = N_CLASSES, pad_value: float = PAD_VALUE) -> torch.Tensor:
     """Gaussian-weighted sliding-window logits of one volume.
 
     ``image`` (1, C, D, H, W) float. Returns the logits (1, n_class, D', H', W') float32 of the

@@ -1,4 +1,4 @@
-"""Never lose a run (issue 11): every kind of bad input or fault is one line, named, with a
+"""Never lose a run: every kind of bad input or fault is one line, named, with a
 non-zero exit and nothing earlier lost. docs/reliability.md lists them with what a user sees."""
 import errno
 import os
