@@ -15,7 +15,7 @@ from runtime.backend import evaluation_components
 from runtime.benchmark import benchmark_evaluate, benchmark_train
 from runtime.build import Components, build_components
 from runtime.memory import reuse_freed_memory
-from runtime.logging import METRICS_LOG_NAME, MLPERF_LOG_NAME, MetricsWriter, MLPerfLogger
+from runtime.run_log import METRICS_LOG_NAME, MLPERF_LOG_NAME, MetricsWriter, MLPerfLogger
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.outputs import (RunLock, check_output_dir, check_output_file, checkpoint_lock, keep_previous,
                              remove_if_empty)

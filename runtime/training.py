@@ -18,7 +18,7 @@ from runtime import distributed as D
 from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.inference import evaluate
-from runtime.logging import MetricsWriter, MLPerfLogger
+from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
 from runtime.signals import PreemptionFlag

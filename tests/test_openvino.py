@@ -348,7 +348,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     from model.losses import DiceCELoss, DiceScore
     from runtime.backend import evaluation_components
     from runtime.inference import evaluate
-    from runtime.logging import MetricsWriter
+    from runtime.run_log import MetricsWriter
     from runtime.training import Reporters
 
     @dataclasses.dataclass

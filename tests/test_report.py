@@ -1,6 +1,6 @@
 """runtime.report on synthetic run folders whose numbers are known.
 
-The log files are written here by hand in the formats runtime/logging.py writes (log.json: one
+The log files are written here by hand in the formats runtime/run_log.py writes (log.json: one
 JSON object per line; unet3d.log: ``:::MLLOG {json}`` lines), with chosen times and values, so
 every number in the summary has a known answer. The compliance verdict is the official checker's
 (mlperf_logging), and the olympic score is compared with mlperf_logging's own result summarizer.
