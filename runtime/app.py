@@ -15,7 +15,8 @@ from runtime.backend import evaluation_components
 from runtime.benchmark import benchmark_evaluate, benchmark_train
 from runtime.build import Components, build_components
 from runtime.memory import reuse_freed_memory
-from runtime.run_log import METRICS_LOG_NAME, MLPERF_LOG_NAME, MetricsWriter, MLPerfLogger
+from runtime.run_files import BACKEND, EVAL, METRICS_LOG, MLPERF_LOG, RESULT, resumed_log_name
+from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.outputs import (RunLock, check_output_dir, check_output_file, checkpoint_lock, keep_previous,
                              remove_if_empty)
@@ -74,9 +75,9 @@ def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preemp
     mlperf_on = main and config.is_train and not config.benchmark
     # One MLPerf log holds one run: a resumed run (a new attempt) writes a file of its own, and
     # a new run keeps the previous log under another name.
-    name = f"unet3d.resumed-{time.strftime('%Y%m%d-%H%M%S')}.log" if resuming else None
+    name = resumed_log_name() if resuming else None
     if mlperf_on and not resuming:
-        for log_name in (MLPERF_LOG_NAME, METRICS_LOG_NAME):
+        for log_name in (MLPERF_LOG, METRICS_LOG):
             kept = keep_previous(os.path.join(config.log_dir, log_name))
             if kept:
                 print(f"kept the previous run's {log_name} as {kept}")
@@ -176,8 +177,8 @@ def run_evaluate(components: Components, out: Reporters, saved: ckpt.Saved | Non
         out.say(f"weights: {ckpt.weights_description(saved.checkpoint)} of {saved.path}")
     for line in explain_scores(cases):
         out.say(line)
-    out.metrics.write("backend", backend=backend.backend, why=backend.why)
-    out.metrics.write("eval", epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
+    out.metrics.write(BACKEND, backend=backend.backend, why=backend.why)
+    out.metrics.write(EVAL, epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
     if out.is_main:
         path = write_case_scores(components.config.log_dir, cases)
         out.say(f"per-case Dice: {path}")
@@ -198,7 +199,7 @@ def run_train(components: Components, out: Reporters) -> int:
     mlperf_status = "success" if result.status == "success" else "aborted"
     out.mlperf.end(C.RUN_STOP, metadata={"status": mlperf_status, "epoch_num": result.epoch})
     # MLPerf knows success and aborted only; the report tells a run that ran its --epochs apart
-    out.metrics.write("result", status=result.status, epoch=result.epoch, epochs=cfg.epochs)
+    out.metrics.write(RESULT, status=result.status, epoch=result.epoch, epochs=cfg.epochs)
     out.say(f"RESULT,image_segmentation,{cfg.seed},{time.time() - run_start:.1f},{result.status},"
             f"best_mean_dice={result.best_mean_dice:.4f},epochs={result.epoch}")
     sys.stdout.flush()

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from model.layers import ACTIVATIONS, NORMALIZATIONS
 from model.unet3d import DEFAULT_FILTERS
+from runtime.run_files import QUALITY_THRESHOLD
 
 SHAPE_DIVISOR = 32  # 2 ** (number of down-sampling stages incl. the bottleneck)
 
@@ -45,7 +46,7 @@ class Config:
     plot: bool = False
     # schedule
     epochs: int = 1
-    quality_threshold: float = 0.908
+    quality_threshold: float = QUALITY_THRESHOLD
     ga_steps: int = 1
     warmup_steps: int = 4
     batch_size: int = 2

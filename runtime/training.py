@@ -18,13 +18,13 @@ from runtime import distributed as D
 from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.inference import evaluate
+from runtime.run_files import DIVERGED_DICE, EVAL, TRAIN
 from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
 from runtime.signals import PreemptionFlag
 
 PREEMPT_CHECK_EVERY = 8  # steps between collective pre-emption checks when world size > 1
-DIVERGED_DICE = 1e-6  # a mean Dice below this after an evaluation means the run diverged
 
 
 @dataclass
@@ -231,7 +231,7 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
     state = components.state
     metrics = run_evaluation(components, out, epoch)
     state.last_eval = metrics
-    out.metrics.write("eval", epoch=epoch, **metrics)
+    out.metrics.write(EVAL, epoch=epoch, **metrics)
     if out.curves is not None:
         out.curves.request()  # drawn in a background thread: the next step does not wait
     out.say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} (kidney {metrics['l1_dice']:.4f}, "
@@ -245,7 +245,7 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
 def report_epoch(components: Components, out: Reporters, epoch: int, result: EpochResult) -> None:
     lr = components.optimizer.param_groups[0]["lr"]
     out.mlperf.end(C.EPOCH_STOP, metadata={"epoch_num": epoch})
-    out.metrics.write("train", epoch=epoch, loss=result.mean_loss, lr=lr, throughput=result.throughput)
+    out.metrics.write(TRAIN, epoch=epoch, loss=result.mean_loss, lr=lr, throughput=result.throughput)
     out.say(f"epoch {epoch}/{components.config.epochs}  loss {result.mean_loss:.4f}  lr {lr:.3g}  "
             f"{result.throughput:.2f} samples/s")
 
