@@ -83,7 +83,7 @@ def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preemp
                 print(f"kept the previous run's {log_name} as {kept}")
     curves = None
     if config.plot and mlperf_on:
-        from runtime.report import CurvePlotter
+        from runtime.report.plotter import CurvePlotter
 
         curves = CurvePlotter(config.log_dir, config.quality_threshold)
     return Reporters(

@@ -36,7 +36,7 @@ class Reporters:
     progress: Callable = lambda it, **_: it
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
     is_main: bool = True
-    curves: object | None = None  # a runtime.report.CurvePlotter with --plot (rank 0)
+    curves: object | None = None  # a runtime.report.plotter.CurvePlotter with --plot (rank 0)
 
     def say(self, *args, **kwargs) -> None:
         if self.is_main:
