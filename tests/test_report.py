@@ -296,6 +296,17 @@ def test_checkpoint_evaluation_is_not_a_curve_point(tmp_path):
     assert run_outcome(run) == "no MLPerf log"
 
 
+def test_the_command_keeps_trainings_result_a_run_that_ran_its_epochs_is_finished(tmp_path):
+    """MLPerf's run_stop says aborted; training's result record in log.json says finished, and the
+    report's summary (not only load_run) says so too."""
+    records = [train_record(1), train_record(2), eval_record(2, 0.4),
+               {"time": T0 + 30, "kind": "result", "status": "finished", "epoch": 2, "epochs": 2}]
+    folder = write_run(tmp_path / "run", records, mlperf_lines(T0_MS, T0_MS + 30_000, "aborted"))
+    result = make_report([str(folder)], str(tmp_path / "out"), check=False, draw=False, say=lambda line: None)
+    assert [s.status for s in result["runs"]] == ["finished"]
+    assert json.loads(Path(result["summary_json"]).read_text())["runs"][0]["status"] == "finished"
+
+
 def test_sweep_folders_expand_and_labels_are_unique(tmp_path):
     good_run(tmp_path / "sweep" / "lr0.4" / "results", 60, seed=1)
     good_run(tmp_path / "sweep" / "lr0.8" / "results", 60, seed=2)

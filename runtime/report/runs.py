@@ -11,6 +11,7 @@ missing.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -280,4 +281,4 @@ def collect_runs(paths: Iterable[str]) -> tuple[list[Run], list[str]]:
     runs = [load_run(f) for f in folders]
     seeds = [next((a.seed for a in run.attempts if a.seed is not None), None) for run in runs]
     labels = run_labels(folders, seeds)
-    return [Run(r.folder, label, r.train, r.evals, r.attempts, r.notes) for r, label in zip(runs, labels)], empty
+    return [dataclasses.replace(run, label=label) for run, label in zip(runs, labels)], empty
