@@ -5,8 +5,8 @@ Variants (``--variants``, default all):
 
 * ``reference``: **the project's copy of the reference's way** (not the MLCommons code, which is
   not available here): PyTorch fp32, NCDHW, one window per forward under ``torch.no_grad``,
-  glibc's allocator (no memory reuse), through the predict code (``runtime.predict.run_predict``
-  called without ``main.py``'s memory reuse), ``--backend torch --sw_batch_size 1``;
+  glibc's allocator (no memory reuse), through the predict code (``runtime.app.run`` with the
+  memory reuse switched off), ``--backend torch --sw_batch_size 1``;
 * ``torch_fp32``: ``main.py --exec_mode predict --backend torch --channels_last`` (PyTorch's
   fastest exact path: layout-preserving norms, memory reuse, 2 windows per forward);
 * ``torch_int8``: ``--backend torch --int8`` (oneDNN int8 convolutions, dynamic ranges);
@@ -84,10 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_reference_child(argv: list[str]) -> int:
     """The ``reference`` variant's process: the predict code without ``main.py``'s memory reuse."""
+    import runtime.app as app
     from runtime.arguments import parse_args
-    from runtime.predict_folder import run_predict
 
-    return run_predict(parse_args(argv))
+    app.reuse_freed_memory = lambda: None  # the reference's process: glibc's allocator as it is
+    return app.run(parse_args(argv))
 
 
 def cpu_line() -> str:
@@ -178,7 +179,7 @@ def window_count(scans: str, roi: int) -> tuple[int, list]:
     """Windows per run (all scans) and the preprocessed shapes, from predict's own geometry."""
     from data_loading.scans import find_scans, preprocess_scan, read_scan
     from data_loading.windows import window_geometry
-    from runtime.predict import cover_padding
+    from runtime.predict.scan import cover_padding
 
     total, shapes = 0, []
     for scan in find_scans(scans):

@@ -1,13 +1,13 @@
 """Sliding-window inference of one volume: the reference's way against the fast paths, in one run.
 
-Variants (all through ``runtime.inference.sliding_window_inference``, overlap 0.5, Gaussian
+Variants (all through ``runtime.sliding_window.sliding_window_inference``, overlap 0.5, Gaussian
 weights, the same model weights and volume):
 
 * ``reference``: what the MLCommons reference does: fp32, NCDHW, one window per forward, under
   ``torch.no_grad`` (also this application's ``evaluate`` at default flags);
 * ``amp_cl``: the application's evaluate levers today: bf16 autocast, channels-last weights,
   ``--sw_batch_size`` windows per forward;
-* ``fast``: ``runtime.inference.fast_predictor``: an inference copy of the model whose instance
+* ``fast``: ``runtime.predictor.build_predictor(..., inference_copy=True)``: an inference copy of the model whose instance
   norms keep the channels-last layout, fp32, under ``torch.inference_mode``;
 * ``fast_int8``: the same with the 3x3x3 convolutions in oneDNN int8 (dynamic per-window
   activation ranges, per-channel weights), float32 output.
@@ -56,11 +56,14 @@ if str(ROOT) not in sys.path:
 from benchmarks.bench_pipeline import write_blob_case  # noqa: E402
 from benchmarks.cpu_isa import isa_line  # noqa: E402
 from data_loading.windows import window_geometry  # noqa: E402
-from model.inference import int8_available  # noqa: E402
+from model.inference_copy import int8_available  # noqa: E402
 from model.losses import DiceScore  # noqa: E402
 from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
-from runtime.inference import fast_predictor, sliding_window_inference  # noqa: E402
-from runtime.flops import flop_count_per_sample  # noqa: E402
+from runtime.predictor import PredictorOptions, build_predictor  # noqa: E402
+from runtime.sliding_window import sliding_window_inference, trim_like_window  # noqa: E402
+
+CPU = torch.device("cpu")
+from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.memory import reuse_freed_memory  # noqa: E402
 
 VARIANTS = ("reference", "amp_cl", "fast", "fast_int8")
@@ -127,15 +130,12 @@ def make_variant(name: str, model: Unet3D, args) -> tuple:
         cl_model = Unet3D(filters=args.filters).eval()
         cl_model.load_state_dict(model.state_dict())
         cl_model = cl_model.to(memory_format=torch.channels_last_3d)
-
-        def predict(x):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return cl_model(x)
-
-        return predict, args.sw_batch_size, torch.no_grad
+        options = PredictorOptions(channels_last=True, amp_dtype="bf16")
+        return build_predictor(cl_model, CPU, options), args.sw_batch_size, torch.no_grad
     if name in ("fast", "fast_int8"):
-        return (fast_predictor(model, channels_last=True, int8=name == "fast_int8"),
-                args.sw_batch_size, torch.inference_mode)
+        options = PredictorOptions(channels_last=True, int8=name == "fast_int8")
+        return (build_predictor(model, CPU, options, inference_copy=True), args.sw_batch_size,
+                torch.inference_mode)
     raise SystemExit(f"bench_inference: unknown variant {name!r}; choose from {VARIANTS}")
 
 
@@ -210,8 +210,9 @@ def run_interleaved(variants: dict, image, label, args) -> tuple[dict, dict]:
         baton.acquire(name)
         try:
             with grad_mode():
-                results[name] = sliding_window_inference(
-                    baton.wrap(name, predict), image, label, (args.roi,) * 3, args.overlap, sw)
+                logits = sliding_window_inference(baton.wrap(name, predict), image, (args.roi,) * 3,
+                                                  args.overlap, sw)
+                results[name] = (logits, trim_like_window(label, (args.roi,) * 3, args.overlap))
         except BaseException as err:  # noqa: BLE001 - reported by the main thread
             errors[name] = err
         finally:

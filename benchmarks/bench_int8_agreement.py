@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.cpu_isa import isa_line  # noqa: E402
 
 # A process that forces the int8 grid, then runs the CLI unchanged.
-FORCED_GRID = ("import sys; sys.path.insert(0, {root!r}); import model.inference as m; "
+FORCED_GRID = ("import sys; sys.path.insert(0, {root!r}); import model.inference_copy as m; "
                "m.int8_grid = lambda: m.{grid}; import main; sys.exit(main.main(sys.argv[1:]))")
 SETTINGS = {"float": ([], None), "int8": (["--int8"], None), "int8-full": (["--int8"], "FULL_GRID"),
             "int8-7bit-weights": (["--int8"], "SEVEN_BIT_WEIGHTS"),

@@ -61,7 +61,7 @@ def child(args) -> None:
     import torch
 
     from model.unet3d import Unet3D
-    from runtime.inference import fast_predictor
+    from runtime.predictor import PredictorOptions, build_predictor
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -72,7 +72,8 @@ def child(args) -> None:
             with torch.no_grad():
                 return model(x)
     else:
-        predict = fast_predictor(model, int8=path == "int8")
+        predict = build_predictor(model, torch.device("cpu"), PredictorOptions(channels_last=True, int8=path == "int8"),
+                                  inference_copy=True)
     x = torch.randn(1, 1, args.roi, args.roi, args.roi)
     result = {}
 

@@ -33,8 +33,14 @@ from data_loading import synthetic  # noqa: E402
 from data_loading.scans import find_scans, preprocess_scan, read_scan  # noqa: E402
 from data_loading.windows import window_geometry  # noqa: E402
 from runtime.arguments import parse_args  # noqa: E402
-from runtime.predict import STAGES, StageTimer, cover_padding, load_predict_model, make_infer, segment_scan  # noqa: E402
-from runtime.flops import flop_count_per_sample  # noqa: E402
+from runtime.checkpoint import saved_for  # noqa: E402
+from runtime.distributed import DistInfo  # noqa: E402
+from runtime.predict.folder import scan_inference  # noqa: E402
+from runtime.predict.scan import STAGES, StageTimer, cover_padding, segment_scan  # noqa: E402
+from runtime.resolve import resolve  # noqa: E402
+
+ONE_PROCESS = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.memory import reuse_freed_memory  # noqa: E402
 
 DEFAULT_SETTINGS = [("fp32", ""), ("channels_last", "--channels_last"), ("int8", "--int8")]
@@ -81,8 +87,9 @@ def main(argv=None) -> int:
                 "--load_ckpt_path", str(ckpt), "--device", "cpu", "--filters", *map(str, args.filters),
                 *shlex.split(flags)]
         config = parse_args(argv)
-        model, config = load_predict_model(config, torch.device("cpu"))
-        infers[name], configs[name] = make_infer(model, config, torch.device("cpu")), config
+        saved = saved_for(config)
+        config = resolve(config, ONE_PROCESS, None, saved)
+        infers[name], configs[name] = scan_inference(config, saved, ONE_PROCESS)
         os.makedirs(config.output_dir, exist_ok=True)
     runs: dict[str, list[dict]] = {name: [] for name, _ in settings}
     for repeat in range(args.repeats):

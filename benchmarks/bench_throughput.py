@@ -1,7 +1,7 @@
 """Training and evaluation throughput: the plain configuration and the optimised ones, in one run.
 
 Training rows (``--benchmark``-style timing of this application's own training step, built with
-``runtime.app`` and ``runtime.training``, on the real data pipeline over synthetic ``.npy``
+``runtime.app`` and ``runtime.training.loop``, on the real data pipeline over synthetic ``.npy``
 volumes written to a temporary folder):
 
 * ``plain``: fp32, NCDHW, memory cache with CPU data workers, eager, no compilation;
@@ -13,12 +13,12 @@ volumes written to a temporary folder):
 
 Columns: samples/s over the timed steps (one host sync at the end), the median step time
 (CUDA events between step launches on the GPU), achieved TFLOP/s from the model's FLOP count
-(``runtime.flops.flop_count_per_sample``: 2.86 TFLOP per 128³ sample forward + backward for the
+(``benchmarks.flops.flop_count_per_sample``: 2.86 TFLOP per 128³ sample forward + backward for the
 default model), its fraction of ``--ceiling_tflops`` (790: dense bf16 on an H200), the peak
 allocated GPU memory, and the largest batch that trains (doubling then bisection, eager step
 of the row's precision and memory format, up to ``--max_batch_limit``).
 
-Evaluation rows: ``--eval_volumes`` volumes of ``--eval_shape`` through ``runtime.inference
+Evaluation rows: ``--eval_volumes`` volumes of ``--eval_shape`` through ``runtime.sliding_window
 .evaluate`` (sliding window, overlap 0.5, loss and Dice included), plain (fp32, one window per
 forward) against bf16 + several windows per forward + channels-last (+ compile on the GPU).
 
@@ -62,10 +62,12 @@ from runtime.build import Components, build_components, build_model  # noqa: E40
 from runtime.compiling import OUT_OF_MEMORY  # noqa: E402
 from runtime.arguments import parse_args  # noqa: E402
 from runtime.graphs import cuda_graphs_supported  # noqa: E402
-from runtime.inference import evaluate, sliding_window_inference  # noqa: E402
-from runtime.flops import flop_count_per_sample  # noqa: E402
+from runtime.evaluation import evaluate  # noqa: E402
+from runtime.predictor import build_predictor, options_from  # noqa: E402
+from runtime.sliding_window import sliding_window_inference  # noqa: E402
+from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.resolve import resolve  # noqa: E402
-from runtime.training import set_learning_rate, step_inputs  # noqa: E402
+from runtime.training.loop import set_learning_rate, step_inputs  # noqa: E402
 
 LEVERS = {
     "bf16": ["--amp", "--amp_dtype", "bf16"],
@@ -462,19 +464,14 @@ def run_eval_row(name: str, flags: list[str], args, argv0: list[str], device: to
         first.close()
         windows_per_volume = window_geometry(image.shape[2:], roi, config.overlap).n_windows
         model.eval()
-
-        def predict(x):
-            with c.autocast():
-                return model(x)
-
+        predict = build_predictor(model, device, options_from(c.config))
         with torch.no_grad():      # warm-up: every window-batch shape once (autotuning, compiling)
-            sliding_window_inference(predict, image.to(device), label.to(device), roi, config.overlap,
-                                     config.sw_batch_size)
+            sliding_window_inference(predict, image.to(device), roi, config.overlap, config.sw_batch_size)
         image = label = None
         synchronize(device)
         start = time.perf_counter()
-        metrics = evaluate(model, val_loader, c.loss_fn, c.score_fn, roi, config.overlap,
-                           config.sw_batch_size, device, c.autocast)
+        metrics = evaluate(predict, val_loader, c.loss_fn, c.score_fn, roi, config.overlap,
+                           config.sw_batch_size, device)
         synchronize(device)
         result.seconds = time.perf_counter() - start
         result.volumes = int(metrics["eval_cases"])

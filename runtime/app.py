@@ -1,65 +1,142 @@
-"""Run a parsed config: check the outputs, start the process group, resolve, build, run the
-chosen mode, tear down."""
+"""One lifecycle for every exec mode.
+
+:func:`run` checks the mode's outputs, starts the process group, installs the signal handlers,
+locks the outputs (rank 0 holds the locks, every rank learns the outcome), runs the mode's body
+(which resolves the config once and builds what it computes with) and tears everything down in
+reverse order; a run refused before it wrote anything leaves no empty folder behind.
+
+A mode is one entry of :data:`MODES` (:class:`Mode`): the outputs it writes, whether a signal
+stops it at once (nothing to save) or at the next step (training saves), what it checks before
+the process group starts, and its body. README: "Add an exec mode".
+"""
 from __future__ import annotations
 
 import os
-import sys
-import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Callable
 
 from mlperf_logging.mllog import constants as C
 
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
-from runtime.backend import evaluation_components
-from runtime.benchmark import benchmark_evaluate, benchmark_train
 from runtime.build import Components, build_components
-from runtime.memory import reuse_freed_memory
-from runtime.run_files import BACKEND, EVAL, METRICS_LOG, MLPERF_LOG, RESULT, resumed_log_name
-from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.evaluation_report import explain_scores, write_case_scores
-from runtime.outputs import (RunLock, check_output_dir, check_output_file, checkpoint_lock, keep_previous,
-                             remove_if_empty)
+from runtime.run_files import BACKEND, EVAL, METRICS_LOG, MLPERF_LOG, resumed_log_name
+from runtime.run_log import MetricsWriter, MLPerfLogger
+from runtime.memory import reuse_freed_memory
+from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
+                             keep_previous, remove_if_empty)
 from runtime.progress import make_progress
 from runtime.resolve import resolve
 from runtime.signals import PreemptionFlag
-from runtime.training import Reporters, run_evaluation, train
+from runtime.training.loop import Reporters, run_evaluation, run_training
 
 
-def writes_outputs(config: Config) -> bool:
-    """Benchmarks write nothing; training and evaluation write ``--log_dir``."""
-    return not config.benchmark
+@dataclass(frozen=True)
+class Output:
+    """A path a mode writes: a folder (its lock file inside) or, ``is_file``, one file (a lock
+    file beside it)."""
+
+    path: str
+    flag: str
+    is_file: bool = False
+
+    def check(self) -> str | None:
+        """Create/prove writable; the outermost folder created (see ``remove_if_empty``)."""
+        return check_output_file(self.path, self.flag) if self.is_file else check_output_dir(self.path, self.flag)
+
+    def folder(self) -> str:
+        return os.path.dirname(os.path.abspath(self.path)) if self.is_file else self.path
+
+    def lock(self, enabled: bool) -> RunLock:
+        if self.is_file:
+            return checkpoint_lock(self.path, enabled=enabled)
+        return RunLock(self.path, enabled=enabled, flag=self.flag)
 
 
-def check_outputs(config: Config) -> list[tuple[str, str | None]]:
-    """Every output path, before any data is read or any MLPerf event is logged; returns
-    ``(folder, outermost folder created)`` pairs for :func:`remove_if_empty`."""
-    if not writes_outputs(config):
-        return []
-    made = [(config.log_dir, check_output_dir(config.log_dir, "--log_dir"))]
-    if config.is_train and config.save_ckpt_path:
-        folder = os.path.dirname(os.path.abspath(config.save_ckpt_path))
-        made.append((folder, check_output_file(config.save_ckpt_path, "--save_ckpt_path")))
-    return made
+@dataclass
+class Session:
+    """What a mode's body gets from the lifecycle."""
+
+    config: Config  # as parsed: the body resolves it (runtime.resolve)
+    dist: D.DistInfo
+    preempt: PreemptionFlag
+    source: object  # the data source (train, evaluate, benchmark) or the scans (predict)
+    on_exit: ExitStack  # callbacks run at teardown, before the locks are released
 
 
-def output_locks(config: Config, dist_info: D.DistInfo) -> list[RunLock]:
-    """One run at a time per ``--log_dir`` and per ``--save_ckpt_path`` (rank 0 holds them)."""
-    mine = dist_info.is_main and writes_outputs(config)
-    return [RunLock(config.log_dir, enabled=mine),
-            checkpoint_lock(config.save_ckpt_path, enabled=mine and config.is_train)]
+@dataclass(frozen=True)
+class Mode:
+    body: Callable[[Session], int]
+    outputs: Callable[[Config], list[Output]] = lambda config: []
+    stop_at_once: bool = True  # a signal stops the run now (outputs are atomic); False: at the next step
+    # checks and inputs that need no process group: (config, data given by the caller) -> source
+    source: Callable[[Config, object], object] = lambda config, data: data
+    reuses_memory: Callable[[Config], bool] = lambda config: False
 
+
+def mode_name(config: Config) -> str:
+    return "benchmark" if config.benchmark and config.exec_mode != "predict" else config.exec_mode
+
+
+def run(config: Config, data=None) -> int:
+    """Run ``config``'s mode; returns the exit code. ``data``: the data source (default:
+    ``data_loading.data_loader.data_source(config)``; tests pass their own)."""
+    mode = MODES[mode_name(config)]
+    if mode.reuses_memory(config):  # measured there (docs/performance.md)
+        why_not = reuse_freed_memory()
+        if why_not and config.verbose:
+            print(f"host memory: freed blocks go back to the system ({why_not})")
+    outputs = mode.outputs(config)
+    made = [(output.folder(), output.check()) for output in outputs]
+    graceful = False
+    try:
+        code = run_in_process_group(config, mode, outputs, mode.source(config, data))
+        graceful = True
+        return code
+    finally:
+        if not graceful:  # a refused run leaves no empty folder behind
+            for folder, created in made:
+                remove_if_empty(folder, created)
+
+
+def run_in_process_group(config: Config, mode: Mode, outputs: list[Output], source) -> int:
+    dist_info = D.init_distributed(config.device, config.local_rank)
+    preempt = PreemptionFlag(interrupt=mode.stop_at_once).install()
+    graceful = True
+    try:
+        with ExitStack() as on_exit:
+            for output in outputs:
+                on_exit.callback(take_lock(output.lock(dist_info.is_main), dist_info).release)
+            return mode.body(Session(config, dist_info, preempt, source, on_exit))
+    except BaseException:
+        graceful = False
+        raise
+    finally:
+        preempt.restore()
+        D.cleanup(graceful)
+
+
+def take_lock(lock: RunLock, dist_info: D.DistInfo) -> RunLock:
+    """``lock`` acquired on rank 0; every rank learns the outcome (a refusal is every rank's
+    error, not a hang of the others at their next collective)."""
+    problem = None
+    try:
+        lock.acquire()
+    except OutputError as exc:
+        problem = exc
+    if not D.broadcast_int(int(problem is None), dist_info.device):
+        raise problem or OutputError(f"{lock.flag} {lock.subject!r} is used by another run (rank 0 says why)")
+    return lock
+
+
+# ------------------------------------------------------------------ train, evaluate, benchmark
 
 # A run whose checkpoint says it reached the target or stopped for good: resuming it would train
 # past its end (a job requeued just as it succeeded, a scheduler's retry).
 ENDED_STATUSES = ("success", "aborted")
-
-
-def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
-    saved = ckpt.saved_for(config)
-    if config.resume and (saved is None or not saved.resume) and dist_info.is_main:
-        print(f"--resume: no checkpoint at {config.save_ckpt_path} yet, starting a new run")
-    return saved
 
 
 def already_ended(saved: ckpt.Saved | None) -> str | None:
@@ -68,6 +145,13 @@ def already_ended(saved: ckpt.Saved | None) -> str | None:
         return None
     return (f"--resume: the run in {saved.path} already ended ({saved.checkpoint['status']} at epoch "
             f"{saved.checkpoint.get('epoch')}); nothing to resume")
+
+
+def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
+    saved = ckpt.saved_for(config)
+    if config.resume and (saved is None or not saved.resume) and dist_info.is_main:
+        print(f"--resume: no checkpoint at {config.save_ckpt_path} yet, starting a new run")
+    return saved
 
 
 def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preempt: PreemptionFlag) -> Reporters:
@@ -88,71 +172,28 @@ def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preemp
         curves = CurvePlotter(config.log_dir, config.quality_threshold)
     return Reporters(
         mlperf=MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name),
-        metrics=MetricsWriter(config.log_dir, enabled=main and writes_outputs(config)),
+        metrics=MetricsWriter(config.log_dir, enabled=main and not config.benchmark),
         progress=make_progress(config, main), preempt=preempt, is_main=main, curves=curves)
 
 
-def run(config: Config, data=None) -> int:
-    """Run ``config.exec_mode``; returns the process exit code. ``data``: the data source
-    (default: ``data_loading.data_loader.data_source(config)``; tests pass their own)."""
-    if config.exec_mode in ("evaluate", "predict"):  # measured there (docs/performance.md)
-        why_not = reuse_freed_memory()
-        if why_not and config.verbose:
-            print(f"host memory: freed blocks go back to the system ({why_not})")
-    if config.exec_mode == "predict":
-        from runtime.predict_folder import run_predict
-
-        return run_predict(config)
-    made = check_outputs(config)
-    dist_info = D.init_distributed(config.device, config.local_rank)
-    # Training saves at the next step; evaluation and benchmarks have nothing to save and stop now.
-    preempt = PreemptionFlag(interrupt=not config.is_train or config.benchmark).install()
-    locks = output_locks(config, dist_info)
-    out, graceful = None, True
-    try:
-        for lock in locks:
-            lock.acquire()
-        saved = starting_point(config, dist_info)
-        if already_ended(saved):
-            if dist_info.is_main:
-                print(already_ended(saved))
-            return 0
-        out, components = start_run(config, dist_info, data, preempt, saved)
-        if config.exec_mode == "evaluate":
-            return run_evaluate(components, out, saved)
-        if config.benchmark:
-            benchmark_train(components, out)
-            return 0
-        return run_train(components, out)
-    except BaseException:
-        graceful = False
-        raise
-    finally:
-        preempt.restore()
-        if out is not None:
-            out.mlperf.close()
-            if out.curves is not None:
-                out.curves.close(timeout=60)
-        for lock in locks:
-            lock.release()
-        if not graceful:  # a refused run leaves no empty folder behind
-            for folder, created in made:
-                remove_if_empty(folder, created)
-        D.cleanup(graceful)
+def close_reporters(out: Reporters) -> None:
+    out.mlperf.close()
+    if out.curves is not None:
+        out.curves.close(timeout=60)
 
 
-def start_run(config: Config, dist_info: D.DistInfo, data, preempt: PreemptionFlag,
-              saved: ckpt.Saved | None):
+def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Components]:
     """Read the data, resolve, open the reporters, build the components from ``saved`` (the
     checkpoint started from, or None): ``(reporters, components)``."""
     from data_loading.data_loader import data_source
 
-    data = data if data is not None else data_source(config)
-    config = resolve(config, dist_info, data, saved)
-    out = make_reporters(config, dist_info, saved is not None and saved.resume, preempt)
+    data = session.source if session.source is not None else data_source(session.config)
+    config = resolve(session.config, session.dist, data, saved)
+    out = make_reporters(config, session.dist, saved is not None and saved.resume, session.preempt)
+    session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(config)
     out.mlperf.start(C.INIT_START)
-    components = build_components(config, dist_info, data, saved)
+    components = build_components(config, session.dist, data, saved)
     out.mlperf.weights_initialization(config)
     if saved is not None and saved.resume:
         state = components.state
@@ -161,14 +202,41 @@ def start_run(config: Config, dist_info: D.DistInfo, data, preempt: PreemptionFl
     return out, components
 
 
-def run_evaluate(components: Components, out: Reporters, saved: ckpt.Saved | None) -> int:
-    if components.config.benchmark:
-        benchmark_evaluate(components, out)
+def started(session: Session) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:
+    """The run's reporters and components, or None when ``--resume`` finds an ended run."""
+    saved = starting_point(session.config, session.dist)
+    ended = already_ended(saved)
+    if ended:
+        if session.dist.is_main:
+            print(ended)
+        return None, saved
+    return start_run(session, saved), saved
+
+
+def train_body(session: Session) -> int:
+    parts, _ = started(session)
+    if parts is None:
         return 0
+    out, components = parts
+    return run_training(components, out)
+
+
+def benchmark_body(session: Session) -> int:
+    from runtime.training.benchmark import benchmark_evaluate, benchmark_train
+
+    (out, components), _ = started(session)
+    (benchmark_evaluate if session.config.exec_mode == "evaluate" else benchmark_train)(components, out)
+    return 0
+
+
+def evaluate_body(session: Session) -> int:
+    from runtime.openvino.backend import evaluation_components
+
+    (out, components), saved = started(session)
     components, backend = evaluation_components(components, out)  # PyTorch or OpenVINO (--backend)
     cases: list[dict] = []
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
-    cases = [c for part in D.all_gather_objects(cases) for c in part]
+    cases = [case for part in D.all_gather_objects(cases) for case in part]
     # results first (stdout), then the files: a full disk loses no number
     out.say(f"mean_dice {metrics['mean_dice']:.4f}")
     out.say(f"l1_dice {metrics['l1_dice']:.4f}  l2_dice {metrics['l2_dice']:.4f}  "
@@ -180,30 +248,42 @@ def run_evaluate(components: Components, out: Reporters, saved: ckpt.Saved | Non
     out.metrics.write(BACKEND, backend=backend.backend, why=backend.why)
     out.metrics.write(EVAL, epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
     if out.is_main:
-        path = write_case_scores(components.config.log_dir, cases)
-        out.say(f"per-case Dice: {path}")
+        out.say(f"per-case Dice: {write_case_scores(components.config.log_dir, cases)}")
     return 0
 
 
-def run_train(components: Components, out: Reporters) -> int:
-    cfg = components.config
-    out.mlperf.hyperparameters(cfg, components.dist.world_size)
-    out.mlperf.end(C.INIT_STOP)
-    D.barrier()
-    out.mlperf.start(C.RUN_START)
-    run_start = time.time()
-    out.say(f"training: {cfg.num_train_cases} cases, {cfg.samples_per_epoch} samples/epoch, first eval at epoch "
-            f"{cfg.start_eval_at}, then every {cfg.evaluate_every}; seed {cfg.seed}")
-    result = train(components, out)
-    D.barrier()
-    mlperf_status = "success" if result.status == "success" else "aborted"
-    out.mlperf.end(C.RUN_STOP, metadata={"status": mlperf_status, "epoch_num": result.epoch})
-    # MLPerf knows success and aborted only; the report tells a run that ran its --epochs apart
-    out.metrics.write(RESULT, status=result.status, epoch=result.epoch, epochs=cfg.epochs)
-    out.say(f"RESULT,image_segmentation,{cfg.seed},{time.time() - run_start:.1f},{result.status},"
-            f"best_mean_dice={result.best_mean_dice:.4f},epochs={result.epoch}")
-    sys.stdout.flush()
-    if result.status == "preempted":
-        # Saved: a requeued job resumes (exit 0). Nothing to resume from: say it with the exit code.
-        return 0 if cfg.save_ckpt_path else 128 + (out.preempt.number or 15)
-    return 0 if result.status in ("success", "finished") else 3
+# ------------------------------------------------------------------------------------ predict
+
+def predict_source(config: Config, data) -> list:
+    """The scans, and ``--preview``'s matplotlib, checked before the process group starts."""
+    from runtime.predict.folder import scans_to_predict
+
+    return scans_to_predict(config)
+
+
+def predict_body(session: Session) -> int:
+    from runtime.predict.folder import predict_scans
+
+    saved = ckpt.saved_for(session.config)
+    config = resolve(session.config, session.dist, None, saved)
+    return predict_scans(config, saved, session.source, session.dist)
+
+
+def _log_dir(config: Config) -> list[Output]:
+    return [Output(config.log_dir, "--log_dir")]
+
+
+def _train_outputs(config: Config) -> list[Output]:
+    return _log_dir(config) + ([Output(config.save_ckpt_path, "--save_ckpt_path", is_file=True)]
+                               if config.save_ckpt_path else [])
+
+
+MODES: dict[str, Mode] = {
+    # training saves a checkpoint at the next step when signalled
+    "train": Mode(train_body, outputs=_train_outputs, stop_at_once=False),
+    "evaluate": Mode(evaluate_body, outputs=_log_dir, reuses_memory=lambda config: True),
+    # --benchmark (train or evaluate): writes nothing
+    "benchmark": Mode(benchmark_body, reuses_memory=lambda config: config.exec_mode == "evaluate"),
+    "predict": Mode(predict_body, outputs=lambda config: [Output(config.output_dir, "--output_dir")],
+                    source=predict_source, reuses_memory=lambda config: True),
+}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Callable
 
 import torch
 
+from model.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import Unet3D
 from runtime import checkpoint as ckpt
@@ -17,6 +17,7 @@ from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.compiling import compile_model
 from runtime.optimizers import make_optimizer
+from runtime.predictor import autocast_context
 
 # step(image, label, sync_grads, apply_update) -> detached loss of the micro-batch, on the device
 TrainStep = Callable[[torch.Tensor, torch.Tensor, bool, bool], torch.Tensor]
@@ -46,11 +47,9 @@ class Components:
 def autocast_factory(config: Config, device: torch.device):
     """``(() -> context, scaler)`` for the configured (resolved) mixed precision; the scaler is
     enabled only for fp16."""
-    if not config.amp:
-        return nullcontext, torch.amp.GradScaler(device.type, enabled=False)
-    dtype = torch.float16 if config.amp_dtype == "fp16" else torch.bfloat16
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    return partial(torch.autocast, device_type=device.type, dtype=dtype), scaler
+    amp_dtype = config.amp_dtype if config.amp else None
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == "fp16")
+    return autocast_context(amp_dtype, device), scaler
 
 
 def configure_backends(config: Config, device: torch.device) -> None:
@@ -59,10 +58,10 @@ def configure_backends(config: Config, device: torch.device) -> None:
         torch.backends.cudnn.deterministic = config.cudnn_deterministic
 
 
-def build_model(config: Config, device: torch.device) -> torch.nn.Module:
+def build_model(config: Config, device: torch.device, distributed: bool = False) -> torch.nn.Module:
     model = Unet3D(1, 3, normalization=config.normalization, activation=config.activation,
                    filters=config.filters)
-    if config.normalization == "syncbatchnorm" and D.is_dist():
+    if config.normalization == "syncbatchnorm" and distributed:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
     if config.channels_last:
@@ -70,8 +69,21 @@ def build_model(config: Config, device: torch.device) -> torch.nn.Module:
     return model
 
 
+def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
+    """bf16 training on a CPU whose oneDNN gets 2-deep convolutions' weight gradients wrong:
+    those convolutions run in float32 (:mod:`model.bf16_guard`)."""
+    if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
+        return
+    if bf16_weight_grad_ok():
+        return
+    protect_shallow_convolutions(model)
+    if say:
+        print("bf16: this CPU's oneDNN computes wrong weight gradients for convolutions over 2-voxel-deep "
+              "inputs; those run in float32")
+
+
 def wrap_model(model: torch.nn.Module, config: Config, dist_info: D.DistInfo) -> torch.nn.Module:
-    if D.is_dist():
+    if dist_info.distributed:
         ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     return compile_model(model, config.compile)
@@ -125,7 +137,8 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
     device = dist_info.device
     configure_backends(config, device)
     torch.manual_seed(D.rank_seed(config.seed, dist_info.rank))
-    model = build_model(config, device)
+    model = build_model(config, device, dist_info.distributed)
+    guard_bf16_training(model, config, device, dist_info.is_main)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,
                                config.momentum, config.weight_decay, config.lamb_betas,
@@ -146,5 +159,5 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
     return Components(config=config, dist=dist_info, model=wrapped, optimizer=optimizer, scaler=scaler,
                       loss_fn=loss_fn, score_fn=score_fn, autocast=autocast, step=step,
                       train_loader=train_loader, val_loader=val_loader,
-                      eval_model=compile_model(model, config.compile) if D.is_dist() else wrapped,
+                      eval_model=compile_model(model, config.compile) if dist_info.distributed else wrapped,
                       state=state)

@@ -26,6 +26,11 @@ class DistInfo:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def distributed(self) -> bool:
+        """More than one process (``init_distributed`` joined a process group)."""
+        return self.world_size > 1
+
 
 def select_device(requested: str, local_rank: int) -> torch.device:
     """``auto`` -> the local GPU (CUDA or ROCm) when there is one, else the CPU."""

@@ -23,8 +23,8 @@ def amp_dtype_for(amp_dtype: str, device: torch.device) -> str:
     return amp_dtype
 
 
-def check_device_support(config: Config, device: torch.device) -> None:
-    if config.normalization == "syncbatchnorm" and device.type != "cuda" and D.is_dist():
+def check_device_support(config: Config, dist_info: D.DistInfo) -> None:
+    if config.normalization == "syncbatchnorm" and dist_info.device.type != "cuda" and dist_info.distributed:
         raise UsageError("--normalization syncbatchnorm needs GPUs; use batchnorm on the CPU")
 
 
@@ -80,12 +80,24 @@ def architecture_from(config: Config, saved: Saved) -> Config:
     return replace(config, **changes)
 
 
+def resolve_predict(config: Config, device: torch.device) -> Config:
+    """Predict's values: batch norm for a sync-batch-norm network (the same weights; inference
+    needs no cross-rank statistics), the AMP type, the device; ``--int8`` on the CPU only."""
+    if config.normalization == "syncbatchnorm":
+        config = replace(config, normalization="batchnorm")
+    if config.int8 and device.type != "cpu":
+        raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
+    if config.amp:
+        config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
+    return replace(config, device=device.type)
+
+
 def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = None) -> Config:
     """The run's config with every derived value decided.
 
-    ``data``: the data source (``summary(config)``; see ``data_loading.data_loader``);
-    ``saved``: the checkpoint the run starts from (its network flags fill those not given; a
-    resumed run also keeps its master seed), or None.
+    ``data``: the data source (``summary(config)``; see ``data_loading.data_loader``; None for
+    predict); ``saved``: the checkpoint the run starts from (its network flags fill those not
+    given; a resumed run also keeps its master seed), or None.
     The seed is drawn on rank 0 and broadcast, so this is a collective: call it on every rank.
     """
     from data_loading.data_loader import resolve_cache
@@ -93,7 +105,9 @@ def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = N
     device = dist_info.device
     if saved is not None:
         config = architecture_from(config, saved)
-    check_device_support(config, device)
+    if config.exec_mode == "predict":
+        return resolve_predict(config, device)
+    check_device_support(config, dist_info)
     if config.amp:
         config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
     summary = data.summary(config)

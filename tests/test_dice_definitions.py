@@ -15,7 +15,7 @@ from data_loading import preprocessing as pp
 from main_runs import call
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import Unet3D
-from runtime.inference import evaluate
+from runtime.evaluation import evaluate
 
 SMOOTH = 1e-6
 

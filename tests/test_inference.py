@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from data_loading.windows import window_geometry
-from runtime.inference import gaussian_importance_map, sliding_window_inference
+from runtime.sliding_window import gaussian_importance_map, sliding_window_inference, trim_like_window
 
 
 def _predictor(seed=0):
@@ -60,7 +60,8 @@ def test_matches_brute_force(shape, roi, overlap):
     label = torch.randint(0, 3, (1, 1, *shape), generator=g)
     predict = _predictor()
     with torch.no_grad():
-        ours, our_label = sliding_window_inference(predict, image, label, roi, overlap, sw_batch_size=1)
+        ours = sliding_window_inference(predict, image, roi, overlap, sw_batch_size=1)
+        our_label = trim_like_window(label, roi, overlap)
         ref, ref_label = brute_force(predict, image, label, roi, overlap)
     assert ours.shape == ref.shape and torch.equal(our_label, ref_label)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
@@ -69,11 +70,10 @@ def test_matches_brute_force(shape, roi, overlap):
 @pytest.mark.parametrize("sw_batch_size", [2, 3, 7, 100])
 def test_independent_of_sw_batch_size(sw_batch_size):
     image = torch.randn(1, 1, 40, 24, 33)
-    label = torch.zeros(1, 1, 40, 24, 33, dtype=torch.uint8)
     predict = _predictor(3)
     with torch.no_grad():
-        one, _ = sliding_window_inference(predict, image, label, (16, 16, 16), 0.5, sw_batch_size=1)
-        many, _ = sliding_window_inference(predict, image, label, (16, 16, 16), 0.5, sw_batch_size)
+        one = sliding_window_inference(predict, image, (16, 16, 16), 0.5, sw_batch_size=1)
+        many = sliding_window_inference(predict, image, (16, 16, 16), 0.5, sw_batch_size)
     torch.testing.assert_close(one, many, rtol=1e-6, atol=1e-6)
 
 
@@ -81,11 +81,10 @@ def test_matches_monai_where_grids_coincide():
     inferers = pytest.importorskip("monai.inferers")
     roi = (16, 16, 16)
     image = torch.randn(1, 1, 32, 16, 48)  # (size - roi) multiple of the stride: same grid, no pad
-    label = torch.zeros(1, 1, *image.shape[2:], dtype=torch.uint8)
     predict = _predictor(5)
     weights = gaussian_importance_map(roi)
     with torch.no_grad():
-        ours, _ = sliding_window_inference(predict, image, label, roi, 0.5, sw_batch_size=2)
+        ours = sliding_window_inference(predict, image, roi, 0.5, sw_batch_size=2)
         oracle = inferers.sliding_window_inference(image, roi, 2, predict, overlap=0.5,
                                                    roi_weight_map=weights)
     torch.testing.assert_close(ours, oracle, rtol=1e-5, atol=1e-5)
@@ -115,8 +114,7 @@ def test_odd_overlaps_cover_every_voxel(overlap):
         assert (grid - 1) * stride + 128 == size
     image = torch.randn(1, 1, 50, 33, 32)
     with torch.no_grad():
-        out, _ = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image,
-                                          torch.zeros_like(image, dtype=torch.uint8), (32, 32, 32), overlap)
+        out = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image, (32, 32, 32), overlap)
     assert torch.isfinite(out).all()
 
 
@@ -129,7 +127,8 @@ def test_identity_predictor_returns_the_trimmed_image(shape, roi, overlap):
     torch.manual_seed(1)
     image = torch.randn(1, 3, *shape)
     label = torch.randint(0, 3, (1, 1, *shape), dtype=torch.uint8)
-    logits, trimmed_label = sliding_window_inference(lambda x: x, image, label, roi, overlap, sw_batch_size=3)
+    logits = sliding_window_inference(lambda x: x, image, roi, overlap, sw_batch_size=3)
+    trimmed_label = trim_like_window(label, roi, overlap)
     geo = window_geometry(shape, roi, overlap)
     trim = tuple(slice(b, b + s) for (b, _), s in zip(geo.trim, geo.trimmed_shape))
     assert logits.shape == (1, 3, *geo.trimmed_shape)

@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 from model.unet3d import Unet3D
-from runtime import memory_budget
+from runtime.predict import memory_budget
 from runtime.arguments import UsageError, parse_args, replace
-from runtime.backend import INSTALL_HINT, choose_backend, openvino_missing
-from runtime.calibration import foreground_origin, int8_pairs_saturate, window_at
-from runtime.predict import volume_probabilities, window_predictor
+from runtime.openvino.backend import INSTALL_HINT, choose_backend, openvino_missing
+from runtime.openvino.calibration import foreground_origin, int8_pairs_saturate, window_at
+from runtime.predict.scan import volume_probabilities
+from runtime.predictor import build_predictor, options_from
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (4, 8, 16, 32, 32)
@@ -93,7 +94,7 @@ def test_missing_openvino_is_one_line(tmp_path):
 def test_choice_of_backend(tmp_path, monkeypatch):
     """auto: PyTorch for a GPU device or a PyTorch lever, or without OpenVINO; openvino refuses
     the same cases in one line; torch is torch."""
-    import runtime.backend as backend
+    import runtime.openvino.backend as backend
 
     monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: None)
     monkeypatch.setattr(backend, "_openvino_version", lambda: "X")
@@ -174,14 +175,14 @@ def test_calibration_window_centred_on_the_foreground():
 def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_path):
     """The pointwise network converted by OpenVINO, through the project's sliding window and
     predictor: the network on the whole volume, exactly up to float32 rounding, as PyTorch's."""
-    from runtime.openvino_runtime import OpenVINOWindows, compile_for_cpu, convert
+    from runtime.openvino.compiled import OpenVINOWindows, compile_for_cpu, convert
 
     model = pointwise_model()
     config = predict_config(tmp_path)
     windows = OpenVINOWindows(compile_for_cpu(convert(model, config.val_input_shape)), config.val_input_shape)
     image = np.random.default_rng(1).normal(size=(1, 37, 66, 50)).astype(np.float32)
-    ov = volume_probabilities(window_predictor(windows, config, CPU), image, config, CPU)
-    pt = volume_probabilities(window_predictor(model, config, CPU), image, config, CPU)
+    ov = volume_probabilities(build_predictor(windows, CPU, options_from(config)), image, config, CPU)
+    pt = volume_probabilities(build_predictor(model, CPU, options_from(config)), image, config, CPU)
     with torch.no_grad():
         whole = torch.softmax(model(torch.from_numpy(image)[None])[0], 0)
     assert ov.shape == whole.shape == (3, 37, 66, 50)
@@ -192,7 +193,7 @@ def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_p
 def test_openvino_unet_gives_torchs_logits(tmp_path):
     """A tiny UNet3D, traced at 64³ and reshaped to 32x32x64 windows: PyTorch's logits up to
     float32 rounding, window by window, in any input layout (a flipped view, as TTA passes)."""
-    from runtime.openvino_runtime import OpenVINOWindows, compile_for_cpu, convert
+    from runtime.openvino.compiled import OpenVINOWindows, compile_for_cpu, convert
 
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
@@ -212,7 +213,7 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
     """The first run converts, the second reads the cache; new weights in the same file (same
     size, same time stamp) convert again and give the new weights' logits, never the old
     ones; the old entry is removed; a damaged entry is rebuilt."""
-    from runtime.openvino_runtime import OpenVINOWindows, cached_openvino_model
+    from runtime.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     ckpt = str(tmp_path / "tiny.pt")
     config = replace(predict_config(tmp_path), load_ckpt_path=ckpt)
@@ -245,7 +246,7 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
 
 @needs_openvino
 def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
-    from runtime.openvino_runtime import cached_openvino_model
+    from runtime.openvino.compiled import cached_openvino_model
 
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")
@@ -266,9 +267,9 @@ def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
 def test_int8_quantises_on_the_calibration_windows(tmp_path):
     """NNCF quantises the tiny UNet3D on two windows: the compiled model has int8 (FakeQuantize)
     layers, its logits stay near the float ones, and the calibration set is in the key."""
-    from runtime.calibration import CalibrationSet, CalibrationWindow
-    from runtime.openvino_cache import cache_fields
-    from runtime.openvino_runtime import OpenVINOWindows, build_model, compile_for_cpu
+    from runtime.openvino.calibration import CalibrationSet, CalibrationWindow
+    from runtime.openvino.cache import cache_fields
+    from runtime.openvino.compiled import OpenVINOWindows, build_model, compile_for_cpu
 
     rng = np.random.default_rng(0)
     paths = []
@@ -346,10 +347,10 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     import dataclasses
 
     from model.losses import DiceCELoss, DiceScore
-    from runtime.backend import evaluation_components
-    from runtime.inference import evaluate
+    from runtime.openvino.backend import evaluation_components
+    from runtime.evaluation import evaluate
     from runtime.run_log import MetricsWriter
-    from runtime.training import Reporters
+    from runtime.training.loop import Reporters
 
     @dataclasses.dataclass
     class Parts:
@@ -371,7 +372,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     rng = np.random.default_rng(4)
     volumes = [(torch.from_numpy(rng.normal(size=(1, 1, 40, 50, 70)).astype(np.float32)),
                 torch.from_numpy(rng.integers(0, 3, (1, 1, 40, 50, 70)).astype(np.uint8)), str(i)) for i in range(2)]
-    scores = [evaluate(m, volumes, DiceCELoss(to_onehot_y=True, use_softmax=True), DiceScore(to_onehot_y=True, use_argmax=True),
+    scores = [evaluate(m.eval(), volumes, DiceCELoss(to_onehot_y=True, use_softmax=True), DiceScore(to_onehot_y=True, use_argmax=True),
                        (32, 32, 64), 0.5, 2, CPU) for m in (model, parts.eval_model)]
     for key in ("eval_loss", "l1_dice", "l2_dice", "mean_dice"):
         assert scores[1][key] == pytest.approx(scores[0][key], abs=2e-3), key

@@ -22,12 +22,23 @@ from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
                                 scan_geometry, segmentation_nifti)
 from data_loading.windows import window_geometry
-from model.inference import int8_available, int8_grid
+from model.inference_copy import int8_available, int8_grid
 from model.losses import DiceScore, label_map_dice
 from model.unet3d import Unet3D
 from runtime.arguments import UsageError, explicit_flags, parse_args
-from runtime.predict import (FLIPS, cover_padding, model_architecture, segment_scan, volume_probabilities,
-                             window_predictor)
+from runtime.checkpoint import Saved
+from runtime.predict.scan import cover_padding, segment_scan, volume_probabilities
+from runtime.predictor import FLIPS, build_predictor, options_from
+from runtime.resolve import architecture_from, resolve_predict
+
+
+def window_predictor(model, config, device):
+    return build_predictor(model, device, options_from(config))
+
+
+def model_architecture(config, checkpoint, path):
+    """The network flags predict resolves from a checkpoint."""
+    return resolve_predict(architecture_from(config, Saved(path, checkpoint, resume=False)), torch.device("cpu"))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--filters", "4", "8", "16", "32", "32"]
@@ -430,9 +441,9 @@ def test_skip_existing_then_force_and_summary(tmp_path, tiny_checkpoint, capsys)
 
 
 def test_preview_without_matplotlib_is_one_line(tmp_path, tiny_checkpoint, capsys, monkeypatch):
-    import runtime.preview
+    import runtime.predict.preview
 
-    monkeypatch.setattr(runtime.preview, "matplotlib_missing", lambda: True)
+    monkeypatch.setattr(runtime.predict.preview, "matplotlib_missing", lambda: True)
     good = write_nifti(str(tmp_path / "scan.nii.gz"), np.zeros((10, 12, 11), np.int16), (1.6, 1.2, 1.2))
     code, _, stderr = run_main(capsys, "--exec_mode", "predict", "--input", good, "--output_dir", str(tmp_path / "o"),
                                "--load_ckpt_path", tiny_checkpoint, "--preview")
@@ -441,7 +452,7 @@ def test_preview_without_matplotlib_is_one_line(tmp_path, tiny_checkpoint, capsy
 
 def test_preview_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from runtime.preview import preview_slice, write_preview
+    from runtime.predict.preview import preview_slice, write_preview
 
     labels = np.zeros((6, 20, 20), np.uint8)
     labels[1, 2:12, 2:12] = 1

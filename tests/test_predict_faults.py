@@ -61,7 +61,7 @@ def error_lines(stderr):
 @pytest.mark.parametrize("spacing,said", [((1000.0, 1.2, 1.2), "not plausible"), ((0.0, 1.2, 1.2), "not positive")])
 def test_a_scan_with_an_absurd_or_zero_spacing_is_refused_before_any_work(tmp_path, capsys, checkpoint,
                                                                          monkeypatch, spacing, said):
-    import runtime.predict_folder as folder_module
+    import runtime.predict.folder as folder_module
 
     folder = folder_of_scans(tmp_path / "in", {"a": TARGET, "b_bad": spacing, "c": (2.0, 1.5, 1.5)})
     segmented = []
@@ -96,7 +96,7 @@ def test_a_scan_too_large_for_memory_is_refused_with_its_size(tmp_path):
     "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to "
     "allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)"), ValueError("a bug inside")])
 def test_any_failure_inside_one_scan_is_its_row(tmp_path, capsys, checkpoint, monkeypatch, error):
-    import runtime.predict_folder as folder_module
+    import runtime.predict.folder as folder_module
 
     folder = folder_of_scans(tmp_path / "in", {"a": TARGET, "b": TARGET, "c": TARGET})
     original = folder_module.segment_scan
@@ -121,7 +121,7 @@ def test_any_failure_inside_one_scan_is_its_row(tmp_path, capsys, checkpoint, mo
 def test_a_full_output_disk_names_the_file_stops_and_keeps_the_summary_then_resumes(tmp_path, capsys, checkpoint,
                                                                                      monkeypatch):
     import data_loading.scans
-    import runtime.predict as predict_module
+    import runtime.predict.scan as predict_module
 
     folder = folder_of_scans(tmp_path / "in", {"a": TARGET, "b": TARGET, "c": TARGET})
     with small_disk(tmp_path / "disk", "1m") as disk:
@@ -163,12 +163,12 @@ def test_a_second_predict_into_one_output_dir_is_refused(tmp_path, capsys, check
 
 def test_a_broken_matplotlib_never_throws_the_segmentation_away(tmp_path, capsys, checkpoint, monkeypatch):
     pytest.importorskip("matplotlib")
-    import runtime.preview
+    import runtime.predict.preview
 
     def broken(*args, **kwargs):
         raise RuntimeError("matplotlib: broken installation (libpng missing)")
 
-    monkeypatch.setattr(runtime.preview, "render_preview", broken)
+    monkeypatch.setattr(runtime.predict.preview, "render_preview", broken)
     folder = folder_of_scans(tmp_path / "in", {"a": TARGET})
     code, stdout, stderr = predict(capsys, folder, tmp_path / "out", checkpoint, "--preview")
     assert code == 1 and "Traceback" not in stderr
@@ -191,7 +191,7 @@ def test_an_interrupted_folder_keeps_the_summary_of_what_finished(tmp_path, caps
                                                                   signal_name):
     """Ctrl-C, or SIGTERM (its handler raises ``Stopped`` in the scan being segmented): the run
     stops there (never "that scan failed, on to the next"), the finished scans are summarised."""
-    import runtime.predict_folder as folder_module
+    import runtime.predict.folder as folder_module
     from runtime.signals import Stopped
 
     folder = folder_of_scans(tmp_path / "in", {"a": TARGET, "b": TARGET, "c": TARGET})

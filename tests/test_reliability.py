@@ -64,7 +64,7 @@ def test_periodic_checkpoint_then_crash_resumes_bit_exact(tmp_path, capsys, monk
                      "--ckpt_every_minutes", "0"]
     full = common + ["--epochs", "3", "--log_dir", str(tmp_path / "full"), "--save_ckpt_path", str(tmp_path / "full.pt")]
     assert call(full, capsys, fake_data.FakeData())[0] == 0
-    import runtime.training as training
+    import runtime.training.loop as training
 
     original = training.train_epoch
 
@@ -88,7 +88,7 @@ def test_periodic_checkpoint_then_crash_resumes_bit_exact(tmp_path, capsys, monk
 
 
 def test_periodic_save_due():
-    from runtime.training import periodic_save_due
+    from runtime.training.loop import periodic_save_due
 
     assert periodic_save_due(3, 0.0, 3, 0) and not periodic_save_due(2, 0.0, 3, 0)
     assert periodic_save_due(1, 30.0, 0, 30) and not periodic_save_due(1, 29.9, 0, 30)
@@ -500,11 +500,12 @@ def test_window_geometry_pads_an_axis_shorter_than_half_a_stride_and_changes_not
 
 def test_sliding_window_on_20_slices_returns_20_slices():
     """The window returns every slice (identity 'model': the prediction is the image)."""
-    from runtime.inference import sliding_window_inference
+    from runtime.sliding_window import sliding_window_inference, trim_like_window
 
     image = torch.randn(1, 1, 20, 70, 140)
     label = torch.zeros(1, 1, 20, 70, 140, dtype=torch.uint8)
-    out, kept = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image, label, (128, 128, 128), 0.5)
+    out = sliding_window_inference(lambda x: x.repeat(1, 3, 1, 1, 1), image, (128, 128, 128), 0.5)
+    kept = trim_like_window(label, (128, 128, 128), 0.5)
     # D kept whole; H and W trimmed by the benchmark's rule (remainders 6 and 12 of the stride 64)
     assert out.shape == (1, 3, 20, 64, 128) and kept.shape == (1, 1, 20, 64, 128)
     torch.testing.assert_close(out[:, :1], image[..., 3:67, 6:134], rtol=0, atol=1e-5)

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.latency import latency_summary
+from runtime.training.latency import latency_summary
 from runtime.schedule import eval_schedule, learning_rate_at, samples_per_epoch
 
 
@@ -51,7 +51,7 @@ def test_latency_summary_known_values():
 
 def test_next_eval_epoch():
     from runtime.schedule import EvalSchedule
-    from runtime.training import next_eval_epoch
+    from runtime.training.loop import next_eval_epoch
 
     schedule = EvalSchedule(start_eval_at=10, evaluate_every=4, fail_epoch=100)
     assert [next_eval_epoch(e, schedule, 30) for e in (1, 9, 10, 11, 13, 14, 15)] == [10, 10, 10, 14, 14, 14, 18]
@@ -72,7 +72,7 @@ def test_next_eval_epoch():
     (39, 0.5, 0.5, None),
 ])
 def test_run_status(epoch, loss, dice, expected):
-    from runtime.training import run_status
+    from runtime.training.loop import run_status
 
     status, why = run_status(epoch, loss, dice, fail_epoch=40, quality_threshold=0.908)
     assert status == expected

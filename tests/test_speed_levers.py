@@ -21,11 +21,12 @@ from runtime.arguments import Config
 from runtime.checkpoint import clean_state_dict, unwrap
 from runtime.graphs import (GraphedTrainStep, _graph_safe_autocast, capturable_optimizer,
                             cuda_graphs_supported, restore_snapshot, snapshot)
-from runtime.inference import sliding_window_inference
+from runtime.predictor import PredictorOptions, build_predictor
+from runtime.sliding_window import sliding_window_inference
 from runtime.optimizers import make_optimizer
 from runtime.compiling import CompiledModule, compile_model
-from runtime.flops import flop_count_per_sample
-from runtime.layout import to_channels_last
+from benchmarks.flops import flop_count_per_sample
+from benchmarks.layout import to_channels_last
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1",
@@ -185,18 +186,14 @@ def test_sliding_window_batched_bf16_matches_one_window_at_a_time():
     model = tiny_model(normalization="batchnorm").eval()   # instance norm needs > 1 bottleneck voxel
     g = torch.Generator().manual_seed(3)
     image = torch.randn(1, 1, 40, 60, 50, generator=g)
-    label = torch.randint(0, 3, (1, 1, 40, 60, 50), generator=g)
-    bf16 = partial(torch.autocast, device_type="cpu", dtype=torch.bfloat16)
-
-    def predict(x, autocast):
-        with torch.no_grad(), autocast():
-            return model(x)
-
+    cpu = torch.device("cpu")
+    fp32 = build_predictor(model, cpu, PredictorOptions())
+    bf16 = build_predictor(model, cpu, PredictorOptions(amp_dtype="bf16"))
     roi = (32, 32, 32)
-    ref, _ = sliding_window_inference(partial(predict, autocast=nullcontext), image, label, roi, 0.5, 1)
-    one, _ = sliding_window_inference(partial(predict, autocast=bf16), image, label, roi, 0.5, 1)
-    four, _ = sliding_window_inference(partial(predict, autocast=bf16), image, label, roi, 0.5, 4)
-    fp32_four, _ = sliding_window_inference(partial(predict, autocast=nullcontext), image, label, roi, 0.5, 4)
+    ref = sliding_window_inference(fp32, image, roi, 0.5, 1)
+    one = sliding_window_inference(bf16, image, roi, 0.5, 1)
+    four = sliding_window_inference(bf16, image, roi, 0.5, 4)
+    fp32_four = sliding_window_inference(fp32, image, roi, 0.5, 4)
     torch.testing.assert_close(fp32_four, ref, rtol=1e-5, atol=1e-5)
     assert rel_err(four, one) < 1e-2
     assert rel_err(four, ref) < 2e-2

@@ -5,27 +5,28 @@ Each scan of this rank goes through :func:`runtime.predict.segment_scan` after i
 checked (:func:`data_loading.scan_checks.check_header`, before any voxel is read). Any failure
 inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
 summary row with its status, never the folder's end; once the output disk is full, the
-remaining scans are "not run" and the summary names them. Rank 0 holds ``--output_dir``'s lock
-and writes the summary (:mod:`runtime.predict_summary`); the exit code is 1 if any scan failed.
+remaining scans are "not run" and the summary names them. Rank 0 writes the summary
+(:mod:`runtime.predict.summary`); the exit code is 1 if any scan failed. The lifecycle (the
+output folder checked and locked, the process group, signals) is :mod:`runtime.app`'s.
 """
 from __future__ import annotations
-
-import functools
 
 import os
 import sys
 from typing import Callable, Sequence
 
+import torch
+
 from data_loading.scan_checks import check_header
 from data_loading.scans import Scan, ScanError, find_scans, output_path
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
-from runtime.outputs import OutputError, RunLock, check_output_dir, remove_if_empty
-from runtime.backend import predict_model
-from runtime.predict import (OutputWriteError, load_predict_model, make_infer, one_line_reason, segment_scan,
-                             summarise_existing)
-from runtime.predict_summary import CaseResult, report, save_summary
-from runtime.signals import PreemptionFlag, Stopped
+from runtime.checkpoint import Saved
+from runtime.openvino.backend import predict_windows
+from runtime.predict.scan import (OutputWriteError, load_trained_model, make_infer, one_line_reason, segment_scan,
+                                  summarise_existing)
+from runtime.predict.summary import CaseResult, report, save_summary
+from runtime.signals import Stopped
 
 
 ALLOCATOR_SIGNS = ("can't allocate memory", "out of memory", "DefaultCPUAllocator", "std::bad_alloc")
@@ -86,29 +87,38 @@ def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_p
     return results
 
 
-def take_output_lock(config: Config, dist_info: D.DistInfo) -> RunLock:
-    """``--output_dir`` for this run only (rank 0 holds the lock; every rank learns the outcome)."""
-    lock = RunLock(config.output_dir, enabled=dist_info.is_main, flag="--output_dir")
-    problem = None
-    try:
-        lock.acquire()
-    except OutputError as exc:
-        problem = exc
-    if not D.broadcast_int(int(problem is None), dist_info.device):
-        raise problem or OutputError(f"--output_dir {config.output_dir!r} is used by another run (rank 0 says why)")
-    return lock
+def scans_to_predict(config: Config) -> list[Scan]:
+    """The scans of ``--input``; ``--preview`` needs matplotlib (both checked before any work)."""
+    scans = find_scans(config.input)
+    if config.preview:
+        from runtime.predict.preview import matplotlib_missing
+
+        if matplotlib_missing():
+            raise UsageError("--preview needs matplotlib, which is not installed (pip install matplotlib)")
+    return scans
 
 
-def predict_scans(config: Config, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
-    """Load the model, segment this rank's share of ``scans``, write the summary (rank 0)."""
-    load = functools.partial(load_predict_model, say=print if dist_info.is_main else None)
-    model, config = predict_model(config, dist_info.device, load, dist_info.is_main)  # PyTorch or OpenVINO
-    infer = make_infer(model, config, dist_info.device)
+def scan_inference(config: Config, saved: Saved, dist_info: D.DistInfo) -> tuple[Callable, Config]:
+    """``(infer, config)``: preprocessed image -> probabilities with the trained model of the
+    resolved ``config`` (PyTorch or OpenVINO), and the config with its window batch bounded."""
+    say = print if dist_info.is_main else None
+
+    def load(config: Config, device: torch.device) -> torch.nn.Module:
+        return load_trained_model(config, saved, device, say)
+
+    predict, config = predict_windows(config, dist_info.device, load, dist_info.is_main)
+    return make_infer(predict, config, dist_info.device), config
+
+
+def predict_scans(config: Config, saved: Saved, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
+    """Load the model of the resolved ``config``, segment this rank's share of ``scans``, write
+    the summary (rank 0); the exit code."""
+    infer, config = scan_inference(config, saved, dist_info)
     results: list[CaseResult] = []
     try:
         predict_cases(scans[dist_info.rank::dist_info.world_size], infer, config, dist_info.is_main, results)
     except BaseException:
-        if not D.is_dist():  # stopped (a signal, Ctrl-C): what is finished is summarised
+        if not dist_info.distributed:  # stopped (a signal, Ctrl-C): what is finished is summarised
             save_summary(config.output_dir, results)
         raise
     everything = [r for part in D.all_gather_objects(results) for r in part]
@@ -116,40 +126,3 @@ def predict_scans(config: Config, scans: Sequence[Scan], dist_info: D.DistInfo) 
     if dist_info.is_main:
         code = report(everything, config.output_dir, save_summary(config.output_dir, everything))
     return 1 if any(not r.ok for r in everything) else code
-
-
-def run_predict(config: Config) -> int:
-    """``--exec_mode predict``; returns the exit code. A run refused before it wrote anything
-    leaves no empty ``--output_dir`` behind."""
-    created = check_output_dir(config.output_dir, "--output_dir")
-    graceful = False
-    try:
-        scans = find_scans(config.input)
-        if config.preview:
-            from runtime.preview import matplotlib_missing
-
-            if matplotlib_missing():
-                raise UsageError("--preview needs matplotlib, which is not installed (pip install matplotlib)")
-        code = run_with_process_group(config, scans)
-        graceful = True
-        return code
-    finally:
-        if not graceful:
-            remove_if_empty(config.output_dir, created)
-
-
-def run_with_process_group(config: Config, scans: Sequence[Scan]) -> int:
-    dist_info = D.init_distributed(config.device, config.local_rank)
-    preempt = PreemptionFlag(interrupt=True).install()  # SIGTERM: stop now (outputs are atomic)
-    lock, graceful = None, True
-    try:
-        lock = take_output_lock(config, dist_info)
-        return predict_scans(config, scans, dist_info)
-    except BaseException:
-        graceful = False
-        raise
-    finally:
-        preempt.restore()
-        if lock is not None:
-            lock.release()
-        D.cleanup(graceful)

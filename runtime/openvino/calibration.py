@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from runtime.arguments import Config
-from runtime.inference import PAD_VALUE
+from runtime.sliding_window import PAD_VALUE
 
 CALIBRATION_WINDOWS = 6
 

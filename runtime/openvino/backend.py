@@ -1,7 +1,7 @@
 """Which runtime computes the network's windows in predict and evaluate: PyTorch or OpenVINO.
 
 ``--backend torch`` runs the PyTorch model as before. ``--backend openvino`` converts the
-loaded network once per weights and window shape (:mod:`runtime.openvino_runtime`, cached
+loaded network once per weights and window shape (:mod:`runtime.openvino.compiled`, cached
 beside the checkpoint) and runs it with OpenVINO's CPU runtime; the sliding window, Gaussian
 blending, TTA, resampling and every output stay this project's code: OpenVINO only replaces
 ``model(windows)``. ``--backend auto`` (the default) takes OpenVINO on the CPU when it is
@@ -20,7 +20,9 @@ from typing import Callable
 
 import torch
 
-from runtime.arguments import Config, UsageError, replace
+from model.inference_copy import int8_available, int8_path
+from runtime.arguments import Config, UsageError
+from runtime.predictor import build_predictor, options_from
 
 INSTALL_HINT = "pip install -r requirements-openvino.txt"
 TORCH_ONLY_LEVERS = ("amp", "compile", "channels_last")
@@ -94,32 +96,35 @@ def say(message: str, is_main: bool = True, stream=None) -> None:
         print(message, file=stream or sys.stdout, flush=True)
 
 
-def predict_model(config: Config, device: torch.device, load: Callable, is_main: bool = True):
-    """``(model, config)`` for ``--exec_mode predict``: ``load(config, device)`` is
-    :func:`runtime.predict.load_predict_model` (passed in: this module does not import
-    predict); with OpenVINO the returned ``model`` is an :class:`OpenVINOWindows` module that
-    ``runtime.predict.window_predictor`` calls like the PyTorch one. The window batch is
-    bounded by ``--max_memory_gb`` (:mod:`runtime.memory_budget`)."""
-    from runtime.calibration import calibration_unavailable
-    from runtime.memory_budget import bounded_window_batch
+def predict_windows(config: Config, device: torch.device, load: Callable[[Config, torch.device], torch.nn.Module],
+                    is_main: bool = True) -> tuple[Callable[[torch.Tensor], torch.Tensor], Config]:
+    """``(predict, config)`` for ``--exec_mode predict``: the window predictor
+    (:func:`runtime.predictor.build_predictor`) of the backend chosen here, and the config with
+    the window batch bounded by ``--max_memory_gb`` (:mod:`runtime.predict.memory_budget`).
+    ``load(config, device)`` returns the trained PyTorch model (eval mode)."""
+    from runtime.openvino.calibration import calibration_unavailable
+    from runtime.predict.memory_budget import bounded_window_batch
 
     choice = choose_backend(config, device, lambda: calibration_unavailable(config))
     say(f"backend: {choice.why}", is_main)
     if choice.backend == "torch":
-        model, config = load(config, device)
-        return model, bounded_window_batch(config, "torch", say=lambda m: say(m, is_main))
-    int8 = config.int8  # the PyTorch model is loaded in fp32; OpenVINO quantises it
-    model, config = load(replace(config, int8=False), device)
-    config = replace(config, int8=int8)
-    module = openvino_module(model, config, say=lambda m: say(m, is_main))
-    return module, bounded_window_batch(config, "openvino", say=lambda m: say(m, is_main))
+        if config.int8 and int8_available() is not None:
+            raise UsageError(f"--int8: {int8_available()}")
+        predict = build_predictor(load(config, device), device, options_from(config), inference_copy=True)
+        if config.int8:
+            say(f"predict: {int8_path()}", is_main)
+        return predict, bounded_window_batch(config, "torch", say=lambda m: say(m, is_main))
+    # the PyTorch model is loaded in fp32; OpenVINO quantises it with --int8
+    module = openvino_module(load(config, device), config, say=lambda m: say(m, is_main))
+    predict = build_predictor(module, device, options_from(config))
+    return predict, bounded_window_batch(config, "openvino", say=lambda m: say(m, is_main))
 
 
 def openvino_module(model: torch.nn.Module, config: Config, say: Callable[[str], None] = print):
     """``model`` (eval mode, the checkpoint's weights) converted, cached and compiled for
     ``config.val_input_shape`` windows, int8 with ``config.int8``."""
-    from runtime.calibration import calibration_set
-    from runtime.openvino_runtime import OpenVINOWindows, cached_openvino_model
+    from runtime.openvino.calibration import calibration_set
+    from runtime.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     calibration = calibration_set(config) if config.int8 else None
     compiled = cached_openvino_model(model, config, config.load_ckpt_path, calibration, say=say)

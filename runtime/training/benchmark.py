@@ -1,5 +1,5 @@
 """``--benchmark``: time training steps or sliding-window evaluations (no checkpoints, no
-evaluation during training); statistics from :mod:`runtime.latency`."""
+evaluation during training); statistics from :mod:`runtime.training.latency`."""
 from __future__ import annotations
 
 import sys
@@ -9,9 +9,10 @@ import torch
 
 from runtime.arguments import UsageError
 from runtime.build import Components
-from runtime.inference import sliding_window_inference
-from runtime.latency import format_summary, latency_summary
-from runtime.training import Reporters, set_learning_rate, step_inputs
+from runtime.predictor import build_predictor, options_from
+from runtime.sliding_window import sliding_window_inference
+from runtime.training.latency import format_summary, latency_summary
+from runtime.training.loop import Reporters, set_learning_rate, step_inputs
 
 
 def _synchronizer(device: torch.device):
@@ -58,22 +59,17 @@ def benchmark_evaluate(components: Components, out: Reporters) -> dict:
     cfg, dev, loader = components.config, components.dist.device, components.val_loader
     check_something_to_time(len(loader) * cfg.epochs, f"{len(loader)} evaluation volumes", cfg)
     sync = _synchronizer(dev)
-    model = components.eval_model
-    model.eval()
+    components.eval_model.eval()
+    predict = build_predictor(components.eval_model, dev, options_from(cfg))
     times, seen = [], 0
-
-    def predict(x):
-        with components.autocast():
-            return model(x)
-
     with torch.no_grad():
         for _ in range(cfg.epochs):
-            for image, label, _case in out.progress(loader, desc="benchmark eval volumes", total=len(loader),
-                                                    always=True):
+            for image, _label, _case in out.progress(loader, desc="benchmark eval volumes", total=len(loader),
+                                                     always=True):
                 sync()
                 tick = time.perf_counter()
-                sliding_window_inference(predict, image.to(dev), label.to(dev), cfg.val_input_shape,
-                                         cfg.overlap, cfg.sw_batch_size)
+                sliding_window_inference(predict, image.to(dev), cfg.val_input_shape, cfg.overlap,
+                                         cfg.sw_batch_size)
                 sync()
                 if seen >= cfg.warmup_steps:
                     times.append(time.perf_counter() - tick)

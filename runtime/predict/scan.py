@@ -1,18 +1,17 @@
 """``--exec_mode predict``: raw NIfTI CT scans -> segmentation NIfTI files in each scan's own grid.
 
 Per scan (:func:`segment_scan`): read, preprocess exactly as ``preprocess_dataset.py``, slide
-the evaluator's window over the volume (:func:`runtime.inference.sliding_window_inference`:
+the evaluator's window over the volume (:func:`runtime.sliding_window.sliding_window_inference`:
 Gaussian weights, ``--val_input_shape``, ``--overlap``, ``--sw_batch_size``; ``--tta`` adds the 8
 flips), softmax, back to the scan's grid (:mod:`data_loading.scans`), write uint8 labels with the
 scan's affine and header; with ``--preview``, a PNG drawn after the segmentation is safe.
 A failure to write names the output file (:class:`OutputWriteError`).
 
 The folder (scans shared between ranks, each isolated, the lock, the summary) is
-:mod:`runtime.predict_folder`'s.
+:mod:`runtime.predict.folder`'s.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from contextlib import contextmanager
@@ -27,81 +26,30 @@ from data_loading.scans import (Scan, class_volumes_ml, labels_in_original_grid,
                                 write_segmentation)
 from data_loading.windows import window_geometry
 from data_loading.write_errors import is_full_disk, write_failure
-from model.inference import int8_available, int8_path, prepare_for_inference
 from model.losses import label_map_dice
-from runtime.arguments import Config, UsageError, replace
-from runtime.build import autocast_factory, build_model
-from runtime.checkpoint import Saved, load_checkpoint, load_model_weights, model_state_from, weights_description
-from runtime.compiling import compile_model
-from runtime.inference import PAD_VALUE, sliding_window_inference
+from runtime.arguments import Config
+from runtime.build import build_model
+from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
 from runtime.outputs import OutputError
-from runtime.predict_summary import CaseResult
-from runtime.resolve import amp_dtype_for, architecture_from
+from runtime.predict.summary import CaseResult
 from runtime.signals import Stopped
+from runtime.sliding_window import PAD_VALUE, sliding_window_inference
 
-FLIPS = [dims for n in range(4) for dims in itertools.combinations((2, 3, 4), n)]  # 8, () first
 STAGES = ("read", "preprocess", "infer", "restore", "write", "preview")
 
 
 # ----------------------------------------------------------------------------- the model
 
 
-def model_architecture(config: Config, checkpoint: dict, path: str) -> Config:
-    """``config`` with the network flags of the checkpoint (``runtime.resolve.architecture_from``:
-    its saved config where there is one, unless a given flag differs, which is one line); batch
-    norm for a sync-batch-norm network (the same weights; inference needs no cross-rank
-    statistics)."""
-    config = architecture_from(config, Saved(path, checkpoint, resume=False))
-    return replace(config, normalization="batchnorm") if config.normalization == "syncbatchnorm" else config
-
-
-def load_predict_model(config: Config, device: torch.device,
-                       say: Callable[[str], None] | None = None) -> tuple[torch.nn.Module, Config]:
-    """The model of ``--load_ckpt_path`` in eval mode, and the config with its architecture;
-    ``say`` is told which weights were loaded (the best, or the last ones before any evaluation)."""
-    checkpoint = load_checkpoint(config.load_ckpt_path)
-    config = model_architecture(config, checkpoint, config.load_ckpt_path)
-    if config.amp:
-        config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
+def load_trained_model(config: Config, saved: Saved, device: torch.device,
+                       say: Callable[[str], None] | None = None) -> torch.nn.Module:
+    """The network of a resolved ``config`` with ``saved``'s weights, in eval mode; ``say`` is
+    told which weights were loaded (the best, or the last ones before any evaluation)."""
     model = build_model(config, device)
-    load_model_weights(model, model_state_from(checkpoint, prefer="best"), config.load_ckpt_path)
+    load_model_weights(model, model_state_from(saved.checkpoint, prefer="best"), saved.path)
     if say is not None:
-        say(f"weights: {weights_description(checkpoint)} of {config.load_ckpt_path}")
-    if config.int8 and device.type != "cpu":
-        raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
-    if config.int8 and int8_available() is not None:
-        raise UsageError(f"--int8: {int8_available()}")
-    if config.channels_last or config.int8:
-        # Instance norms that keep the channels-last layout (no copy back to NCDHW per layer),
-        # in-place ReLU: the same logits up to rounding; with --int8 the 3x3x3 convolutions
-        # in oneDNN int8 (docs/performance.md).
-        model = prepare_for_inference(model, channels_last=True, int8=config.int8)
-        if config.int8 and say is not None:
-            say(f"predict: {int8_path()}")
-    model.eval()
-    return compile_model(model, config.compile), config
-
-
-def window_predictor(model: torch.nn.Module, config: Config,
-                     device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``windows (B, 1, *roi) -> (B, 3, *roi)``: the model's logits (in ``--amp`` autocast,
-    ``--channels_last``), or with ``--tta`` the softmax averaged over the 8 flips of the
-    three spatial axes (each flipped window's output flipped back)."""
-    autocast, _ = autocast_factory(config, device)
-
-    def logits_of(batch: torch.Tensor) -> torch.Tensor:
-        if config.channels_last or config.int8:
-            batch = batch.contiguous(memory_format=torch.channels_last_3d)
-        with autocast():
-            return model(batch).float()
-
-    def mirrored_probabilities(batch: torch.Tensor) -> torch.Tensor:
-        total = torch.softmax(logits_of(batch), dim=1)
-        for dims in FLIPS[1:]:
-            total += torch.softmax(logits_of(batch.flip(dims)), dim=1).flip(dims)
-        return total / len(FLIPS)
-
-    return mirrored_probabilities if config.tta else logits_of
+        say(f"weights: {weights_description(saved.checkpoint)} of {saved.path}")
+    return model.eval()
 
 
 def cover_padding(shape: Sequence[int], roi: Sequence[int], overlap: float) -> tuple[tuple[int, int], ...]:
@@ -130,20 +78,19 @@ def volume_probabilities(predict: Callable[[torch.Tensor], torch.Tensor], image:
     padding = cover_padding(image.shape[1:], config.val_input_shape, config.overlap)
     volume = torch.from_numpy(np.ascontiguousarray(image))[None].to(device)
     volume = F.pad(volume, [p for pair in reversed(padding) for p in pair], value=PAD_VALUE)
-    # the window needs a label to trim alongside; nothing is trimmed here, a broadcast zero does
-    no_label = torch.zeros((1, 1, 1, 1, 1), dtype=torch.uint8, device=device).expand(1, 1, *volume.shape[2:])
     with torch.no_grad():
-        out, _ = sliding_window_inference(predict, volume, no_label, config.val_input_shape, config.overlap,
-                                          config.sw_batch_size)
+        out = sliding_window_inference(predict, volume, config.val_input_shape, config.overlap,
+                                       config.sw_batch_size)
     if tuple(out.shape[2:]) != tuple(volume.shape[2:]):
         raise AssertionError(f"sliding window returned {tuple(out.shape[2:])} for {tuple(volume.shape[2:])}")
     out = out[0][(..., *(slice(b, b + s) for (b, _), s in zip(padding, image.shape[1:])))]
     return out if probabilities_out else torch.softmax(out, dim=0)
 
 
-def make_infer(model: torch.nn.Module, config: Config, device: torch.device) -> Callable[[np.ndarray], torch.Tensor]:
-    """``preprocessed image (1, D, H, W) -> probabilities (3, D, H, W)`` with ``model``."""
-    predict = window_predictor(model, config, device)
+def make_infer(predict: Callable[[torch.Tensor], torch.Tensor], config: Config,
+               device: torch.device) -> Callable[[np.ndarray], torch.Tensor]:
+    """``preprocessed image (1, D, H, W) -> probabilities (3, D, H, W)`` with the window
+    predictor ``predict`` (:func:`runtime.predictor.build_predictor`)."""
     return lambda image: volume_probabilities(predict, image, config, device, probabilities_out=config.tta)
 
 
@@ -241,7 +188,7 @@ def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.nd
                  truth: np.ndarray | None) -> None:
     """``--preview``, after the segmentation is safe: any failure (a broken matplotlib, a full
     disk) becomes ``result.error``."""
-    from runtime.preview import write_preview
+    from runtime.predict.preview import write_preview
 
     try:
         write_output(path, lambda: write_preview(path, image, labels, truth, result.case))

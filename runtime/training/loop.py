@@ -6,6 +6,7 @@ run's status (a pure function), save. Everything it uses is built by ``runtime.b
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -17,8 +18,9 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from data_loading.write_errors import write_failure
 from runtime.build import Components
-from runtime.inference import evaluate
-from runtime.run_files import DIVERGED_DICE, EVAL, TRAIN
+from runtime.evaluation import evaluate
+from runtime.predictor import build_predictor, options_from
+from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
 from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
@@ -160,15 +162,15 @@ class PeriodicCheckpoints:
                          "training goes on, the previous checkpoint is unchanged")
 
 
-def should_stop_for_preemption(preempt: PreemptionFlag, device: torch.device, step: int,
+def should_stop_for_preemption(preempt: PreemptionFlag, dist_info: D.DistInfo, step: int,
                                last_of_epoch: bool) -> bool:
     """Local flag at world size 1; at larger sizes all ranks agree every few steps and at the end
     of every epoch (a collective every step would cost a host sync per step)."""
-    if not D.is_dist():
+    if not dist_info.distributed:
         return bool(preempt)
     if step % PREEMPT_CHECK_EVERY and not last_of_epoch:
         return False
-    flag = torch.tensor([1.0 if preempt else 0.0], device=device)
+    flag = torch.tensor([1.0 if preempt else 0.0], device=dist_info.device)
     return bool(D.all_reduce_sum(flag).item() > 0)
 
 
@@ -191,7 +193,7 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
         boundary = (step + 1) % cfg.ga_steps == 0 or step + 1 == len(loader)
         loss_sum += components.step(image, label, boundary, boundary)
         steps_done += 1
-        if boundary and should_stop_for_preemption(out.preempt, components.dist.device, step + 1,
+        if boundary and should_stop_for_preemption(out.preempt, components.dist, step + 1,
                                                    step + 1 == len(loader)):
             state.step_in_epoch = step + 1
             state.epoch_loss_sum = float(D.all_reduce_sum(loss_sum.clone()).item())
@@ -206,19 +208,24 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
 
 def run_evaluation(components: Components, out: Reporters, epoch: int, cases: list | None = None) -> dict:
     """Sliding-window evaluation of all evaluation cases (MLPerf eval events around it);
-    ``cases`` receives this rank's per-case scores (``runtime.inference.case_scores``)."""
+    ``cases`` receives this rank's per-case scores (``runtime.evaluation.case_scores``)."""
     cfg = components.config
     # Evaluation bypasses DDP; with batch norm every rank must use rank 0's running statistics
     # (the ones the checkpoint holds), not the ones its own last training forward left.
     D.broadcast_buffers(ckpt.unwrap(components.model))
     out.mlperf.start(C.EVAL_START, metadata={"epoch_num": epoch})
     loader = components.val_loader
-    metrics = evaluate(components.eval_model, loader, components.loss_fn, components.score_fn,
-                       cfg.val_input_shape, cfg.overlap, cfg.sw_batch_size, components.dist.device,
-                       components.autocast,
-                       progress=lambda it: out.progress(it, desc=f"eval {epoch} cases", total=len(loader),
-                                                        always=True),
-                       cases=cases, scan_region=getattr(loader, "scan_region", None))
+    model = components.eval_model
+    model.eval()
+    try:
+        metrics = evaluate(build_predictor(model, components.dist.device, options_from(cfg)), loader,
+                           components.loss_fn, components.score_fn, cfg.val_input_shape, cfg.overlap,
+                           cfg.sw_batch_size, components.dist.device,
+                           progress=lambda it: out.progress(it, desc=f"eval {epoch} cases", total=len(loader),
+                                                            always=True),
+                           cases=cases, scan_region=getattr(loader, "scan_region", None))
+    finally:
+        model.train()
     out.mlperf.event(C.EVAL_ACCURACY, value=metrics["mean_dice"], metadata={"epoch_num": epoch})
     out.mlperf.end(C.EVAL_STOP, metadata={"epoch_num": epoch})
     return metrics
@@ -307,3 +314,29 @@ def train(components: Components, out: Reporters) -> RunResult:
         if status:
             break
     return RunResult(status or "finished", state.epoch, state.best_mean_dice)
+
+
+def run_training(components: Components, out: Reporters) -> int:
+    """The timed MLPerf run of a built ``components``: init stop, run start, the epochs, run stop,
+    the RESULT line; returns the exit code."""
+    cfg = components.config
+    out.mlperf.hyperparameters(cfg, components.dist.world_size)
+    out.mlperf.end(C.INIT_STOP)
+    D.barrier()
+    out.mlperf.start(C.RUN_START)
+    run_start = time.time()
+    out.say(f"training: {cfg.num_train_cases} cases, {cfg.samples_per_epoch} samples/epoch, first eval at epoch "
+            f"{cfg.start_eval_at}, then every {cfg.evaluate_every}; seed {cfg.seed}")
+    result = train(components, out)
+    D.barrier()
+    mlperf_status = "success" if result.status == "success" else "aborted"
+    out.mlperf.end(C.RUN_STOP, metadata={"status": mlperf_status, "epoch_num": result.epoch})
+    # MLPerf knows success and aborted only; the report tells a run that ran its --epochs apart
+    out.metrics.write(RESULT, status=result.status, epoch=result.epoch, epochs=cfg.epochs)
+    out.say(f"RESULT,image_segmentation,{cfg.seed},{time.time() - run_start:.1f},{result.status},"
+            f"best_mean_dice={result.best_mean_dice:.4f},epochs={result.epoch}")
+    sys.stdout.flush()
+    if result.status == "preempted":
+        # Saved: a requeued job resumes (exit 0). Nothing to resume from: say it with the exit code.
+        return 0 if cfg.save_ckpt_path else 128 + (out.preempt.number or 15)
+    return 0 if result.status in ("success", "finished") else 3

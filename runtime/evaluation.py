@@ -1,0 +1,64 @@
+"""The benchmark's evaluation: every case's sliding-window logits scored, all ranks combined."""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from data_loading.windows import region_in_trimmed
+from runtime.distributed import all_reduce_sum
+from runtime.sliding_window import sliding_window_inference, trim_like_window
+
+
+def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable, loss_fn, score_fn,
+             roi: Sequence[int], overlap: float, sw_batch_size: int, device: torch.device, progress=None,
+             cases: list | None = None, scan_region: Callable | None = None) -> dict[str, float]:
+    """Evaluate the volumes of this rank and combine all ranks exactly.
+
+    ``predict``: windows -> logits (:func:`runtime.predictor.build_predictor`; the caller puts
+    the model in eval mode). ``volumes`` yields ``(image, label, case_id)``. Per-case loss and
+    Dice are summed on each rank, the sums and case counts are summed across ranks, then
+    divided: every case weighs the same whatever the world size, and a rank with no case
+    contributes zeros.
+
+    ``cases``: a list that receives this rank's :func:`case_scores` per case (each a host sync;
+    the sums do not change). ``scan_region(case_id, shape)``: the slices of the scan inside the
+    stored volume (None: unknown), for the Dice inside the scan that ``case_scores`` adds.
+    """
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, kidney, tumour, cases
+    with torch.no_grad():
+        for image, label, case_id in (progress(volumes) if progress else volumes):
+            image = image.to(device, non_blocking=True)
+            label = label.to(device, non_blocking=True)
+            shape = tuple(image.shape[2:])
+            logits = sliding_window_inference(predict, image, roi, overlap, sw_batch_size)
+            label = trim_like_window(label, roi, overlap)
+            loss, scores = loss_fn(logits, label).double(), score_fn(logits, label).double()
+            sums[0] += loss
+            sums[1:3] += scores
+            sums[3] += 1
+            if cases is not None:
+                region = scan_region(case_id, shape) if scan_region is not None else None
+                inside = region and region_in_trimmed(region, shape, roi, overlap)
+                cases.append(case_scores(case_id, loss, scores, inside and score_fn(
+                    logits[(..., *inside)], label[(..., *inside)])))
+    all_reduce_sum(sums)
+    loss, kidney, tumour, count = sums.tolist()
+    if count == 0:
+        raise RuntimeError("no evaluation case on any rank")
+    kidney, tumour = kidney / count, tumour / count
+    return {"eval_loss": loss / count, "l1_dice": kidney, "l2_dice": tumour,
+            "mean_dice": (kidney + tumour) / 2, "eval_cases": int(count)}
+
+
+def case_scores(case_id: str, loss: torch.Tensor, scores: torch.Tensor, inside: torch.Tensor | None) -> dict:
+    """One case's numbers: the benchmark's (its Dice on the whole stored volume, as summed
+    into the mean) and, when the scan's region is known, the Dice inside the scan."""
+    kidney, tumour = (float(v) for v in scores.tolist())
+    record = {"case": case_id, "kidney_dice": kidney, "tumour_dice": tumour, "mean_dice": (kidney + tumour) / 2,
+              "eval_loss": float(loss), "scan_kidney_dice": None, "scan_tumour_dice": None, "scan_mean_dice": None}
+    if inside is not None:
+        scan_kidney, scan_tumour = (float(v) for v in inside.double().tolist())
+        record.update(scan_kidney_dice=scan_kidney, scan_tumour_dice=scan_tumour,
+                      scan_mean_dice=(scan_kidney + scan_tumour) / 2)
+    return record

@@ -1,0 +1,1 @@
+"""Predict: raw CT scans in, segmentations in each scan's own grid out."""
