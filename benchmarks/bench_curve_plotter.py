@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from model.unet3d import Unet3D  # noqa: E402
-from runtime.report import CurvePlotter, write_curves, write_curves_in_subprocess  # noqa: E402
+from runtime.report.plotter import CurvePlotter, write_curves, write_curves_in_subprocess  # noqa: E402
 
 
 def model_step_fn():

@@ -12,7 +12,6 @@ the process group starts, and its body. README: "Add an exec mode".
 from __future__ import annotations
 
 import os
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +23,8 @@ from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.build import Components, build_components
 from runtime.evaluation_report import explain_scores, write_case_scores
-from runtime.logging import METRICS_LOG_NAME, MLPERF_LOG_NAME, MetricsWriter, MLPerfLogger
+from runtime.run_files import BACKEND, EVAL, METRICS_LOG, MLPERF_LOG, resumed_log_name
+from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
                              keep_previous, remove_if_empty)
@@ -159,15 +159,15 @@ def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preemp
     mlperf_on = main and config.is_train and not config.benchmark
     # One MLPerf log holds one run: a resumed run (a new attempt) writes a file of its own, and
     # a new run keeps the previous log under another name.
-    name = f"unet3d.resumed-{time.strftime('%Y%m%d-%H%M%S')}.log" if resuming else None
+    name = resumed_log_name() if resuming else None
     if mlperf_on and not resuming:
-        for log_name in (MLPERF_LOG_NAME, METRICS_LOG_NAME):
+        for log_name in (MLPERF_LOG, METRICS_LOG):
             kept = keep_previous(os.path.join(config.log_dir, log_name))
             if kept:
                 print(f"kept the previous run's {log_name} as {kept}")
     curves = None
     if config.plot and mlperf_on:
-        from runtime.report import CurvePlotter
+        from runtime.report.plotter import CurvePlotter
 
         curves = CurvePlotter(config.log_dir, config.quality_threshold)
     return Reporters(
@@ -245,8 +245,8 @@ def evaluate_body(session: Session) -> int:
         out.say(f"weights: {ckpt.weights_description(saved.checkpoint)} of {saved.path}")
     for line in explain_scores(cases):
         out.say(line)
-    out.metrics.write("backend", backend=backend.backend, why=backend.why)
-    out.metrics.write("eval", epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
+    out.metrics.write(BACKEND, backend=backend.backend, why=backend.why)
+    out.metrics.write(EVAL, epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
     if out.is_main:
         out.say(f"per-case Dice: {write_case_scores(components.config.log_dir, cases)}")
     return 0

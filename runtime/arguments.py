@@ -17,6 +17,7 @@ from typing import Sequence
 from data_loading.cli_types import OneLineParser, positive_int
 from model.layers import ACTIVATIONS, NORMALIZATIONS
 from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
+from runtime.run_files import QUALITY_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Config:
     plot: bool = False
     # schedule
     epochs: int = 1
-    quality_threshold: float = 0.908
+    quality_threshold: float = QUALITY_THRESHOLD
     ga_steps: int = 1
     warmup_steps: int = 4
     batch_size: int = 2

@@ -20,10 +20,8 @@ import numpy as np
 from data_loading.atomic import atomic_write
 from data_loading.write_errors import write_failure
 from runtime.outputs import OutputError
+from runtime.run_files import EVAL_CASES_COLUMNS, EVAL_CASES_CSV
 
-CASES_CSV = "eval_cases.csv"
-FIELDS = ("case", "kidney_dice", "tumour_dice", "mean_dice", "eval_loss", "scan_kidney_dice",
-          "scan_tumour_dice", "scan_mean_dice")
 SCORED = ("scored: the benchmark's Dice on the preprocessed volumes (resampled to 1.6 x 1.2 x 1.2 mm, "
           "min-shape padding and the benchmark's resampled labels included), the mean over cases")
 
@@ -63,16 +61,16 @@ def case_scores_csv(cases: Sequence[dict]) -> str:
     """The CSV text: one row per case, sorted by case."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(FIELDS)
+    writer.writerow(EVAL_CASES_COLUMNS)
     for case in sorted(cases, key=lambda c: str(c["case"])):
-        writer.writerow([_cell(case.get(key)) for key in FIELDS])
+        writer.writerow([_cell(case.get(key)) for key in EVAL_CASES_COLUMNS])
     return text.getvalue()
 
 
 def write_case_scores(log_dir: str, cases: Sequence[dict]) -> str:
     """``<log_dir>/eval_cases.csv`` written atomically; :class:`OutputError` (one line) when it
     cannot be written."""
-    path = os.path.join(log_dir, CASES_CSV)
+    path = os.path.join(log_dir, EVAL_CASES_CSV)
     data = case_scores_csv(cases).encode("utf-8")
     try:
         atomic_write(path, lambda handle: handle.write(data))

@@ -349,7 +349,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     from model.losses import DiceCELoss, DiceScore
     from runtime.openvino.backend import evaluation_components
     from runtime.evaluation import evaluate
-    from runtime.logging import MetricsWriter
+    from runtime.run_log import MetricsWriter
     from runtime.training.loop import Reporters
 
     @dataclasses.dataclass

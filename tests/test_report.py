@@ -1,6 +1,6 @@
 """runtime.report on synthetic run folders whose numbers are known.
 
-The log files are written here by hand in the formats runtime/logging.py writes (log.json: one
+The log files are written here by hand in the formats runtime/run_log.py writes (log.json: one
 JSON object per line; unet3d.log: ``:::MLLOG {json}`` lines), with chosen times and values, so
 every number in the summary has a known answer. The compliance verdict is the official checker's
 (mlperf_logging), and the olympic score is compared with mlperf_logging's own result summarizer.
@@ -22,7 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from runtime import report as R
+from runtime.report.cli import make_report
+from runtime.report.compliance import _checker_problems, check_compliance
+from runtime.report.figure import MATPLOTLIB_HINT, MissingMatplotlib
+from runtime.report.plotter import CurvePlotter, write_curves, write_curves_in_subprocess
+from runtime.report.runs import Attempt, collect_runs, load_run
+from runtime.report.scoring import elapsed_minutes, olympic_score, run_outcome, score_runs, summarize_run
 
 ROOT = Path(__file__).resolve().parent.parent
 T0_MS = 1_795_000_000_000  # run_start of the synthetic runs (ms since the Unix epoch)
@@ -115,21 +120,21 @@ def test_summary_numbers_are_exact(tmp_path):
                eval_record(6, 0.91)]
     folder = write_run(tmp_path / "run", records,
                        mlperf_lines(T0_MS, T0_MS + 123_456, "success", seed=7, evals=[(4, 0.93)], epochs=6))
-    summary = R.summarize_run(R.load_run(str(folder)), threshold=0.908)
+    summary = summarize_run(load_run(str(folder)), threshold=0.908)
     assert summary.status == "success"
     assert summary.time_to_target_s == 123.456
     assert summary.best_mean_dice == 0.93 and summary.best_epoch == 4  # the earlier of a tie
     assert summary.reached_epoch == 4
     assert summary.epochs == 6 and summary.seed == 7 and summary.attempts == 1
     assert summary.mean_throughput == 3.0  # (1 + 2 + 3 + 6 + 3 + 3) / 6
-    assert R.summarize_run(R.load_run(str(folder)), threshold=0.92).reached_epoch == 4
-    assert R.summarize_run(R.load_run(str(folder)), threshold=0.95).reached_epoch is None
+    assert summarize_run(load_run(str(folder)), threshold=0.92).reached_epoch == 4
+    assert summarize_run(load_run(str(folder)), threshold=0.95).reached_epoch is None
 
 
 def test_aborted_run_has_run_time_but_no_time_to_target(tmp_path):
     records = [train_record(1), train_record(2), eval_record(2, 0.4)]
     folder = write_run(tmp_path / "run", records, mlperf_lines(T0_MS, T0_MS + 30_000, "aborted"))
-    summary = R.summarize_run(R.load_run(str(folder)), 0.908)
+    summary = summarize_run(load_run(str(folder)), 0.908)
     assert summary.status == "aborted" and summary.time_to_target_s is None and summary.run_time_s == 30.0
 
 
@@ -142,7 +147,7 @@ def test_aborted_run_has_run_time_but_no_time_to_target(tmp_path):
     ([9.0, 1.0, 2.0, 3.0, 4.0], 0, 2, 3.0),
 ])
 def test_olympic_score_known_answers(times, failed, drop, expected):
-    assert R.olympic_score(times, failed, drop) == expected
+    assert olympic_score(times, failed, drop) == expected
 
 
 def test_olympic_score_matches_mlperf_result_summarizer():
@@ -152,7 +157,7 @@ def test_olympic_score_matches_mlperf_result_summarizer():
         drop = rng.choice([1, 2, 4])
         failed = rng.randint(0, drop)
         times = [rng.uniform(10, 100) for _ in range(rng.randint(max(0, 2 * drop + 1 - failed), 40))]
-        ours = R.olympic_score(times, failed, drop)
+        ours = olympic_score(times, failed, drop)
         theirs = summarizer._compute_olympic_average(list(times), failed, drop)
         assert ours == pytest.approx(theirs, rel=1e-12), (times, failed, drop)
 
@@ -160,7 +165,7 @@ def test_olympic_score_matches_mlperf_result_summarizer():
 def test_score_over_run_folders(tmp_path):
     for name, seconds in [("a", 60), ("b", 120), ("c", 180), ("d", 600)]:
         good_run(tmp_path / "sweep" / name, seconds)
-    result = R.make_report([str(tmp_path / "sweep")], str(tmp_path / "out"), check=False, draw=False,
+    result = make_report([str(tmp_path / "sweep")], str(tmp_path / "out"), check=False, draw=False,
                            say=lambda line: None)
     assert [s.label for s in result["runs"]] == ["a (seed 1)", "b (seed 1)", "c (seed 1)", "d (seed 1)"]
     assert result["score"].minutes == 2.5  # mean of 2 and 3 minutes after dropping 1 and 10
@@ -173,16 +178,16 @@ def test_score_over_run_folders(tmp_path):
 def test_score_needs_three_runs(tmp_path):
     good_run(tmp_path / "a", 60)
     good_run(tmp_path / "b", 120)
-    result = R.make_report([str(tmp_path)], str(tmp_path / "out"), check=False, draw=False, say=lambda line: None)
+    result = make_report([str(tmp_path)], str(tmp_path / "out"), check=False, draw=False, say=lambda line: None)
     assert result["score"].minutes is None and "3 needed" in result["score"].text
 
 
 def test_elapsed_minutes_leave_out_gaps_between_attempts():
-    first = R.Attempt("a", start_ms=1_000_000, stop_ms=1_060_000, status="aborted", last_ms=1_060_000)
-    second = R.Attempt("b", start_ms=5_000_000, stop_ms=5_030_000, status="success", last_ms=5_030_000)
-    minutes = R.elapsed_minutes([1_030.0, 1_060.0, 5_000.0, 5_030.0], [first, second])
+    first = Attempt("a", start_ms=1_000_000, stop_ms=1_060_000, status="aborted", last_ms=1_060_000)
+    second = Attempt("b", start_ms=5_000_000, stop_ms=5_030_000, status="success", last_ms=5_030_000)
+    minutes = elapsed_minutes([1_030.0, 1_060.0, 5_000.0, 5_030.0], [first, second])
     assert minutes == [0.5, 1.0, 1.0, 1.5]
-    assert R.elapsed_minutes([100.0, 160.0], []) == [0.0, 1.0]
+    assert elapsed_minutes([100.0, 160.0], []) == [0.0, 1.0]
 
 
 # --------------------------------------------------------------------------- real files
@@ -191,9 +196,9 @@ def test_truncated_run_still_writing(tmp_path):
     records = [train_record(1), train_record(2), eval_record(2, 0.4), train_record(3)]
     mlperf = mlperf_lines(T0_MS, None, evals=[(2, 0.4)], epochs=3)
     folder = write_run(tmp_path / "run", records, mlperf, cut_metrics=True, cut_mlperf=True)
-    run = R.load_run(str(folder))
+    run = load_run(str(folder))
     assert [p.epoch for p in run.train] == [1, 2] and [p.epoch for p in run.evals] == [2]
-    summary = R.summarize_run(run, 0.908)
+    summary = summarize_run(run, 0.908)
     assert summary.status == "incomplete" and summary.time_to_target_s is None
     assert summary.best_mean_dice == 0.4 and summary.epochs == 2
     notes = " | ".join(summary.notes)
@@ -204,7 +209,7 @@ def test_truncated_run_still_writing(tmp_path):
 def test_unreadable_middle_line_is_skipped_with_a_note(tmp_path):
     folder = tmp_path / "run"
     write_lines(folder / "log.json", [json.dumps(train_record(1)), "{not json", json.dumps(train_record(2))])
-    run = R.load_run(str(folder))
+    run = load_run(str(folder))
     assert [p.epoch for p in run.train] == [1, 2]
     assert any("1 unreadable line(s) skipped (line 2 first)" in n for n in run.notes)
 
@@ -212,7 +217,7 @@ def test_unreadable_middle_line_is_skipped_with_a_note(tmp_path):
 def test_crashed_before_any_evaluation(tmp_path):
     records = [train_record(1), train_record(2), train_record(3)]
     folder = write_run(tmp_path / "run", records, mlperf_lines(T0_MS, None, epochs=3))
-    summary = R.summarize_run(R.load_run(str(folder)), 0.908)
+    summary = summarize_run(load_run(str(folder)), 0.908)
     assert summary.status == "incomplete" and summary.epochs == 3
     assert summary.best_mean_dice is None and summary.best_epoch is None and summary.reached_epoch is None
     assert summary.run_time_s == 0.999  # up to the last event of the log: block_stop at +999 ms
@@ -222,8 +227,8 @@ def test_crashed_before_any_evaluation(tmp_path):
 def test_crashed_during_initialisation(tmp_path):
     folder = tmp_path / "run"
     write_lines(folder / "unet3d.log", mlperf_lines(T0_MS)[:5])
-    run = R.load_run(str(folder))
-    summary = R.summarize_run(run, 0.908)
+    run = load_run(str(folder))
+    summary = summarize_run(run, 0.908)
     assert summary.status == "incomplete" and summary.run_time_s is None and summary.epochs is None
     assert any("no run_start" in n for n in summary.notes) and any("no log.json" in n for n in summary.notes)
 
@@ -232,10 +237,10 @@ def test_diverged_run(tmp_path):
     records = [train_record(1, 1.0), train_record(2, 0.9), eval_record(2, 0.3), train_record(3, math.nan)]
     folder = write_run(tmp_path / "run", records, mlperf_lines(T0_MS, T0_MS + 40_000, "aborted", epochs=3))
     assert "NaN" in (folder / "log.json").read_text()  # how json.dumps writes a diverged loss
-    summary = R.summarize_run(R.load_run(str(folder)), 0.908)
+    summary = summarize_run(load_run(str(folder)), 0.908)
     assert summary.status == "diverged" and summary.time_to_target_s is None and summary.run_time_s == 40.0
     assert any("diverged at epoch 3" in n for n in summary.notes)
-    result = R.make_report([str(folder)], str(tmp_path / "out"), check=False, draw=False, say=lambda line: None)
+    result = make_report([str(folder)], str(tmp_path / "out"), check=False, draw=False, say=lambda line: None)
 
     def no_nan(constant):
         raise AssertionError(f"{constant} in summary.json")
@@ -245,7 +250,7 @@ def test_diverged_run(tmp_path):
 def test_dice_below_1e6_is_diverged(tmp_path):
     records = [train_record(1), train_record(2), eval_record(2, 0.0)]
     folder = write_run(tmp_path / "run", records, mlperf_lines(T0_MS, T0_MS + 5_000, "aborted"))
-    assert R.summarize_run(R.load_run(str(folder)), 0.908).status == "diverged"
+    assert summarize_run(load_run(str(folder)), 0.908).status == "diverged"
 
 
 def test_resumed_run(tmp_path):
@@ -259,24 +264,24 @@ def test_resumed_run(tmp_path):
     write_run(folder, records, mlperf_lines(T0_MS, T0_MS + 100_000, "aborted", seed=5, epochs=3))
     write_lines(folder / "unet3d.resumed-20261121-120000.log",
                 mlperf_lines(t1_ms, t1_ms + 50_000, "success", seed=5, evals=[(4, 0.95)], epochs=4))
-    run = R.load_run(str(folder))
+    run = load_run(str(folder))
     assert [a.status for a in run.attempts] == ["aborted", "success"]
     assert [p.loss for p in run.train if p.epoch == 3] == [0.6]  # the later values of a repeated epoch
-    summary = R.summarize_run(run, 0.908)
+    summary = summarize_run(run, 0.908)
     assert summary.status == "success" and summary.attempts == 2 and summary.seed == 5
     assert summary.time_to_target_s == 150.0
     notes = " | ".join(summary.notes)
     assert "resumed: 2 MLPerf logs" in notes and "epochs 3-3 trained again" in notes
-    minutes = R.elapsed_minutes([p.time for p in run.train], run.attempts)
+    minutes = elapsed_minutes([p.time for p in run.train], run.attempts)
     assert minutes[-1] == pytest.approx((100 + 20) / 60)
-    score = R.score_runs([summary, summary, summary])
+    score = score_runs([summary, summary, summary])
     assert score.minutes == 2.5 and "3 resumed run(s)" in score.text
 
 
 def test_reused_folder_shows_the_last_run(tmp_path):
     records = [train_record(1), train_record(2), train_record(3), train_record(1, loss=5.0), train_record(2)]
     mlperf = mlperf_lines(T0_MS, T0_MS + 9_000, "aborted") + mlperf_lines(T0_MS + 50_000, T0_MS + 80_000)
-    run = R.load_run(str(write_run(tmp_path / "run", records, mlperf)))
+    run = load_run(str(write_run(tmp_path / "run", records, mlperf)))
     assert [p.epoch for p in run.train] == [1, 2] and run.train[0].loss == 5.0
     assert run.attempts[0].seconds == 30.0 and run.attempts[0].status == "success"
     assert any("2 runs started at epoch 1" in n for n in run.notes)
@@ -285,17 +290,28 @@ def test_reused_folder_shows_the_last_run(tmp_path):
 
 def test_checkpoint_evaluation_is_not_a_curve_point(tmp_path):
     records = [train_record(1), train_record(2), eval_record(2, 0.5), {**eval_record(0, 0.6), "checkpoint": "c.pt"}]
-    run = R.load_run(str(write_run(tmp_path / "run", records)))
+    run = load_run(str(write_run(tmp_path / "run", records)))
     assert [p.epoch for p in run.evals] == [2]
     assert any("evaluation of checkpoint c.pt: mean_dice 0.6000" in n for n in run.notes)
-    assert R.run_outcome(run) == "no MLPerf log"
+    assert run_outcome(run) == "no MLPerf log"
+
+
+def test_the_command_keeps_trainings_result_a_run_that_ran_its_epochs_is_finished(tmp_path):
+    """MLPerf's run_stop says aborted; training's result record in log.json says finished, and the
+    report's summary (not only load_run) says so too."""
+    records = [train_record(1), train_record(2), eval_record(2, 0.4),
+               {"time": T0 + 30, "kind": "result", "status": "finished", "epoch": 2, "epochs": 2}]
+    folder = write_run(tmp_path / "run", records, mlperf_lines(T0_MS, T0_MS + 30_000, "aborted"))
+    result = make_report([str(folder)], str(tmp_path / "out"), check=False, draw=False, say=lambda line: None)
+    assert [s.status for s in result["runs"]] == ["finished"]
+    assert json.loads(Path(result["summary_json"]).read_text())["runs"][0]["status"] == "finished"
 
 
 def test_sweep_folders_expand_and_labels_are_unique(tmp_path):
     good_run(tmp_path / "sweep" / "lr0.4" / "results", 60, seed=1)
     good_run(tmp_path / "sweep" / "lr0.8" / "results", 60, seed=2)
     (tmp_path / "sweep" / "empty").mkdir()
-    runs, empty = R.collect_runs([str(tmp_path / "sweep"), str(tmp_path / "sweep" / "empty")])
+    runs, empty = collect_runs([str(tmp_path / "sweep"), str(tmp_path / "sweep" / "empty")])
     assert [r.label for r in runs] == [os.path.join("lr0.4", "results") + " (seed 1)",
                                       os.path.join("lr0.8", "results") + " (seed 2)"]
     assert empty == [str(tmp_path / "sweep" / "empty")]
@@ -319,7 +335,7 @@ def test_empty_folder_beside_a_run_is_one_line_and_the_report_goes_on(tmp_path):
     good_run(tmp_path / "run", 60)
     (tmp_path / "nothing").mkdir()
     said = []
-    result = R.make_report([str(tmp_path / "run"), str(tmp_path / "nothing")], str(tmp_path / "out"),
+    result = make_report([str(tmp_path / "run"), str(tmp_path / "nothing")], str(tmp_path / "out"),
                            check=False, draw=False, say=said.append)
     assert said[0] == f"{tmp_path / 'nothing'}: no run here (no log.json or unet3d.log in it or below it)"
     assert len(result["runs"]) == 1 and "no run here" in Path(result["summary_md"]).read_text()
@@ -333,7 +349,7 @@ def test_command_without_matplotlib_writes_the_summary_and_one_line(tmp_path):
                            "--no_compliance"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert proc.stdout.splitlines()[0] == f"curves.png not written: {R.MATPLOTLIB_HINT}"
+    assert proc.stdout.splitlines()[0] == f"curves.png not written: {MATPLOTLIB_HINT}"
     assert (tmp_path / "out" / "summary.md").is_file() and not (tmp_path / "out" / "curves.png").exists()
 
 
@@ -348,8 +364,8 @@ def test_compliance_verdicts_from_the_official_checker(tmp_path):
     pytest.importorskip("mlperf_logging")
     good = good_run(tmp_path / "good", 60)
     crashed = write_run(tmp_path / "crashed", [train_record(1)], mlperf_lines(T0_MS, None, evals=[(2, 0.5)]))
-    passed = R.check_compliance(str(good / "unet3d.log"))
-    failed = R.check_compliance(str(crashed / "unet3d.log"))
+    passed = check_compliance(str(good / "unet3d.log"))
+    failed = check_compliance(str(crashed / "unet3d.log"))
     assert passed.checked and passed.passed and passed.verdict() == "PASS"
     assert failed.checked and not failed.passed
     assert "Required EXACTLY_ONE occurrence of 'run_stop' but found 0" in failed.problems
@@ -357,7 +373,7 @@ def test_compliance_verdicts_from_the_official_checker(tmp_path):
     lines = (good / "unet3d.log").read_text().splitlines()
     lines.insert(10, lines[10][:40])
     (tmp_path / "cut.log").write_text("\n".join(lines) + "\n")
-    cut = R.check_compliance(str(tmp_path / "cut.log"))
+    cut = check_compliance(str(tmp_path / "cut.log"))
     assert not cut.passed and any(p.startswith("parse error:") for p in cut.problems)
     assert not list(tmp_path.rglob("compliance_checker.log"))  # the checker's own file stays in its temp dir
 
@@ -365,7 +381,7 @@ def test_compliance_verdicts_from_the_official_checker(tmp_path):
 def test_report_lists_compliance_per_log(tmp_path):
     pytest.importorskip("mlperf_logging")
     good_run(tmp_path / "run", 60)
-    result = R.make_report([str(tmp_path / "run")], str(tmp_path / "out"), draw=False, say=lambda line: None)
+    result = make_report([str(tmp_path / "run")], str(tmp_path / "out"), draw=False, say=lambda line: None)
     assert [c.passed for c in result["runs"][0].compliance] == [True]
     assert "unet3d.log: PASS" in Path(result["summary_md"]).read_text()
 
@@ -382,7 +398,7 @@ def test_checker_output_parsing():
               "------------------------------\n"
               "Failed checks for eval_accuracy :  v['value'] >= 0.908\n"
               "ERROR - FAILED\n")
-    assert R._checker_problems(output) == [
+    assert _checker_problems(output) == [
         "parse error: Expecting value: line 1 column 2 (char 1)",
         "Required EXACTLY_ONE occurrence of 'run_stop' but found 0",
         "CHECK for 'train_samples' failed in line 71: v['value'] == 168",
@@ -407,14 +423,14 @@ def lines_by_gid(figure) -> dict[str, list]:
 
 @needs_matplotlib
 def test_figure_holds_one_line_per_run_with_its_points(tmp_path):
-    from runtime.curves_figure import build_figure
+    from runtime.report.figure import build_figure
 
     good_run(tmp_path / "a", 60)
     write_run(tmp_path / "b", [train_record(1), train_record(2), eval_record(2, 0.3), train_record(3)],
               mlperf_lines(T0_MS, None, epochs=3))
     write_run(tmp_path / "c", [train_record(1), train_record(2, loss=math.nan)],
               mlperf_lines(T0_MS, T0_MS + 1000, "aborted"))
-    runs, _ = R.collect_runs([str(tmp_path)])
+    runs, _ = collect_runs([str(tmp_path)])
     lines = lines_by_gid(build_figure(runs, 0.908))
     expected = {"a (seed 1)": (4, 2), "b (seed 1)": (3, 1), "c (seed 1)": (2, 0)}
     for label, (epochs, evals) in expected.items():
@@ -436,20 +452,20 @@ def test_figure_holds_one_line_per_run_with_its_points(tmp_path):
 
 @needs_matplotlib
 def test_curves_png_is_a_png_of_the_stated_size(tmp_path):
-    from runtime.curves_figure import PNG_SIZE
+    from runtime.report.figure import PNG_SIZE
 
     folder = good_run(tmp_path / "run", 60)
-    path = R.write_curves(str(folder))
+    path = write_curves(str(folder))
     assert path == str(folder / "curves.png") and png_size(Path(path)) == PNG_SIZE == (1200, 1000)
     assert sorted(p.name for p in folder.iterdir()) == ["curves.png", "log.json", "unet3d.log"]  # no temp left
-    result = R.make_report([str(folder)], str(tmp_path / "out"), check=False, say=lambda line: None)
+    result = make_report([str(folder)], str(tmp_path / "out"), check=False, say=lambda line: None)
     assert png_size(Path(result["curves"])) == PNG_SIZE
     assert "![training curves](curves.png)" in Path(result["summary_md"]).read_text()
 
 
 @needs_matplotlib
 def test_failed_drawing_keeps_the_old_picture(tmp_path, monkeypatch):
-    import runtime.curves_figure as figure_module
+    import runtime.report.figure as figure_module
 
     folder = good_run(tmp_path / "run", 60)
     (folder / "curves.png").write_bytes(b"old")
@@ -461,7 +477,7 @@ def test_failed_drawing_keeps_the_old_picture(tmp_path, monkeypatch):
 
     monkeypatch.setattr(figure_module, "build_figure", lambda runs, threshold: Broken())
     with pytest.raises(OSError):
-        R.write_curves(str(folder))
+        write_curves(str(folder))
     assert (folder / "curves.png").read_bytes() == b"old"
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
@@ -476,12 +492,12 @@ def test_without_matplotlib_the_summary_is_still_written(tmp_path, monkeypatch):
     hide_matplotlib(monkeypatch)
     folder = good_run(tmp_path / "run", 60)
     said = []
-    result = R.make_report([str(folder)], str(tmp_path / "out"), check=False, say=said.append)
+    result = make_report([str(folder)], str(tmp_path / "out"), check=False, say=said.append)
     assert said == ["curves.png not written: matplotlib is not installed: pip install matplotlib"]
     assert result["curves"] is None and not (tmp_path / "out" / "curves.png").exists()
     assert "![" not in Path(result["summary_md"]).read_text()
-    with pytest.raises(R.MissingMatplotlib, match="pip install matplotlib"):
-        R.write_curves(str(folder))
+    with pytest.raises(MissingMatplotlib, match="pip install matplotlib"):
+        write_curves(str(folder))
 
 
 # --------------------------------------------------------------------------- CurvePlotter
@@ -495,7 +511,7 @@ def test_plotter_request_never_blocks_and_coalesces():
         started.set()
         release.wait(10)
 
-    plotter = R.CurvePlotter("dir", 0.5, write=slow_write, say=lambda line: None)
+    plotter = CurvePlotter("dir", 0.5, write=slow_write, say=lambda line: None)
     plotter.request()
     assert started.wait(10)
     begin = time.perf_counter()
@@ -510,7 +526,7 @@ def test_plotter_request_never_blocks_and_coalesces():
 
 def test_plotter_close_waits_for_the_last_picture():
     done = []
-    plotter = R.CurvePlotter("dir", write=lambda d, t: (time.sleep(0.2), done.append(d)),
+    plotter = CurvePlotter("dir", write=lambda d, t: (time.sleep(0.2), done.append(d)),
                              say=lambda line: None)
     plotter.request()
     plotter.close()
@@ -526,7 +542,7 @@ def test_plotter_reports_the_first_error_once_as_one_line():
         attempts.append(1)
         raise ValueError("cannot draw\nsecond line of detail")
 
-    plotter = R.CurvePlotter("runs/x", write=failing, say=said.append)
+    plotter = CurvePlotter("runs/x", write=failing, say=said.append)
     for expected in (1, 2, 3):
         plotter.request()
         deadline = time.time() + 10
@@ -539,11 +555,11 @@ def test_plotter_reports_the_first_error_once_as_one_line():
 def test_plotter_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
     hide_matplotlib(monkeypatch)
     said = []
-    plotter = R.CurvePlotter(str(good_run(tmp_path / "run", 60)), say=said.append)
+    plotter = CurvePlotter(str(good_run(tmp_path / "run", 60)), say=said.append)
     plotter.request()
     plotter.close(timeout=30)
-    assert said == [f"curves.png not written in {tmp_path / 'run'}: {R.MATPLOTLIB_HINT}"]
-    assert R.MATPLOTLIB_HINT == "matplotlib is not installed: pip install matplotlib"
+    assert said == [f"curves.png not written in {tmp_path / 'run'}: {MATPLOTLIB_HINT}"]
+    assert MATPLOTLIB_HINT == "matplotlib is not installed: pip install matplotlib"
 
 
 @needs_matplotlib
@@ -551,7 +567,7 @@ def test_plotter_draws_while_the_run_writes(tmp_path):
     folder = tmp_path / "run"
     records = [train_record(1)]
     write_run(folder, records, mlperf_lines(T0_MS, None, epochs=1))
-    plotter = R.CurvePlotter(str(folder), say=pytest.fail)
+    plotter = CurvePlotter(str(folder), say=pytest.fail)
     plotter.request()
     with open(folder / "log.json", "a") as handle:  # the next epochs arrive meanwhile
         for epoch in (2, 3):
@@ -565,12 +581,12 @@ def test_plotter_draws_while_the_run_writes(tmp_path):
 @needs_matplotlib
 def test_plotter_can_draw_in_a_child_process(tmp_path):
     folder = good_run(tmp_path / "run", 60)
-    plotter = R.CurvePlotter(str(folder), write=R.write_curves_in_subprocess, say=pytest.fail)
+    plotter = CurvePlotter(str(folder), write=write_curves_in_subprocess, say=pytest.fail)
     plotter.request()
     plotter.close(timeout=120)
     assert plotter.drawn == 1 and png_size(folder / "curves.png") == (1200, 1000)
     said = []
-    plotter = R.CurvePlotter(str(tmp_path / "gone"), write=R.write_curves_in_subprocess, say=said.append)
+    plotter = CurvePlotter(str(tmp_path / "gone"), write=write_curves_in_subprocess, say=said.append)
     plotter.request()
     plotter.close(timeout=120)
     assert len(said) == 1 and said[0].startswith(f"curves.png not written in {tmp_path / 'gone'}: ")

@@ -215,7 +215,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_loadable(tmp_path):
 
 @pytest.mark.parametrize("fault", ["full", "read_only"])
 def test_report_on_a_full_or_read_only_disk_names_the_file(tmp_path, capsys, fault):
-    from runtime import report
+    from runtime.report import cli as report
 
     argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "run")]
     assert call(argv, capsys, fake_data.FakeData())[0] == 0

@@ -20,13 +20,13 @@ from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.evaluation import evaluate
 from runtime.predictor import build_predictor, options_from
-from runtime.logging import MetricsWriter, MLPerfLogger
+from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
+from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
 from runtime.signals import PreemptionFlag
 
 PREEMPT_CHECK_EVERY = 8  # steps between collective pre-emption checks when world size > 1
-DIVERGED_DICE = 1e-6  # a mean Dice below this after an evaluation means the run diverged
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Reporters:
     progress: Callable = lambda it, **_: it
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
     is_main: bool = True
-    curves: object | None = None  # a runtime.report.CurvePlotter with --plot (rank 0)
+    curves: object | None = None  # a runtime.report.plotter.CurvePlotter with --plot (rank 0)
 
     def say(self, *args, **kwargs) -> None:
         if self.is_main:
@@ -238,7 +238,7 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
     state = components.state
     metrics = run_evaluation(components, out, epoch)
     state.last_eval = metrics
-    out.metrics.write("eval", epoch=epoch, **metrics)
+    out.metrics.write(EVAL, epoch=epoch, **metrics)
     if out.curves is not None:
         out.curves.request()  # drawn in a background thread: the next step does not wait
     out.say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} (kidney {metrics['l1_dice']:.4f}, "
@@ -252,7 +252,7 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
 def report_epoch(components: Components, out: Reporters, epoch: int, result: EpochResult) -> None:
     lr = components.optimizer.param_groups[0]["lr"]
     out.mlperf.end(C.EPOCH_STOP, metadata={"epoch_num": epoch})
-    out.metrics.write("train", epoch=epoch, loss=result.mean_loss, lr=lr, throughput=result.throughput)
+    out.metrics.write(TRAIN, epoch=epoch, loss=result.mean_loss, lr=lr, throughput=result.throughput)
     out.say(f"epoch {epoch}/{components.config.epochs}  loss {result.mean_loss:.4f}  lr {lr:.3g}  "
             f"{result.throughput:.2f} samples/s")
 
@@ -332,7 +332,7 @@ def run_training(components: Components, out: Reporters) -> int:
     mlperf_status = "success" if result.status == "success" else "aborted"
     out.mlperf.end(C.RUN_STOP, metadata={"status": mlperf_status, "epoch_num": result.epoch})
     # MLPerf knows success and aborted only; the report tells a run that ran its --epochs apart
-    out.metrics.write("result", status=result.status, epoch=result.epoch, epochs=cfg.epochs)
+    out.metrics.write(RESULT, status=result.status, epoch=result.epoch, epochs=cfg.epochs)
     out.say(f"RESULT,image_segmentation,{cfg.seed},{time.time() - run_start:.1f},{result.status},"
             f"best_mean_dice={result.best_mean_dice:.4f},epochs={result.epoch}")
     sys.stdout.flush()

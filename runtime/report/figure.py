@@ -1,4 +1,4 @@
-"""The training-curves figure of ``runtime.report``: six panels, one line per run in each.
+"""The training-curves figure (``curves.png``): six panels, one line per run in each.
 
 Drawn with matplotlib's object API (``matplotlib.figure.Figure`` on a ``FigureCanvasAgg``), never
 pyplot: no global figure state, no display, safe in a background thread. matplotlib is imported
@@ -14,13 +14,20 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from runtime.report import MATPLOTLIB_HINT, MissingMatplotlib, Run, diverged_epoch, elapsed_minutes, reached_epoch
+from runtime.report.files import ReportError, atomic_write
+from runtime.report.runs import Run
+from runtime.report.scoring import diverged_epoch, elapsed_minutes, reached_epoch
 
+MATPLOTLIB_HINT = "matplotlib is not installed: pip install matplotlib"
 FIGSIZE = (12.0, 10.0)  # inches; at DPI this is the PNG's size in pixels
 DPI = 100
 PNG_SIZE = (int(FIGSIZE[0] * DPI), int(FIGSIZE[1] * DPI))  # width, height
 MINUTES_LABEL = "minutes since run_start (gaps between resumed attempts left out)"
 DICE_STYLES = (("mean_dice", "-", "mean"), ("l1_dice", "--", "kidney"), ("l2_dice", ":", "tumour"))
+
+
+class MissingMatplotlib(ReportError):
+    """No figure without matplotlib (the summary is written all the same)."""
 
 
 def _matplotlib():
@@ -134,3 +141,10 @@ def _decorate(panels: dict, runs: Sequence[Run], threshold: float) -> None:
     styles.append(Line2D([], [], color="0.4", linestyle="-.", label=f"target {threshold:g}"))
     styles.append(Line2D([], [], color="0.3", marker="*", markersize=10, linestyle="none", label="reached"))
     panels["dice"].legend(handles=styles, fontsize="small", loc="best")
+
+
+def write_figure(runs: Sequence[Run], threshold: float, path: str) -> str:
+    """Draw ``runs`` into the PNG ``path`` (atomically); MissingMatplotlib when matplotlib is
+    not installed."""
+    figure = build_figure(runs, threshold)
+    return atomic_write(path, lambda handle: figure.savefig(handle, format="png"))

@@ -1,4 +1,5 @@
-"""MLPerf logging (``<log_dir>/unet3d.log``) and the JSON-lines metrics file (``log.json``).
+"""MLPerf logging (``<log_dir>/unet3d.log``) and the JSON-lines metrics file (``log.json``); the
+files' names and the records' kinds and keys are ``runtime/run_files.py``'s.
 
 Loggers are built once, by the runtime, on rank 0; on other ranks they are silent no-ops.
 Nothing is configured at import.
@@ -18,9 +19,7 @@ from data_loading.write_errors import append_bytes, write_failure
 from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
 from runtime.outputs import OutputError
-
-MLPERF_LOG_NAME = "unet3d.log"
-METRICS_LOG_NAME = "log.json"
+from runtime.run_files import METRICS_LOG, MLPERF_LOG, check_record
 
 
 class _AppendHandler(logging.Handler):
@@ -52,7 +51,7 @@ class MLPerfLogger:
         if not enabled:
             return
         os.makedirs(log_dir, exist_ok=True)
-        self.path = os.path.join(log_dir, name or MLPERF_LOG_NAME)
+        self.path = os.path.join(log_dir, name or MLPERF_LOG)
         base = logging.getLogger(f"unet3d.mlperf.{id(self)}")
         base.setLevel(logging.INFO)
         base.propagate = False
@@ -117,15 +116,18 @@ class MLPerfLogger:
 
 
 class MetricsWriter:
-    """One JSON object per line in ``<log_dir>/log.json`` (rank 0 only)."""
+    """One JSON object per line in ``<log_dir>/log.json`` (rank 0 only); each record's kind and
+    keys are checked against ``run_files.RECORD_KEYS`` on every rank, enabled or not, so a key the
+    report does not know fails the first test that writes it."""
 
     def __init__(self, log_dir: str, enabled: bool):
         self.enabled = enabled
-        self.path = os.path.join(log_dir, METRICS_LOG_NAME)
+        self.path = os.path.join(log_dir, METRICS_LOG)
         if enabled:
             os.makedirs(log_dir, exist_ok=True)
 
     def write(self, kind: str, **values: Any) -> None:
+        check_record(kind, values)
         if not self.enabled:
             return
         record = {"time": time.time(), "kind": kind, **values}

@@ -1,0 +1,17 @@
+"""The run report: ``python -m runtime.report RUN_DIR [RUN_DIR ...] --output DIR``.
+
+One module per job, each importing only those before it:
+
+* ``files``: the report's error type and its atomic file write;
+* ``runs``: reading run folders (``log.json``, the MLPerf logs) into ``Run`` records;
+* ``compliance``: the MLPerf compliance checker's verdict on each MLPerf log;
+* ``scoring``: a run's outcome, time to target and best Dice; the olympic score of several runs;
+* ``summary``: ``summary.md`` and ``summary.json``;
+* ``figure``: the training-curves figure (``curves.png``);
+* ``plotter``: ``CurvePlotter``, which redraws ``<log_dir>/curves.png`` while training runs;
+* ``cli``: the command line (``make_report``, ``main``).
+
+The names of the files read and written are ``runtime/run_files.py``'s. Nothing beyond the
+standard library (and the project's own standard-library modules) is imported at import:
+matplotlib when a figure is drawn, the checker in a subprocess.
+"""

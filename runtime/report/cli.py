@@ -1,0 +1,104 @@
+"""See a run: training curves, a per-run summary, the MLPerf compliance verdict and score.
+
+    python -m runtime.report RUN_DIR [RUN_DIR ...] --output DIR
+
+A RUN_DIR is any ``--log_dir`` of main.py (``log.json``, ``unet3d.log`` and, after a resume,
+``unet3d.resumed-<time>.log``); a folder without those files (a sweep's parent) expands to the
+run folders below it. Writes ``DIR/curves.png`` (when matplotlib is installed), ``DIR/summary.md``
+and ``DIR/summary.json``, each atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Sequence
+
+from runtime.report.compliance import DEFAULT_RULESET, check_all
+from runtime.report.figure import MissingMatplotlib, write_figure
+from runtime.report.files import ReportError
+from runtime.report.runs import collect_runs
+from runtime.report.scoring import RunSummary, score_runs, summarize_run
+from runtime.report.summary import number_text, time_text, write_summaries
+from runtime.run_files import CURVES_PNG, METRICS_LOG, MLPERF_LOG, QUALITY_THRESHOLD, SUMMARY_JSON, SUMMARY_MD
+
+
+def _output_folder(output: str) -> None:
+    try:
+        os.makedirs(output, exist_ok=True)
+    except OSError as error:
+        raise ReportError(f"cannot create --output {output}: {error.strerror or type(error).__name__}") from None
+
+
+def make_report(paths: Sequence[str], output: str, threshold: float = QUALITY_THRESHOLD,
+                ruleset: str = DEFAULT_RULESET, check: bool = True, drop: int = 1, draw: bool = True,
+                say: Callable[[str], None] = print) -> dict:
+    """Write curves.png, summary.md and summary.json for the runs under ``paths`` into ``output``.
+
+    Returns {"runs", "no_run", "summary_md", "summary_json", "curves" (None without matplotlib),
+    "score"}; one line through ``say`` per path without a run; raises ReportError (one line)
+    when no path holds a run."""
+    runs, empty = collect_runs(paths)
+    missing = [f"{path}: no such folder" if not os.path.exists(path)
+               else f"{path}: no run here (no {METRICS_LOG} or {MLPERF_LOG} in it or below it)" for path in empty]
+    if not runs:  # one line in all
+        raise ReportError("; ".join(missing))
+    for line in missing:
+        say(line)
+    _output_folder(output)
+    verdicts = check_all([a.path for run in runs for a in run.attempts], ruleset) if check else {}
+    summaries = []
+    for run in runs:
+        summary = summarize_run(run, threshold)
+        found = tuple(verdicts[a.path] for a in run.attempts if a.path in verdicts)
+        summaries.append(RunSummary(**{**summary.__dict__, "compliance": found}))
+    curves = None
+    try:
+        if draw:
+            write_figure(runs, threshold, os.path.join(output, CURVES_PNG))
+            curves = CURVES_PNG
+    except MissingMatplotlib as error:
+        say(f"{CURVES_PNG} not written: {error}")
+    score = score_runs(summaries, drop)
+    md, js = write_summaries(output, summaries, empty, score, threshold, ruleset, curves)
+    return {"runs": summaries, "no_run": empty, "summary_md": md, "summary_json": js,
+            "curves": os.path.join(output, curves) if curves else None, "score": score}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m runtime.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                        help="a --log_dir of main.py, or a folder of them (a sweep)")
+    parser.add_argument("--output", required=True,
+                        help=f"folder for {CURVES_PNG}, {SUMMARY_MD}, {SUMMARY_JSON}")
+    parser.add_argument("--quality_threshold", type=float, default=QUALITY_THRESHOLD,
+                        help=f"target mean Dice drawn and used for 'reached at epoch' (default {QUALITY_THRESHOLD:g})")
+    parser.add_argument("--ruleset", default=DEFAULT_RULESET,
+                        help=f"compliance checker ruleset (default {DEFAULT_RULESET})")
+    parser.add_argument("--no_compliance", action="store_true", help="skip the compliance checker")
+    parser.add_argument("--no_curves", action="store_true", help=f"write the summary only, no {CURVES_PNG}")
+    parser.add_argument("--drop", type=int, default=1,
+                        help="runs dropped at each end for the score (MLPerf drops 4 of unet3d's 40); "
+                             "a score needs 2*drop+1 runs")
+    args = parser.parse_args(argv)
+    if not 0 < args.quality_threshold <= 1:
+        parser.error(f"--quality_threshold {args.quality_threshold}: must be in (0, 1]")
+    if args.drop < 1:
+        parser.error(f"--drop {args.drop}: must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        result = make_report(args.runs, args.output, args.quality_threshold, args.ruleset,
+                             check=not args.no_compliance, drop=args.drop, draw=not args.no_curves)
+    except (ReportError, OSError) as error:
+        print(f"report: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
+        return 1
+    for s in result["runs"]:
+        print(f"{s.label}: {s.status}, {s.epochs or 0} epochs, time to target {time_text(s.time_to_target_s)}, "
+              f"best mean Dice {number_text(s.best_mean_dice, '.4f')} (epoch {number_text(s.best_epoch, 'd')})")
+    print(result["score"].text)
+    print(f"report: {result['summary_md']}" + (f" and {result['curves']}" if result["curves"] else ""))
+    return 0

@@ -1,0 +1,25 @@
+"""The report's one error type and its one way to write a file."""
+from __future__ import annotations
+
+from typing import Callable
+
+from data_loading.atomic import atomic_write as write_atomically
+from data_loading.write_errors import write_failure
+
+
+class ReportError(Exception):
+    """A user-facing problem: one line, exit code 1."""
+
+
+def atomic_write(path: str, write: Callable) -> str:
+    """:func:`data_loading.atomic.atomic_write` (temporary file beside ``path``, then rename:
+    a reader never sees half a file), returning ``path``. A failure to write (full disk, quota,
+    read-only) is one :class:`ReportError` naming ``path``."""
+    try:
+        write_atomically(path, write)
+    except Exception as error:  # noqa: BLE001 - a write failure is one line, anything else a bug
+        reason = write_failure(error)
+        if reason is None:
+            raise
+        raise ReportError(f"cannot write {path}: {reason}") from None
+    return path

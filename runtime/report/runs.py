@@ -1,0 +1,284 @@
+"""Reading run folders: ``log.json`` and the MLPerf logs of a ``--log_dir`` into a :class:`Run`.
+
+A run folder is any ``--log_dir`` of main.py (``log.json``, ``unet3d.log`` and, after a resume,
+``unet3d.resumed-<time>.log``); a folder without those files (a sweep's parent) expands to the
+run folders below it.
+
+Files are read as they are found on disk: a last line cut by a run still writing, a run that
+crashed before its first evaluation, a diverged run (NaN loss), a resumed run with several MLPerf
+logs, a folder reused for a second run: each is shown with what it has, and a note says what is
+missing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from runtime.run_files import (EVAL, METRICS_LOG, MLLOG_PREFIX, MLPERF_LOG, RECORD_HEADER, RESULT,
+                               RESUMED_LOG_GLOB, RUN_START, RUN_STOP, SEED, TRAIN)
+
+SEARCH_DEPTH = 4  # how deep a sweep's parent folder is searched for runs
+
+
+@dataclass(frozen=True)
+class TrainPoint:
+    epoch: int
+    loss: float
+    lr: float
+    throughput: float  # samples/s over the epoch, all ranks
+    time: float  # seconds since the Unix epoch, when the epoch ended
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    epoch: int
+    mean_dice: float
+    l1_dice: float  # kidney
+    l2_dice: float  # tumour
+    eval_loss: float
+    time: float
+    # Every key of the eval record but time and kind, as written: a metric added to the writer
+    # (and declared in runtime/run_files.py) arrives here without a change to the report.
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One MLPerf log's run: run_start .. run_stop (a resumed run has one per log file)."""
+    path: str
+    start_ms: int | None
+    stop_ms: int | None
+    status: str | None  # run_stop's metadata status: success | aborted; None without run_stop
+    last_ms: int | None  # the last event's time, the end of an attempt without run_stop
+    seed: int | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float | None:
+        """run_stop - run_start; for an attempt without run_stop, up to its last event."""
+        end = self.stop_ms if self.stop_ms is not None else self.last_ms
+        if self.start_ms is None or end is None:
+            return None
+        return (end - self.start_ms) / 1000.0
+
+
+@dataclass(frozen=True)
+class Run:
+    folder: str
+    label: str
+    train: tuple[TrainPoint, ...]
+    evals: tuple[EvalPoint, ...]
+    attempts: tuple[Attempt, ...]
+    notes: tuple[str, ...] = ()
+    result: str | None = None  # training's own last status in log.json (finished, aborted, ...)
+
+
+def read_json_lines(path: str, prefix: str = "") -> tuple[list[dict], list[str]]:
+    """The JSON objects of the lines of ``path`` that start with ``prefix`` (others ignored).
+
+    A cut last line (a run still writing) and unreadable lines are skipped with a note; NaN and
+    Infinity (how json.dumps writes a diverged loss) are read as floats."""
+    name = os.path.basename(path)
+    with open(path, "r", encoding="utf-8", errors="replace") as handle:
+        lines = handle.read().split("\n")
+    records, notes, bad = [], [], []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for index, line in enumerate(lines):
+        if not line.startswith(prefix) or not line.strip():
+            continue
+        try:
+            record = json.loads(line[len(prefix):])
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            if index == last:
+                notes.append(f"{name}: last line cut (the run may still be writing it); skipped")
+            else:
+                bad.append(index + 1)
+            continue
+        records.append(record)
+    if bad:
+        notes.append(f"{name}: {len(bad)} unreadable line(s) skipped (line {bad[0]} first)")
+    return records, notes
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _train_point(record: dict) -> TrainPoint:
+    return TrainPoint(record["epoch"], _number(record.get("loss")), _number(record.get("lr")),
+                      _number(record.get("throughput")), _number(record.get("time")))
+
+
+def _eval_point(record: dict) -> EvalPoint:
+    return EvalPoint(record["epoch"], _number(record.get("mean_dice")), _number(record.get("l1_dice")),
+                     _number(record.get("l2_dice")), _number(record.get("eval_loss")),
+                     _number(record.get("time")),
+                     metrics={k: v for k, v in record.items() if k not in RECORD_HEADER})
+
+
+def metrics_from_records(records: Sequence[dict]) -> tuple[list[TrainPoint], list[EvalPoint], list[str]]:
+    """Training and evaluation points of ``log.json``, one per epoch, in epoch order.
+
+    A ``train`` record of epoch 1 after others starts a new run in a reused folder: only the last
+    run is kept. An epoch logged twice (re-trained after a crash and ``--resume``) keeps its later
+    values. Evaluations of a checkpoint (``--exec_mode evaluate``, they carry ``checkpoint``) are
+    not part of the training curves: they get a note."""
+    notes: list[str] = []
+    starts = [i for i, r in enumerate(records) if r.get("kind") == TRAIN and r.get("epoch") == 1]
+    if len(starts) > 1:
+        notes.append(f"{METRICS_LOG} holds {len(starts)} runs started at epoch 1: the last one is shown")
+        records = records[starts[-1]:]
+    train: dict[int, TrainPoint] = {}
+    evals: dict[int, EvalPoint] = {}
+    repeated: set[int] = set()
+    for r in records:
+        kind, epoch = r.get("kind"), r.get("epoch")
+        if not isinstance(epoch, int):
+            continue
+        if kind == EVAL and "checkpoint" in r:
+            notes.append(f"evaluation of checkpoint {r['checkpoint']}: mean_dice "
+                         f"{_number(r.get('mean_dice')):.4f} (not drawn)")
+        elif kind == TRAIN:
+            if epoch in train:
+                repeated.add(epoch)
+            train[epoch] = _train_point(r)
+        elif kind == EVAL:
+            evals[epoch] = _eval_point(r)
+    if repeated:
+        notes.append(f"epochs {min(repeated)}-{max(repeated)} trained again after a resume: "
+                     "the later values are shown")
+    return ([train[e] for e in sorted(train)], [evals[e] for e in sorted(evals)], notes)
+
+
+def final_result(records: Sequence[dict]) -> str | None:
+    """The status of training's last ``result`` record in ``log.json`` (None: none, as in
+    logs written before the record existed)."""
+    results = [r for r in records if r.get("kind") == RESULT and isinstance(r.get("status"), str)]
+    return results[-1]["status"] if results else None
+
+
+def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, list[str]]:
+    """The run of one MLPerf log: run_start, run_stop (time_ms, status) and the seed.
+
+    A log holding several run_starts (a folder reused without ``--resume``) gives its last run."""
+    name = os.path.basename(path)
+    notes: list[str] = []
+    starts = [i for i, e in enumerate(events) if e.get("key") == RUN_START]
+    if len(starts) > 1:
+        notes.append(f"{name} holds {len(starts)} run_starts: the last run is used")
+    first = starts[-1] if starts else 0
+    head = events[:first] if starts else events
+    body = events[first:]
+    seeds = [e.get("value") for e in head if e.get("key") == SEED]
+    stops = [e for e in body if e.get("key") == RUN_STOP]
+    times = [e["time_ms"] for e in body if isinstance(e.get("time_ms"), (int, float))]
+    start_ms = body[0].get("time_ms") if starts else None
+    stop = stops[-1] if stops else None
+    if not starts:
+        notes.append(f"{name}: no run_start (the run stopped during initialisation)")
+    elif stop is None:
+        notes.append(f"{name}: no run_stop (the run is still going, or it crashed)")
+    status = (stop.get("metadata") or {}).get("status") if stop else None
+    return Attempt(path=path, start_ms=start_ms, stop_ms=stop.get("time_ms") if stop else None,
+                   status=status, last_ms=max(times) if times else None,
+                   seed=seeds[-1] if seeds and isinstance(seeds[-1], int) else None,
+                   notes=tuple(notes)), notes
+
+
+def mlperf_logs(folder: str) -> list[str]:
+    """``unet3d.log`` first, then the resumed attempts' logs in the order they were started
+    (their names carry a sortable time)."""
+    logs = [os.path.join(folder, MLPERF_LOG)] if os.path.isfile(os.path.join(folder, MLPERF_LOG)) else []
+    return logs + sorted(glob.glob(os.path.join(glob.escape(folder), RESUMED_LOG_GLOB)))
+
+
+def is_run_folder(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, METRICS_LOG)) or bool(mlperf_logs(folder))
+
+
+def _read_metrics(folder: str) -> tuple[list[TrainPoint], list[EvalPoint], str | None, list[str]]:
+    """The points and the final result status of ``folder``'s log.json, and notes."""
+    path = os.path.join(folder, METRICS_LOG)
+    if not os.path.isfile(path):
+        return [], [], None, [f"no {METRICS_LOG}: no curves"]
+    records, read_notes = read_json_lines(path)
+    train, evals, metric_notes = metrics_from_records(records)
+    return train, evals, final_result(records), read_notes + metric_notes
+
+
+def _read_attempts(folder: str) -> tuple[list[Attempt], list[str]]:
+    """One attempt per MLPerf log of ``folder``, and notes."""
+    attempts, notes = [], []
+    for path in mlperf_logs(folder):
+        events, read_notes = read_json_lines(path, prefix=MLLOG_PREFIX)
+        attempt, attempt_notes = attempts_from_events(events, path)
+        attempts.append(attempt)
+        notes += read_notes + attempt_notes
+    if not attempts:
+        notes.append(f"no {MLPERF_LOG}: no time to target or compliance verdict")
+    elif len(attempts) > 1:
+        notes.append(f"resumed: {len(attempts)} MLPerf logs (attempts); run time is their sum, gaps "
+                     "between them left out (each log is an attempt of its own: the sum is no MLPerf result)")
+    return attempts, notes
+
+
+def load_run(folder: str, label: str | None = None) -> Run:
+    """Everything ``folder`` holds about one run (see the module docstring for what is tolerated)."""
+    train, evals, result, notes = _read_metrics(folder)
+    attempts, attempt_notes = _read_attempts(folder)
+    notes += attempt_notes
+    if not train:
+        notes.append("no training epoch logged yet")
+    elif not evals:
+        notes.append("no evaluation logged (the run stopped or is still before its first evaluation)")
+    return Run(folder=folder, label=label or os.path.basename(os.path.abspath(folder)),
+               train=tuple(train), evals=tuple(evals), attempts=tuple(attempts), notes=tuple(notes),
+               result=result)
+
+
+def find_runs(path: str, depth: int = SEARCH_DEPTH) -> list[str]:
+    """``path`` itself when it holds a run, else the run folders below it (a sweep), sorted."""
+    if is_run_folder(path):
+        return [path]
+    if depth <= 0 or not os.path.isdir(path):
+        return []
+    found = []
+    for name in sorted(os.listdir(path)):
+        child = os.path.join(path, name)
+        if not name.startswith(".") and os.path.isdir(child):
+            found += find_runs(child, depth - 1)
+    return found
+
+
+def run_labels(folders: Sequence[str], seeds: Sequence[int | None]) -> list[str]:
+    """Folder names, or paths below the folders' common parent where names repeat; plus the seed."""
+    names = [os.path.basename(os.path.abspath(f)) for f in folders]
+    if len(set(names)) < len(names):
+        root = os.path.commonpath([os.path.abspath(f) for f in folders])
+        names = [os.path.relpath(os.path.abspath(f), root) for f in folders]
+    return [f"{n} (seed {s})" if s is not None else n for n, s in zip(names, seeds)]
+
+
+def collect_runs(paths: Iterable[str]) -> tuple[list[Run], list[str]]:
+    """The runs under ``paths`` (each folder once, labelled uniquely), and the paths without any."""
+    folders: list[str] = []
+    empty: list[str] = []
+    for path in paths:
+        found = find_runs(path)
+        if not found:
+            empty.append(path)
+        folders += [f for f in found if f not in folders]
+    runs = [load_run(f) for f in folders]
+    seeds = [next((a.seed for a in run.attempts if a.seed is not None), None) for run in runs]
+    labels = run_labels(folders, seeds)
+    return [dataclasses.replace(run, label=label) for run, label in zip(runs, labels)], empty

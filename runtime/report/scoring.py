@@ -1,0 +1,163 @@
+"""The numbers of a run and of several: outcome, run time, time to target, best and reached
+Dice, the time axis of the curves, and the MLPerf-style olympic score."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from runtime.report.compliance import Compliance
+from runtime.report.runs import Attempt, EvalPoint, Run
+from runtime.run_files import DIVERGED_DICE
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    folder: str
+    label: str
+    status: str
+    epochs: int | None
+    seed: int | None
+    time_to_target_s: float | None
+    run_time_s: float | None
+    best_mean_dice: float | None
+    best_epoch: int | None
+    reached_epoch: int | None
+    mean_throughput: float | None
+    attempts: int
+    notes: tuple[str, ...]
+    compliance: tuple[Compliance, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Score:
+    minutes: float | None
+    successful: int
+    failed: int  # runs with an MLPerf log that did not reach the target (or have not yet)
+    drop: int
+    text: str
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def best_eval(evals: Sequence[EvalPoint]) -> EvalPoint | None:
+    """The evaluation with the highest finite mean Dice; the earliest one on a tie."""
+    best = None
+    for point in evals:
+        if finite(point.mean_dice) and (best is None or point.mean_dice > best.mean_dice):
+            best = point
+    return best
+
+
+def reached_epoch(evals: Sequence[EvalPoint], threshold: float) -> int | None:
+    """The first evaluated epoch whose mean Dice is at least ``threshold``."""
+    return next((p.epoch for p in evals if finite(p.mean_dice) and p.mean_dice >= threshold), None)
+
+
+def diverged_epoch(run: Run) -> int | None:
+    """The first epoch with a non-finite loss or a mean Dice below ``DIVERGED_DICE`` (training's
+    own test)."""
+    epochs = [p.epoch for p in run.train if not math.isfinite(p.loss)]
+    epochs += [p.epoch for p in run.evals if finite(p.mean_dice) and p.mean_dice < DIVERGED_DICE]
+    return min(epochs) if epochs else None
+
+
+def run_outcome(run: Run) -> str:
+    """success | finished (ran its --epochs without reaching the target) | aborted | diverged |
+    incomplete (no run_stop: running or crashed) | no MLPerf log.
+
+    MLPerf's run_stop knows only success and aborted: a run that simply ran out of epochs is
+    "aborted" there; training's ``result`` record in log.json tells it apart."""
+    if diverged_epoch(run) is not None:
+        return "diverged"
+    if not run.attempts:
+        return "no MLPerf log"
+    last = run.attempts[-1]
+    if last.status is None:
+        return "incomplete"
+    if last.status == "success":
+        return "success"
+    return "finished" if run.result == "finished" else "aborted"
+
+
+def run_seconds(attempts: Sequence[Attempt]) -> float | None:
+    """The run's MLPerf time: the sum of its attempts' run_start..run_stop intervals."""
+    parts = [a.seconds for a in attempts]
+    if not parts or any(p is None for p in parts):
+        return None
+    return float(sum(parts))
+
+
+def elapsed_minutes(times: Sequence[float], attempts: Sequence[Attempt]) -> list[float]:
+    """Run time in minutes at each wall-clock time ``times`` (seconds since the Unix epoch).
+
+    Inside an attempt the clock starts at its run_start and continues from the earlier attempts'
+    total, so the gaps between a pre-emption and its resume are left out. Without MLPerf log the
+    clock starts at the first time given."""
+    spans = [(a.start_ms / 1000.0, a.seconds or 0.0) for a in attempts if a.start_ms is not None]
+    finite_times = [t for t in times if math.isfinite(t)]
+    if not spans:
+        origin = min(finite_times, default=0.0)
+        return [(t - origin) / 60.0 for t in times]
+    minutes = []
+    for t in times:
+        index = max([i for i, (start, _) in enumerate(spans) if start <= t], default=0)
+        before = sum(length for _, length in spans[:index])
+        minutes.append((before + t - spans[index][0]) / 60.0)
+    return minutes
+
+
+def olympic_score(times: Sequence[float], failed: int = 0, drop: int = 1) -> float | None:
+    """MLPerf-style score: the mean of the run times left after dropping the ``drop`` fastest and
+    the ``drop`` slowest; each failed run (no time) takes one of the slow-end drops, as MLPerf's
+    result summarizer counts a non-converged run. None with fewer than ``2·drop + 1`` runs, or
+    more than ``drop`` failed runs."""
+    if failed > drop or len(times) + failed < 2 * drop + 1:
+        return None
+    ordered = sorted(times)
+    kept = ordered[drop:len(ordered) - (drop - failed)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def summarize_run(run: Run, threshold: float) -> RunSummary:
+    best = best_eval(run.evals)
+    status = run_outcome(run)
+    notes = list(run.notes)
+    bad = diverged_epoch(run)
+    if bad is not None:
+        notes.append(f"diverged at epoch {bad} (non-finite loss or mean Dice below {DIVERGED_DICE:g})")
+    seconds = run_seconds(run.attempts)
+    speeds = [p.throughput for p in run.train if math.isfinite(p.throughput)]
+    seeds = [a.seed for a in run.attempts if a.seed is not None]
+    return RunSummary(
+        folder=run.folder, label=run.label, status=status,
+        epochs=run.train[-1].epoch if run.train else None, seed=seeds[0] if seeds else None,
+        time_to_target_s=seconds if status == "success" else None, run_time_s=seconds,
+        best_mean_dice=best.mean_dice if best else None, best_epoch=best.epoch if best else None,
+        reached_epoch=reached_epoch(run.evals, threshold),
+        mean_throughput=sum(speeds) / len(speeds) if speeds else None,
+        attempts=len(run.attempts), notes=tuple(notes))
+
+
+def score_runs(summaries: Sequence[RunSummary], drop: int = 1) -> Score:
+    """The olympic score over the runs that have an MLPerf log, in minutes (MLPerf's unit)."""
+    times = [s.time_to_target_s / 60.0 for s in summaries if s.time_to_target_s is not None]
+    failed = sum(1 for s in summaries if s.attempts and s.time_to_target_s is None)
+    minutes = olympic_score(times, failed, drop)
+    need = 2 * drop + 1
+    if failed > drop:
+        text = (f"no score: {failed} runs did not reach the target (or have not yet); dropping "
+                f"{drop} at each end allows at most {drop}")
+    elif minutes is None:
+        text = (f"no score: {len(times) + failed} run(s) with an MLPerf log, {need} needed to drop "
+                f"the {drop} fastest and {drop} slowest (real unet3d submissions: 40 runs, 4 dropped each end)")
+    else:
+        text = (f"score {minutes:.2f} min: mean of {len(times) + failed - 2 * drop} of {len(times) + failed} "
+                f"runs after dropping the {drop} fastest and {drop} slowest"
+                + (f" ({failed} failed run(s) counted as the slowest)" if failed else ""))
+    resumed = sum(1 for s in summaries if s.attempts > 1 and s.time_to_target_s is not None)
+    if resumed and minutes is not None:
+        text += f"; includes {resumed} resumed run(s), timed over all their attempts"
+    return Score(minutes, len(times), failed, drop, text)

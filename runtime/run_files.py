@@ -1,0 +1,86 @@
+"""The files a run writes, and the records in them: their one owner.
+
+The writers (``runtime/run_log.py``, ``runtime/app.py``, ``runtime/training.py``,
+``runtime/evaluation_report.py``) and the reader (``runtime/report/``) take every name and key
+from here. Standard library only, so the report reads runs without torch or numpy.
+
+A ``--log_dir`` holds:
+
+* ``unet3d.log``: the MLPerf log, ``:::MLLOG {json}`` lines (mlperf_logging's format). A resumed
+  run writes each new attempt to ``unet3d.resumed-<%Y%m%d-%H%M%S>.log``.
+* ``log.json``: one JSON object per line, ``{"time": <seconds since the Unix epoch>, "kind": <kind>,
+  <that kind's keys>}``; :data:`RECORD_KEYS` lists the keys of each kind. ``MetricsWriter`` refuses
+  a kind or key that is not listed there, so a new metric is declared here, and the report carries
+  every key of an ``eval`` record (``EvalPoint.metrics``).
+* ``eval_cases.csv`` (``--exec_mode evaluate``): one row per case, :data:`EVAL_CASES_COLUMNS`.
+* ``curves.png`` (``--plot``).
+
+A report's ``--output`` holds ``summary.md``, ``summary.json`` and ``curves.png``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+# -- file names -------------------------------------------------------------------------------
+
+METRICS_LOG = "log.json"
+MLPERF_LOG = "unet3d.log"
+CURVES_PNG = "curves.png"
+EVAL_CASES_CSV = "eval_cases.csv"
+SUMMARY_MD = "summary.md"
+SUMMARY_JSON = "summary.json"
+RESUMED_TIME_FORMAT = "%Y%m%d-%H%M%S"  # sorts in time order, so the attempts sort by name
+
+
+def resumed_log_name(stamp: str | None = None) -> str:
+    """The MLPerf log of a resumed attempt, ``stamp`` (default: the local time now) in its name."""
+    return f"unet3d.resumed-{time.strftime(RESUMED_TIME_FORMAT) if stamp is None else stamp}.log"
+
+
+RESUMED_LOG_GLOB = resumed_log_name("*")
+
+# -- the MLPerf log: the lines and keys the report reads (mlperf_logging's names) ----------------
+
+MLLOG_PREFIX = ":::MLLOG "
+RUN_START = "run_start"
+RUN_STOP = "run_stop"
+SEED = "seed"
+
+# -- log.json ---------------------------------------------------------------------------------
+
+RECORD_HEADER = ("time", "kind")  # in every record, written by MetricsWriter itself
+TRAIN = "train"  # after every training epoch
+EVAL = "eval"  # after every evaluation; ``--exec_mode evaluate`` adds the checkpoint's path
+RESULT = "result"  # training's status at its end (MLPerf's run_stop knows success and aborted only)
+BACKEND = "backend"  # ``--exec_mode evaluate``: the backend used and why (``--backend``)
+
+RECORD_KEYS: dict[str, tuple[str, ...]] = {
+    TRAIN: ("epoch", "loss", "lr", "throughput"),  # throughput: samples/s over the epoch, all ranks
+    # l1: kidney, l2: tumour; eval_cases: the number of cases scored, over all ranks
+    EVAL: ("epoch", "checkpoint", "mean_dice", "l1_dice", "l2_dice", "eval_loss", "eval_cases"),
+    RESULT: ("status", "epoch", "epochs"),  # status: success | aborted | preempted | finished
+    BACKEND: ("backend", "why"),
+}
+
+
+def check_record(kind: str, keys: Iterable[str]) -> None:
+    """ValueError unless ``kind`` and every one of ``keys`` are declared in :data:`RECORD_KEYS`
+    (a programming error: the writer and the report would disagree on the file)."""
+    if kind not in RECORD_KEYS:
+        raise ValueError(f"log.json record kind {kind!r} is not declared in runtime/run_files.py RECORD_KEYS")
+    unknown = [key for key in keys if key not in RECORD_KEYS[kind]]
+    if unknown:
+        raise ValueError(f"log.json {kind!r} record: key(s) {', '.join(map(repr, unknown))} not declared in "
+                         "runtime/run_files.py RECORD_KEYS")
+
+
+# -- eval_cases.csv ---------------------------------------------------------------------------
+
+EVAL_CASES_COLUMNS = ("case", "kidney_dice", "tumour_dice", "mean_dice", "eval_loss", "scan_kidney_dice",
+                      "scan_tumour_dice", "scan_mean_dice")
+
+# -- thresholds -------------------------------------------------------------------------------
+
+QUALITY_THRESHOLD = 0.908  # the benchmark's target mean Dice (--quality_threshold's default)
+DIVERGED_DICE = 1e-6  # training stops a run as diverged when an evaluation's mean Dice is below this
