@@ -21,7 +21,7 @@ from runtime.build import autocast_factory, build_model
 from runtime.optimizers import make_optimizer
 
 CPU = torch.device("cpu")
-BROKEN = ("not_a_dict", "no_weights", "truncated", "garbage")
+BROKEN = ("not_a_dict", "no_model", "truncated", "garbage")
 
 
 def architecture(filters, normalization: str = "instancenorm", activation: str = "relu") -> Config:
@@ -102,11 +102,11 @@ def ddp_state_dict_checkpoint(path, weights) -> None:
 
 def broken_checkpoint(path, kind: str, source=None) -> None:
     """A file at ``path`` that is no usable checkpoint: ``not_a_dict`` (a pickled list),
-    ``no_weights`` (training state without any model state_dict), ``truncated`` (the first 1000
+    ``no_model`` (training state without any model state_dict), ``truncated`` (the first 1000
     bytes of the checkpoint file ``source``), ``garbage`` (bytes that are no torch file)."""
     if kind == "not_a_dict":
         torch.save([1, 2, 3], str(path))
-    elif kind == "no_weights":
+    elif kind == "no_model":
         torch.save({"epoch": 3}, str(path))
     elif kind == "truncated":
         with open(source, "rb") as handle:
