@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
+from checkpoints import architecture, write_checkpoint
 from data_loading import preprocessing as pp
 from main_runs import call
 from model.losses import DiceCELoss, DiceScore
-from model.unet3d import Unet3D
 from runtime.evaluation import evaluate
 
 SMOOTH = 1e-6
@@ -146,8 +146,7 @@ def test_a_missing_record_is_written_from_the_header_on_the_next_run(preprocesse
 
 
 def test_evaluate_says_what_it_scored_and_writes_each_case(preprocessed, tmp_path, capsys):
-    torch.manual_seed(0)
-    torch.save({"best_model_state_dict": Unet3D(filters=(2, 4, 4, 8, 8)).state_dict()}, tmp_path / "w.pt")
+    write_checkpoint(tmp_path / "w.pt", architecture((2, 4, 4, 8, 8)))
     argv = ["--exec_mode", "evaluate", "--data_dir", str(preprocessed / "data"), "--load_ckpt_path",
             str(tmp_path / "w.pt"), "--filters", "2", "4", "4", "8", "8", "--num_workers", "0"]
     code, out, _ = call(argv + ["--log_dir", str(tmp_path / "with")], capsys)

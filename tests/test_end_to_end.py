@@ -8,11 +8,11 @@ import sys
 import time
 
 import pytest
-import torch
 
 import easy_data
-from model.unet3d import Unet3D
-from runtime.checkpoint import load_checkpoint
+from checkpoints import (architecture, broken_checkpoint, ddp_state_dict_checkpoint, reference_format_checkpoint,
+                         unet, write_checkpoint)
+from runtime.checkpoint import load_checkpoint, model_state_from
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "32", "32", "64",
@@ -97,10 +97,8 @@ def small_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def random_checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    model = Unet3D(filters=(4, 8, 16, 32, 32))
     path = str(tmp_path_factory.mktemp("ckpt") / "random.pt")
-    torch.save({"best_model_state_dict": model.state_dict()}, path)
+    write_checkpoint(path, architecture((4, 8, 16, 32, 32)))
     return path
 
 
@@ -119,10 +117,8 @@ def torchrun(*args, nproc=2):
 def test_torchrun_two_process_evaluation_equals_one_process(small_data, tmp_path, normalization):
     """5 cases on 2 ranks (unequal numbers of windows): same scores as one process. Batch norm
     has buffers, which a DDP-wrapped forward would broadcast and so deadlock here."""
-    torch.manual_seed(0)
-    model = Unet3D(normalization=normalization, filters=(4, 8, 16, 32, 32))
     checkpoint = str(tmp_path / "random.pt")
-    torch.save({"best_model_state_dict": model.state_dict()}, checkpoint)
+    write_checkpoint(checkpoint, architecture((4, 8, 16, 32, 32), normalization))
     common = ["--exec_mode", "evaluate", "--data_dir", small_data, "--load_ckpt_path", checkpoint,
               "--sw_batch_size", "2", "--normalization", normalization, *SMALL]
     one = main_py(*common, "--log_dir", str(tmp_path / "one"))
@@ -187,14 +183,10 @@ def test_sigterm_leaves_a_loadable_checkpoint(small_data, tmp_path):
 @pytest.mark.parametrize("case", ["truncated", "garbage", "wrong_filters", "no_model"])
 def test_bad_checkpoint_is_one_line(small_data, random_checkpoint, tmp_path, case):
     path = tmp_path / "bad.pt"
-    if case == "truncated":
-        path.write_bytes(open(random_checkpoint, "rb").read()[:1000])
-    elif case == "garbage":
-        path.write_bytes(b"not a checkpoint at all")
-    elif case == "wrong_filters":
-        torch.save({"best_model_state_dict": Unet3D(filters=(2, 4, 4, 8, 8)).state_dict()}, path)
+    if case == "wrong_filters":  # the reference's layout: no config to take the architecture from
+        reference_format_checkpoint(path, unet(architecture((2, 4, 4, 8, 8))))
     else:
-        torch.save({"epoch": 3}, path)
+        broken_checkpoint(path, case, source=random_checkpoint)
     proc = main_py("--exec_mode", "evaluate", "--data_dir", small_data, "--load_ckpt_path", str(path), *SMALL)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
@@ -204,9 +196,8 @@ def test_bad_checkpoint_is_one_line(small_data, random_checkpoint, tmp_path, cas
 @pytest.mark.slow
 def test_reference_style_checkpoint_evaluates(small_data, random_checkpoint, tmp_path):
     """A DDP-prefixed bare state_dict (as other tools save it) loads for evaluation."""
-    state = load_checkpoint(random_checkpoint)["best_model_state_dict"]
     path = tmp_path / "ddp.pt"
-    torch.save({f"module.{k}": v for k, v in state.items()}, path)
+    ddp_state_dict_checkpoint(path, model_state_from(load_checkpoint(random_checkpoint)))
     ours = main_py("--exec_mode", "evaluate", "--data_dir", small_data, "--load_ckpt_path", random_checkpoint,
                    "--log_dir", str(tmp_path / "a"), *SMALL)
     theirs = main_py("--exec_mode", "evaluate", "--data_dir", small_data, "--load_ckpt_path", str(path),

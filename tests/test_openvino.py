@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch import nn
 
+from checkpoints import architecture, write_checkpoint
 from model.unet3d import Unet3D
 from runtime.predict import memory_budget
 from runtime.arguments import UsageError, parse_args, replace
@@ -50,11 +51,7 @@ def pointwise_model():
 
 
 def save_tiny(path, seed):
-    torch.manual_seed(seed)
-    model = Unet3D(filters=TINY).eval()
-    torch.save({"best_model_state_dict": model.state_dict(),
-                "config": {"filters": list(TINY), "normalization": "instancenorm", "activation": "relu"}}, path)
-    return model
+    return write_checkpoint(path, architecture(TINY), seed=seed)
 
 
 def write_scan(path, seed=3, shape=(26, 30, 28)):

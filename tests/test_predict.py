@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from checkpoints import (architecture, checkpoint_dict, reference_format, reference_format_checkpoint, unet,
+                         write_checkpoint)
 from data_loading import synthetic
 from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
@@ -24,7 +26,6 @@ from data_loading.scans import (find_scans, labels_in_original_grid, read_label,
 from data_loading.windows import window_geometry
 from model.inference_copy import int8_available, int8_grid
 from model.losses import DiceScore, label_map_dice
-from model.unet3d import Unet3D
 from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
 from runtime.predict.scan import cover_padding, segment_scan, volume_probabilities
@@ -279,12 +280,12 @@ def test_explicit_flags_are_the_given_ones():
 
 
 def test_architecture_comes_from_the_checkpoint_unless_given():
-    checkpoint = {"config": {"filters": [4, 8, 16, 32, 32], "normalization": "syncbatchnorm",
-                             "activation": "leaky_relu"}}
+    checkpoint = checkpoint_dict(architecture((4, 8, 16, 32, 32), "syncbatchnorm", "leaky_relu"))
     config = parse_args(["--data_dir", ROOT])
     got = model_architecture(config, checkpoint, "c.pt")
     assert (got.filters, got.normalization, got.activation) == ((4, 8, 16, 32, 32), "batchnorm", "leaky_relu")
-    assert model_architecture(config, {}, "c.pt").filters == (32, 64, 128, 256, 320)  # reference format
+    reference = reference_format(unet(architecture((4, 8, 16, 32, 32))))  # no config: the flags decide
+    assert model_architecture(config, reference, "c.pt").filters == (32, 64, 128, 256, 320)
     same = parse_args(["--data_dir", ROOT, *TINY, "--normalization", "syncbatchnorm"])
     assert model_architecture(same, checkpoint, "c.pt").filters == (4, 8, 16, 32, 32)
     with pytest.raises(UsageError, match=r"--filters 8 8 8 8 8 conflicts with 'c.pt', trained with --filters 4 8 16 32 32"):
@@ -300,10 +301,8 @@ def main_py(*args, timeout=900):
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
     path = str(tmp_path_factory.mktemp("ckpt") / "tiny.pt")
-    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict(),
-                "config": {"filters": [4, 8, 16, 32, 32], "normalization": "instancenorm", "activation": "relu"}}, path)
+    write_checkpoint(path, architecture((4, 8, 16, 32, 32)))
     return path
 
 
@@ -368,7 +367,7 @@ def test_bad_input_is_one_line(tmp_path, tiny_checkpoint, capsys, problem):
         extra, culprit = ["--filters", "8", "16", "32", "64", "64"], "--filters"
     elif problem == "wrong_weights":  # a reference-format checkpoint (no config) with other widths
         culprit = str(tmp_path / "reference.pt")
-        torch.save({"best_model_state_dict": Unet3D(filters=(8, 8, 8, 8, 8)).state_dict()}, culprit)
+        reference_format_checkpoint(culprit, unet(architecture((8, 8, 8, 8, 8))))
         args["--load_ckpt_path"] = culprit
     elif problem == "unwritable_output":
         blocker = tmp_path / "a_file"

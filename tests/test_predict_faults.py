@@ -9,22 +9,21 @@ import socket
 import nibabel
 import numpy as np
 import pytest
-import torch
 
+from checkpoints import architecture, broken_checkpoint, reference_format_checkpoint, unet
 from disks import fill, small_disk
-from model.unet3d import Unet3D
 from runtime.outputs import LOCK_NAME
 from test_predict import run_main, write_nifti
 
 TARGET = (1.6, 1.2, 1.2)
+FILTERS = (2, 4, 4, 8, 8)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
+    """A reference-format checkpoint (its architecture comes from --filters, see :func:`predict`)."""
     path = str(tmp_path_factory.mktemp("ckpt") / "tiny.pt")
-    torch.save({"best_model_state_dict": Unet3D(filters=(2, 4, 4, 8, 8)).state_dict(),
-                "config": {"filters": [2, 4, 4, 8, 8], "normalization": "instancenorm", "activation": "relu"}}, path)
+    reference_format_checkpoint(path, unet(architecture(FILTERS)))
     return path
 
 
@@ -45,7 +44,8 @@ def folder_of_scans(root, spacings: dict) -> str:
 
 def predict(capsys, folder, out, checkpoint, *extra):
     return run_main(capsys, "--exec_mode", "predict", "--input", folder, "--output_dir", str(out),
-                    "--load_ckpt_path", checkpoint, "--val_input_shape", "128", "128", "128", *extra)
+                    "--load_ckpt_path", checkpoint, "--val_input_shape", "128", "128", "128",
+                    "--filters", *map(str, FILTERS), *extra)
 
 
 def rows(out) -> dict:
@@ -180,7 +180,7 @@ def test_a_broken_matplotlib_never_throws_the_segmentation_away(tmp_path, capsys
 
 def test_a_refused_predict_leaves_no_empty_output_dir(tmp_path, capsys):
     folder = folder_of_scans(tmp_path / "in", {"a": TARGET})
-    torch.save([1, 2, 3], tmp_path / "list.pt")
+    broken_checkpoint(tmp_path / "list.pt", "not_a_dict")
     code, _, stderr = predict(capsys, folder, tmp_path / "new" / "out", str(tmp_path / "list.pt"))
     assert code == 1 and len(error_lines(stderr)) == 1 and "list.pt" in stderr
     assert not os.path.exists(tmp_path / "new")

@@ -13,12 +13,14 @@ import torch
 
 import easy_data
 import fake_data
+from checkpoints import (architecture, broken_checkpoint, format_1, reference_format, reference_format_checkpoint,
+                         unet, write_checkpoint)
 from main_runs import SMALL, TINY, call, one_line_error
-from model.unet3d import Unet3D
 from runtime.checkpoint import load_checkpoint
 from runtime.outputs import LOCK_NAME, RunLock, keep_previous
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_FILTERS = tuple(int(width) for width in SMALL[SMALL.index("--filters") + 1:][:5])
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def test_bad_output_paths_fail_before_anything_runs(data, tmp_path, capsys, kind
 
 
 def test_evaluate_with_unwritable_log_dir_fails_before_evaluating(data, tmp_path, capsys):
-    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+    write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
     code, out, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--load_ckpt_path", str(tmp_path / "w.pt"),
                            "--log_dir", "/proc/unet3d-logs", *SMALL], capsys)
     one_line_error(code, err, "--log_dir", "/proc/unet3d-logs")
@@ -158,16 +160,18 @@ def test_non_finite_volume_is_named(data, tmp_path, capsys, case, mode):
     argv = ["--data_dir", str(folder), "--log_dir", str(tmp_path / "l"), *SMALL, "--epochs", "1",
             "--start_eval_at", "1", "--batch_size", "8"]
     if mode == "evaluate":
-        torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+        write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
         argv += ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "w.pt")]
     code, out, err = call(argv, capsys)
     one_line_error(code, err, f"case_{case:05d}_x.npy", "NaN")
 
 
 def test_checkpoint_with_non_finite_weights_is_refused(data, tmp_path, capsys):
-    state = Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()
-    state["output.conv.bias"][0] = float("nan")
-    torch.save({"best_model_state_dict": state}, tmp_path / "nan.pt")
+    config = architecture(SMALL_FILTERS)
+    diverged = unet(config)
+    with torch.no_grad():
+        diverged.output.conv.bias[0] = float("nan")
+    write_checkpoint(tmp_path / "nan.pt", config, diverged)
     code, out, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--load_ckpt_path", str(tmp_path / "nan.pt"),
                            "--log_dir", str(tmp_path / "l"), *SMALL], capsys)
     one_line_error(code, err, "nan.pt", "non-finite", "output.conv.bias")
@@ -190,7 +194,7 @@ def _wait_for(path, proc, seconds=300):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["evaluate", "benchmark"])
 def test_sigterm_stops_evaluate_and_benchmark(data, tmp_path, mode):
-    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+    write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
     flags = (["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "w.pt"), "--overlap", "0.9"]
              if mode == "evaluate"
              else ["--benchmark", "--epochs", "1000", "--warmup_steps", "1"])
@@ -278,7 +282,7 @@ def test_keep_previous_never_overwrites(tmp_path):
 
 def test_evaluate_on_a_folder_without_evaluation_cases(tmp_path, capsys):
     easy_data.write_dataset(str(tmp_path / "d"), [1, 2])            # neither is an evaluation id
-    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+    write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
     code, _, err = call(["--exec_mode", "evaluate", "--data_dir", str(tmp_path / "d"), "--log_dir", str(tmp_path / "l"),
                          "--load_ckpt_path", str(tmp_path / "w.pt"), *SMALL], capsys)
     one_line_error(code, err, "no evaluation case", tmp_path / "d")
@@ -305,7 +309,7 @@ def test_resume_with_another_optimizer_is_one_line(tmp_path, capsys):
 
 
 def test_checkpoint_holding_a_list_is_one_line(data, tmp_path, capsys):
-    torch.save([1, 2, 3], tmp_path / "list.pt")
+    broken_checkpoint(tmp_path / "list.pt", "not_a_dict")
     code, _, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--log_dir", str(tmp_path / "l"),
                          "--load_ckpt_path", str(tmp_path / "list.pt"), *SMALL], capsys)
     one_line_error(code, err, "list.pt", "list")
@@ -333,7 +337,7 @@ def test_evaluate_reads_the_architecture_from_the_checkpoint(tmp_path, capsys):
 # -------------------------------------------------------------------- progress
 
 def test_evaluation_prints_a_line_per_case_in_logs(data, tmp_path):
-    torch.save({"best_model_state_dict": Unet3D(filters=(4, 8, 16, 32, 32)).state_dict()}, tmp_path / "w.pt")
+    write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
     proc = subprocess.run([sys.executable, "main.py", "--exec_mode", "evaluate", "--data_dir", data, "--log_dir",
                            str(tmp_path / "l"), "--load_ckpt_path", str(tmp_path / "w.pt"), *SMALL],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -363,9 +367,8 @@ def test_preprocessing_reports_each_case_as_it_finishes(tmp_path):
 def test_reference_checkpoint_with_numpy_scalars_loads_or_says_why(tmp_path, monkeypatch):
     """The reference saves numpy scalars beside the weights: they load (safe_globals on new
     torch), and a torch without any way to allow them (2.3) gets one line naming the cause."""
-    state = Unet3D(filters=(2, 4, 4, 8, 8)).state_dict()
     path = tmp_path / "reference.pt"
-    torch.save({"best_model_state_dict": state, "best_score": np.float64(0.91)}, path)
+    reference_format_checkpoint(path, unet(architecture((2, 4, 4, 8, 8))), best_score=0.91)
     if hasattr(torch.serialization, "safe_globals") or hasattr(torch.serialization, "add_safe_globals"):
         loaded = load_checkpoint(str(path))
         assert float(loaded["best_score"]) == 0.91
@@ -432,9 +435,9 @@ def test_old_checkpoints_say_whether_they_hold_a_best():
     from runtime.checkpoint import has_best, model_state_from, weights_description
 
     last, best = {"w": torch.ones(1)}, {"w": torch.zeros(1)}
-    reference = {"best_model_state_dict": best, "last_model_state_dict": last}
-    version_1_before_evaluation = {**reference, "format_version": 1, "best_epoch": 0, "epoch": 3}
-    version_1_evaluated = {**reference, "format_version": 1, "best_epoch": 2, "best_mean_dice": 0.5, "epoch": 3}
+    reference = reference_format(best, last)
+    version_1_before_evaluation = format_1(best, last, epoch=3, best_epoch=0)
+    version_1_evaluated = format_1(best, last, epoch=3, best_epoch=2, best_mean_dice=0.5)
     assert has_best(reference) and not has_best(version_1_before_evaluation) and has_best(version_1_evaluated)
     assert torch.equal(model_state_from(version_1_before_evaluation)["w"], last["w"])   # not the stale "best"
     assert torch.equal(model_state_from(version_1_evaluated)["w"], best["w"])
@@ -530,7 +533,7 @@ def test_a_folder_as_load_ckpt_path_is_called_a_folder(data, tmp_path, capsys):
 
 
 def test_a_run_refused_for_a_bad_checkpoint_leaves_no_empty_log_dir(data, tmp_path, capsys):
-    torch.save([1, 2, 3], tmp_path / "list.pt")
+    broken_checkpoint(tmp_path / "list.pt", "not_a_dict")
     log_dir = tmp_path / "new" / "logs"
     code, _, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--log_dir", str(log_dir),
                          "--load_ckpt_path", str(tmp_path / "list.pt"), *SMALL], capsys)

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import fake_data
+from checkpoints import architecture, write_checkpoint
 from data_loading.atomic import atomic_write
 from disks import fill, read_only, small_disk
 from main_runs import TINY, call, call_main, one_line_error
-from runtime.checkpoint import atomic_save, load_checkpoint
+from runtime.checkpoint import atomic_save, load_checkpoint, model_state_from
 from runtime.outputs import OutputError, RunLock
 
 NO_SPACE = os.strerror(errno.ENOSPC)
@@ -201,14 +202,16 @@ def test_preprocessing_into_a_read_only_folder(tmp_path, capsys):
 
 def test_a_failed_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     """A checkpoint written before the disk filled still loads after a failed save over it."""
+    config = architecture((2, 4, 4, 8, 8))
     with small_disk(tmp_path / "disk", "1m") as disk:
         path = os.path.join(disk, "w.pt")
-        atomic_save({"w": torch.ones(10)}, path)
+        first = write_checkpoint(path, config, seed=0)
         fill(disk)
         with pytest.raises(Exception):
-            atomic_save({"w": torch.zeros(100_000)}, path)
+            write_checkpoint(path, config, seed=1)
         shutil.copy(path, tmp_path / "copy.pt")
-    assert torch.equal(load_checkpoint(str(tmp_path / "copy.pt"))["w"], torch.ones(10))
+    kept = model_state_from(load_checkpoint(str(tmp_path / "copy.pt")))
+    assert all(torch.equal(kept[key], value) for key, value in first.state_dict().items())
 
 
 # -------------------------------------------------------------------- the report
