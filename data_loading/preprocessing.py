@@ -36,7 +36,7 @@ import numpy as np
 
 from data_loading import geometry
 from data_loading.atomic import TEMP_SUFFIX, atomic_write
-from data_loading.write_errors import is_full_disk, write_failure
+from data_loading.write_errors import is_full_disk, write_or_raise
 
 TARGET_SPACING = [1.6, 1.2, 1.2]  # (slices, height, width) in mm; a list, compared as one
 MIN_SHAPE = (128, 128, 128)
@@ -288,14 +288,11 @@ def save_atomic(path: str, array: np.ndarray) -> None:
 def write_or_explain(path: str, write) -> None:
     """:func:`atomic_write`; a failure to write (full disk, quota, read-only: the temporary file
     is gone) is one :class:`PreprocessError` naming ``path`` and the reason."""
-    try:
-        atomic_write(path, write)
-    except Exception as exc:  # noqa: BLE001 - a write failure is one line, anything else a bug
-        reason = write_failure(exc)
-        if reason is None:
-            raise
+    def error(reason: str, exc: BaseException) -> PreprocessError:
         then = "free space and run again to resume" if is_full_disk(exc) else "run again to resume"
-        raise PreprocessError(f"cannot write {path}: {reason}; finished cases are kept, {then}") from None
+        return PreprocessError(f"cannot write {path}: {reason}; finished cases are kept, {then}")
+
+    write_or_raise(lambda: atomic_write(path, write), error)
 
 
 def save_geometry(results_dir: str, name: str, shape: Sequence[int], spacing: list[float]) -> None:

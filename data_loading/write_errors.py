@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Callable
 
 # The usual reasons (the README and docs/reliability.md name them); any errno found counts.
 FULL_DISK = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG})
@@ -56,6 +57,18 @@ def write_failure(exc: BaseException) -> str | None:
     if any(sign in str(item) for item in _chain(exc) for sign in _TORCH_WRITER_SIGNS):
         return "write failed (disk full?)"
     return None
+
+
+def write_or_raise(write: Callable[[], object], error: Callable[[str, BaseException], Exception]):
+    """``write()``'s result; a failure to write becomes ``error(reason, exc)`` (:func:`write_failure`'s
+    one-line reason), raised without the chained traceback; anything else is raised as it is."""
+    try:
+        return write()
+    except Exception as exc:  # noqa: BLE001 - a write failure is one line, anything else a bug
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        raise error(reason, exc) from None
 
 
 def is_full_disk(exc: BaseException) -> bool:

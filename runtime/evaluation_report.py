@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from data_loading.atomic import atomic_write
-from data_loading.write_errors import write_failure
+from data_loading.write_errors import write_or_raise
 from runtime.outputs import OutputError
 from runtime.run_files import EVAL_CASES_COLUMNS, EVAL_CASES_CSV
 
@@ -72,11 +72,6 @@ def write_case_scores(log_dir: str, cases: Sequence[dict]) -> str:
     cannot be written."""
     path = os.path.join(log_dir, EVAL_CASES_CSV)
     data = case_scores_csv(cases).encode("utf-8")
-    try:
-        atomic_write(path, lambda handle: handle.write(data))
-    except Exception as err:  # noqa: BLE001 - a write failure is one line, anything else a bug
-        reason = write_failure(err)
-        if reason is None:
-            raise
-        raise OutputError(f"cannot write {path!r}: {reason} (the scores are printed above)") from None
+    write_or_raise(lambda: atomic_write(path, lambda handle: handle.write(data)),
+                     lambda reason, _: OutputError(f"cannot write {path!r}: {reason} (the scores are printed above)"))
     return path

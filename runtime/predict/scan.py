@@ -25,7 +25,7 @@ from data_loading.scans import (Scan, class_volumes_ml, labels_in_original_grid,
                                 output_path, preprocess_scan, read_label, read_labels_file, read_scan,
                                 write_segmentation)
 from data_loading.windows import window_geometry
-from data_loading.write_errors import is_full_disk, write_failure
+from data_loading.write_errors import is_full_disk, write_or_raise
 from model.losses import label_map_dice
 from runtime.arguments import Config
 from runtime.build import build_model
@@ -125,13 +125,7 @@ class OutputWriteError(OutputError):
 def write_output(path: str, write: Callable[[], None]) -> None:
     """``write()`` (an atomic writer of ``path``); a failure to write becomes one
     :class:`OutputWriteError` naming ``path``, anything else is raised as it is."""
-    try:
-        write()
-    except Exception as exc:  # noqa: BLE001 - classified: a write failure, or raised again
-        reason = write_failure(exc)
-        if reason is None:
-            raise
-        raise OutputWriteError(path, reason, is_full_disk(exc)) from None
+    write_or_raise(write, lambda reason, exc: OutputWriteError(path, reason, is_full_disk(exc)))
 
 
 def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray | None,

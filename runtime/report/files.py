@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Callable
 
 from data_loading.atomic import atomic_write as write_atomically
-from data_loading.write_errors import write_failure
+from data_loading.write_errors import write_or_raise
 
 
 class ReportError(Exception):
@@ -15,11 +15,6 @@ def atomic_write(path: str, write: Callable) -> str:
     """:func:`data_loading.atomic.atomic_write` (temporary file beside ``path``, then rename:
     a reader never sees half a file), returning ``path``. A failure to write (full disk, quota,
     read-only) is one :class:`ReportError` naming ``path``."""
-    try:
-        write_atomically(path, write)
-    except Exception as error:  # noqa: BLE001 - a write failure is one line, anything else a bug
-        reason = write_failure(error)
-        if reason is None:
-            raise
-        raise ReportError(f"cannot write {path}: {reason}") from None
+    write_or_raise(lambda: write_atomically(path, write),
+                     lambda reason, _: ReportError(f"cannot write {path}: {reason}"))
     return path
