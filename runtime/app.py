@@ -224,7 +224,10 @@ def train_body(session: Session) -> int:
 def benchmark_body(session: Session) -> int:
     from runtime.training.benchmark import benchmark_evaluate, benchmark_train
 
-    (out, components), _ = started(session)
+    parts, _ = started(session)
+    if parts is None:
+        return 0
+    out, components = parts
     (benchmark_evaluate if session.config.exec_mode == "evaluate" else benchmark_train)(components, out)
     return 0
 
@@ -232,7 +235,10 @@ def benchmark_body(session: Session) -> int:
 def evaluate_body(session: Session) -> int:
     from runtime.openvino.backend import evaluation_components
 
-    (out, components), saved = started(session)
+    parts, saved = started(session)
+    if parts is None:
+        return 0
+    out, components = parts
     components, backend = evaluation_components(components, out)  # PyTorch or OpenVINO (--backend)
     cases: list[dict] = []
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
