@@ -1,6 +1,7 @@
 """Inference-only model preparation: layout-preserving instance norm, int8 convolutions and the
 fast sliding-window predictor, each against an independent oracle on tiny shapes."""
 import copy
+import functools
 import os
 import subprocess
 import sys
@@ -12,8 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.inference_copy import (FULL_GRID, SEVEN_BIT_WEIGHTS, Int8Conv3d,
-                             LayoutPreservingInstanceNorm3d, int8_available, int8_grid,
-                             prepare_for_inference, quantize_uint8, uint8_range)
+                                  LayoutPreservingInstanceNorm3d, channel_divisors,
+                                  equalize_int8_inputs, int8_available, int8_grid,
+                                  prepare_for_inference, quantize_uint8, uint8_range)
 from model.unet3d import Unet3D
 from runtime.predictor import PredictorOptions, build_predictor
 from runtime.sliding_window import sliding_window_inference
@@ -231,6 +233,93 @@ def test_int8_prepared_model_keeps_the_first_convolution_float():
     assert type(prepared.input_block.conv1[0]) is nn.Conv3d
     assert isinstance(prepared.input_block.conv2[0], Int8Conv3d)
     assert type(prepared.output.conv) is nn.Conv3d
+
+
+def test_channel_divisors_known_answers():
+    highs = torch.tensor([[4.0, 1.0, -2.0, 0.0], [1.0, 0.25, -1.0, 0.0]])  # (N=2, C=4)
+    torch.testing.assert_close(channel_divisors(highs, strength=1.0),
+                               torch.tensor([1.0, 0.25, 1e-3, 1e-3], dtype=highs.dtype))
+    torch.testing.assert_close(channel_divisors(highs), torch.tensor([1.0, 0.5, 1e-3, 1e-3]))
+    assert torch.equal(channel_divisors(-highs.abs()), torch.ones(4))  # nothing positive
+
+
+def _imbalanced(model, factor=30.0):
+    """The same function with the input block's output channel 0 made ``factor`` times larger
+    (its norm scaled up, the convolutions that read it scaled down): a network whose int8
+    input grid is mostly spent on one channel."""
+    with torch.no_grad():
+        norm = model.input_block.conv2[1]
+        norm.weight[0] *= factor
+        norm.bias[0] *= factor
+        model.downsample[0].conv1[0].weight[:, 0] /= factor
+        up = model.upsample[-1]
+        up.conv1[0].weight[:, up.upsample_conv[0].out_channels] /= factor
+    return model
+
+
+@needs_int8
+def test_int8_equalization_links_every_norm_read_only_by_int8_convolutions():
+    prepared = prepare_for_inference(_tiny_model(), int8=True)
+    # (2, 4, 8): 7 blocks (input, 2 down, bottleneck, 3 up) whose first norm feeds the second
+    # convolution, and the outputs of the input block and the 2 down blocks (next stage + skip)
+    linked = [m for m in prepared.modules() if isinstance(m, LayoutPreservingInstanceNorm3d) and m.equalize]
+    assert len(linked) == 10
+    assert not prepared.bottleneck.conv2[1].equalize  # read by the float transposed convolution
+    assert not prepared.upsample[-1].conv2[1].equalize  # read by the float output layer
+    assert equalize_int8_inputs(nn.Sequential(nn.Conv3d(2, 2, 3))) == 0
+
+
+@needs_int8
+def test_int8_equalization_recovers_an_imbalanced_channel():
+    """Oracle: the float network. Its input block's channel 0 made 30 times larger (and the
+    weights reading it 30 times smaller: the same function), the first stride-2 convolution,
+    whose whole input is equalized, comes at least twice as close to float with equalization as
+    with one grid for all channels (measured: 4x)."""
+    model = _imbalanced(_tiny_model(5)).eval()
+    x = torch.randn(2, 1, 16, 32, 32)
+    equalized = prepare_for_inference(model, int8=True)
+    plain = prepare_for_inference(model, int8=True)
+    for m in plain.modules():
+        if isinstance(m, LayoutPreservingInstanceNorm3d):
+            m.equalize = False
+        if isinstance(m, Int8Conv3d):
+            m.scaled_inputs = []
+    outputs = {}
+    for name, net in [("float", model), ("equalized", equalized), ("plain", plain)]:
+        net.downsample[0].conv1[0].register_forward_hook(
+            lambda module, args, out, name=name: outputs.update({name: out.float().contiguous()}))
+        with torch.no_grad():
+            net(x if name == "float" else x.contiguous(memory_format=CL))
+
+    def error(name):
+        return float((outputs[name] - outputs["float"]).pow(2).mean().sqrt()
+                     / outputs["float"].pow(2).mean().sqrt())
+    assert error("equalized") < 0.5 * error("plain"), (error("equalized"), error("plain"))
+
+
+@needs_int8
+def test_int8_equalization_keeps_the_float_function():
+    """With the int8 arithmetic taken out (each int8 convolution in float32 with its folded
+    weight), the equalized norms and the weights multiplied back compute the float network."""
+    model = _tiny_model(6).eval()
+    prepared = prepare_for_inference(model, int8=True, channels_last=True)
+    for m in prepared.modules():
+        if isinstance(m, Int8Conv3d):
+            m.forward = functools.partial(_float_fold_forward, m)
+    x = torch.randn(1, 1, 16, 16, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(prepared(x.contiguous(memory_format=CL)), model(x), rtol=1e-4, atol=1e-4)
+    assert any(m.equalize and float(m.channel_scale.min()) < 1.0 for m in prepared.modules()
+               if isinstance(m, LayoutPreservingInstanceNorm3d))  # the factors were not all 1
+
+
+def _float_fold_forward(conv, x):
+    """Int8Conv3d's forward with float arithmetic: the weight folded with the input scales."""
+    factors = torch.ones(conv.float_weight.shape[1])
+    for first, norm in conv.scaled_inputs:
+        factors[first:first + norm.channel_scale.numel()] = norm.channel_scale
+    return F.conv3d(x, conv.float_weight * factors.view(1, -1, 1, 1, 1), conv.bias, conv.stride,
+                    conv.padding, conv.dilation)
 
 
 @pytest.mark.slow
