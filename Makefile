@@ -71,8 +71,8 @@ test-compat: $(COMPAT_VENV)/.installed
 test-deploy: setup
 	UNET3D_DEPLOY_TESTS=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS) tests/deploy
 
-# `make test-deploy-jobs`: the SLURM job tests only (what CI runs after `make test`: the
-# container build and check does not fit CI's time budget; see README "Run on a cluster").
+# `make test-deploy-jobs`: the SLURM job tests only (a quicker check while editing the job
+# scripts; CI runs the whole `make test-deploy`).
 test-deploy-jobs: setup
 	UNET3D_DEPLOY_TESTS=1 $(PY) -m pytest -q -rs $(PYTEST_ARGS) tests/deploy/test_slurm_jobs.py
 
