@@ -59,8 +59,9 @@ class LayoutPreservingInstanceNorm3d(nn.Module):
         if not self.equalize and not _is_channels_last(x):
             return F.instance_norm(x, weight=self.weight.to(x.dtype), bias=self.bias.to(x.dtype),
                                    eps=self.eps)
-        moments = channels_last_moments if _is_channels_last(x) else _ncdhw_moments
-        mean, var, low, high = moments(x, extremes=self.equalize)
+        if not _is_channels_last(x):  # equalized: the int8 convolution after it wants NDHWC
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        mean, var, low, high = channels_last_moments(x, extremes=self.equalize)
         scale = self.weight.double() * torch.rsqrt(var + self.eps)
         shift = self.bias.double() - mean * scale
         if self.equalize:
@@ -76,7 +77,7 @@ def channel_divisors(highs: torch.Tensor, strength: float = 0.5, floor: float = 
     """Per-channel divisors ``(C,)`` that bring the channels of a non-negative activation (after
     ReLU) closer to the top of the largest one: ``highs`` ``(N, C)`` are the channels' maxima
     before ReLU; divisor ``(max(high_c, 0) / max_c' high_c') ** strength``, at least ``floor``;
-    all ones when nothing is positive. ``strength`` 1 would equalize the channels fully, but it
+    all ones when nothing is positive; rounded to quarter octaves. ``strength`` 1 would equalize the channels fully, but it
     moves the whole imbalance into the weights (multiplied back by the divisors, quantized per
     output channel); 0.5 splits it between the two, as SmoothQuant's migration strength does.
     On the trained network's most sensitive convolution the output error of fake-quantized
@@ -85,16 +86,10 @@ def channel_divisors(highs: torch.Tensor, strength: float = 0.5, floor: float = 
     top = highs.clamp_min(0).amax(0)
     if float(top.max()) <= 0.0:
         return torch.ones_like(top)
-    return ((top / top.max()) ** strength).clamp_min(floor)
-
-
-def _ncdhw_moments(x: torch.Tensor, extremes: bool = True) -> tuple[torch.Tensor, ...]:
-    """:func:`channels_last_moments` of an NCDHW tensor."""
-    x64 = x.double()
-    var, mean = torch.var_mean(x64, dim=(2, 3, 4), correction=0)
-    if not extremes:
-        return mean, var, None, None
-    return mean, var, x64.amin(dim=(2, 3, 4)), x64.amax(dim=(2, 3, 4))
+    divisors = ((top / top.max()) ** strength).clamp_min(floor)
+    # in steps of a quarter octave: neighbouring windows mostly share them, so the int8
+    # convolutions reading them keep their packed weights
+    return torch.exp2(torch.round(torch.log2(divisors) * 4) / 4).clamp(floor, 1.0)
 
 
 def channels_last_moments(x: torch.Tensor, extremes: bool = True,

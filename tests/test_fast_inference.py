@@ -241,6 +241,9 @@ def test_channel_divisors_known_answers():
                                torch.tensor([1.0, 0.25, 1e-3, 1e-3], dtype=highs.dtype))
     torch.testing.assert_close(channel_divisors(highs), torch.tensor([1.0, 0.5, 1e-3, 1e-3]))
     assert torch.equal(channel_divisors(-highs.abs()), torch.ones(4))  # nothing positive
+    # quarter octaves: 0.3 -> 2 ** -1.75
+    torch.testing.assert_close(channel_divisors(torch.tensor([[1.0, 0.3]]), strength=1.0),
+                               torch.tensor([1.0, 2 ** -1.75]))
 
 
 def _imbalanced(model, factor=30.0):
@@ -353,3 +356,16 @@ def test_benchmark_smoke_run(tmp_path, isolate):
     assert float(rows[fast][1]) > 0 and float(rows[fast][3]) > 0
     if int8_available() is None:
         assert "fast_int8" in rows
+
+
+@pytest.mark.slow
+def test_inference_copy_benchmark_smoke_run():
+    """benchmarks/bench_inference_copy.py on a tiny network: both comparisons print their rows
+    (the int8 one is skipped with its reason where int8 is unavailable)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_inference_copy.py"), "--edge", "32",
+           "--filters", "4", "8", "16", "--rounds", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| channels_last_moments (now) |" in proc.stdout
+    assert "| equalized (now) |" in proc.stdout or "equalize: skipped:" in proc.stdout
