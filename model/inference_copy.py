@@ -77,7 +77,7 @@ def channel_divisors(highs: torch.Tensor, strength: float = 0.5, floor: float = 
     """Per-channel divisors ``(C,)`` that bring the channels of a non-negative activation (after
     ReLU) closer to the top of the largest one: ``highs`` ``(N, C)`` are the channels' maxima
     before ReLU; divisor ``(max(high_c, 0) / max_c' high_c') ** strength``, at least ``floor``;
-    all ones when nothing is positive; rounded to quarter octaves. ``strength`` 1 would equalize the channels fully, but it
+    all ones when nothing is positive. ``strength`` 1 would equalize the channels fully, but it
     moves the whole imbalance into the weights (multiplied back by the divisors, quantized per
     output channel); 0.5 splits it between the two, as SmoothQuant's migration strength does.
     On the trained network's most sensitive convolution the output error of fake-quantized
@@ -86,10 +86,7 @@ def channel_divisors(highs: torch.Tensor, strength: float = 0.5, floor: float = 
     top = highs.clamp_min(0).amax(0)
     if float(top.max()) <= 0.0:
         return torch.ones_like(top)
-    divisors = ((top / top.max()) ** strength).clamp_min(floor)
-    # in steps of a quarter octave: neighbouring windows mostly share them, so the int8
-    # convolutions reading them keep their packed weights
-    return torch.exp2(torch.round(torch.log2(divisors) * 4) / 4).clamp(floor, 1.0)
+    return ((top / top.max()) ** strength).clamp_min(floor)
 
 
 def channels_last_moments(x: torch.Tensor, extremes: bool = True,
