@@ -10,13 +10,15 @@ can go on) with:
   ``(1, N·C, D, H, W)``, so in a channels-last network every convolution/norm pair pays two
   full-size layout copies (their share of a forward: docs/performance.md, "What each lever gave");
 * optionally (``int8=True``) the 3x3x3 convolutions with at least ``int8_min_channels`` input
-  channels replaced by :class:`Int8Conv3d` (oneDNN int8 convolution with float output; see there).
+  channels replaced by :class:`Int8Conv3d` (oneDNN int8 convolution with float output; see there),
+  their inputs' channels equalized per window by the norms before them
+  (:func:`equalize_int8_inputs`).
 
 Without int8 the state_dict keys stay those of the reference (``...conv1.1.weight`` and so
 on), so a prepared model loads the same checkpoints. The prepared model is for ``eval`` only.
 Without int8 it computes the same prediction up to float32 rounding (the norms' statistics to
-about 1e-7, as ``nn.InstanceNorm3d``); with int8, with 8-bit
-rounding (7-bit weights on CPUs without VNNI/AMX). Speed and agreement, per CPU:
+about 1e-7, as ``nn.InstanceNorm3d``); with int8, with 8-bit rounding (7-bit weights on
+CPUs without VNNI/AMX). Speed and agreement, per CPU:
 docs/performance.md.
 """
 from __future__ import annotations
