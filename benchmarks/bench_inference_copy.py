@@ -102,7 +102,8 @@ def main() -> None:
     print(f"# {isa_line()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"# filters {args.filters}, one {args.edge}³ window per variant per round, {args.rounds} rounds")
     if "norm" in args.compare:
-        print("\n| float, channels-last norm statistics | median s | vs before | max abs logit diff from nn.InstanceNorm3d |")
+        print("\n| float, channels-last norm statistics | median s | vs before "
+              "| max abs logit diff from nn.InstanceNorm3d |")
         print("|---|---|---|---|")
         lock_step({"batch norm (before)": with_batch_norm_statistics(ic.prepare_for_inference(model)),
                    "channels_last_moments (now)": ic.prepare_for_inference(model)},

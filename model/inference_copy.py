@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.unet3d import Unet3D
+
 
 class LayoutPreservingInstanceNorm3d(nn.Module):
     """Eval-time ``InstanceNorm3d(affine=True)`` that keeps the input's memory format and dtype.
@@ -98,9 +100,10 @@ def channels_last_moments(x: torch.Tensor, extremes: bool = True,
     ``(N, C)`` float64, without a layout copy.
 
     The voxels are read as rows of C values in memory order, in chunks of about
-    ``chunk_elements`` values (1 MB in float32: they stay in cache): each chunk's mean and centred sum of squares in float32
-    (two passes over cached data), the chunks combined in float64 (Chan et al.'s pairwise
-    update). Relative error about 1e-7 however large the mean is next to the spread.
+    ``chunk_elements`` values (1 MB in float32: they stay in cache): each chunk's mean and
+    centred sum of squares in float32 (two passes over cached data), the chunks combined in
+    float64 (Chan et al.'s pairwise update). Relative error about 1e-7 however large the mean is
+    next to the spread.
     """
     n, c = x.shape[:2]
     rows = x.permute(0, 2, 3, 4, 1).reshape(n, -1, c)
@@ -325,7 +328,6 @@ def equalize_int8_inputs(net: nn.Module) -> int:
     upsample block's input (the transposed convolution's output, no norm) keeps its scale.
     Returns the number of norms linked; 0 for other networks or norms.
     """
-    from model.unet3d import Unet3D  # the wiring below is this network's
     if not isinstance(net, Unet3D):
         return 0
     links = []
