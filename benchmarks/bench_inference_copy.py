@@ -56,15 +56,6 @@ def with_batch_norm_statistics(prepared: torch.nn.Module) -> torch.nn.Module:
     return prepared
 
 
-def without_equalization(prepared: torch.nn.Module) -> torch.nn.Module:
-    for module in prepared.modules():
-        if isinstance(module, ic.LayoutPreservingInstanceNorm3d):
-            module.equalize = False
-        if isinstance(module, ic.Int8Conv3d):
-            module.scaled_inputs = []
-    return prepared
-
-
 def lock_step(variants: dict, reference: torch.nn.Module, rounds: int, edge: int, error) -> None:
     times = {name: [] for name in variants}
     errors = {name: [] for name in variants}
@@ -115,7 +106,7 @@ def main() -> None:
         print(f"\n{ic.int8_path()}")
         print("\n| int8 | median s | vs before | relative RMS logit diff from float (worst round) |")
         print("|---|---|---|---|")
-        lock_step({"one grid (before)": without_equalization(ic.prepare_for_inference(model, int8=True)),
+        lock_step({"one grid (before)": ic.prepare_for_inference(model, int8=True, equalize=False),
                    "equalized (now)": ic.prepare_for_inference(model, int8=True)},
                   model, args.rounds, args.edge,
                   lambda out, ref: float((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()))

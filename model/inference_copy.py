@@ -238,6 +238,7 @@ class Int8Conv3d(nn.Module):
         self.dilation = list(conv.dilation)
         self.out_channels = conv.out_channels
         self._packed: dict[tuple, torch.Tensor] = {}
+        self._factors: torch.Tensor | None = None  # the input scales folded into q_weight
         # (first input channel, norm): input channels that norm divided by its channel_scale
         # (equalize_int8_inputs); the weight is multiplied back before it is quantized.
         self.scaled_inputs: list[tuple[int, LayoutPreservingInstanceNorm3d]] = []
@@ -256,7 +257,7 @@ class Int8Conv3d(nn.Module):
         for first, norm in self.scaled_inputs:
             if norm.channel_scale is not None:
                 factors[first:first + norm.channel_scale.numel()] = norm.channel_scale
-        if getattr(self, "_factors", None) is None or not torch.equal(factors, self._factors):
+        if self._factors is None or not torch.equal(factors, self._factors):
             self._set_weight(self.float_weight * factors.view(1, -1, 1, 1, 1))
             self._factors = factors
 
@@ -351,14 +352,16 @@ def equalize_int8_inputs(net: nn.Module) -> int:
 
 
 def prepare_for_inference(model: nn.Module, channels_last: bool = True, int8: bool = False,
-                          int8_min_channels: int = 2) -> nn.Module:
+                          int8_min_channels: int = 2, equalize: bool = True) -> nn.Module:
     """An eval-mode copy of ``model`` for fast inference (``model`` itself is not changed).
 
     ``channels_last``: weights and the norms' outputs NDHWC (feed channels-last inputs).
     ``int8``: 3x3x3 convolutions with at least ``int8_min_channels`` input channels become
     :class:`Int8Conv3d` (the first convolution, on the one-channel image, stays float: it is
-    0.4% of the FLOPs and sees raw intensities). Raises ``RuntimeError`` with the reason when
-    int8 is asked for and unavailable.
+    0.4% of the FLOPs and sees raw intensities), their inputs equalized unless ``equalize`` is
+    False (:func:`equalize_int8_inputs`; False: one activation grid per input, the way before,
+    for comparisons). Raises ``RuntimeError`` with the reason when int8 is asked for and
+    unavailable.
     """
     if int8 and int8_available() is not None:
         raise RuntimeError(f"int8 inference unavailable: {int8_available()}")
@@ -372,7 +375,7 @@ def prepare_for_inference(model: nn.Module, channels_last: bool = True, int8: bo
             elif (int8 and type(child) is nn.Conv3d and child.kernel_size == (3, 3, 3)
                   and child.in_channels >= int8_min_channels):
                 setattr(module, name, Int8Conv3d(child))
-    if int8:
+    if int8 and equalize:
         equalize_int8_inputs(prepared)
     if channels_last:
         prepared = prepared.to(memory_format=torch.channels_last_3d)

@@ -267,6 +267,8 @@ def test_int8_equalization_links_every_norm_read_only_by_int8_convolutions():
     assert not prepared.bottleneck.conv2[1].equalize  # read by the float transposed convolution
     assert not prepared.upsample[-1].conv2[1].equalize  # read by the float output layer
     assert equalize_int8_inputs(nn.Sequential(nn.Conv3d(2, 2, 3))) == 0
+    plain = prepare_for_inference(_tiny_model(), int8=True, equalize=False)
+    assert not any(getattr(m, "equalize", False) or getattr(m, "scaled_inputs", None) for m in plain.modules())
 
 
 @needs_int8
@@ -278,12 +280,7 @@ def test_int8_equalization_recovers_an_imbalanced_channel():
     model = _imbalanced(_tiny_model(5)).eval()
     x = torch.randn(2, 1, 16, 32, 32)
     equalized = prepare_for_inference(model, int8=True)
-    plain = prepare_for_inference(model, int8=True)
-    for m in plain.modules():
-        if isinstance(m, LayoutPreservingInstanceNorm3d):
-            m.equalize = False
-        if isinstance(m, Int8Conv3d):
-            m.scaled_inputs = []
+    plain = prepare_for_inference(model, int8=True, equalize=False)
     outputs = {}
     for name, net in [("float", model), ("equalized", equalized), ("plain", plain)]:
         net.downsample[0].conv1[0].register_forward_hook(
