@@ -24,7 +24,7 @@ from model.unet3d import Unet3D
 from runtime.predict import memory_budget
 from runtime.arguments import UsageError, parse_args, replace
 from runtime.openvino.backend import INSTALL_HINT, choose_backend, openvino_missing
-from runtime.openvino.calibration import foreground_origin, int8_pairs_saturate, window_at
+from runtime.openvino.calibration import grid_origins, int8_pairs_saturate, spread, window_at
 from runtime.predict.scan import volume_probabilities
 from runtime.predictor import build_predictor, options_from
 
@@ -153,12 +153,39 @@ def test_vnni_detection_and_the_isa_limit():
     assert not int8_pairs_saturate({"avx2", "avx_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"})
 
 
-def test_calibration_window_centred_on_the_foreground():
-    label = np.zeros((1, 40, 50, 60), np.uint8)
-    label[0, 10:14, 30:40, 50:60] = 1  # box centre (12, 35, 55)
-    assert foreground_origin(label, (16, 16, 16)) == (4, 27, 44)  # the last clamped to 60 - 16
-    assert foreground_origin(np.zeros((1, 40, 50, 60), np.uint8), (16, 16, 16)) == (12, 17, 22)
-    assert foreground_origin(label, (64, 16, 16))[0] == 0  # smaller than the window: padded
+def test_calibration_windows_where_the_sliding_window_puts_them():
+    """Known answers: half-window steps, the last window flush with the volume's end, one padded
+    window on an axis shorter than the window; evenly spaced picks from the list of all."""
+    assert grid_origins((40, 50, 16), (16, 16, 16)) == [
+        (d, h, 0) for d in (0, 8, 16, 24) for h in (0, 8, 16, 24, 32, 34)]
+    assert grid_origins((10, 16, 17), (16, 16, 16)) == [(0, 0, 0), (0, 0, 1)]
+    assert spread(list(range(10)), 4) == [1, 3, 6, 8]
+    assert spread(list(range(3)), 4) == [0, 1, 2]
+    assert spread(list(range(100)), 1) == [50]
+
+
+def test_calibration_set_spreads_over_the_training_cases(tmp_path, monkeypatch):
+    """The set takes evenly spaced windows of the training cases' grids (an evaluation case
+    never), at most CALIBRATION_WINDOWS, each case's image hashed once and named once."""
+    import runtime.openvino.calibration as calibration
+
+    shapes = {"00001": (40, 40, 40), "00002": (80, 40, 40), "00003": (80, 80, 80), "00004": (20, 20, 20)}
+    for case_id, shape in shapes.items():  # 00003 is an evaluation case
+        np.save(tmp_path / f"case_{case_id}_x.npy", np.zeros((1, *shape), np.float32))
+        np.save(tmp_path / f"case_{case_id}_y.npy", np.zeros((1, *shape), np.uint8))
+    config = parse_args(["--data_dir", str(tmp_path), "--val_input_shape", "32", "32", "32"])
+    monkeypatch.setattr(calibration, "CALIBRATION_WINDOWS", 4)
+    every = [("00001", o) for o in grid_origins((40, 40, 40), (32,) * 3)] + \
+            [("00002", o) for o in grid_origins((80, 40, 40), (32,) * 3)] + [("00004", (0, 0, 0))]
+    assert len(every) == 2 * 2 * 2 + 4 * 2 * 2 + 1
+    chosen = calibration.calibration_set(config)
+    assert [(w.case_id, w.origin) for w in chosen.windows] == [every[i] for i in (3, 9, 15, 21)]
+    assert chosen.roi == (32, 32, 32) and "cases 00001, 00002)" in chosen.describe()
+    assert {w.image_sha256 for w in chosen.windows} == {
+        calibration.file_sha256(tmp_path / f"case_{i}_x.npy") for i in ("00001", "00002")}
+
+
+def test_window_at_pads_like_the_sliding_window():
     image = np.arange(40 * 50 * 60, dtype=np.float32).reshape(1, 40, 50, 60)
     window = window_at(image, (0, 27, 44), (64, 16, 16))
     assert window.shape == (1, 64, 16, 16) and np.all(window[:, 40:] == -2.2)
