@@ -308,6 +308,9 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     config = predict_config(tmp_path)
     quantised = build_model(model, config, calibration)
     assert any(op.get_type_name() == "FakeQuantize" for op in quantised.get_ops())
+    norms = [op for op in quantised.get_ops() if op.get_type_name() == "MVN"]
+    assert len(norms) == 2 * 11  # input block, 4 down, bottleneck, 5 up: two norms each
+    assert all(op.input(0).get_source_output().get_node().get_type_name() != "FakeQuantize" for op in norms)
     windows = OpenVINOWindows(compile_for_cpu(quantised), (32, 32, 64))
     x = torch.from_numpy(np.load(paths[0])[None, :, :32, :32, :64].copy())
     with torch.no_grad():
@@ -360,6 +363,20 @@ def test_backends_benchmark_smoke(tmp_path):
     for name in variants.split(","):
         assert f"| {name} |" in table
     assert "| reference |" in table and "| 1.00x |" in table
+
+
+@needs_nncf
+def test_openvino_int8_benchmark_smoke(tmp_path):
+    """benchmarks/bench_openvino_int8.py on the tiny network: a row per variant with its ratio,
+    the ISA header; the baseline's ratio to itself is 1."""
+    out = subprocess.run([sys.executable, "benchmarks/bench_openvino_int8.py", "--filters", *map(str, TINY),
+                          "--roi", "64", "--rounds", "2", "--out", str(tmp_path / "t.md")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = (tmp_path / "t.md").read_text()
+    assert "ISA: " in table and "2 lock-step rounds" in table
+    assert "| nncf_defaults |" in table and "| 1.00x |" in table
+    assert "| fp32 |" in table and "| project |" in table
 
 
 @needs_openvino

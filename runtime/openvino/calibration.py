@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -178,6 +179,12 @@ def quantize(ov_model, calibration: CalibrationSet):
     data = list(calibration.arrays())
     advanced = AdvancedQuantizationParameters(
         overflow_fix=fix, activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
-    return nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data),
-                         ignored_scope=nncf.IgnoredScope(types=list(FLOAT_INPUT_OPERATIONS), validate=False),
-                         advanced_parameters=advanced)
+    logger = logging.getLogger("nncf")  # one INFO line per ignored norm otherwise; warnings still show
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        return nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data),
+                             ignored_scope=nncf.IgnoredScope(types=list(FLOAT_INPUT_OPERATIONS), validate=False),
+                             advanced_parameters=advanced)
+    finally:
+        logger.setLevel(level)
