@@ -351,6 +351,45 @@ def equalize_int8_inputs(net: nn.Module) -> int:
     return linked
 
 
+class HalvesConv3d(nn.Module):
+    """A convolution over ``cat([upsampled, skip], 1)`` computed as one convolution per half,
+    summed: the same function (up to float32 summation order), with each half a tensor of its
+    own. For int8 with static ranges (OpenVINO through NNCF): quantised together, the two halves
+    share one scale, and the transposed convolution's signed output next to the skip's
+    non-negative norm output, each with maxima that change from window to window, left too few
+    codes to either (NNCF's accuracy control put every decoder's first convolution back in fp32
+    on both trained networks; split, none of them). Same multiply-adds; one more addition,
+    which OpenVINO fuses into the second convolution."""
+
+    def __init__(self, conv: nn.Conv3d, first_channels: int):
+        super().__init__()
+        self.first_channels = first_channels
+        options = dict(kernel_size=conv.kernel_size, stride=conv.stride, padding=conv.padding,
+                       dilation=conv.dilation)
+        self.upsampled = nn.Conv3d(first_channels, conv.out_channels, bias=False, **options)
+        self.skip = nn.Conv3d(conv.in_channels - first_channels, conv.out_channels,
+                              bias=conv.bias is not None, **options)
+        with torch.no_grad():
+            self.upsampled.weight.copy_(conv.weight[:, :first_channels])
+            self.skip.weight.copy_(conv.weight[:, first_channels:])
+            if conv.bias is not None:
+                self.skip.bias.copy_(conv.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.upsampled(x[:, :self.first_channels]) + self.skip(x[:, self.first_channels:])
+
+
+def split_decoder_inputs(model: nn.Module) -> nn.Module:
+    """A copy of a :class:`Unet3D` (eval mode) whose decoder blocks' first convolutions are
+    :class:`HalvesConv3d`; other networks are returned unchanged (not copied)."""
+    if not isinstance(model, Unet3D):
+        return model
+    split = copy.deepcopy(model).eval()
+    for block in split.upsample:
+        block.conv1[0] = HalvesConv3d(block.conv1[0], block.upsample_conv[0].out_channels)
+    return split
+
+
 def prepare_for_inference(model: nn.Module, channels_last: bool = True, int8: bool = False,
                           int8_min_channels: int = 2, equalize: bool = True) -> nn.Module:
     """An eval-mode copy of ``model`` for fast inference (``model`` itself is not changed).

@@ -28,7 +28,7 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from runtime.arguments import Config
 from runtime.sliding_window import PAD_VALUE
 
 CALIBRATION_WINDOWS = 24  # at most; NNCF runs the fp32 network once on each
+VALIDATION_WINDOWS = 8  # of those, with foreground: where int8 must agree with fp32
+RANKING_WINDOWS = 4  # of those, the worst: where each convolution's share of the disagreement is measured
+MAX_AGREEMENT_DROP = 0.003  # int8 labels equal fp32's on >= 99.7% of the validation windows' foreground
 
 NO_VNNI_ISAS = {"SSE41", "AVX", "AVX2", "AVX512_CORE"}  # ONEDNN_MAX_CPU_ISA values below VNNI
 FLOAT_INPUT_OPERATIONS = ("MVN",)  # OpenVINO operations whose inputs NNCF leaves float
@@ -68,6 +71,7 @@ class CalibrationWindow:
     image_path: str
     image_sha256: str
     origin: tuple[int, ...]
+    foreground: bool = False  # its ground truth holds kidney or tumour: a validation window
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,16 @@ class CalibrationSet:
     def fields(self) -> dict:
         return {"roi": list(self.roi), "overflow_fix": self.overflow_fix,
                 "windows": [{"case": w.case_id, "sha256": w.image_sha256, "origin": list(w.origin)}
-                            for w in self.windows]}
+                            for w in self.windows],
+                "validation": list(self.validation()),
+                "accuracy_control": {"metric": "foreground agreement with fp32", "max_drop": MAX_AGREEMENT_DROP,
+                                     "ranking_windows": RANKING_WINDOWS}}
+
+    def validation(self) -> tuple[int, ...]:
+        """The indices of the windows int8 is checked on: those with foreground in their ground
+        truth (all when none has), at most ``VALIDATION_WINDOWS``, evenly spaced."""
+        chosen = [i for i, w in enumerate(self.windows) if w.foreground] or list(range(len(self.windows)))
+        return tuple(spread(chosen, VALIDATION_WINDOWS))
 
     def describe(self) -> str:
         ids = ", ".join(dict.fromkeys(w.case_id for w in self.windows))
@@ -123,7 +136,9 @@ def calibration_set(config: Config) -> CalibrationSet:
     for case, origin in spread(every, CALIBRATION_WINDOWS):
         if case.case_id not in digests:
             digests[case.case_id] = file_sha256(case.image_path)
-        windows.append(CalibrationWindow(case.case_id, str(case.image_path), digests[case.case_id], origin))
+        label = window_at(np.load(case.label_path, mmap_mode="r"), origin, roi, pad=0)
+        windows.append(CalibrationWindow(case.case_id, str(case.image_path), digests[case.case_id], origin,
+                                         bool(label.any())))
     return CalibrationSet(os.path.abspath(config.data_dir), roi, tuple(windows),
                           "enable" if int8_pairs_saturate() else "first_layer")
 
@@ -158,33 +173,79 @@ def file_sha256(path) -> str:
     return digest.hexdigest()
 
 
-def window_at(image: np.ndarray, origin: Sequence[int], roi: Sequence[int]) -> np.ndarray:
-    """``image (C, D, H, W)``'s window at ``origin``, padded with the sliding window's value
-    where the volume is smaller than ``roi``."""
+def window_at(image: np.ndarray, origin: Sequence[int], roi: Sequence[int], pad: float = PAD_VALUE) -> np.ndarray:
+    """``image (C, D, H, W)``'s window at ``origin`` as float32, padded with ``pad`` (the sliding
+    window's value) where the volume is smaller than ``roi``."""
     cut = np.asarray(image[(slice(None), *(slice(o, o + r) for o, r in zip(origin, roi)))], dtype=np.float32)
-    pad = [(0, 0)] + [(0, r - s) for r, s in zip(roi, cut.shape[1:])]
-    return np.pad(cut, pad, constant_values=PAD_VALUE) if any(p for _, p in pad) else np.ascontiguousarray(cut)
+    widths = [(0, 0)] + [(0, r - s) for r, s in zip(roi, cut.shape[1:])]
+    return np.pad(cut, widths, constant_values=pad) if any(w for _, w in widths) else np.ascontiguousarray(cut)
 
 
-def quantize(ov_model, calibration: CalibrationSet):
-    """``ov_model`` quantised to int8 by NNCF on ``calibration``'s windows: activation ranges
-    from the extremes over all windows (NNCF's default averages each window's extremes, which
-    clips the windows of larger contrast), the norms' inputs kept float (``MVN``: instance and
-    group norm in OpenVINO's graph)."""
+def quantize(ov_model, calibration: CalibrationSet, compile_fp32: Callable, say: Callable[[str], None] = print):
+    """``ov_model`` quantised to int8 by NNCF on ``calibration``'s windows, with accuracy control.
+
+    Ranges: activation ranges from the extremes over all windows (NNCF's default averages each
+    window's extremes, which clips the windows of larger contrast), the norms' inputs kept float
+    (``MVN``: instance and group norm in OpenVINO's graph), weights per output channel. Then
+    NNCF's accuracy control: on the validation windows (:meth:`CalibrationSet.validation`) the
+    int8 labels (argmax) must agree with fp32's (``compile_fp32(ov_model)``, computed here) on
+    all but ``MAX_AGREEMENT_DROP`` of the voxels that either calls kidney or tumour; while they do
+    not, the convolution whose int8 costs the most agreement (ranked on ``RANKING_WINDOWS`` of
+    them) goes back to fp32. One line says how many stayed fp32 and the agreement reached.
+    """
     import nncf
-    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+    from nncf.quantization.advanced_parameters import (AdvancedAccuracyRestorerParameters,
+                                                       AdvancedQuantizationParameters, OverflowFix)
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
     fix = OverflowFix.ENABLE if calibration.overflow_fix == "enable" else OverflowFix.FIRST_LAYER
     data = list(calibration.arrays())
+    reference = compile_fp32(ov_model)
+    checks = [(data[i], labels_of(reference(data[i])[0])) for i in calibration.validation()]
+    reached: list[float] = []
+
+    def validate(compiled, items) -> tuple[float, list[float]]:
+        counts = [foreground_agreement(labels_of(compiled(window)[0]), expected) for window, expected in items]
+        pooled = sum(e for e, _ in counts) / max(sum(t for _, t in counts), 1)
+        reached.append(pooled if any(t for _, t in counts) else 1.0)
+        return reached[-1], [e / t if t else 1.0 for e, t in counts]
+
     advanced = AdvancedQuantizationParameters(
         overflow_fix=fix, activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
-    logger = logging.getLogger("nncf")  # one INFO line per ignored norm otherwise; warnings still show
+    say(f"openvino: int8 accuracy control on {len(checks)} windows (foreground agreement with fp32 >= "
+        f"{1 - MAX_AGREEMENT_DROP:.1%}); this runs the network many times, once per checkpoint and window shape")
+    logger = logging.getLogger("nncf")  # its INFO lines (one per ignored norm, the ranking) stay quiet
     level = logger.level
     logger.setLevel(max(level, logging.WARNING))
     try:
-        return nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data),
-                             ignored_scope=nncf.IgnoredScope(types=list(FLOAT_INPUT_OPERATIONS), validate=False),
-                             advanced_parameters=advanced)
+        quantized = nncf.quantize_with_accuracy_control(
+            ov_model, nncf.Dataset(data), nncf.Dataset(checks), validate, max_drop=MAX_AGREEMENT_DROP,
+            subset_size=len(data), ignored_scope=nncf.IgnoredScope(types=list(FLOAT_INPUT_OPERATIONS), validate=False),
+            advanced_quantization_parameters=advanced,
+            advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(ranking_subset_size=RANKING_WINDOWS))
     finally:
         logger.setLevel(level)
+    kept, total = float_convolutions(quantized)
+    say(f"openvino: int8 on {total - kept} of {total} convolutions, {kept} kept in fp32; foreground agreement "
+        f"with fp32 on the validation windows {reached[-1]:.2%}" if reached else
+        f"openvino: int8 on {total - kept} of {total} convolutions, {kept} kept in fp32")
+    return quantized
+
+
+def labels_of(logits) -> np.ndarray:
+    """The argmax over the classes of ``logits`` ``(1, K, D, H, W)``."""
+    return np.asarray(logits).argmax(1)
+
+
+def foreground_agreement(labels: np.ndarray, expected: np.ndarray) -> tuple[int, int]:
+    """(equal, total) over the voxels that either labelling calls foreground (label > 0)."""
+    union = (labels > 0) | (expected > 0)
+    return int((labels == expected)[union].sum()), int(union.sum())
+
+
+def float_convolutions(ov_model) -> tuple[int, int]:
+    """(convolutions whose input is not int8-quantised, all convolutions) of ``ov_model``."""
+    kinds = {"Convolution", "ConvolutionBackpropData", "GroupConvolution"}
+    convolutions = [op for op in ov_model.get_ops() if op.get_type_name() in kinds]
+    kept = sum(op.input(0).get_source_output().get_node().get_type_name() != "FakeQuantize" for op in convolutions)
+    return kept, len(convolutions)

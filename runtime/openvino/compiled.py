@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from model.inference_copy import split_decoder_inputs
 from runtime.arguments import Config
 from runtime.openvino.cache import CacheEntry, cache_fields, cache_folder
 
@@ -63,15 +64,16 @@ def compile_for_cpu(ov_model):
     return ov.Core().compile_model(ov_model, "CPU", config)
 
 
-def build_model(model: torch.nn.Module, config: Config, calibration) -> object:
+def build_model(model: torch.nn.Module, config: Config, calibration, say: Callable[[str], None] = print) -> object:
     """The uncompiled OpenVINO model of ``model`` for ``config``'s window, int8-quantised on
     ``calibration`` (a :class:`runtime.openvino.calibration.CalibrationSet`) when it is given."""
-    converted = convert(model, tuple(config.val_input_shape))
     if calibration is None:
-        return converted
+        return convert(model, tuple(config.val_input_shape))
     from runtime.openvino.calibration import quantize
 
-    return quantize(converted, calibration)
+    # each half of a decoder's input on its own int8 grid: see HalvesConv3d
+    converted = convert(split_decoder_inputs(model), tuple(config.val_input_shape))
+    return quantize(converted, calibration, compile_for_cpu, say=say)
 
 
 def cached_openvino_model(model: torch.nn.Module, config: Config, checkpoint_path: str, calibration=None,
@@ -89,7 +91,7 @@ def cached_openvino_model(model: torch.nn.Module, config: Config, checkpoint_pat
         what = "int8 (NNCF calibration on " + calibration.describe() + ")" if calibration else "fp32"
         say(f"openvino: converting the network for {_shape_text(config.val_input_shape)} windows, {what}; "
             f"cached in {entry.folder}")
-        ov_model = build_model(model, config, calibration)
+        ov_model = build_model(model, config, calibration, say=say)
         entry.store(ov_model, say)
     else:
         say(f"openvino: using the converted network in {entry.path}")
