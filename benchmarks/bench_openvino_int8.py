@@ -6,16 +6,23 @@ time does not depend on them) is converted once for ``--roi`` windows, then quan
 the same calibration windows (random CT-like values; the speed does not depend on them either):
 
 * ``nncf_defaults``: ``nncf.quantize`` as it comes (every activation quantised, the norms' inputs
-  included; ranges averaged over windows), the project's way before 2026-11-24;
-* ``project``: :func:`runtime.openvino.calibration.quantize` (the norms' inputs float, ranges
-  from the extremes), what ``--backend openvino --int8`` runs.
+  included, each decoder's input one tensor; ranges averaged over windows), the project's way
+  before 2026-11-24;
+* ``project``: what ``--backend openvino --int8`` runs before its accuracy control: the decoder
+  inputs' halves split (:func:`model.inference_copy.split_decoder_inputs`) and
+  :func:`runtime.openvino.calibration.static_quantization` (the norms' inputs float, ranges from
+  the extremes), every convolution int8;
+* ``keep:NAME``: ``project`` with the convolutions ``--keep NAME=conv,conv`` names in fp32: the
+  accuracy control keeps some in fp32 on trained weights (which ones depends on the weights;
+  random weights say nothing about it), and this measures what a given set costs.
 
 The three compiled models then run the same window in lock-step rounds (each round runs every
 variant once, the first variant rotating); per variant the median seconds per window and the
 median of the per-round ratios to ``nncf_defaults``. Accuracy is not measured here (random
 weights): see ``bench_backends.py`` and docs/performance.md.
 
-Usage: ``python benchmarks/bench_openvino_int8.py [--rounds 5] [--roi 128] [--out table.md]``.
+Usage: ``python benchmarks/bench_openvino_int8.py [--rounds 5] [--roi 128] [--keep NAME=conv,conv ...]
+[--out table.md]``.
 """
 from __future__ import annotations
 
@@ -33,32 +40,32 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.cpu_isa import isa_line  # noqa: E402
+from model.inference_copy import split_decoder_inputs  # noqa: E402
 from model.unet3d import Unet3D  # noqa: E402
-from runtime.openvino.calibration import int8_pairs_saturate, quantize  # noqa: E402
+from runtime.openvino.calibration import int8_pairs_saturate, static_quantization  # noqa: E402
 from runtime.openvino.compiled import compile_for_cpu, convert  # noqa: E402
 
-VARIANTS = ("fp32", "nncf_defaults", "project")
+# The convolutions the accuracy control kept in fp32 on the trained networks of docs/performance.md
+# (64³ windows): the fewest (network A, VNNI: 3), B on VNNI (7), and the most (A, AVX2 cap: 12).
+DEFAULT_KEEP = ("A_vnni=output.conv,input_block.conv1.0,upsample.4.upsample_conv.0",
+                "B_vnni=output.conv,upsample.4.conv2.0,upsample.4.conv1.0.skip,input_block.conv1.0,"
+                "upsample.4.conv1.0.upsampled,downsample.0.conv1.0,downsample.1.conv2.0",
+                "A_avx2=output.conv,upsample.4.conv2.0,upsample.4.conv1.0.skip,input_block.conv2.0,"
+                "input_block.conv1.0,upsample.4.upsample_conv.0,downsample.0.conv1.0,upsample.3.conv1.0.upsampled,"
+                "upsample.2.conv1.0.skip,downsample.2.conv2.0,downsample.2.conv1.0,downsample.3.conv2.0")
 
 
-class Windows:
-    """The duck-typed calibration set :func:`quantize` reads: ``arrays()`` and ``overflow_fix``."""
-
-    def __init__(self, arrays, overflow_fix: str):
-        self._arrays = arrays
-        self.overflow_fix = overflow_fix
-
-    def arrays(self):
-        return iter(self._arrays)
-
-
-def nncf_defaults(ov_model, calibration: Windows):
+def quantised(model, roi, windows, overflow_fix: str, project: bool, keep=()):
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
-    fix = OverflowFix.ENABLE if calibration.overflow_fix == "enable" else OverflowFix.FIRST_LAYER
-    data = list(calibration.arrays())
-    return nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data),
-                         advanced_parameters=AdvancedQuantizationParameters(overflow_fix=fix))
+    if not project:
+        fix = OverflowFix.ENABLE if overflow_fix == "enable" else OverflowFix.FIRST_LAYER
+        return nncf.quantize(convert(model, roi), nncf.Dataset(windows), subset_size=len(windows),
+                             advanced_parameters=AdvancedQuantizationParameters(overflow_fix=fix))
+    ignored, advanced = static_quantization(overflow_fix, keep)
+    return nncf.quantize(convert(split_decoder_inputs(model), roi), nncf.Dataset(windows), subset_size=len(windows),
+                         ignored_scope=ignored, advanced_parameters=advanced)
 
 
 def build(args) -> dict:
@@ -67,16 +74,18 @@ def build(args) -> dict:
     roi = (args.roi,) * 3
     rng = np.random.default_rng(0)
     windows = [rng.normal(0.0, 1.0, (1, 1, *roi)).astype(np.float32) for _ in range(args.calibration_windows)]
-    calibration = Windows(windows, "enable" if int8_pairs_saturate() else "first_layer")
-    converted = convert(model, roi)
-    models, seconds = {"fp32": converted}, {}
-    for name, how in (("nncf_defaults", nncf_defaults), ("project", quantize)):
+    fix = "enable" if int8_pairs_saturate() else "first_layer"
+    plans = {"nncf_defaults": (False, ()), "project": (True, ())}
+    for item in args.keep:
+        name, _, convs = item.partition("=")
+        plans[f"keep:{name}"] = (True, tuple(c for c in convs.split(",") if c))
+    models, seconds = {"fp32": convert(model, roi)}, {}
+    for name, (project, keep) in plans.items():
         start = time.perf_counter()
-        models[name] = how(convert(model, roi), calibration)
+        models[name] = quantised(model, roi, windows, fix, project, keep)
         seconds[name] = time.perf_counter() - start
     compiled = {name: compile_for_cpu(m) for name, m in models.items()}
-    return {"compiled": compiled, "window": windows[0], "quantise_seconds": seconds,
-            "overflow_fix": calibration.overflow_fix}
+    return {"compiled": compiled, "window": windows[0], "quantise_seconds": seconds, "overflow_fix": fix}
 
 
 def run(args) -> str:
@@ -85,9 +94,10 @@ def run(args) -> str:
     window = built["window"]
     for request in requests.values():  # warm-up: the first inference allocates
         request.infer({0: window})
-    times = {name: [] for name in VARIANTS}
+    variants = list(requests)
+    times = {name: [] for name in variants}
     for r in range(args.rounds):
-        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
         for name in order:
             start = time.perf_counter()
             requests[name].infer({0: window})
@@ -97,12 +107,13 @@ def run(args) -> str:
              f"# filters {' '.join(map(str, args.filters))}, {args.roi}³ windows, {args.rounds} lock-step rounds, "
              f"{args.calibration_windows} calibration windows, overflow fix: {built['overflow_fix']}, "
              f"torch threads {torch.get_num_threads()}", "",
-             "| variant | median s per window | vs nncf_defaults (median of per-round ratios) | quantise s |",
-             "|---|---:|---:|---:|"]
-    for name in VARIANTS:
+             "| variant | median s per window | vs nncf_defaults (median of per-round ratios) | vs fp32 | quantise s |",
+             "|---|---:|---:|---:|---:|"]
+    for name in variants:
         ratio = statistics.median(b / t for b, t in zip(base, times[name]))
+        over_fp32 = statistics.median(f / t for f, t in zip(times["fp32"], times[name]))
         quantise = built["quantise_seconds"].get(name)
-        lines.append(f"| {name} | {statistics.median(times[name]):.3f} | {ratio:.2f}x | "
+        lines.append(f"| {name} | {statistics.median(times[name]):.3f} | {ratio:.2f}x | {over_fp32:.2f}x | "
                      f"{'' if quantise is None else f'{quantise:.1f}'} |")
     return "\n".join(lines) + "\n"
 
@@ -113,6 +124,8 @@ def main(argv=None) -> None:
     parser.add_argument("--roi", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calibration_windows", type=int, default=2)
+    parser.add_argument("--keep", nargs="*", default=list(DEFAULT_KEEP),
+                        help="NAME=conv,conv: a variant with those convolutions in fp32 (none: --keep)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     text = run(args)

@@ -10,6 +10,7 @@ the missing-OpenVINO line and the flag checks run everywhere.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -290,7 +291,9 @@ def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
 @needs_nncf
 def test_int8_quantises_on_the_calibration_windows(tmp_path):
     """NNCF quantises the tiny UNet3D on two windows: the compiled model has int8 (FakeQuantize)
-    layers, its logits stay near the float ones, and the calibration set is in the key."""
+    layers, the norms read float inputs, each half of a decoder's input has a quantiser of its
+    own (no quantised concatenation), its logits stay near the float ones, one line says how many
+    convolutions are int8, and the calibration set is in the key."""
     from runtime.openvino.calibration import CalibrationSet, CalibrationWindow
     from runtime.openvino.cache import cache_fields
     from runtime.openvino.compiled import OpenVINOWindows, build_model, compile_for_cpu
@@ -306,11 +309,19 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     config = predict_config(tmp_path)
-    quantised = build_model(model, config, calibration)
-    assert any(op.get_type_name() == "FakeQuantize" for op in quantised.get_ops())
-    norms = [op for op in quantised.get_ops() if op.get_type_name() == "MVN"]
+    lines = []
+    quantised = build_model(model, config, calibration, say=lines.append)
+    ops = quantised.get_ops()
+    source = lambda op: op.input(0).get_source_output().get_node().get_type_name()  # noqa: E731
+    assert any(op.get_type_name() == "FakeQuantize" for op in ops)
+    norms = [op for op in ops if op.get_type_name() == "MVN"]
     assert len(norms) == 2 * 11  # input block, 4 down, bottleneck, 5 up: two norms each
-    assert all(op.input(0).get_source_output().get_node().get_type_name() != "FakeQuantize" for op in norms)
+    assert all(source(op) != "FakeQuantize" for op in norms)
+    assert not [op for op in ops if op.get_type_name() == "FakeQuantize" and source(op) == "Concat"]
+    convolutions = [op for op in ops if op.get_type_name() in ("Convolution", "ConvolutionBackpropData")]
+    assert len(convolutions) == 28 + 5  # each decoder's first convolution in two halves
+    assert "accuracy control on 2 windows" in lines[0]
+    assert re.match(r"openvino: int8 on \d+ of 33 convolutions, \d+ kept in fp32; foreground agreement", lines[1])
     windows = OpenVINOWindows(compile_for_cpu(quantised), (32, 32, 64))
     x = torch.from_numpy(np.load(paths[0])[None, :, :32, :32, :64].copy())
     with torch.no_grad():
@@ -366,6 +377,52 @@ def test_backends_benchmark_smoke(tmp_path):
 
 
 @needs_nncf
+def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, monkeypatch):
+    """With no agreement drop allowed, the quantised network's labels on the validation windows
+    equal fp32's (checked here by running both), however many convolutions that puts back in
+    fp32; the line reports the kept ones as the model holds them."""
+    import runtime.openvino.calibration as calibration_module
+    from model.inference_copy import split_decoder_inputs
+    from runtime.openvino.calibration import CalibrationSet, CalibrationWindow, float_convolutions
+    from runtime.openvino.compiled import build_model, compile_for_cpu, convert
+
+    monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
+    rng = np.random.default_rng(1)
+    path = str(tmp_path / "x.npy")
+    np.save(path, rng.normal(size=(1, 32, 64, 64)).astype(np.float32))
+    windows = tuple(CalibrationWindow("00001", path, "sha", (0, o, 0), foreground=True) for o in (0, 32))
+    calibration = CalibrationSet(str(tmp_path), (32, 32, 64), windows, "first_layer")
+    torch.manual_seed(0)
+    model = Unet3D(filters=TINY).eval()
+    lines = []
+    quantised = build_model(model, predict_config(tmp_path), calibration, say=lines.append)
+    # the fp32 network accuracy control compares with: the converted one, decoder inputs split
+    fp32 = compile_for_cpu(convert(split_decoder_inputs(model), (32, 32, 64)))
+    int8 = compile_for_cpu(quantised)
+    for window in calibration.arrays():
+        assert np.array_equal(np.asarray(int8(window)[0]).argmax(1), np.asarray(fp32(window)[0]).argmax(1))
+    kept, total = float_convolutions(quantised)
+    assert f"int8 on {total - kept} of {total} convolutions, {kept} kept in fp32" in lines[-1]
+
+
+def test_split_decoder_inputs_computes_the_same_function():
+    """HalvesConv3d: one convolution per half of the decoder's input, summed, equals the
+    convolution of the concatenation (float64, so only the summation order differs)."""
+    from model.inference_copy import HalvesConv3d, split_decoder_inputs
+
+    torch.manual_seed(0)
+    model = Unet3D(filters=TINY).double().eval()
+    split = split_decoder_inputs(model)
+    assert sum(isinstance(m, HalvesConv3d) for m in split.modules()) == 5
+    assert not any(isinstance(m, HalvesConv3d) for m in model.modules())  # a copy: the model is kept
+    x = torch.randn(1, 1, 32, 32, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(split(x), model(x), rtol=1e-10, atol=1e-10)
+    other = nn.Sequential(nn.Conv3d(1, 2, 3))
+    assert split_decoder_inputs(other) is other
+
+
+@needs_nncf
 def test_openvino_int8_benchmark_smoke(tmp_path):
     """benchmarks/bench_openvino_int8.py on the tiny network: a row per variant with its ratio,
     the ISA header; the baseline's ratio to itself is 1."""
@@ -376,7 +433,7 @@ def test_openvino_int8_benchmark_smoke(tmp_path):
     table = (tmp_path / "t.md").read_text()
     assert "ISA: " in table and "2 lock-step rounds" in table
     assert "| nncf_defaults |" in table and "| 1.00x |" in table
-    assert "| fp32 |" in table and "| project |" in table
+    assert "| fp32 |" in table and "| project |" in table and "| keep:A_vnni |" in table
 
 
 @needs_openvino
