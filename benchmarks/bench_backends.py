@@ -11,7 +11,11 @@ Variants (``--variants``, default all):
   fastest exact path: layout-preserving norms, memory reuse, 2 windows per forward);
 * ``torch_int8``: ``--backend torch --int8`` (oneDNN int8 convolutions, dynamic ranges);
 * ``openvino_fp32``: ``--backend openvino``;
-* ``openvino_int8``: ``--backend openvino --int8 --data_dir CALIBRATION`` (NNCF, static ranges).
+* ``openvino_int8``: ``--backend openvino --int8 --data_dir CALIBRATION`` (NNCF, static ranges,
+  accuracy control). Give it trained weights (``--ckpt``): accuracy control keeps in fp32 the
+  convolutions whose int8 changes fp32's labels most, and with random weights (near-ties between
+  classes everywhere) that is an arbitrary set, so the row's time says nothing about a trained
+  network's; ``benchmarks/bench_openvino_int8.py`` times given sets.
 
 Each round runs every variant once, each in a new process, the starting variant rotating from
 round to round, so that load from other jobs on a shared machine falls on all of them alike.

@@ -253,7 +253,8 @@ def _backend_flags(g, d: Config) -> None:
     g.add_argument("--backend", default=d.backend, choices=["auto", "torch", "openvino"],
                    help="(new) predict and evaluate: who runs the network's windows. auto: OpenVINO on the "
                         "CPU when installed (pip install -r requirements-openvino.txt), else PyTorch; with "
-                        "--int8, OpenVINO calibrates on training windows of --data_dir. Training is PyTorch")
+                        "--int8, OpenVINO calibrates on training windows of --data_dir and keeps in fp32 what int8 "
+                        "would change most (agreement with fp32 >= 99.8%%). Training is PyTorch")
     g.add_argument("--max_memory_gb", type=float, default=d.max_memory_gb,
                    help="(new) predict: lower the window batch so the estimated peak memory fits this "
                         "many GB (0: the memory available at start)")
