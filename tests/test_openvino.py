@@ -173,7 +173,10 @@ def test_calibration_set_spreads_over_the_training_cases(tmp_path, monkeypatch):
     shapes = {"00001": (40, 40, 40), "00002": (80, 40, 40), "00003": (80, 80, 80), "00004": (20, 20, 20)}
     for case_id, shape in shapes.items():  # 00003 is an evaluation case
         np.save(tmp_path / f"case_{case_id}_x.npy", np.zeros((1, *shape), np.float32))
-        np.save(tmp_path / f"case_{case_id}_y.npy", np.zeros((1, *shape), np.uint8))
+        label = np.zeros((1, *shape), np.uint8)
+        if case_id == "00002":
+            label[0, 70, 5, 20] = 2  # inside the windows at (48, 0, 0) and (48, 0, 8) only
+        np.save(tmp_path / f"case_{case_id}_y.npy", label)
     config = parse_args(["--data_dir", str(tmp_path), "--val_input_shape", "32", "32", "32"])
     monkeypatch.setattr(calibration, "CALIBRATION_WINDOWS", 4)
     every = [("00001", o) for o in grid_origins((40, 40, 40), (32,) * 3)] + \
@@ -182,6 +185,11 @@ def test_calibration_set_spreads_over_the_training_cases(tmp_path, monkeypatch):
     chosen = calibration.calibration_set(config)
     assert [(w.case_id, w.origin) for w in chosen.windows] == [every[i] for i in (3, 9, 15, 21)]
     assert chosen.roi == (32, 32, 32) and "cases 00001, 00002)" in chosen.describe()
+    assert [w.foreground for w in chosen.windows] == [False, False, False, True]  # every[21] = 00002 at (48, 0, 8)
+    assert chosen.validation() == (3,)  # int8 is checked where the ground truth has foreground
+    no_foreground = calibration.CalibrationSet(chosen.data_dir, chosen.roi, chosen.windows[:3], "first_layer")
+    assert no_foreground.validation() == (0, 1, 2)  # none has: all of them
+    assert chosen.fields()["validation"] == [3] and no_foreground.fields() != chosen.fields()
     assert {w.image_sha256 for w in chosen.windows} == {
         calibration.file_sha256(tmp_path / f"case_{i}_x.npy") for i in ("00001", "00002")}
 
