@@ -329,7 +329,8 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     convolutions = [op for op in ops if op.get_type_name() in ("Convolution", "ConvolutionBackpropData")]
     assert len(convolutions) == 28 + 5  # each decoder's first convolution in two halves
     assert "accuracy control on 2 windows" in lines[0]
-    assert re.match(r"openvino: int8 on \d+ of 33 convolutions, \d+ kept in fp32; foreground agreement", lines[1])
+    assert re.match(r"openvino: int8 on \d+ of 33 convolutions, \d+ kept in fp32; foreground agreement", lines[-1])
+    assert all("accuracy control: int8 labels agree" in line for line in lines[1:-1])
     windows = OpenVINOWindows(compile_for_cpu(quantised), (32, 32, 64))
     x = torch.from_numpy(np.load(paths[0])[None, :, :32, :32, :64].copy())
     with torch.no_grad():
@@ -395,6 +396,7 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     from runtime.openvino.compiled import build_model, compile_for_cpu, convert
 
     monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
+    monkeypatch.setattr(calibration_module, "MAX_STEPS", 1000)  # uncapped: the cap is checked below
     rng = np.random.default_rng(1)
     path = str(tmp_path / "x.npy")
     np.save(path, rng.normal(size=(1, 32, 64, 64)).astype(np.float32))
@@ -411,6 +413,14 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
         assert np.array_equal(np.asarray(int8(window)[0]).argmax(1), np.asarray(fp32(window)[0]).argmax(1))
     kept, total = float_convolutions(quantised)
     assert f"int8 on {total - kept} of {total} convolutions, {kept} kept in fp32" in lines[-1]
+    assert "agreement with fp32 on the validation windows 100.00%" in lines[-1] and "below" not in lines[-1]
+    # one step at most: the line says whether the bar was reached, as the labels (run here) show
+    monkeypatch.setattr(calibration_module, "MAX_STEPS", 1)
+    lines.clear()
+    capped = compile_for_cpu(build_model(model, predict_config(tmp_path), calibration, say=lines.append))
+    equal = all(np.array_equal(np.asarray(capped(w)[0]).argmax(1), np.asarray(fp32(w)[0]).argmax(1))
+                for w in calibration.arrays())
+    assert ("below the 100.0% asked for" in lines[-1]) == (not equal), lines[-1]
 
 
 def test_split_decoder_inputs_computes_the_same_function():
