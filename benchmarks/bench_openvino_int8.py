@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.cpu_isa import isa_line  # noqa: E402
 from model.inference_copy import split_decoder_inputs  # noqa: E402
 from model.unet3d import Unet3D  # noqa: E402
-from runtime.openvino.calibration import int8_pairs_saturate, static_quantization  # noqa: E402
+from runtime.openvino.calibration import int8_pairs_saturate, nncf_overflow_fix, static_quantization  # noqa: E402
 from runtime.openvino.compiled import compile_for_cpu, convert  # noqa: E402
 
 # The convolutions the accuracy control kept in fp32 on the trained networks of docs/performance.md
@@ -57,12 +57,12 @@ DEFAULT_KEEP = ("A_vnni=output.conv,input_block.conv1.0,upsample.4.upsample_conv
 
 def quantised(model, roi, windows, overflow_fix: str, project: bool, keep=()):
     import nncf
-    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
 
     if not project:
-        fix = OverflowFix.ENABLE if overflow_fix == "enable" else OverflowFix.FIRST_LAYER
         return nncf.quantize(convert(model, roi), nncf.Dataset(windows), subset_size=len(windows),
-                             advanced_parameters=AdvancedQuantizationParameters(overflow_fix=fix))
+                             advanced_parameters=AdvancedQuantizationParameters(
+                                 overflow_fix=nncf_overflow_fix(overflow_fix)))
     ignored, advanced = static_quantization(overflow_fix, keep)
     return nncf.quantize(convert(split_decoder_inputs(model), roi), nncf.Dataset(windows), subset_size=len(windows),
                          ignored_scope=ignored, advanced_parameters=advanced)

@@ -205,17 +205,21 @@ def quantize(ov_model, calibration: CalibrationSet, compile_fp32: Callable, say:
     data = list(calibration.arrays())
     reference = compile_fp32(ov_model)
     checks = [(data[i], labels_of(reference(data[i])[0])) for i in calibration.validation()]
-    reached: list[float] = []  # the agreement of each run on every validation window
+    full_runs = 0  # runs on every validation window (the others rank on a few)
+
+    def agreement_on(compiled, items) -> tuple[float, list[float]]:
+        counts = [foreground_agreement(labels_of(compiled(window)[0]), expected) for window, expected in items]
+        return pooled_agreement(counts), [e / t if t else 1.0 for e, t in counts]
 
     def validate(compiled, items) -> tuple[float, list[float]]:
-        counts = [foreground_agreement(labels_of(compiled(window)[0]), expected) for window, expected in items]
-        pooled = pooled_agreement(counts)
-        if len(counts) == len(checks):  # on every validation window (else a ranking run on a few)
-            reached.append(pooled)
-            if len(reached) > 1:  # the first is fp32 itself
+        nonlocal full_runs
+        pooled, each = agreement_on(compiled, items)
+        if len(each) == len(checks):
+            full_runs += 1
+            if full_runs > 1:  # the first is fp32 itself
                 say(f"openvino: accuracy control: int8 labels agree with fp32's on {pooled:.2%} of the "
                     "validation windows' foreground")
-        return pooled, [e / t if t else 1.0 for e, t in counts]
+        return pooled, each
 
     ignored, advanced = static_quantization(calibration.overflow_fix)
     say(f"openvino: int8 accuracy control on {len(checks)} windows (foreground agreement with fp32 >= "
@@ -232,9 +236,8 @@ def quantize(ov_model, calibration: CalibrationSet, compile_fp32: Callable, say:
     finally:
         logger.setLevel(level)
     kept, total = float_convolutions(quantized)
-    final = compile_fp32(quantized)  # fp32 where float: its int8 layers stay int8
-    agreement = pooled_agreement([foreground_agreement(labels_of(final(window)[0]), expected)
-                                  for window, expected in checks])
+    # measured again on what is returned: NNCF's last run may be of a step it took back
+    agreement, _ = agreement_on(compile_fp32(quantized), checks)  # its int8 layers stay int8
     line = (f"openvino: int8 on {total - kept} of {total} convolutions, {kept} kept in fp32; foreground "
             f"agreement with fp32 on the validation windows {agreement:.2%}")
     if agreement < 1 - MAX_AGREEMENT_DROP:
@@ -250,14 +253,21 @@ def static_quantization(overflow_fix: str, keep_fp32: Sequence[str] = ()) -> tup
     or the first; ``keep_fp32``: names of convolutions (the PyTorch module path, as
     ``upsample.3.conv1.0.skip``) left in fp32 as well."""
     import nncf
-    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
-    fix = OverflowFix.ENABLE if overflow_fix == "enable" else OverflowFix.FIRST_LAYER
     ignored = nncf.IgnoredScope(types=list(FLOAT_INPUT_OPERATIONS), validate=False,
                                 patterns=[rf".*__module\.{re.escape(name)}/aten::.*" for name in keep_fp32])
     return ignored, AdvancedQuantizationParameters(
-        overflow_fix=fix, activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
+        overflow_fix=nncf_overflow_fix(overflow_fix),
+        activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
+
+
+def nncf_overflow_fix(overflow_fix: str):
+    """NNCF's ``OverflowFix`` for a :class:`CalibrationSet`'s ``overflow_fix``."""
+    from nncf.quantization.advanced_parameters import OverflowFix
+
+    return OverflowFix.ENABLE if overflow_fix == "enable" else OverflowFix.FIRST_LAYER
 
 
 def labels_of(logits) -> np.ndarray:
