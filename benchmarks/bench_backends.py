@@ -1,12 +1,18 @@
 """Predict through its command line, one process per variant, in lock-step rounds: the reference's
 way against PyTorch and OpenVINO, fp32 and int8, on the same scans and windows.
 
-Variants (``--variants``, default all):
+Variants (``--variants``; default all, ``mlcommons`` only with ``--reference_code``):
 
-* ``reference``: **the project's copy of the reference's way** (not the MLCommons code, which is
-  not available here): PyTorch fp32, NCDHW, one window per forward under ``torch.no_grad``,
-  glibc's allocator (no memory reuse), through the predict code (``runtime.app.run`` with the
-  memory reuse switched off), ``--backend torch --sw_batch_size 1``;
+* ``mlcommons``: **the real reference**: the MLCommons code's own ``Unet3D`` and
+  ``sliding_window_inference`` (``benchmarks/mlcommons.py``), from the checkout that
+  ``--reference_code`` names, called as its evaluation calls them (fp32, NCDHW, one window per
+  forward, no memory reuse), inside the predict command line (reading, preprocessing, restoring
+  to the scan's grid and writing are the project's, as for every variant); its windows are
+  counted as its network is called. With it, it is the baseline of the speed-ups;
+* ``reference``: **the project's copy of the reference's way**: PyTorch fp32, NCDHW, one window
+  per forward under ``torch.no_grad``, glibc's allocator (no memory reuse), through the predict
+  code (``runtime.app.run`` with the memory reuse switched off), ``--backend torch
+  --sw_batch_size 1``; the baseline when ``mlcommons`` is not run;
 * ``torch_fp32``: ``main.py --exec_mode predict --backend torch --channels_last`` (PyTorch's
   fastest exact path: layout-preserving norms, memory reuse, 2 windows per forward);
 * ``torch_int8``: ``--backend torch --int8`` (oneDNN int8 convolutions, dynamic ranges);
@@ -15,7 +21,11 @@ Variants (``--variants``, default all):
   accuracy control). Give it trained weights (``--ckpt``): accuracy control keeps in fp32 the
   convolutions whose int8 changes fp32's labels most, and with random weights (near-ties between
   classes everywhere) that is an arbitrary set, so the row's time says nothing about a trained
-  network's; ``benchmarks/bench_openvino_int8.py`` times given sets.
+  network's (and its search can take most of an hour);
+* ``openvino_int8_kept:SET``: ``openvino_int8`` with the convolutions that accuracy control kept
+  in fp32 on a trained network (``SET``: a name of ``bench_openvino_int8.DEFAULT_KEEP``, e.g.
+  ``A_vnni``) kept in fp32 and no accuracy control: what a trained network's int8 costs, timed
+  with any weights. Its conversion is cached beside a copy of the checkpoint of its own.
 
 Each round runs every variant once, each in a new process, the starting variant rotating from
 round to round, so that load from other jobs on a shared machine falls on all of them alike.
@@ -45,6 +55,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,17 +70,32 @@ if str(ROOT) not in sys.path:
 from benchmarks.cpu_isa import isa_line  # noqa: E402
 
 VARIANTS = {
+    "mlcommons": ["--backend", "torch", "--sw_batch_size", "1"],
     "reference": ["--backend", "torch", "--sw_batch_size", "1"],
     "torch_fp32": ["--backend", "torch", "--channels_last"],
     "torch_int8": ["--backend", "torch", "--int8"],
     "openvino_fp32": ["--backend", "openvino"],
     "openvino_int8": ["--backend", "openvino", "--int8"],
+    "openvino_int8_kept": ["--backend", "openvino", "--int8"],
 }
+
+
+def base_variant(name: str) -> str:
+    """``openvino_int8_kept:A_vnni`` -> ``openvino_int8_kept``."""
+    return name.split(":", 1)[0]
+
+
+def kept_sets() -> dict[str, list[str]]:
+    """The kept-in-fp32 sets of ``bench_openvino_int8.DEFAULT_KEEP`` by name."""
+    from benchmarks.bench_openvino_int8 import DEFAULT_KEEP
+
+    return {name: convs.split(",") for name, _, convs in (item.partition("=") for item in DEFAULT_KEEP)}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {list(VARIANTS)}")
+    p.add_argument("--variants", default="", help=f"comma list of {list(VARIANTS)} (default: all; "
+                   "mlcommons only with --reference_code)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--input", default="", help="scans to segment (default: one synthetic KiTS-like scan)")
     p.add_argument("--shape", type=int, nargs=3, default=[300, 512, 512], help="raw synthetic scan D H W")
@@ -82,7 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--roi", type=int, default=128)
     p.add_argument("--workdir", default="", help="scans, outputs, caches (default: a temporary folder)")
     p.add_argument("--out", default="", help="also write the markdown report here")
+    p.add_argument("--reference_code", default="",
+                   help="image_segmentation/pytorch of a mlcommons/training checkout: runs the mlcommons variant")
     p.add_argument("--child_reference", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("--child_kept", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
 
 
@@ -93,6 +123,58 @@ def run_reference_child(argv: list[str]) -> int:
 
     app.reuse_freed_memory = lambda: None  # the reference's process: glibc's allocator as it is
     return app.run(parse_args(argv))
+
+
+WINDOWS_LINE = "bench_backends: mlcommons windows "
+
+
+def run_mlcommons_child(argv: list[str]) -> int:
+    """The ``mlcommons`` variant's process (``argv``: the reference code's folder, then predict's
+    flags): predict with the reference's network and sliding window in place of the project's
+    window predictor, no memory reuse; prints the windows the reference's network ran on."""
+    import runtime.app as app
+    import runtime.predict.folder as folder
+    from benchmarks.mlcommons import reference_infer
+    from runtime.arguments import parse_args
+    from runtime.checkpoint import model_state_from
+
+    code_dir, flags = argv[0], argv[1:]
+    counters = []
+
+    def scan_inference(config, saved, dist_info):
+        infer, counter = reference_infer(code_dir, model_state_from(saved.checkpoint, prefer="best"), config)
+        counters.append(counter)
+        return infer, config
+
+    folder.scan_inference = scan_inference
+    app.reuse_freed_memory = lambda: None
+    code = app.run(parse_args(flags))
+    print(f"{WINDOWS_LINE}{sum(c.windows for c in counters)}", flush=True)
+    return code
+
+
+def run_kept_child(argv: list[str]) -> int:
+    """An ``openvino_int8_kept:SET`` process (``argv``: the set's name, then predict's flags):
+    predict as ``main.py`` runs it, with the int8 quantisation keeping the set's convolutions in
+    fp32 instead of searching for them (no accuracy control)."""
+    import runtime.app as app
+    import runtime.openvino.calibration as calibration
+    from runtime.arguments import parse_args
+
+    name, flags = argv[0], argv[1:]
+    keep = kept_sets()[name]
+
+    def quantize(ov_model, calibration_set, compile_fp32, say=print):
+        import nncf
+
+        ignored, advanced = calibration.static_quantization(calibration_set.overflow_fix, keep)
+        data = list(calibration_set.arrays())
+        say(f"bench_backends: int8 with the {len(keep)} convolutions of {name} in fp32, no accuracy control")
+        return nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data), ignored_scope=ignored,
+                             advanced_parameters=advanced)
+
+    calibration.quantize = quantize
+    return app.run(parse_args(flags))
 
 
 def cpu_line() -> str:
@@ -137,14 +219,29 @@ def write_scan(folder: str, shape: tuple[int, ...], resampled: tuple[int, ...]) 
     synthetic.save_case(case, folder, labelled=True)
 
 
-def variant_command(name: str, scans: str, ckpt: str, calibration: str, out: str, roi: int) -> list[str]:
+def variant_command(name: str, scans: str, ckpt: str, calibration: str, out: str, roi: int,
+                    reference_code: str = "") -> list[str]:
     flags = ["--exec_mode", "predict", "--input", scans, "--output_dir", out, "--load_ckpt_path", ckpt,
-             "--device", "cpu", "--force", "--val_input_shape", *[str(roi)] * 3, *VARIANTS[name]]
-    if name == "openvino_int8":
+             "--device", "cpu", "--force", "--val_input_shape", *[str(roi)] * 3, *VARIANTS[base_variant(name)]]
+    if name.startswith("openvino_int8"):
         flags += ["--data_dir", calibration]
+    if base_variant(name) == "openvino_int8_kept":
+        set_name = name.split(":", 1)[1]
+        flags[flags.index("--load_ckpt_path") + 1] = kept_checkpoint(ckpt, set_name)
+        return [sys.executable, str(Path(__file__).resolve()), "--child_kept", set_name, *flags]
     if name == "reference":
         return [sys.executable, str(Path(__file__).resolve()), "--child_reference", *flags]
+    if name == "mlcommons":
+        return [sys.executable, str(Path(__file__).resolve()), "--child_mlcommons", reference_code, *flags]
     return [sys.executable, str(ROOT / "main.py"), *flags]
+
+
+def kept_checkpoint(ckpt: str, set_name: str) -> str:
+    """A copy of ``ckpt`` for one kept set, so that its conversion has a cache of its own."""
+    copy = Path(ckpt).with_name(f"kept-{set_name}-{Path(ckpt).name}")
+    if not copy.exists():
+        shutil.copyfile(ckpt, copy)
+    return str(copy)
 
 
 def run_process(command: list[str], log: Path) -> tuple[float, float, int]:
@@ -209,24 +306,34 @@ def prepare(names, inputs, work: Path, roi: int) -> dict:
     return setup
 
 
-def run_rounds(names, inputs, work: Path, rounds: int, roi: int) -> tuple[dict, dict]:
-    """Every variant once per round in its own process, the first variant rotating."""
+def logged_windows(log: Path) -> int | None:
+    """The windows the ``mlcommons`` child counted (its last line), None if it printed none."""
+    lines = [line for line in log.read_text().splitlines() if line.startswith(WINDOWS_LINE)]
+    return int(lines[-1][len(WINDOWS_LINE):]) if lines else None
+
+
+def run_rounds(names, inputs, work: Path, rounds: int, roi: int, reference_code: str = "",
+               windows: int | None = None) -> tuple[dict, dict]:
+    """Every variant once per round in its own process, the first variant rotating. Each run
+    records its windows: predict's geometry (``windows``), or what the ``mlcommons`` child counted."""
     runs = {n: [] for n in names}
     labels = {}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             out = str(work / f"{name}-{r}")
+            log = work / f"{name}-{r}.log"
             load = os.getloadavg()[0]
-            wall, rss, code = run_process(variant_command(name, *inputs, out, roi), work / f"{name}-{r}.log")
+            wall, rss, code = run_process(variant_command(name, *inputs, out, roi, reference_code), log)
             if code != 0:
-                raise SystemExit(f"bench_backends: {name} exited {code}, see {work / f'{name}-{r}.log'}")
+                raise SystemExit(f"bench_backends: {name} exited {code}, see {log}")
             summary = summary_of(out)
-            runs[name].append(dict(summary, wall=wall, rss=rss, load=load))
+            counted = logged_windows(log) if name == "mlcommons" else windows
+            runs[name].append(dict(summary, wall=wall, rss=rss, load=load, windows=counted))
             with open(work / "runs.jsonl", "a") as record:  # kept even if the benchmark is stopped
                 record.write(json.dumps(dict(runs[name][-1], variant=name, round=r + 1)) + "\n")
-            print(f"round {r + 1} {name}: {summary['seconds']:.1f} s scans, {wall:.1f} s process, "
-                  f"peak RSS {rss:.2f} GB, load {load:.1f}", flush=True)
+            print(f"round {r + 1} {name}: {summary['seconds']:.1f} s scans, {counted} windows, {wall:.1f} s "
+                  f"process, peak RSS {rss:.2f} GB, load {load:.1f}", flush=True)
             if r == 0:
                 labels[name] = labels_of(out, summary["cases"])
     return runs, labels
@@ -248,23 +355,46 @@ def versions() -> str:
     return text + f", Python {platform.python_version()}"
 
 
-def report(args, names, runs, labels, setup, windows, shapes, inputs) -> str:
-    ref = "reference" if "reference" in names else names[0]
+def baseline(names: list[str]) -> str:
+    """The variant the speed-ups are against: the real reference when run, else the project's copy."""
+    return next((n for n in ("mlcommons", "reference") if n in names), names[0])
+
+
+def speed_up(base_runs: list[dict], runs: list[dict]) -> str:
+    """Median over rounds of baseline / variant seconds, per window when the window counts differ."""
+    def per_window(run):
+        return run["seconds"] / run["windows"] if run["windows"] else float("nan")
+
+    same = all(a["windows"] == b["windows"] for a, b in zip(base_runs, runs))
+    ratio = statistics.median((a["seconds"] / b["seconds"]) if same else per_window(a) / per_window(b)
+                              for a, b in zip(base_runs, runs))
+    return f"{ratio:.2f}x" + ("" if same else " (per window)")
+
+
+LABELS = {"mlcommons": "the real MLCommons code's Unet3D and sliding_window_inference, fp32, no memory reuse",
+          "reference": "the project's copy of the reference's way (no memory reuse)"}
+
+
+def report(args, names, runs, labels, setup, shapes, inputs) -> str:
+    ref = baseline(names)
     lines = [f"{datetime.datetime.now():%H:%M} · {cpu_line()} · {versions()}",
              f"scans {inputs[0]} (preprocessed {', '.join('x'.join(map(str, s)) for s in shapes)}), "
-             f"{windows} windows of {args.roi}³ per run (predict's geometry, the same for every variant) · "
+             f"windows of {args.roi}³ per run in the table · "
              f"weights {args.ckpt or 'random, filters ' + ' '.join(map(str, args.filters))} · "
-             f"int8 calibration data {inputs[2]} · {args.rounds} lock-step rounds, each variant in its own process",
+             f"int8 calibration data {inputs[2]} · {args.rounds} lock-step rounds, each variant in its own process"
+             + (f" · mlcommons: {args.reference_code}" if "mlcommons" in names else ""),
              "",
-             "| variant | flags | median s (scans) | speed-up vs reference (median of per-round ratios) | "
-             "median s (process) | peak RSS GB | voxels = reference | mean Dice vs label |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"| variant | flags | windows | median s (scans) | speed-up vs {ref} (median of per-round ratios) | "
+             "median s (process) | peak RSS GB | voxels = " + ref + " | mean Dice vs label |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name in names:
         secs = [r["seconds"] for r in runs[name]]
-        ratio = statistics.median(a["seconds"] / b["seconds"] for a, b in zip(runs[ref], runs[name]))
         dice = runs[name][0]["mean_dice"]
-        flags = " ".join(VARIANTS[name]) + (" (no memory reuse: the reference's way)" if name == "reference" else "")
-        lines.append(f"| {name} | `{flags}` | {statistics.median(secs):.1f} | {ratio:.2f}x | "
+        flags = LABELS.get(name, "`" + " ".join(VARIANTS[base_variant(name)]) + "`")
+        if base_variant(name) == "openvino_int8_kept":
+            flags += f" with {name.split(':', 1)[1]}'s convolutions in fp32, no accuracy control"
+        lines.append(f"| {name} | {flags} | {runs[name][0]['windows']} | {statistics.median(secs):.1f} | "
+                     f"{speed_up(runs[ref], runs[name])} | "
                      f"{statistics.median(r['wall'] for r in runs[name]):.1f} | "
                      f"{max(r['rss'] for r in runs[name]):.2f} | {100 * agreement(labels[name], labels[ref]):.3f}% | "
                      f"{'' if dice is None else f'{dice:.4f}'} |")
@@ -279,22 +409,47 @@ def report(args, names, runs, labels, setup, windows, shapes, inputs) -> str:
     return "\n".join(lines)
 
 
+def variant_names(args) -> list[str]:
+    """``--variants`` (default: all, ``mlcommons`` only with ``--reference_code``), checked."""
+    default = [n for n in VARIANTS if n != "openvino_int8_kept" and (n != "mlcommons" or args.reference_code)]
+    names = [n for n in (args.variants or ",".join(default)).split(",") if n]
+    unknown = [n for n in names if base_variant(n) not in VARIANTS
+               or (base_variant(n) == "openvino_int8_kept") != (n.split(":", 1)[1:] != [])]
+    if unknown:
+        raise SystemExit(f"bench_backends: unknown variant {unknown[0]!r}; choose from {list(VARIANTS)} "
+                         f"(openvino_int8_kept:SET with SET one of {list(kept_sets())})")
+    bad_sets = [n for n in names if base_variant(n) == "openvino_int8_kept" and n.split(":", 1)[1] not in kept_sets()]
+    if bad_sets:
+        raise SystemExit(f"bench_backends: no kept set {bad_sets[0].split(':', 1)[1]!r}; "
+                         f"choose from {list(kept_sets())}")
+    if "mlcommons" in names:
+        if not args.reference_code:
+            raise SystemExit("bench_backends: the mlcommons variant needs --reference_code "
+                             "(image_segmentation/pytorch of a mlcommons/training checkout)")
+        from benchmarks.mlcommons import check_reference_code
+
+        check_reference_code(args.reference_code)
+    return names
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.child_reference is not None:
         return run_reference_child(args.child_reference)
-    names = [n for n in args.variants.split(",") if n]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"bench_backends: unknown variant {unknown[0]!r}; choose from {list(VARIANTS)}")
+    if args.child_mlcommons is not None:
+        return run_mlcommons_child(args.child_mlcommons)
+    if args.child_kept is not None:
+        return run_kept_child(args.child_kept)
+    names = variant_names(args)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_backends_"))
     work.mkdir(parents=True, exist_ok=True)
     inputs = make_inputs(args, work)
     windows, shapes = window_count(inputs[0], args.roi)
-    print(f"{cpu_line()}\n{versions()}\n{windows} windows of {args.roi}³ per run; work in {work}", flush=True)
+    print(f"{cpu_line()}\n{versions()}\n{windows} windows of {args.roi}³ per run (predict's geometry); "
+          f"work in {work}", flush=True)
     setup = prepare(names, inputs, work, args.roi)
-    runs, labels = run_rounds(names, inputs, work, args.rounds, args.roi)
-    text = report(args, names, runs, labels, setup, windows, shapes, inputs)
+    runs, labels = run_rounds(names, inputs, work, args.rounds, args.roi, args.reference_code, windows)
+    text = report(args, names, runs, labels, setup, shapes, inputs)
     print("\n" + text)
     if args.out:
         Path(args.out).write_text(text + "\n")

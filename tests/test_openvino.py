@@ -379,7 +379,7 @@ def test_backends_benchmark_smoke(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "t.md").read_text()
     assert "IMITATION: ONEDNN_MAX_CPU_ISA=AVX2" in table and "ISA: " in table
-    assert "1 windows of 128³ per run" in table
+    assert "| 1 |" in table  # the windows column
     for name in variants.split(","):
         assert f"| {name} |" in table
     assert "| reference |" in table and "| 1.00x |" in table

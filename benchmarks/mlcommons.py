@@ -1,0 +1,140 @@
+"""The MLCommons reference's own network and sliding window, from a checkout of its code.
+
+For benchmarks that measure against the real thing rather than this project's copy of it: point
+``--reference_code`` at the ``image_segmentation/pytorch`` folder of a checkout of
+github.com/mlcommons/training (none of that code is in this repository). Its ``model.unet3d.Unet3D``
+and ``runtime.inference.sliding_window_inference`` run unchanged. Two accommodations, each only
+where the thing is missing: SciPy 1.13 removed ``scipy.signal.gaussian``, which the reference's
+``gaussian_kernel`` calls, so it is given ``scipy.signal.windows.gaussian`` (the same function
+under its current name); and NVIDIA's ``dllogger`` (not on PyPI), which the reference's
+``runtime/logging.py`` imports for its training log, is given an empty stand-in (nothing on the
+inference path calls it). The reference's layers log their weight initialisation through
+``mlperf_logging`` (``:::MLLOG`` lines) as they are built.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/inference.py", "runtime/distributed_utils.py",
+                   "runtime/logging.py")
+REFERENCE_FILTERS = (32, 64, 128, 256, 320)  # the reference's Unet3D has these built in
+PACKAGES = ("model", "runtime")  # the reference's package names, which are also this project's
+
+
+class ReferenceCodeError(SystemExit):
+    """The reference code cannot be used (one line)."""
+
+
+def check_reference_code(code_dir: str) -> str:
+    """``code_dir`` resolved, or one line naming the first reference file it lacks."""
+    missing = [f for f in REFERENCE_FILES if not os.path.isfile(os.path.join(code_dir, f))]
+    if missing:
+        raise ReferenceCodeError(f"--reference_code {code_dir}: no {missing[0]} there (give the "
+                                 "image_segmentation/pytorch folder of a mlcommons/training checkout)")
+    return os.path.realpath(code_dir)
+
+
+def dllogger_stand_in() -> types.ModuleType:
+    """An empty ``dllogger`` with the names the reference's ``runtime/logging.py`` imports."""
+    module = types.ModuleType("dllogger", "stand-in: NVIDIA's DLLogger is not installed")
+    for name in ("StdOutBackend", "Verbosity", "JSONStreamBackend", "init", "log", "flush"):
+        setattr(module, name, None)
+    return module
+
+
+def _is_project_path(entry: str) -> bool:
+    return os.path.realpath(entry or os.getcwd()) == str(ROOT)
+
+
+def load_reference(code_dir: str) -> tuple[type, Callable]:
+    """``(Unet3D, sliding_window_inference)`` imported from the reference code at ``code_dir``.
+
+    Its packages have this project's names (``model``, ``runtime``) and no ``__init__.py``, so
+    they are imported with this project's folder off the path and this project's modules of those
+    names out of ``sys.modules``; afterwards both are put back as they were (the reference's
+    functions keep their own modules' globals).
+    """
+    code_dir = check_reference_code(code_dir)
+    import scipy.signal
+
+    if not hasattr(scipy.signal, "gaussian"):
+        scipy.signal.gaussian = scipy.signal.windows.gaussian
+    if importlib.util.find_spec("dllogger") is None:
+        sys.modules["dllogger"] = dllogger_stand_in()
+    ours = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in PACKAGES}
+    path = list(sys.path)
+    sys.path[:] = [code_dir] + [p for p in path if not _is_project_path(p)]
+    try:
+        unet3d = importlib.import_module("model.unet3d")
+        inference = importlib.import_module("runtime.inference")
+    finally:
+        sys.path[:] = path
+        for name in [k for k in sys.modules if k.split(".")[0] in PACKAGES]:
+            del sys.modules[name]
+        sys.modules.update(ours)
+    for module in (unet3d, inference):
+        if not os.path.realpath(module.__file__).startswith(code_dir + os.sep):
+            raise ReferenceCodeError(f"--reference_code {code_dir}: imported {module.__file__} instead")
+    return unet3d.Unet3D, inference.sliding_window_inference
+
+
+def trimmed_box(shape: Sequence[int], roi: Sequence[int], overlap: float) -> tuple[slice, ...]:
+    """Where the reference's output lies in a volume of ``shape``: its sliding window trims a
+    remainder below half a stride from each axis (half before, the rest after), as in its code."""
+    box = []
+    for size, window in zip(shape, roi):
+        stride = int(window * (1 - overlap))
+        cut = size % stride if size % stride < stride // 2 else 0
+        box.append(slice(cut // 2, size - (cut - cut // 2)))
+    return tuple(box)
+
+
+class WindowCounter:
+    """The reference's network, counting the windows it is called on."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.windows = model, 0
+
+    def __call__(self, window: torch.Tensor) -> torch.Tensor:
+        self.windows += window.shape[0]
+        return self.model(window)
+
+
+def reference_infer(code_dir: str, state: dict, config) -> tuple[Callable[[np.ndarray], torch.Tensor], WindowCounter]:
+    """``(infer, counter)``: ``preprocessed image (1, D, H, W) -> probabilities (3, D, H, W)``
+    by the reference's ``Unet3D`` with ``state`` and its ``sliding_window_inference`` called as
+    its evaluation calls it (fp32, Gaussian, ``padding_val=-2.2``, under ``torch.no_grad``), one
+    window per forward. Voxels its window trims get background probability 1 (its evaluation
+    scores them not at all)."""
+    if tuple(config.filters) != REFERENCE_FILTERS:
+        raise ReferenceCodeError(f"the reference's Unet3D has filters {list(REFERENCE_FILTERS)} built in; "
+                                 f"this checkpoint's are {list(config.filters)}")
+    unet3d, sliding_window_inference = load_reference(code_dir)
+    model = unet3d(1, 3, config.normalization, config.activation)
+    model.load_state_dict(state)
+    model.eval()
+    counter = WindowCounter(model)
+    roi = list(config.val_input_shape)
+
+    def infer(image: np.ndarray) -> torch.Tensor:
+        volume = torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))[None]
+        labels = torch.zeros((1, 1, *image.shape[1:]), dtype=torch.uint8)
+        with torch.no_grad():
+            logits, _ = sliding_window_inference(inputs=volume, labels=labels, roi_shape=roi, model=counter,
+                                                 overlap=config.overlap, mode="gaussian", padding_val=-2.2)
+        probabilities = torch.zeros((3, *image.shape[1:]), dtype=torch.float32)
+        probabilities[0] = 1.0
+        probabilities[(slice(None), *trimmed_box(image.shape[1:], roi, config.overlap))] = torch.softmax(logits[0], 0)
+        return probabilities
+
+    return infer, counter
