@@ -27,7 +27,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/inference.py", "runtime/distributed_utils.py",
                    "runtime/logging.py")
-REFERENCE_FILTERS = (32, 64, 128, 256, 320)  # the reference's Unet3D has these built in
 PACKAGES = ("model", "runtime")  # the reference's package names, which are also this project's
 
 
@@ -69,7 +68,7 @@ def load_reference(code_dir: str) -> tuple[type, Callable]:
 
     if not hasattr(scipy.signal, "gaussian"):
         scipy.signal.gaussian = scipy.signal.windows.gaussian
-    if importlib.util.find_spec("dllogger") is None:
+    if "dllogger" not in sys.modules and importlib.util.find_spec("dllogger") is None:
         sys.modules["dllogger"] = dllogger_stand_in()
     ours = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in PACKAGES}
     path = list(sys.path)
@@ -116,11 +115,11 @@ def reference_infer(code_dir: str, state: dict, config) -> tuple[Callable[[np.nd
     its evaluation calls it (fp32, Gaussian, ``padding_val=-2.2``, under ``torch.no_grad``), one
     window per forward. Voxels its window trims get background probability 1 (its evaluation
     scores them not at all)."""
-    if tuple(config.filters) != REFERENCE_FILTERS:
-        raise ReferenceCodeError(f"the reference's Unet3D has filters {list(REFERENCE_FILTERS)} built in; "
-                                 f"this checkpoint's are {list(config.filters)}")
     unet3d, sliding_window_inference = load_reference(code_dir)
     model = unet3d(1, 3, config.normalization, config.activation)
+    if list(model.filters) != list(config.filters):  # the reference builds 32..320 in
+        raise ReferenceCodeError(f"the reference's Unet3D has filters {list(model.filters)} built in; "
+                                 f"this checkpoint's are {list(config.filters)}")
     model.load_state_dict(state)
     model.eval()
     counter = WindowCounter(model)
@@ -132,9 +131,13 @@ def reference_infer(code_dir: str, state: dict, config) -> tuple[Callable[[np.nd
         with torch.no_grad():
             logits, _ = sliding_window_inference(inputs=volume, labels=labels, roi_shape=roi, model=counter,
                                                  overlap=config.overlap, mode="gaussian", padding_val=-2.2)
+        box = trimmed_box(image.shape[1:], roi, config.overlap)
+        # On an axis both trimmed and padded (trimmed below the window) the reference crops its
+        # output with the untrimmed size: the voxels past the trimmed ones are pad, not the scan's.
+        logits = logits[(0, slice(None), *(slice(0, b.stop - b.start) for b in box))]
         probabilities = torch.zeros((3, *image.shape[1:]), dtype=torch.float32)
         probabilities[0] = 1.0
-        probabilities[(slice(None), *trimmed_box(image.shape[1:], roi, config.overlap))] = torch.softmax(logits[0], 0)
+        probabilities[(slice(None), *box)] = torch.softmax(logits, 0)
         return probabilities
 
     return infer, counter

@@ -370,8 +370,10 @@ def test_predict_cli_openvino_segments_like_torch(tmp_path):
 def test_backends_benchmark_smoke(tmp_path):
     """benchmarks/bench_backends.py on a tiny scan and network, the two PyTorch variants (the
     OpenVINO ones where installed): every variant's row, the windows, the ISA header, and the
-    reference's way run as its own process without memory reuse."""
-    variants = "reference,torch_fp32" + (",openvino_fp32" if openvino_missing() is None else "")
+    reference's way run as its own process without memory reuse; a kept set's conversion holds
+    exactly that set's convolutions in fp32 (NNCF ignores names that match nothing silently)."""
+    variants = "reference,torch_fp32" + (",openvino_fp32" if openvino_missing() is None else "") \
+        + (",openvino_int8_kept:A_vnni" if openvino_missing(int8=True) is None else "")
     out = subprocess.run([sys.executable, "benchmarks/bench_backends.py", "--shape", "40", "60", "60", "--resampled",
                           "100", "110", "110", "--filters", "4", "8", "16", "32", "32", "--rounds", "1", "--variants",
                           variants, "--workdir", str(tmp_path), "--out", str(tmp_path / "t.md")],
@@ -379,10 +381,16 @@ def test_backends_benchmark_smoke(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     table = (tmp_path / "t.md").read_text()
     assert "IMITATION: ONEDNN_MAX_CPU_ISA=AVX2" in table and "ISA: " in table
-    assert "| 1 |" in table  # the windows column
     for name in variants.split(","):
-        assert f"| {name} |" in table
+        assert re.search(rf"^\| {re.escape(name)} \|[^|]*\| 1 \|", table, re.M), name  # 1 window
     assert "| reference |" in table and "| 1.00x |" in table
+    if "kept" in variants:
+        import openvino
+
+        from runtime.openvino.calibration import float_convolutions
+
+        models = list(tmp_path.glob("kept-A_vnni-random.pt.openvino/*/model.xml"))
+        assert len(models) == 1 and float_convolutions(openvino.Core().read_model(str(models[0]))) == (3, 33)
 
 
 @needs_nncf
