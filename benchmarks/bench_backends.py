@@ -371,6 +371,31 @@ def speed_up(base_runs: list[dict], runs: list[dict]) -> str:
     return f"{ratio:.2f}x" + ("" if same else " (per window)")
 
 
+def network_filters(args) -> tuple[int, ...]:
+    """The filters of ``--ckpt`` (its saved config), else ``--filters``."""
+    if args.ckpt:
+        from runtime.checkpoint import load_checkpoint, saved_config
+
+        filters = saved_config(load_checkpoint(args.ckpt)).get("filters")
+        if filters:
+            return tuple(filters)
+    return tuple(args.filters)
+
+
+def predict_estimate_gb(name: str, args) -> float | None:
+    """Predict's own peak estimate (``runtime/predict/memory_budget.py``) for a variant that runs
+    predict's window predictor (not the reference's ways, which hold one window and no reuse)."""
+    from runtime.arguments import Config, replace
+    from runtime.predict.memory_budget import GB, estimate_bytes
+
+    if name in ("mlcommons", "reference"):
+        return None
+    flags = VARIANTS[base_variant(name)]
+    batch = int(flags[flags.index("--sw_batch_size") + 1]) if "--sw_batch_size" in flags else Config().sw_batch_size
+    config = replace(Config(), filters=network_filters(args), val_input_shape=(args.roi,) * 3)
+    return estimate_bytes(config, "openvino" if name.startswith("openvino") else "torch", batch) / GB
+
+
 LABELS = {"mlcommons": "the real MLCommons code's Unet3D and sliding_window_inference, fp32, no memory reuse",
           "reference": "the project's copy of the reference's way (no memory reuse)"}
 
@@ -385,20 +410,28 @@ def report(args, names, runs, labels, setup, shapes, inputs) -> str:
              + (f" · mlcommons: {args.reference_code}" if "mlcommons" in names else ""),
              "",
              f"| variant | flags | windows | median s (scans) | speed-up vs {ref} (median of per-round ratios) | "
-             "median s (process) | peak RSS GB | voxels = " + ref + " | mean Dice vs label |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "median s (process) | peak RSS GB | predict's estimate GB | voxels = " + ref + " | mean Dice vs label |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    above = []
     for name in names:
         secs = [r["seconds"] for r in runs[name]]
         dice = runs[name][0]["mean_dice"]
         flags = LABELS.get(name, "`" + " ".join(VARIANTS[base_variant(name)]) + "`")
         if base_variant(name) == "openvino_int8_kept":
             flags += f" with {name.split(':', 1)[1]}'s convolutions in fp32, no accuracy control"
+        peak, estimate = max(r["rss"] for r in runs[name]), predict_estimate_gb(name, args)
+        if estimate is not None and peak > estimate:
+            above.append(f"{name} {peak:.2f} GB > {estimate:.2f} GB")
         lines.append(f"| {name} | {flags} | {runs[name][0]['windows']} | {statistics.median(secs):.1f} | "
                      f"{speed_up(runs[ref], runs[name])} | "
                      f"{statistics.median(r['wall'] for r in runs[name]):.1f} | "
-                     f"{max(r['rss'] for r in runs[name]):.2f} | {100 * agreement(labels[name], labels[ref]):.3f}% | "
+                     f"{peak:.2f} | {'' if estimate is None else f'{estimate:.2f}'} | "
+                     f"{100 * agreement(labels[name], labels[ref]):.3f}% | "
                      f"{'' if dice is None else f'{dice:.4f}'} |")
     lines.append("")
+    if above:
+        lines.append("PEAK ABOVE PREDICT'S ESTIMATE (raise runtime/predict/memory_budget.py's constants): "
+                     + "; ".join(above))
     lines.append("per round (s, scans): " + "; ".join(
         f"{n} " + " / ".join(f"{r['seconds']:.1f}" for r in runs[n]) for n in names))
     lines.append("load average before each run: " + "; ".join(
