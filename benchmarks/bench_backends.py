@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -83,6 +84,11 @@ VARIANTS = {
 def base_variant(name: str) -> str:
     """``openvino_int8_kept:A_vnni`` -> ``openvino_int8_kept``."""
     return name.split(":", 1)[0]
+
+
+def kept_set_name(name: str) -> str | None:
+    """``openvino_int8_kept:A_vnni`` -> ``A_vnni``; None for a name without a set."""
+    return name.split(":", 1)[1] if ":" in name else None
 
 
 def kept_sets() -> dict[str, list[str]]:
@@ -165,13 +171,10 @@ def run_kept_child(argv: list[str]) -> int:
     keep = kept_sets()[name]
 
     def quantize(ov_model, calibration_set, compile_fp32, say=print):
-        import nncf
+        from benchmarks.bench_openvino_int8 import static_int8
 
-        ignored, advanced = calibration.static_quantization(calibration_set.overflow_fix, keep)
-        data = list(calibration_set.arrays())
         say(f"bench_backends: int8 with the {len(keep)} convolutions of {name} in fp32, no accuracy control")
-        return nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data), ignored_scope=ignored,
-                             advanced_parameters=advanced)
+        return static_int8(ov_model, list(calibration_set.arrays()), calibration_set.overflow_fix, keep)
 
     calibration.quantize = quantize
     return app.run(parse_args(flags))
@@ -226,8 +229,8 @@ def variant_command(name: str, scans: str, ckpt: str, calibration: str, out: str
     if name.startswith("openvino_int8"):
         flags += ["--data_dir", calibration]
     if base_variant(name) == "openvino_int8_kept":
-        set_name = name.split(":", 1)[1]
-        flags[flags.index("--load_ckpt_path") + 1] = kept_checkpoint(ckpt, set_name)
+        set_name = kept_set_name(name)
+        flags[flags.index("--load_ckpt_path") + 1] = kept_checkpoint(ckpt, set_name, Path(out).parent)
         return [sys.executable, str(Path(__file__).resolve()), "--child_kept", set_name, *flags]
     if name == "reference":
         return [sys.executable, str(Path(__file__).resolve()), "--child_reference", *flags]
@@ -236,11 +239,20 @@ def variant_command(name: str, scans: str, ckpt: str, calibration: str, out: str
     return [sys.executable, str(ROOT / "main.py"), *flags]
 
 
-def kept_checkpoint(ckpt: str, set_name: str) -> str:
-    """A copy of ``ckpt`` for one kept set, so that its conversion has a cache of its own."""
-    copy = Path(ckpt).with_name(f"kept-{set_name}-{Path(ckpt).name}")
+def kept_checkpoint(ckpt: str, set_name: str, work: Path) -> str:
+    """A copy of ``ckpt`` in ``work`` for one kept set, so that its conversion has a cache of its
+    own (the cache key does not hold the set): named by a digest of the checkpoint's bytes and the
+    set's convolutions, so changed weights or an edited set get a new copy and a new cache;
+    written whole or not at all."""
+    digest = hashlib.sha256(",".join(kept_sets()[set_name]).encode())
+    with open(ckpt, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    copy = work / f"kept-{set_name}-{digest.hexdigest()[:12]}.pt"
     if not copy.exists():
-        shutil.copyfile(ckpt, copy)
+        partial = copy.with_name(copy.name + ".partial")
+        shutil.copyfile(ckpt, partial)
+        os.replace(partial, copy)
     return str(copy)
 
 
@@ -329,6 +341,8 @@ def run_rounds(names, inputs, work: Path, rounds: int, roi: int, reference_code:
                 raise SystemExit(f"bench_backends: {name} exited {code}, see {log}")
             summary = summary_of(out)
             counted = logged_windows(log) if name == "mlcommons" else windows
+            if counted is None:
+                raise SystemExit(f"bench_backends: {name} printed no window count, see {log}")
             runs[name].append(dict(summary, wall=wall, rss=rss, load=load, windows=counted))
             with open(work / "runs.jsonl", "a") as record:  # kept even if the benchmark is stopped
                 record.write(json.dumps(dict(runs[name][-1], variant=name, round=r + 1)) + "\n")
@@ -361,14 +375,15 @@ def baseline(names: list[str]) -> str:
 
 
 def speed_up(base_runs: list[dict], runs: list[dict]) -> str:
-    """Median over rounds of baseline / variant seconds, per window when the window counts differ."""
+    """Median over rounds of baseline / variant seconds; when the window counts differ, of the
+    seconds per window (the whole scan's seconds: reading and writing are spread over its windows)."""
     def per_window(run):
-        return run["seconds"] / run["windows"] if run["windows"] else float("nan")
+        return run["seconds"] / max(run["windows"], 1)
 
     same = all(a["windows"] == b["windows"] for a, b in zip(base_runs, runs))
     ratio = statistics.median((a["seconds"] / b["seconds"]) if same else per_window(a) / per_window(b)
                               for a, b in zip(base_runs, runs))
-    return f"{ratio:.2f}x" + ("" if same else " (per window)")
+    return f"{ratio:.2f}x" + ("" if same else " (per window: the window counts differ)")
 
 
 def network_filters(args) -> tuple[int, ...]:
@@ -382,9 +397,10 @@ def network_filters(args) -> tuple[int, ...]:
     return tuple(args.filters)
 
 
-def predict_estimate_gb(name: str, args) -> float | None:
+def predict_estimate_gb(name: str, filters: tuple[int, ...], roi: int) -> float | None:
     """Predict's own peak estimate (``runtime/predict/memory_budget.py``) for a variant that runs
-    predict's window predictor (not the reference's ways, which hold one window and no reuse)."""
+    predict's window predictor (not the reference's ways, which hold one window and no reuse),
+    at its flags' window batch (predict lowers it only where memory is short)."""
     from runtime.arguments import Config, replace
     from runtime.predict.memory_budget import GB, estimate_bytes
 
@@ -392,7 +408,7 @@ def predict_estimate_gb(name: str, args) -> float | None:
         return None
     flags = VARIANTS[base_variant(name)]
     batch = int(flags[flags.index("--sw_batch_size") + 1]) if "--sw_batch_size" in flags else Config().sw_batch_size
-    config = replace(Config(), filters=network_filters(args), val_input_shape=(args.roi,) * 3)
+    config = replace(Config(), filters=filters, val_input_shape=(roi,) * 3)
     return estimate_bytes(config, "openvino" if name.startswith("openvino") else "torch", batch) / GB
 
 
@@ -402,9 +418,11 @@ LABELS = {"mlcommons": "the real MLCommons code's Unet3D and sliding_window_infe
 
 def report(args, names, runs, labels, setup, shapes, inputs) -> str:
     ref = baseline(names)
+    filters = network_filters(args)
     lines = [f"{datetime.datetime.now():%H:%M} · {cpu_line()} · {versions()}",
              f"scans {inputs[0]} (preprocessed {', '.join('x'.join(map(str, s)) for s in shapes)}), "
-             f"windows of {args.roi}³ per run in the table · "
+             f"windows of {args.roi}³ per run in the table (counted as the MLCommons code's network ran; "
+             f"predict's geometry for the others) · "
              f"weights {args.ckpt or 'random, filters ' + ' '.join(map(str, args.filters))} · "
              f"int8 calibration data {inputs[2]} · {args.rounds} lock-step rounds, each variant in its own process"
              + (f" · mlcommons: {args.reference_code}" if "mlcommons" in names else ""),
@@ -418,8 +436,8 @@ def report(args, names, runs, labels, setup, shapes, inputs) -> str:
         dice = runs[name][0]["mean_dice"]
         flags = LABELS.get(name, "`" + " ".join(VARIANTS[base_variant(name)]) + "`")
         if base_variant(name) == "openvino_int8_kept":
-            flags += f" with {name.split(':', 1)[1]}'s convolutions in fp32, no accuracy control"
-        peak, estimate = max(r["rss"] for r in runs[name]), predict_estimate_gb(name, args)
+            flags += f" with {kept_set_name(name)}'s convolutions in fp32, no accuracy control"
+        peak, estimate = max(r["rss"] for r in runs[name]), predict_estimate_gb(name, filters, args.roi)
         if estimate is not None and peak > estimate:
             above.append(f"{name} {peak:.2f} GB > {estimate:.2f} GB")
         lines.append(f"| {name} | {flags} | {runs[name][0]['windows']} | {statistics.median(secs):.1f} | "
@@ -447,21 +465,20 @@ def variant_names(args) -> list[str]:
     default = [n for n in VARIANTS if n != "openvino_int8_kept" and (n != "mlcommons" or args.reference_code)]
     names = [n for n in (args.variants or ",".join(default)).split(",") if n]
     unknown = [n for n in names if base_variant(n) not in VARIANTS
-               or (base_variant(n) == "openvino_int8_kept") != (n.split(":", 1)[1:] != [])]
+               or (base_variant(n) == "openvino_int8_kept") != (kept_set_name(n) is not None)]
     if unknown:
         raise SystemExit(f"bench_backends: unknown variant {unknown[0]!r}; choose from {list(VARIANTS)} "
                          f"(openvino_int8_kept:SET with SET one of {list(kept_sets())})")
-    bad_sets = [n for n in names if base_variant(n) == "openvino_int8_kept" and n.split(":", 1)[1] not in kept_sets()]
+    bad_sets = [kept_set_name(n) for n in names if kept_set_name(n) not in (None, *kept_sets())]
     if bad_sets:
-        raise SystemExit(f"bench_backends: no kept set {bad_sets[0].split(':', 1)[1]!r}; "
-                         f"choose from {list(kept_sets())}")
+        raise SystemExit(f"bench_backends: no kept set {bad_sets[0]!r}; choose from {list(kept_sets())}")
     if "mlcommons" in names:
         if not args.reference_code:
             raise SystemExit("bench_backends: the mlcommons variant needs --reference_code "
                              "(image_segmentation/pytorch of a mlcommons/training checkout)")
         from benchmarks.mlcommons import check_reference_code
 
-        check_reference_code(args.reference_code)
+        args.reference_code = check_reference_code(args.reference_code)  # the children run in ROOT
     return names
 
 

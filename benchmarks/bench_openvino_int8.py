@@ -63,9 +63,17 @@ def quantised(model, roi, windows, overflow_fix: str, project: bool, keep=()):
         return nncf.quantize(convert(model, roi), nncf.Dataset(windows), subset_size=len(windows),
                              advanced_parameters=AdvancedQuantizationParameters(
                                  overflow_fix=nncf_overflow_fix(overflow_fix)))
+    return static_int8(convert(split_decoder_inputs(model), roi), windows, overflow_fix, keep)
+
+
+def static_int8(ov_model, windows, overflow_fix: str, keep=()):
+    """``ov_model`` (decoder inputs split) quantised as ``--int8`` quantises before its accuracy
+    control, with the convolutions ``keep`` names in fp32: no search."""
+    import nncf
+
     ignored, advanced = static_quantization(overflow_fix, keep)
-    return nncf.quantize(convert(split_decoder_inputs(model), roi), nncf.Dataset(windows), subset_size=len(windows),
-                         ignored_scope=ignored, advanced_parameters=advanced)
+    return nncf.quantize(ov_model, nncf.Dataset(windows), subset_size=len(windows), ignored_scope=ignored,
+                         advanced_parameters=advanced)
 
 
 def build(args) -> dict:

@@ -8,7 +8,7 @@ where the thing is missing: SciPy 1.13 removed ``scipy.signal.gaussian``, which 
 ``gaussian_kernel`` calls, so it is given ``scipy.signal.windows.gaussian`` (the same function
 under its current name); and NVIDIA's ``dllogger`` (not on PyPI), which the reference's
 ``runtime/logging.py`` imports for its training log, is given an empty stand-in (nothing on the
-inference path calls it). The reference's layers log their weight initialisation through
+inference path calls it). Both stay in place for the rest of the process. The reference's layers log their weight initialisation through
 ``mlperf_logging`` (``:::MLLOG`` lines) as they are built.
 """
 from __future__ import annotations
@@ -89,7 +89,9 @@ def load_reference(code_dir: str) -> tuple[type, Callable]:
 
 def trimmed_box(shape: Sequence[int], roi: Sequence[int], overlap: float) -> tuple[slice, ...]:
     """Where the reference's output lies in a volume of ``shape``: its sliding window trims a
-    remainder below half a stride from each axis (half before, the rest after), as in its code."""
+    remainder below half a stride from each axis (half before, the rest after), as in its code.
+    Written from the reference's rule on purpose, not from the project's ``window_geometry``
+    (which differs where an axis is shorter than half a stride): a test compares the two."""
     box = []
     for size, window in zip(shape, roi):
         stride = int(window * (1 - overlap))

@@ -14,13 +14,15 @@ the reference's own outputs.
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import nibabel
 import numpy as np
 import pytest
 import torch
 
-from benchmarks.mlcommons import REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference, trimmed_box
+from benchmarks.mlcommons import (REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference,
+                                  reference_infer, trimmed_box)
 from checkpoints import architecture, write_checkpoint
 from data_loading.windows import window_geometry
 
@@ -78,8 +80,9 @@ def sliding_window_inference(inputs, labels, roi_shape, model, overlap=0.5, mode
                        slice(j * strides[1], j * strides[1] + roi_shape[1]),
                        slice(k * strides[2], k * strides[2] + roi_shape[2]))
                 result[box] = model(padded[box])
-    return result[..., pad[0] // 2: pad[0] // 2 + inputs.shape[2], pad[1] // 2: pad[1] // 2 + inputs.shape[3],
-                  pad[2] // 2: pad[2] // 2 + inputs.shape[4]], labels
+    # cropped with the untrimmed size, as the reference does (past the trimmed voxels: pad)
+    return result[..., pad[0] // 2: pad[0] // 2 + shape[0], pad[1] // 2: pad[1] // 2 + shape[1],
+                  pad[2] // 2: pad[2] // 2 + shape[2]], labels
 """,
 }
 
@@ -102,15 +105,44 @@ def test_load_reference_imports_the_given_tree_and_puts_the_project_back(tmp_pat
     import runtime.sliding_window
 
     before = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("model", "runtime")}
+    path = list(sys.path)
     unet3d, window = load_reference(write_stand_in(tmp_path / "ref"))
     assert unet3d.__module__ == "model.unet3d" and os.path.realpath(sys.modules[unet3d.__module__].__file__) \
         == os.path.realpath(model.unet3d.__file__)  # the name is the project's module again
     assert window.__globals__["__file__"].startswith(os.path.realpath(tmp_path / "ref"))
     assert unet3d.__init__.__globals__["KIDNEY"].tolist() == [0.0, 5.0, 0.0]  # its own layers
     after = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("model", "runtime")}
-    assert after == before
+    assert after == before and sys.path == path
     assert runtime.sliding_window.PAD_VALUE == -2.2
     assert unet3d(1, 3, "instancenorm", "relu")(torch.zeros(2, 1, 4, 4, 4)).shape == (2, 3, 4, 4, 4)
+
+
+def test_load_reference_puts_the_project_back_when_the_import_fails(tmp_path):
+    import model.unet3d  # noqa: F401
+
+    folder = write_stand_in(tmp_path / "ref")
+    with open(os.path.join(folder, "model", "unet3d.py"), "a") as handle:
+        handle.write("raise ImportError('broken reference')\n")
+    modules = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("model", "runtime")}
+    path = list(sys.path)
+    with pytest.raises(ImportError, match="broken reference"):
+        load_reference(folder)
+    assert {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("model", "runtime")} == modules
+    assert sys.path == path
+
+
+def test_reference_infer_keeps_the_trimmed_voxels_only(tmp_path):
+    """An axis trimmed and then padded (20 at 32³ windows, stride 16: 4 trimmed, 16 padded to 32):
+    the reference's output runs 4 voxels into its pad; only the 16 trimmed voxels are the scan's
+    (the constant network's kidney), the 2 + 2 trimmed ones background; 1 x 2 x 2 windows."""
+    config = SimpleNamespace(filters=list(TINY), normalization="instancenorm", activation="relu",
+                             val_input_shape=(32, 32, 32), overlap=0.5)
+    infer, counter = reference_infer(write_stand_in(tmp_path / "ref"), {}, config)
+    probabilities = infer(np.zeros((1, 20, 40, 40), np.float32))
+    kidney = torch.softmax(torch.tensor([0.0, 5.0, 0.0]), 0)
+    assert probabilities.shape == (3, 20, 40, 40) and counter.windows == 4
+    torch.testing.assert_close(probabilities[:, 2:18], kidney.view(3, 1, 1, 1).expand(3, 16, 40, 40))
+    assert (probabilities[0, :2] == 1).all() and (probabilities[0, 18:] == 1).all()
 
 
 def test_a_tree_without_a_reference_file_is_one_line(tmp_path):
