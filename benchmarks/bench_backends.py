@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -239,11 +240,12 @@ def variant_command(name: str, scans: str, ckpt: str, calibration: str, out: str
     return [sys.executable, str(ROOT / "main.py"), *flags]
 
 
+@functools.lru_cache(maxsize=None)
 def kept_checkpoint(ckpt: str, set_name: str, work: Path) -> str:
     """A copy of ``ckpt`` in ``work`` for one kept set, so that its conversion has a cache of its
     own (the cache key does not hold the set): named by a digest of the checkpoint's bytes and the
     set's convolutions, so changed weights or an edited set get a new copy and a new cache;
-    written whole or not at all."""
+    written whole or not at all. Hashed once per benchmark run, not once per round."""
     digest = hashlib.sha256(",".join(kept_sets()[set_name]).encode())
     with open(ckpt, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 24), b""):

@@ -8,8 +8,9 @@ where the thing is missing: SciPy 1.13 removed ``scipy.signal.gaussian``, which 
 ``gaussian_kernel`` calls, so it is given ``scipy.signal.windows.gaussian`` (the same function
 under its current name); and NVIDIA's ``dllogger`` (not on PyPI), which the reference's
 ``runtime/logging.py`` imports for its training log, is given an empty stand-in (nothing on the
-inference path calls it). Both stay in place for the rest of the process. The reference's layers log their weight initialisation through
-``mlperf_logging`` (``:::MLLOG`` lines) as they are built.
+inference path calls it). Both stay in place for the rest of the process. The reference's
+layers log their weight initialisation through ``mlperf_logging`` (``:::MLLOG`` lines) as they
+are built.
 """
 from __future__ import annotations
 
