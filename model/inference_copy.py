@@ -4,6 +4,8 @@
 can go on) with:
 
 * every ``ReLU`` in place (no autograd here, so the norm's output can be overwritten);
+* with ``channels_last``, the convolution of the one-channel image run by oneDNN
+  (:class:`ChannelsLastConv3d`), so the network is channels-last from its first output;
 * every ``InstanceNorm3d`` replaced by :class:`LayoutPreservingInstanceNorm3d`: the same
   statistics and affine map, but a channels-last input gives a channels-last output.
   ``nn.InstanceNorm3d`` makes its input contiguous (NCDHW) to run it as a batch norm over
@@ -211,6 +213,39 @@ def quantize_weight(weight: torch.Tensor, weight_max: int) -> tuple[torch.Tensor
     return q.to(torch.int8), scale
 
 
+def _cpu_autocast_enabled() -> bool:
+    try:  # torch 2.4+
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch 2.3: no device argument
+        return torch.is_autocast_cpu_enabled()
+
+
+class ChannelsLastConv3d(nn.Conv3d):
+    """A ``Conv3d`` (same parameters and state_dict keys) whose CPU forward always runs oneDNN's
+    convolution, giving a channels-last output.
+
+    On a one-channel input (the image) channels-last and NCDHW strides are the same, so PyTorch
+    takes the input as NCDHW, and below its size threshold for oneDNN it runs the im2col
+    convolution (``slow_conv3d``) with an NCDHW output: at a 128³ window about 6x oneDNN's time,
+    and the norm after it then copies the output to channels-last (docs/performance.md,
+    "Overheads of the int8 window"). Elsewhere (CUDA, other dtypes) it is ``nn.Conv3d``.
+    """
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv3d) -> "ChannelsLastConv3d":
+        new = cls.__new__(cls)
+        new.__dict__.update(conv.__dict__)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.device.type != "cpu" or x.dtype != torch.float32 or self.padding_mode != "zeros"
+                or isinstance(self.padding, str) or not torch.backends.mkldnn.is_available()
+                or _cpu_autocast_enabled()):  # autocast's dtype rules apply to nn.Conv3d only
+            return super().forward(x)
+        return torch.mkldnn_convolution(x, self.weight, self.bias, self.padding, self.stride,
+                                        self.dilation, self.groups)
+
+
 class Int8Conv3d(nn.Module):
     """A stride-s 3-D convolution computed by oneDNN in int8, with a float output.
 
@@ -297,10 +332,16 @@ def quantize_uint8(x: torch.Tensor, codes: int = 255) -> tuple[torch.Tensor, flo
     scale, zero_point = uint8_range(float(low), float(high), codes)
     with warnings.catch_warnings():  # torch 2.10+ calls the quantized dtypes deprecated
         warnings.simplefilter("ignore", UserWarning)
-        q = torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8).int_repr()
+        q = uint8_codes(torch.quantize_per_tensor(x.float(), scale, zero_point, torch.quint8))
     if codes < 255:  # two roundings (value, zero point) can reach codes + 1 at the top
         q.clamp_(max=codes)
     return q, scale, zero_point
+
+
+def uint8_codes(q: torch.Tensor) -> torch.Tensor:
+    """The codes of a ``quint8`` tensor as a plain uint8 tensor sharing its memory: what
+    ``q.int_repr()`` returns, without its copy (a full pass over every int8 convolution's input)."""
+    return torch.empty(0, dtype=torch.uint8).set_(q.untyped_storage(), q.storage_offset(), q.shape, q.stride())
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -428,6 +469,8 @@ def prepare_for_inference(model: nn.Module, channels_last: bool = True, int8: bo
             elif (int8 and type(child) is nn.Conv3d and child.kernel_size == (3, 3, 3)
                   and child.in_channels >= int8_min_channels):
                 setattr(module, name, Int8Conv3d(child))
+            elif channels_last and type(child) is nn.Conv3d and child.in_channels == 1:
+                setattr(module, name, ChannelsLastConv3d.from_conv(child))
     if int8 and equalize:
         equalize_int8_inputs(prepared)
     if channels_last:

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.inference_copy import (FULL_GRID, SEVEN_BIT_WEIGHTS, Int8Conv3d,
+from model.inference_copy import (FULL_GRID, SEVEN_BIT_WEIGHTS, ChannelsLastConv3d, Int8Conv3d,
                                   LayoutPreservingInstanceNorm3d, channel_divisors,
                                   equalize_int8_inputs, int8_available, int8_grid,
-                                  prepare_for_inference, quantize_uint8, uint8_range)
+                                  prepare_for_inference, quantize_uint8, uint8_codes, uint8_range)
 from model.unet3d import Unet3D
 from runtime.predictor import PredictorOptions, build_predictor
 from runtime.sliding_window import sliding_window_inference
@@ -126,6 +126,46 @@ def test_prepared_model_computes_the_same_function(channels_last):
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_first_convolution_gives_channels_last_output(stride):
+    """On one input channel PyTorch's own choice is im2col with an NCDHW output (below oneDNN's
+    size threshold); ChannelsLastConv3d gives the same values, channels-last."""
+    torch.manual_seed(stride)
+    conv = nn.Conv3d(1, 6, 3, stride=stride, padding=1)
+    x = torch.randn(2, 1, 9, 10, 11).contiguous(memory_format=CL)
+    first = ChannelsLastConv3d.from_conv(copy.deepcopy(conv)).to(memory_format=CL)
+    assert list(first.state_dict()) == list(conv.state_dict())
+    with torch.no_grad():
+        out = first(x)
+    assert out.is_contiguous(memory_format=CL) and not out.is_contiguous()
+    oracle = F.conv3d(x.double(), conv.weight.double(), conv.bias.double(), stride, 1)
+    torch.testing.assert_close(out.double(), oracle, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # other dtypes: nn.Conv3d's own path
+        assert first.to(torch.float64)(x.double()).dtype == torch.float64
+
+
+def test_prepared_model_runs_channels_last_from_the_first_convolution():
+    prepared = prepare_for_inference(_tiny_model())
+    assert type(prepared.input_block.conv1[0]) is ChannelsLastConv3d
+    seen = []
+    prepared.input_block.conv1[0].register_forward_hook(lambda m, i, o: seen.append(o))
+    with torch.no_grad():
+        prepared(torch.randn(1, 1, 16, 16, 16).contiguous(memory_format=CL))
+    assert seen[0].is_contiguous(memory_format=CL) and not seen[0].is_contiguous()
+    assert type(prepare_for_inference(_tiny_model(), channels_last=False).input_block.conv1[0]) is nn.Conv3d
+
+
+def test_uint8_codes_are_int_repr_without_a_copy():
+    x = torch.rand(1, 3, 4, 5, 6).contiguous(memory_format=CL)
+    q = torch.quantize_per_tensor(x, 0.01, 3, torch.quint8)
+    codes = uint8_codes(q)
+    assert codes.dtype == torch.uint8 and codes.stride() == q.stride()
+    assert torch.equal(codes, q.int_repr())
+    assert codes.data_ptr() == q.data_ptr()  # the same memory
+    sliced = q[:, 1:]  # an offset into the storage
+    assert torch.equal(uint8_codes(sliced), sliced.int_repr())
+
+
 def test_uint8_range_known_answers():
     scale, zp = uint8_range(-1.0, 3.0)
     assert scale == pytest.approx(4 / 255) and zp == 64        # round(1 / (4/255)) = round(63.75)
@@ -230,7 +270,7 @@ def test_int8_grid_follows_the_saturating_avx2_kernel():
 @needs_int8
 def test_int8_prepared_model_keeps_the_first_convolution_float():
     prepared = prepare_for_inference(_tiny_model(), int8=True)
-    assert type(prepared.input_block.conv1[0]) is nn.Conv3d
+    assert type(prepared.input_block.conv1[0]) is ChannelsLastConv3d  # float, oneDNN
     assert isinstance(prepared.input_block.conv2[0], Int8Conv3d)
     assert type(prepared.output.conv) is nn.Conv3d
 
@@ -363,3 +403,13 @@ def test_inference_copy_benchmark_smoke_run():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| channels_last_moments (now) |" in proc.stdout
     assert "| equalized (now) |" in proc.stdout or "equalize: skipped:" in proc.stdout
+
+
+def test_first_convolution_under_autocast_follows_autocast():
+    conv = nn.Conv3d(1, 4, 3, padding=1)
+    first = ChannelsLastConv3d.from_conv(copy.deepcopy(conv))
+    x = torch.randn(1, 1, 6, 6, 6)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, out = conv(x), first(x)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(out, expected)
