@@ -394,15 +394,20 @@ def test_benchmark_smoke_run(tmp_path, isolate):
 
 @pytest.mark.slow
 def test_inference_copy_benchmark_smoke_run():
-    """benchmarks/bench_inference_copy.py on a tiny network: both comparisons print their rows
-    (the int8 one is skipped with its reason where int8 is unavailable)."""
+    """benchmarks/bench_inference_copy.py on a tiny network: every comparison prints its rows
+    (the int8 ones are skipped with their reason where int8 is unavailable)."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_inference_copy.py"), "--edge", "32",
-           "--filters", "4", "8", "16", "--rounds", "2"]
+           "--filters", "4", "8", "16", "--rounds", "2", "--compare", "norm", "equalize", "overheads"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| channels_last_moments (now) |" in proc.stdout
-    assert "| equalized (now) |" in proc.stdout or "equalize: skipped:" in proc.stdout
+    assert "| ChannelsLastConv3d (now) |" in proc.stdout
+    if int8_available() is None:
+        assert "| equalized (now) |" in proc.stdout
+        assert "| ChannelsLastConv3d, shared codes (now) |" in proc.stdout
+    else:
+        assert "equalize, overheads (int8): skipped:" in proc.stdout
 
 
 def test_first_convolution_under_autocast_follows_autocast():
