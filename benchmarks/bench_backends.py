@@ -272,8 +272,10 @@ def summary_of(out: str) -> dict:
     rows = [json.loads(line) for line in open(os.path.join(out, "summary.jsonl"))]
     cases = [r for r in rows if r["case"] != "mean"]
     dice = [r["mean_dice"] for r in cases if r.get("mean_dice") is not None]
+    windows = [r.get("windows") for r in cases]
     return {"seconds": sum(r["seconds"] for r in cases), "cases": [r["case"] for r in cases],
-            "mean_dice": statistics.mean(dice) if dice else None}
+            "mean_dice": statistics.mean(dice) if dice else None,
+            "windows": None if None in windows else sum(windows)}
 
 
 def labels_of(out: str, cases: list[str]):
@@ -326,10 +328,11 @@ def logged_windows(log: Path) -> int | None:
     return int(lines[-1][len(WINDOWS_LINE):]) if lines else None
 
 
-def run_rounds(names, inputs, work: Path, rounds: int, roi: int, reference_code: str = "",
-               windows: int | None = None) -> tuple[dict, dict]:
+def run_rounds(names, inputs, work: Path, rounds: int, roi: int,
+               reference_code: str = "") -> tuple[dict, dict]:
     """Every variant once per round in its own process, the first variant rotating. Each run
-    records its windows: predict's geometry (``windows``), or what the ``mlcommons`` child counted."""
+    records the windows it counted: the ``windows`` of predict's summary (the network's calls), or
+    the ``mlcommons`` child's count."""
     runs = {n: [] for n in names}
     labels = {}
     for r in range(rounds):
@@ -342,9 +345,9 @@ def run_rounds(names, inputs, work: Path, rounds: int, roi: int, reference_code:
             if code != 0:
                 raise SystemExit(f"bench_backends: {name} exited {code}, see {log}")
             summary = summary_of(out)
-            counted = logged_windows(log) if name == "mlcommons" else windows
+            counted = logged_windows(log) if name == "mlcommons" else summary["windows"]
             if counted is None:
-                raise SystemExit(f"bench_backends: {name} printed no window count, see {log}")
+                raise SystemExit(f"bench_backends: {name} counted no windows, see {log}")
             runs[name].append(dict(summary, wall=wall, rss=rss, load=load, windows=counted))
             with open(work / "runs.jsonl", "a") as record:  # kept even if the benchmark is stopped
                 record.write(json.dumps(dict(runs[name][-1], variant=name, round=r + 1)) + "\n")
@@ -423,8 +426,8 @@ def report(args, names, runs, labels, setup, shapes, inputs) -> str:
     filters = network_filters(args)
     lines = [f"{datetime.datetime.now():%H:%M} · {cpu_line()} · {versions()}",
              f"scans {inputs[0]} (preprocessed {', '.join('x'.join(map(str, s)) for s in shapes)}), "
-             f"windows of {args.roi}³ per run in the table (counted as the MLCommons code's network ran; "
-             f"predict's geometry for the others) · "
+             f"windows of {args.roi}³ per run in the table (counted as each variant's network ran: predict's "
+             f"summary, the MLCommons code's calls) · "
              f"weights {args.ckpt or 'random, filters ' + ' '.join(map(str, args.filters))} · "
              f"int8 calibration data {inputs[2]} · {args.rounds} lock-step rounds, each variant in its own process"
              + (f" · mlcommons: {args.reference_code}" if "mlcommons" in names else ""),
@@ -497,10 +500,10 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     inputs = make_inputs(args, work)
     windows, shapes = window_count(inputs[0], args.roi)
-    print(f"{cpu_line()}\n{versions()}\n{windows} windows of {args.roi}³ per run (predict's geometry); "
+    print(f"{cpu_line()}\n{versions()}\n{windows} windows of {args.roi}³ per run expected (predict's geometry); "
           f"work in {work}", flush=True)
     setup = prepare(names, inputs, work, args.roi)
-    runs, labels = run_rounds(names, inputs, work, args.rounds, args.roi, args.reference_code, windows)
+    runs, labels = run_rounds(names, inputs, work, args.rounds, args.roi, args.reference_code)
     text = report(args, names, runs, labels, setup, shapes, inputs)
     print("\n" + text)
     if args.out:

@@ -28,7 +28,7 @@ from model.inference_copy import int8_available, int8_grid
 from model.losses import DiceScore, label_map_dice
 from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
-from runtime.predict.scan import cover_padding, segment_scan, volume_probabilities
+from runtime.predict.scan import ScanInference, cover_padding, segment_scan, volume_probabilities
 from runtime.predictor import FLIPS, build_predictor, options_from
 from runtime.resolve import architecture_from, resolve_predict
 
@@ -208,6 +208,22 @@ def test_cover_padding_leaves_nothing_to_trim():
         assert all(t == (0, 0) for t in window_geometry(padded, (32, 32, 32), 0.5).trim), shape
     # the benchmark's window would trim these (remainders 5 and 2 of stride 16 are < 8)
     assert window_geometry((37, 130, 50), (32, 32, 32), 0.5).trim != ((0, 0),) * 3
+
+
+@pytest.mark.parametrize("flags", [(), ("--tta",)], ids=["plain", "tta"])
+def test_scan_inference_counts_the_windows_it_runs(flags):
+    """48 x 64 x 32 voxels, 32³ windows at overlap 0.5 (stride 16): 2 x 3 x 1 = 6 windows, nothing
+    padded; 3 per forward: two calls. With TTA each window still counts once (its 8 flips run
+    inside the window predictor)."""
+    config = window_config(*flags)
+    calls = []
+    predict = window_predictor(pointwise_model(), config, torch.device("cpu"))
+    infer = ScanInference(lambda batch: calls.append(batch.shape[0]) or predict(batch), config, torch.device("cpu"))
+    image = np.random.default_rng(0).normal(size=(1, 48, 64, 32)).astype(np.float32)
+    assert tuple(infer(image).shape) == (3, 48, 64, 32)
+    assert infer.windows == 6 and calls == [3, 3]
+    infer(image[:, :32, :32])  # the count is per call: 1 window
+    assert infer.windows == 1
 
 
 def test_pointwise_model_through_the_window_is_exact():

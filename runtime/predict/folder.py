@@ -23,7 +23,7 @@ from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.checkpoint import Saved
 from runtime.openvino.backend import predict_windows
-from runtime.predict.scan import (OutputWriteError, load_trained_model, make_infer, one_line_reason, segment_scan,
+from runtime.predict.scan import (OutputWriteError, ScanInference, load_trained_model, one_line_reason, segment_scan,
                                   summarise_existing)
 from runtime.predict.summary import CaseResult, print_outcome, save_summary
 from runtime.signals import Stopped
@@ -107,7 +107,7 @@ def scan_inference(config: Config, saved: Saved, dist_info: D.DistInfo) -> tuple
         return load_trained_model(config, saved, device, say)
 
     predict, config = predict_windows(config, dist_info.device, load, dist_info.is_main)
-    return make_infer(predict, config, dist_info.device), config
+    return ScanInference(predict, config, dist_info.device), config
 
 
 def predict_scans(config: Config, saved: Saved, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:

@@ -87,11 +87,23 @@ def volume_probabilities(predict: Callable[[torch.Tensor], torch.Tensor], image:
     return out if probabilities_out else torch.softmax(out, dim=0)
 
 
-def make_infer(predict: Callable[[torch.Tensor], torch.Tensor], config: Config,
-               device: torch.device) -> Callable[[np.ndarray], torch.Tensor]:
+class ScanInference:
     """``preprocessed image (1, D, H, W) -> probabilities (3, D, H, W)`` with the window
-    predictor ``predict`` (:func:`runtime.predictor.build_predictor`)."""
-    return lambda image: volume_probabilities(predict, image, config, device, probabilities_out=config.tta)
+    predictor ``predict`` (:func:`runtime.predictor.build_predictor`); ``windows``: how many
+    windows the last call ran through ``predict`` (counted as they pass, a TTA window once)."""
+
+    def __init__(self, predict: Callable[[torch.Tensor], torch.Tensor], config: Config, device: torch.device):
+        self.predict, self.config, self.device = predict, config, device
+        self.windows = 0
+
+    def _counted(self, batch: torch.Tensor) -> torch.Tensor:
+        self.windows += batch.shape[0]
+        return self.predict(batch)
+
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        self.windows = 0
+        return volume_probabilities(self._counted, image, self.config, self.device,
+                                    probabilities_out=self.config.tta)
 
 
 # ----------------------------------------------------------------------------- one scan
@@ -145,7 +157,8 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
                  preview: bool = False, timer: StageTimer | None = None) -> CaseResult:
     """Segment one scan into ``output_dir/<case>.nii.gz`` (and ``<case>.png`` with ``preview``).
 
-    ``infer`` maps the preprocessed image (1, D', H', W') to class probabilities (3, D', H', W').
+    ``infer`` maps the preprocessed image (1, D', H', W') to class probabilities (3, D', H', W');
+    its ``windows`` after the call (:class:`ScanInference`), when it has them, go to the result.
     The segmentation is written first (its existence marks the case done); a preview that
     cannot be drawn is the result's ``error``, never the loss of the segmentation.
     """
@@ -158,6 +171,7 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
         image, geometry = preprocess_scan(raw, scan.image_path)
     with timer("infer"):
         probabilities = infer(image)
+    windows = getattr(infer, "windows", None)  # ScanInference counts them
     del image
     with timer("restore"):
         labels = labels_in_original_grid(probabilities, geometry)
@@ -166,6 +180,7 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
     with timer("write"):
         write_output(path, lambda: write_segmentation(path, labels, raw.nifti))
     result = scored_result(scan, "segmented", labels, truth, raw.spacing, stages=timer.seconds)
+    result.windows = windows
     if preview:
         with timer("preview"):
             draw_preview(result, os.path.join(output_dir, f"{scan.name}.png"), raw.image[0], labels, truth)

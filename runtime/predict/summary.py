@@ -19,7 +19,7 @@ import numpy as np
 from data_loading.atomic import atomic_write
 from data_loading.write_errors import write_failure
 
-SUMMARY_FIELDS = ("case", "status", "shape", "spacing", "kidney_ml", "tumour_ml", "seconds",
+SUMMARY_FIELDS = ("case", "status", "shape", "spacing", "kidney_ml", "tumour_ml", "seconds", "windows",
                   "kidney_dice", "tumour_dice", "mean_dice", "image", "error")
 # segmented | skipped (its output existed) | failed | not run (stopped: the output disk is full)
 STATUSES = ("segmented", "skipped", "failed", "not run")
@@ -31,7 +31,8 @@ class CaseResult:
     ``spacing`` (mm) of the scan; volumes in mL from the labels on the original grid; Dice
     against the ground truth there when one lies beside the scan; ``error`` why it failed (or,
     for a segmented scan, why its preview is missing); ``full_disk`` when the output disk is
-    full (the remaining scans are not run); ``stages`` the seconds of each step."""
+    full (the remaining scans are not run); ``stages`` the seconds of each step; ``windows`` the
+    sliding windows the network ran on (a segmented scan)."""
 
     case: str
     status: str
@@ -41,6 +42,7 @@ class CaseResult:
     kidney_ml: float | None = None
     tumour_ml: float | None = None
     seconds: float | None = None
+    windows: int | None = None
     kidney_dice: float | None = None
     tumour_dice: float | None = None
     mean_dice: float | None = None
