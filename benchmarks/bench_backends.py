@@ -8,7 +8,8 @@ Variants (``--variants``; default all, ``mlcommons`` only with ``--reference_cod
   ``--reference_code`` names, called as its evaluation calls them (fp32, NCDHW, one window per
   forward, no memory reuse), inside the predict command line (reading, preprocessing, restoring
   to the scan's grid and writing are the project's, as for every variant); its windows are
-  counted as its network is called. With it, it is the baseline of the speed-ups;
+  counted as its network is called, as predict counts every variant's. With it, it is the
+  baseline of the speed-ups;
 * ``reference``: **the project's copy of the reference's way**: PyTorch fp32, NCDHW, one window
   per forward under ``torch.no_grad``, glibc's allocator (no memory reuse), through the predict
   code (``runtime.app.run`` with the memory reuse switched off), ``--backend torch
@@ -92,11 +93,11 @@ def kept_set_name(name: str) -> str | None:
     return name.split(":", 1)[1] if ":" in name else None
 
 
-def kept_sets() -> dict[str, list[str]]:
+def kept_sets() -> dict[str, tuple[str, ...]]:
     """The kept-in-fp32 sets of ``bench_openvino_int8.DEFAULT_KEEP`` by name."""
-    from benchmarks.bench_openvino_int8 import DEFAULT_KEEP
+    from benchmarks.bench_openvino_int8 import DEFAULT_KEEP, keep_sets
 
-    return {name: convs.split(",") for name, _, convs in (item.partition("=") for item in DEFAULT_KEEP)}
+    return keep_sets(DEFAULT_KEEP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,13 +133,11 @@ def run_reference_child(argv: list[str]) -> int:
     return app.run(parse_args(argv))
 
 
-WINDOWS_LINE = "bench_backends: mlcommons windows "
-
-
 def run_mlcommons_child(argv: list[str]) -> int:
     """The ``mlcommons`` variant's process (``argv``: the reference code's folder, then predict's
     flags): predict with the reference's network and sliding window in place of the project's
-    window predictor, no memory reuse; prints the windows the reference's network ran on."""
+    window predictor, no memory reuse; the summary's ``windows`` are those the reference's
+    network ran on."""
     import runtime.app as app
     import runtime.predict.folder as folder
     from benchmarks.mlcommons import reference_infer
@@ -146,18 +145,13 @@ def run_mlcommons_child(argv: list[str]) -> int:
     from runtime.checkpoint import model_state_from
 
     code_dir, flags = argv[0], argv[1:]
-    counters = []
 
     def scan_inference(config, saved, dist_info):
-        infer, counter = reference_infer(code_dir, model_state_from(saved.checkpoint, prefer="best"), config)
-        counters.append(counter)
-        return infer, config
+        return reference_infer(code_dir, model_state_from(saved.checkpoint, prefer="best"), config), config
 
     folder.scan_inference = scan_inference
     app.reuse_freed_memory = lambda: None
-    code = app.run(parse_args(flags))
-    print(f"{WINDOWS_LINE}{sum(c.windows for c in counters)}", flush=True)
-    return code
+    return app.run(parse_args(flags))
 
 
 def run_kept_child(argv: list[str]) -> int:
@@ -322,17 +316,10 @@ def prepare(names, inputs, work: Path, roi: int) -> dict:
     return setup
 
 
-def logged_windows(log: Path) -> int | None:
-    """The windows the ``mlcommons`` child counted (its last line), None if it printed none."""
-    lines = [line for line in log.read_text().splitlines() if line.startswith(WINDOWS_LINE)]
-    return int(lines[-1][len(WINDOWS_LINE):]) if lines else None
-
-
 def run_rounds(names, inputs, work: Path, rounds: int, roi: int,
                reference_code: str = "") -> tuple[dict, dict]:
     """Every variant once per round in its own process, the first variant rotating. Each run
-    records the windows it counted: the ``windows`` of predict's summary (the network's calls), or
-    the ``mlcommons`` child's count."""
+    records the windows its network ran on (predict's summary)."""
     runs = {n: [] for n in names}
     labels = {}
     for r in range(rounds):
@@ -345,13 +332,12 @@ def run_rounds(names, inputs, work: Path, rounds: int, roi: int,
             if code != 0:
                 raise SystemExit(f"bench_backends: {name} exited {code}, see {log}")
             summary = summary_of(out)
-            counted = logged_windows(log) if name == "mlcommons" else summary["windows"]
-            if counted is None:
+            if summary["windows"] is None:
                 raise SystemExit(f"bench_backends: {name} counted no windows, see {log}")
-            runs[name].append(dict(summary, wall=wall, rss=rss, load=load, windows=counted))
+            runs[name].append(dict(summary, wall=wall, rss=rss, load=load))
             with open(work / "runs.jsonl", "a") as record:  # kept even if the benchmark is stopped
                 record.write(json.dumps(dict(runs[name][-1], variant=name, round=r + 1)) + "\n")
-            print(f"round {r + 1} {name}: {summary['seconds']:.1f} s scans, {counted} windows, {wall:.1f} s "
+            print(f"round {r + 1} {name}: {summary['seconds']:.1f} s scans, {summary['windows']} windows, {wall:.1f} s "
                   f"process, peak RSS {rss:.2f} GB, load {load:.1f}", flush=True)
             if r == 0:
                 labels[name] = labels_of(out, summary["cases"])
@@ -426,8 +412,8 @@ def report(args, names, runs, labels, setup, shapes, inputs) -> str:
     filters = network_filters(args)
     lines = [f"{datetime.datetime.now():%H:%M} · {cpu_line()} · {versions()}",
              f"scans {inputs[0]} (preprocessed {', '.join('x'.join(map(str, s)) for s in shapes)}), "
-             f"windows of {args.roi}³ per run in the table (counted as each variant's network ran: predict's "
-             f"summary, the MLCommons code's calls) · "
+             f"windows of {args.roi}³ per run in the table (counted as each variant's network ran, "
+             f"predict's summary) · "
              f"weights {args.ckpt or 'random, filters ' + ' '.join(map(str, args.filters))} · "
              f"int8 calibration data {inputs[2]} · {args.rounds} lock-step rounds, each variant in its own process"
              + (f" · mlcommons: {args.reference_code}" if "mlcommons" in names else ""),

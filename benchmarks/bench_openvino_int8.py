@@ -66,6 +66,15 @@ def quantised(model, roi, windows, overflow_fix: str, project: bool, keep=()):
     return static_int8(convert(split_decoder_inputs(model), roi), windows, overflow_fix, keep)
 
 
+def keep_sets(items) -> dict[str, tuple[str, ...]]:
+    """``NAME=conv,conv,...`` items (``--keep``, :data:`DEFAULT_KEEP`) as ``{NAME: convs}``."""
+    sets = {}
+    for item in items:
+        name, _, convs = item.partition("=")
+        sets[name] = tuple(c for c in convs.split(",") if c)
+    return sets
+
+
 def static_int8(ov_model, windows, overflow_fix: str, keep=()):
     """``ov_model`` (decoder inputs split) quantised as ``--int8`` quantises before its accuracy
     control, with the convolutions ``keep`` names in fp32: no search."""
@@ -84,9 +93,8 @@ def build(args) -> dict:
     windows = [rng.normal(0.0, 1.0, (1, 1, *roi)).astype(np.float32) for _ in range(args.calibration_windows)]
     fix = "enable" if int8_pairs_saturate() else "first_layer"
     plans = {"nncf_defaults": (False, ()), "project": (True, ())}
-    for item in args.keep:
-        name, _, convs = item.partition("=")
-        plans[f"keep:{name}"] = (True, tuple(c for c in convs.split(",") if c))
+    for name, convs in keep_sets(args.keep).items():
+        plans[f"keep:{name}"] = (True, convs)
     models, seconds = {"fp32": convert(model, roi)}, {}
     for name, (project, keep) in plans.items():
         start = time.perf_counter()

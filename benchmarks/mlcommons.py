@@ -101,40 +101,30 @@ def trimmed_box(shape: Sequence[int], roi: Sequence[int], overlap: float) -> tup
     return tuple(box)
 
 
-class WindowCounter:
-    """The reference's network, counting the windows it is called on."""
+class ReferenceInference:
+    """``preprocessed image (1, D, H, W) -> probabilities (3, D, H, W)`` by the reference's
+    network and sliding window (:func:`reference_infer`); ``windows``: how many windows the last
+    call ran through the network, as ``runtime.predict.scan.ScanInference`` counts them (so
+    predict's summary records them)."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model, self.windows = model, 0
+    def __init__(self, model: torch.nn.Module, sliding_window_inference: Callable, config):
+        self.model, self.sliding_window_inference = model, sliding_window_inference
+        self.roi, self.overlap = list(config.val_input_shape), config.overlap
+        self.windows = 0
 
-    def __call__(self, window: torch.Tensor) -> torch.Tensor:
+    def _counted(self, window: torch.Tensor) -> torch.Tensor:
         self.windows += window.shape[0]
         return self.model(window)
 
-
-def reference_infer(code_dir: str, state: dict, config) -> tuple[Callable[[np.ndarray], torch.Tensor], WindowCounter]:
-    """``(infer, counter)``: ``preprocessed image (1, D, H, W) -> probabilities (3, D, H, W)``
-    by the reference's ``Unet3D`` with ``state`` and its ``sliding_window_inference`` called as
-    its evaluation calls it (fp32, Gaussian, ``padding_val=-2.2``, under ``torch.no_grad``), one
-    window per forward. Voxels its window trims get background probability 1 (its evaluation
-    scores them not at all)."""
-    unet3d, sliding_window_inference = load_reference(code_dir)
-    model = unet3d(1, 3, config.normalization, config.activation)
-    if list(model.filters) != list(config.filters):  # the reference builds 32..320 in
-        raise ReferenceCodeError(f"the reference's Unet3D has filters {list(model.filters)} built in; "
-                                 f"this checkpoint's are {list(config.filters)}")
-    model.load_state_dict(state)
-    model.eval()
-    counter = WindowCounter(model)
-    roi = list(config.val_input_shape)
-
-    def infer(image: np.ndarray) -> torch.Tensor:
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        self.windows = 0
         volume = torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))[None]
         labels = torch.zeros((1, 1, *image.shape[1:]), dtype=torch.uint8)
         with torch.no_grad():
-            logits, _ = sliding_window_inference(inputs=volume, labels=labels, roi_shape=roi, model=counter,
-                                                 overlap=config.overlap, mode="gaussian", padding_val=-2.2)
-        box = trimmed_box(image.shape[1:], roi, config.overlap)
+            logits, _ = self.sliding_window_inference(inputs=volume, labels=labels, roi_shape=self.roi,
+                                                      model=self._counted, overlap=self.overlap,
+                                                      mode="gaussian", padding_val=-2.2)
+        box = trimmed_box(image.shape[1:], self.roi, self.overlap)
         # On an axis both trimmed and padded (trimmed below the window) the reference crops its
         # output with the untrimmed size: the voxels past the trimmed ones are pad, not the scan's.
         logits = logits[(0, slice(None), *(slice(0, b.stop - b.start) for b in box))]
@@ -143,4 +133,17 @@ def reference_infer(code_dir: str, state: dict, config) -> tuple[Callable[[np.nd
         probabilities[(slice(None), *box)] = torch.softmax(logits, 0)
         return probabilities
 
-    return infer, counter
+
+def reference_infer(code_dir: str, state: dict, config) -> ReferenceInference:
+    """The reference's ``Unet3D`` with ``state`` and its ``sliding_window_inference`` called as
+    its evaluation calls it (fp32, Gaussian, ``padding_val=-2.2``, under ``torch.no_grad``), one
+    window per forward, as predict's ``infer``. Voxels its window trims get background
+    probability 1 (its evaluation scores them not at all)."""
+    unet3d, sliding_window_inference = load_reference(code_dir)
+    model = unet3d(1, 3, config.normalization, config.activation)
+    if list(model.filters) != list(config.filters):  # the reference builds 32..320 in
+        raise ReferenceCodeError(f"the reference's Unet3D has filters {list(model.filters)} built in; "
+                                 f"this checkpoint's are {list(config.filters)}")
+    model.load_state_dict(state)
+    model.eval()
+    return ReferenceInference(model, sliding_window_inference, config)

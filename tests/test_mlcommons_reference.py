@@ -11,6 +11,7 @@ With the real code (``UNET3D_REFERENCE_CODE`` = the ``image_segmentation/pytorch
 mlcommons/training checkout; skipped without it): the project's sliding window and network give
 the reference's own outputs.
 """
+import json
 import os
 import subprocess
 import sys
@@ -137,10 +138,10 @@ def test_reference_infer_keeps_the_trimmed_voxels_only(tmp_path):
     (the constant network's kidney), the 2 + 2 trimmed ones background; 1 x 2 x 2 windows."""
     config = SimpleNamespace(filters=list(TINY), normalization="instancenorm", activation="relu",
                              val_input_shape=(32, 32, 32), overlap=0.5)
-    infer, counter = reference_infer(write_stand_in(tmp_path / "ref"), {}, config)
+    infer = reference_infer(write_stand_in(tmp_path / "ref"), {}, config)
     probabilities = infer(np.zeros((1, 20, 40, 40), np.float32))
     kidney = torch.softmax(torch.tensor([0.0, 5.0, 0.0]), 0)
-    assert probabilities.shape == (3, 20, 40, 40) and counter.windows == 4
+    assert probabilities.shape == (3, 20, 40, 40) and infer.windows == 4
     torch.testing.assert_close(probabilities[:, 2:18], kidney.view(3, 1, 1, 1).expand(3, 16, 40, 40))
     assert (probabilities[0, :2] == 1).all() and (probabilities[0, 18:] == 1).all()
 
@@ -191,7 +192,8 @@ def test_mlcommons_child_runs_predict_with_the_reference_network(tmp_path):
     # preprocessed: 130 x 128 x 128 (depth kept at 1.6 mm; the short axes resampled, then padded
     # to 128); stride 16: 130 leaves 2 (below 8), cut 1 before and 1 after; 128 / 16 + 1 - 2 = 7
     # windows per axis
-    assert out.stdout.strip().splitlines()[-1] == "bench_backends: mlcommons windows 343"
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "summary.jsonl")]
+    assert [r["windows"] for r in rows if r["case"] == "scan"] == [343]
     labels = np.asarray(nibabel.load(str(tmp_path / "out" / "scan.nii.gz")).dataobj)
     assert labels.shape == (130, 40, 36)
     assert (labels[1:-1] == 1).all() and (labels[[0, -1]] == 0).all()
