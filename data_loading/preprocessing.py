@@ -280,7 +280,7 @@ def output_paths(results_dir: str, name: str) -> tuple[str, str]:
 
 def save_atomic(path: str, array: np.ndarray) -> None:
     """``np.save`` through :func:`atomic_write`: a crash leaves at most a hidden
-    ``.<name>.<pid>.tmp`` file, never a partial ``.npy``. (A file object, because np.save would
+    ``.<name>.<random>.tmp`` file, never a partial ``.npy``. (A file object, because np.save would
     append ".npy" to a temporary name.)"""
     write_or_explain(path, lambda handle: np.save(handle, array, allow_pickle=False))
 

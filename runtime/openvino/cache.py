@@ -12,9 +12,11 @@ into place, so a reader never sees half of one; entries of other weights are the
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -116,8 +118,7 @@ class CacheEntry:
         temp = None
         try:
             os.makedirs(self.folder, exist_ok=True)
-            temp = tempfile.mkdtemp(prefix=".building-", dir=self.folder)
-            os.chmod(temp, 0o777 & ~_umask())  # mkdtemp makes it private; the entry is not
+            temp = _new_folder(self.folder, ".building-")
             ov.save_model(ov_model, os.path.join(temp, "model.xml"), compress_to_fp16=False)
             with open(os.path.join(temp, "key.json"), "w") as handle:
                 json.dump(self.fields, handle, indent=1, sort_keys=True)
@@ -153,10 +154,18 @@ class CacheEntry:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _new_folder(parent: str, prefix: str) -> str:
+    """A new folder with an unused random name in ``parent``, created with the permissions
+    ``mkdir`` gives (0777 less the umask: the cache entry is shared like any other folder),
+    unlike ``mkdtemp``'s 0700, and without touching the process's umask."""
+    for _ in range(100):
+        path = os.path.join(parent, prefix + secrets.token_hex(6))
+        try:
+            os.mkdir(path, 0o777)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused folder name", os.path.join(parent, prefix + "*"))
 
 
 def _replace_folder(temp: str, final: str) -> None:
