@@ -40,6 +40,8 @@ class Config:
     device: str = "auto"
     exec_mode: str = "train"
     benchmark: bool = False
+    benchmark_steps: int = 0  # (new) --benchmark's budget: timed steps or volumes, 0 = none
+    benchmark_seconds: float = 0.0  # (new) and seconds of timed work, 0 = none
     seed: int = -1
     verbose: bool = False
     plot: bool = False
@@ -150,12 +152,44 @@ def _process_flags(g, d: Config) -> None:
     g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate", "predict"],
                    help="train to the target, evaluate --load_ckpt_path on the evaluation cases, or "
                         "predict: segment the raw NIfTI scans of --input into --output_dir")
-    g.add_argument("--benchmark", action="store_true", help="time iterations; no evaluation or checkpoints")
+    g.add_argument("--benchmark", action="store_true",
+                   help="time iterations and print the predicted MLPerf time to train (training: the steps, then "
+                        "one evaluation pass); no evaluation schedule, no checkpoints")
+    _benchmark_budget_flags(g, d)
     g.add_argument("--seed", type=int, default=d.seed, help="master seed; -1 = random from the OS")
     g.add_argument("--verbose", "-v", action="store_true", help="progress bars")
     g.add_argument("--plot", action="store_true",
                    help="(new) redraw <log_dir>/curves.png after each evaluation (rank 0, in the "
                         "background; needs matplotlib)")
+
+
+# --benchmark's budget (new): given without a value, a budget that suits a CPU; absent, --benchmark
+# times every step of --epochs as it always did. Checked against the mode in runtime.resolve.
+BENCHMARK_STEPS_CPU = 20
+BENCHMARK_SECONDS_CPU = 300.0
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {value}")
+    return seconds
+
+
+def _benchmark_budget_flags(g, d: Config) -> None:
+    g.add_argument("--benchmark_steps", type=positive_int, nargs="?", const=BENCHMARK_STEPS_CPU,
+                   default=d.benchmark_steps, metavar="N",
+                   help=f"(new) --benchmark: stop after N timed training steps (evaluate: volumes; training's "
+                        f"evaluation pass then times one volume per rank, extrapolated by windows); without N: "
+                        f"{BENCHMARK_STEPS_CPU}; absent (0): every step of --epochs")
+    g.add_argument("--benchmark_seconds", type=_positive_seconds, nargs="?", const=BENCHMARK_SECONDS_CPU,
+                   default=d.benchmark_seconds, metavar="S",
+                   help=f"(new) --benchmark: stop timing once S seconds of timed steps have run (the step "
+                        f"under way completed), and training's evaluation pass after S more (at least one "
+                        f"volume); without S: {BENCHMARK_SECONDS_CPU:g}; absent (0): no time limit")
 
 
 def _schedule_flags(g, d: Config) -> None:
