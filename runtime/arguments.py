@@ -108,6 +108,11 @@ class Config:
     # inference backend and memory (new): predict and evaluate
     backend: str = "auto"
     max_memory_gb: float = 0.0
+    # Derived once by runtime.resolve.resolve for evaluate and predict: where the sliding
+    # window's size comes from (a phrase: "from the checkpoint's training patch"), and for
+    # predict the sha256 of the weights it loads (recorded beside each segmentation).
+    window_source: str = ""
+    weights_sha256: str = ""
 
     @property
     def is_train(self) -> bool:
@@ -208,7 +213,9 @@ def _shape_flags(g, d: Config) -> None:
     g.add_argument("--layout", default=d.layout, choices=["NCDHW"], help="tensor layout")
     g.add_argument("--input_shape", nargs="+", type=int, default=list(d.input_shape), help="training patch")
     g.add_argument("--val_input_shape", nargs="+", type=int, default=list(d.val_input_shape),
-                   help="sliding-window size")
+                   help="sliding-window size; predict's default is the checkpoint's training patch "
+                        "(its --input_shape; 128 128 128 when the checkpoint records none), evaluate's "
+                        "the benchmark's 128 128 128")
 
 
 def _optimisation_flags(g, d: Config) -> None:
@@ -277,7 +284,9 @@ def _predict_flags(g, d: Config) -> None:
     g.add_argument("--preview", action="store_true",
                    help="(new) predict: a PNG per case of the slice with the most tumour (needs matplotlib)")
     g.add_argument("--force", action="store_true",
-                   help="(new) predict: segment scans whose output already exists (default: skip them)")
+                   help="(new) predict: segment every scan again (default: an existing output is reused "
+                        "when its record says it was made the way this run would make it, else "
+                        "segmented again)")
     g.add_argument("--int8", action="store_true",
                    help="(new) predict on a CPU: 3x3x3 convolutions in int8 (oneDNN, VNNI), channels-last; "
                         "faster, with 8-bit rounding in the logits (docs/performance.md)")
