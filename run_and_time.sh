@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MLPerf timed run, as the reference's run_and_time.sh: clear the caches, train to the
 # target quality with the reference's hyper-parameters, print the start and end times. The
-# program itself logs the MLPerf `cache_clear` event and prints the final RESULT line.
+# program logs the MLPerf `cache_clear` event (true only when the cache was dropped) and prints
+# the final RESULT line.
 #
 #   ./run_and_time.sh [SEED] [more main.py flags...]
 #
@@ -60,19 +61,18 @@ prepare_synthetic() {
     run touch "$data/.complete"
 }
 
-# Drop the page cache so that the timed run reads its data cold, as the reference asks; only
-# root outside a container may, so skip it quietly everywhere else.
+# Drop the page cache so that the timed run reads its data cold, as the reference asks (root
+# or `sudo -n sysctl`; CLEAR_CACHES=0 skips it). The program is told whether it happened
+# (UNET3D_CACHE_CLEARED) and logs the MLPerf `cache_clear` event with that value.
+# shellcheck source=scripts/lib/page_cache.sh
+source "$REPO_DIR/scripts/lib/page_cache.sh"
 clear_page_cache() {
     if [[ ${DRY_RUN:-0} == 1 ]]; then
         echo 'sync; echo 3 > /proc/sys/vm/drop_caches'
         return 0
     fi
-    sync
-    if [[ -w /proc/sys/vm/drop_caches ]] && { echo 3 > /proc/sys/vm/drop_caches; } 2>/dev/null; then
-        echo "page cache dropped" >&2
-    else
-        echo "page cache not dropped (needs root outside a container)" >&2
-    fi
+    drop_page_cache "$(hostname -s)"
+    export UNET3D_CACHE_CLEARED=$CACHE_CLEARED
 }
 
 # Timestamps are real output; in a dry run stdout holds only the commands.

@@ -203,7 +203,7 @@ def test_multi_node_dry_run_prints_one_torchrun_per_node_with_rendezvous_on_firs
     assert host == "node-a1" and port.isdigit()
     flags = main_py_args(torchrun)
     assert flags[-len(USER_FLAGS):] == USER_FLAGS
-    assert option(flags, "--data_dir") == "/scratch/kits19"
+    assert option(flags, "--data_dir") == "/scratch/unet3d-job-4242/kits19"
 
     container = launch[launch.index("apptainer"):launch.index(LAUNCHER) - 1]
     assert container[:3] == ["apptainer", "exec", "--rocm"]
@@ -217,7 +217,7 @@ def test_multi_node_dry_run_prints_one_torchrun_per_node_with_rendezvous_on_firs
     # (stage.sh around), in the same step as its torchrun, with --kill-on-bad-exit=1.
     assert "--kill-on-bad-exit=1" in launch[:launch.index("bash")]
     assert launch[launch.index("bash"):launch.index("bash") + 6] == [
-        "bash", STAGE, "around", f"{tmp_path}/shared/kits19", "/scratch/slurm-4242/kits19", "--"]
+        "bash", STAGE, "around", f"{tmp_path}/shared/kits19", "/scratch/slurm-4242/unet3d-job-4242", "--"]
     # A dry run asks scontrol for the hosts and runs nothing else.
     assert calls(tmp_path) == ["scontrol show hostnames node-a1,node-b7"]
 
@@ -259,7 +259,7 @@ done
 exec "$@"
 """)
     write_executable(bin_dir / "fake-python", """#!/usr/bin/env bash
-ls "$SCRATCH/kits19" > "$SCRATCH/../seen-by-training"
+ls "$SCRATCH/unet3d-job-4242/kits19" > "$SCRATCH/../seen-by-training"
 exit 3
 """)
     data = tmp_path / "shared" / "kits19"
@@ -273,7 +273,7 @@ exit 3
     srun_calls = [c for c in calls(tmp_path) if c.startswith("srun")]
     assert len(srun_calls) == 1 and "--kill-on-bad-exit=1" in srun_calls[0].split()
     assert (tmp_path / "scratch" / "seen-by-training").read_text().split() == ["case_00000_x.npy"]
-    assert not (scratch / "kits19").exists() and os.listdir(scratch) == []
+    assert os.listdir(scratch) == []
     assert (tmp_path / "results").is_dir()
 
 
@@ -300,7 +300,7 @@ def test_single_node_dry_run_uses_standalone_torchrun(tmp_path):
     assert "--nnodes" not in torchrun and "srun" not in launch
     assert main_py_args(torchrun)[-len(USER_FLAGS):] == USER_FLAGS
     staged = launch[:launch.index("--") + 1]
-    assert staged == ["bash", STAGE, "around", f"{tmp_path}/shared/kits19", "/scratch/slurm-4242/kits19", "--"]
+    assert staged == ["bash", STAGE, "around", f"{tmp_path}/shared/kits19", "/scratch/slurm-4242/unet3d-job-4242", "--"]
     assert launch[len(staged):][:3] == ["apptainer", "exec", "--rocm"]
 
 
@@ -311,7 +311,7 @@ def test_single_node_without_container_runs_on_the_host(tmp_path):
     _, launch = the_command(commands(proc.stdout), LAUNCHER)
     assert launch[launch.index("--") + 1:][:2] == ["python3", LAUNCHER] and "apptainer" not in launch
     flags = main_py_args(launch)
-    assert option(flags, "--data_dir") == str(tmp_path / "scratch" / "kits19")
+    assert option(flags, "--data_dir") == str(tmp_path / "scratch" / "unet3d-job-4242" / "kits19")
     assert option(flags, "--log_dir") == str(tmp_path / "results")
 
 
@@ -628,7 +628,7 @@ def test_stage_keeps_an_early_time_limit_warning_until_the_command_can_take_it(t
                "while not got and time.time() < deadline:\n"
                "    time.sleep(0.05)\n"
                "open(sys.argv[1], 'w').write('warned' if got else 'not warned')\n")
-    proc = subprocess.Popen(["bash", STAGE, "around", str(data), str(tmp_path / "scratch" / "kits19"), "--",
+    proc = subprocess.Popen(["bash", STAGE, "around", str(data), str(tmp_path / "scratch" / "job"), "--",
                              sys.executable, "-c", command, str(seen)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -643,4 +643,137 @@ def test_stage_keeps_an_early_time_limit_warning_until_the_command_can_take_it(t
             proc.kill()
     assert proc.returncode == 0, err
     assert seen.read_text() == "warned"
-    assert not (tmp_path / "scratch" / "kits19").exists()
+    assert os.listdir(tmp_path / "scratch") == []
+
+
+# --------------------------------------------------------------------------- staging on a user's scratch
+
+def stage(tmp_path: Path, *args: str, job: str = "4242", restart: str = "0", node: str = "node-a1",
+          **extra: str) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "SLURM_JOB_ID": job,
+           "SLURM_RESTART_COUNT": restart, "SLURMD_NODENAME": node, "CLEAR_CACHES": "0", **extra}
+    return subprocess.run(["bash", STAGE, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def dataset(folder: Path, cases: int = 2) -> Path:
+    folder.mkdir(parents=True)
+    for i in range(cases):
+        (folder / f"case_{i:05d}_x.npy").write_bytes(bytes([i]) * (100 + i))
+    return folder
+
+
+def test_two_jobs_on_one_scratch_keep_their_own_copies(tmp_path):
+    """A sweep on the user's one $SCRATCH: each job stages into its own folder; the job that
+    ends first removes its folder only, never the other job's copy or sign-ins."""
+    data = dataset(tmp_path / "data")
+    scratch = tmp_path / "scratch"
+    for job in ("101", "102"):
+        proc = stage(tmp_path, "copy", str(data), str(scratch / f"unet3d-job-{job}"), job=job)
+        assert proc.returncode == 0, proc.stderr
+    assert stage(tmp_path, "remove", str(scratch / "unet3d-job-102"), job="102").returncode == 0
+    assert sorted(os.listdir(scratch)) == ["unet3d-job-101", "unet3d-job-101.lock"]
+    assert tree(scratch / "unet3d-job-101" / "kits19") == {**tree(data), ".staged": b""}
+    assert os.listdir(scratch / "unet3d-job-101" / ".users") == ["101.0.node-a1"]
+    stage(tmp_path, "remove", str(scratch / "unet3d-job-101"), job="101")
+    assert os.listdir(scratch) == []
+
+
+def test_a_folder_the_job_did_not_create_is_never_replaced_or_removed(tmp_path):
+    data = dataset(tmp_path / "data")
+    theirs = tmp_path / "scratch" / "unet3d-job-4242"
+    dataset(theirs / "kits19", cases=1)            # same name, made by the user (no marker)
+    before = tree(theirs)
+    proc = stage(tmp_path, "copy", str(data), str(theirs))
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {theirs} exists and was not made by this job: left untouched; remove it or set SCRATCH elsewhere"]
+    assert stage(tmp_path, "remove", str(theirs)).returncode == 0
+    assert tree(theirs) == before and sorted(os.listdir(theirs.parent)) == ["unet3d-job-4242"]
+    # another job's staging folder of the same name (a job id reused by another cluster)
+    proc = stage(tmp_path, "copy", str(data), str(tmp_path / "scratch" / "other"), job="9")
+    assert proc.returncode == 0
+    assert stage(tmp_path, "copy", str(data), str(tmp_path / "scratch" / "other"), job="10").returncode == 1
+
+
+def test_a_requeued_attempt_reuses_its_earlier_attempts_copy_and_sign_ins_of_that_attempt_end(tmp_path):
+    data = dataset(tmp_path / "data")
+    stage_dir = tmp_path / "scratch" / "unet3d-job-4242"
+    assert stage(tmp_path, "copy", str(data), str(stage_dir), node="n2").returncode == 0   # attempt 1, killed
+    proc = stage(tmp_path, "copy", str(data), str(stage_dir), restart="1", node="n1")
+    assert proc.returncode == 0 and "already staged" in proc.stdout
+    assert os.listdir(stage_dir / ".users") == ["4242.1.n1"]
+    stage(tmp_path, "remove", str(stage_dir), restart="1", node="n1")
+    assert not stage_dir.exists()
+
+
+def test_scratch_inside_the_dataset_or_the_dataset_inside_the_stage_is_refused(tmp_path):
+    data = dataset(tmp_path / "data")
+    proc = stage(tmp_path, "copy", str(data), str(data / "scratch" / "unet3d-job-4242"))
+    assert proc.returncode == 1 and "inside DATA_DIR" in proc.stderr and tree(data).keys() == {
+        "case_00000_x.npy", "case_00001_x.npy"}
+    inner = tmp_path / "scratch" / "unet3d-job-4242"
+    dataset(inner / "kits19")
+    proc = stage(tmp_path, "copy", str(inner / "kits19"), str(inner))
+    assert proc.returncode == 1 and "inside the staging folder" in proc.stderr
+
+
+def fake_python_job(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """single_node.sbatch for real (no DRY_RUN) with a fake python that records what it was
+    given: the data folder and the cache flag."""
+    bin_dir = fake_slurm_bin(tmp_path)
+    seen = tmp_path / "seen"
+    write_executable(bin_dir / "fake-python", f"""#!/usr/bin/env bash
+while [[ $# -gt 0 && $1 != --data_dir ]]; do shift; done
+{{ echo "$2"; ls "$2"; echo "cache=$UNET3D_CACHE_CLEARED"; }} > {shlex.quote(str(seen))}
+""")
+    env = slurm_env(tmp_path, bin_dir, CONTAINER="", PYTHON="fake-python", GPUS_PER_NODE="1", **settings)
+    return run_script(SINGLE_NODE, env, cwd=tmp_path, check=False), seen
+
+
+def test_a_dataset_kept_on_scratch_is_used_in_place_and_left_byte_identical(tmp_path):
+    scratch = tmp_path / "scratch"
+    data = dataset(scratch / "kits19")
+    before = tree(scratch)
+    proc, seen = fake_python_job(tmp_path, SCRATCH=str(scratch), DATA_DIR=str(data), CLEAR_CACHES="0")
+    assert proc.returncode == 0, proc.stderr
+    assert f"data {data} used in place (it is already under SCRATCH={scratch})" in proc.stderr
+    assert seen.read_text().splitlines() == [str(data), "case_00000_x.npy", "case_00001_x.npy", "cache=0"]
+    assert "page cache not dropped (CLEAR_CACHES=0)" in proc.stderr
+    assert tree(scratch) == before and os.listdir(scratch) == ["kits19"]
+
+
+def test_a_users_own_kits19_on_scratch_is_untouched_by_a_job_staging_another_dataset(tmp_path):
+    scratch = tmp_path / "scratch"
+    own = dataset(scratch / "kits19", cases=1)
+    before = tree(own)
+    data = dataset(tmp_path / "shared" / "kits19")
+    proc, seen = fake_python_job(tmp_path, SCRATCH=str(scratch), DATA_DIR=str(data), CLEAR_CACHES="0")
+    assert proc.returncode == 0, proc.stderr
+    assert seen.read_text().splitlines()[0] == str(scratch / "unet3d-job-4242" / "kits19")
+    assert tree(own) == before and os.listdir(scratch) == ["kits19"]
+
+
+def test_two_jobs_on_one_node_get_different_rendezvous_ports(tmp_path):
+    """Job 4242's first choice (29500 + 4242 mod 1000) is taken, as by job 3242's rendezvous on
+    the same node: the job takes the next free port."""
+    import socket
+
+    bin_dir = fake_slurm_bin(tmp_path)
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("", 29742))
+        except OSError:
+            pytest.skip("port 29742 is in use here already")
+        taken.listen()
+        env = slurm_env(tmp_path, bin_dir, SLURM_NNODES="2", SLURM_JOB_NODELIST="node-a1,node-b7", CONTAINER="",
+                        CLEAR_CACHES="0")
+        (tmp_path / "shared" / "kits19").mkdir(parents=True)
+        run_script(MULTI_NODE, env, cwd=tmp_path)
+    srun = [c for c in calls(tmp_path) if c.startswith("srun")]
+    port = option(srun[0].split(), "--rdzv_endpoint").split(":")[1]
+    assert port.isdigit() and int(port) != 29742 and int(port) > 29742

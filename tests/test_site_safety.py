@@ -169,3 +169,22 @@ def test_openvino_cache_entry_keeps_the_process_umask(tmp_path, monkeypatch):
         monkeypatch.undo()
         os.umask(old)
     assert (os.stat(entry.path).st_mode & 0o777) == 0o750
+
+
+@pytest.mark.parametrize("env, logged", [(None, False), ("0", False), ("1", True)])
+def test_cache_clear_is_logged_true_only_when_the_cache_was_dropped(tmp_path, monkeypatch, env, logged):
+    """The job scripts and run_and_time.sh drop the page cache and say so in
+    UNET3D_CACHE_CLEARED; without that word the MLPerf log must not claim it (the compliance
+    checker only asks for the key with a value)."""
+    from runtime.arguments import parse_args
+    from runtime.run_log import MLPerfLogger
+
+    if env is None:
+        monkeypatch.delenv("UNET3D_CACHE_CLEARED", raising=False)
+    else:
+        monkeypatch.setenv("UNET3D_CACHE_CLEARED", env)
+    log = MLPerfLogger(str(tmp_path), enabled=True)
+    log.submission_info(parse_args(["--data_dir", str(tmp_path)]))
+    log.close()
+    records = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (tmp_path / "unet3d.log").read_text().splitlines()]
+    assert [r["value"] for r in records if r["key"] == "cache_clear"] == [logged]

@@ -9,7 +9,12 @@
 #   GPU_VENDOR    amd (apptainer --rocm), nvidia (--nv) or none
 #   APPTAINER     the container runtime's command (apptainer; singularity on older sites)
 #   DATA_DIR      preprocessed dataset on the large, slow shared filesystem
-#   SCRATCH       fast per-job folder on each node; the dataset is copied there first
+#   SCRATCH       fast folder on each node (per job, or the user's own persistent one); the
+#                 dataset is copied into the job's own SCRATCH/unet3d-job-<job id> first and
+#                 that folder alone is removed after; a DATA_DIR already under SCRATCH is
+#                 used in place (nothing copied, nothing removed)
+#   STAGE=0       use DATA_DIR in place, never copy it
+#   CLEAR_CACHES  1 (default): drop each node's page cache before the run (root or sudo -n)
 #   RESULTS_DIR   where the MLPerf log, log.json and the checkpoint go
 #   CODE_DIR      checkout that holds main.py, as seen in the container (Apptainer mounts
 #                 $HOME; a checkout elsewhere is bound at the same path; /opt/unet3d is the
@@ -62,11 +67,25 @@ set_common_defaults() {
             NUM_WORKERS=8
         fi
     fi
+    # This job's own staging folder: the only thing on SCRATCH the job creates and removes.
+    STAGE_DIR=$SCRATCH/unet3d-job-$JOB_ID
+    # A dataset already on SCRATCH (a user's persistent scratch) is read where it is: copying
+    # it would cost time and space for nothing. SCRATCH inside DATA_DIR is refused by stage.sh.
+    local data scratch
+    data=$(realpath -m "$DATA_DIR") scratch=$(realpath -m "$SCRATCH")
+    IN_PLACE=0
+    if [[ ${STAGE:-1} == 0 ]]; then
+        IN_PLACE=1 IN_PLACE_WHY="STAGE=0"
+    elif [[ $data == "$scratch" || $data == "$scratch"/* ]]; then
+        IN_PLACE=1 IN_PLACE_WHY="it is already under SCRATCH=$SCRATCH"
+    fi
     # Paths as the training process sees them (inside the container when there is one).
-    DATA_IN_JOB=/scratch/kits19
+    DATA_IN_JOB=/scratch/$(basename "$STAGE_DIR")/kits19
+    (( IN_PLACE )) && DATA_IN_JOB=/data
     RESULTS_IN_JOB=/results
     if [[ -z $CONTAINER ]]; then
-        DATA_IN_JOB=$SCRATCH/kits19
+        DATA_IN_JOB=$STAGE_DIR/kits19
+        (( IN_PLACE )) && DATA_IN_JOB=$DATA_DIR
         RESULTS_IN_JOB=$RESULTS_DIR
     fi
 }
@@ -125,17 +144,43 @@ container_prefix() {
 }
 
 # The training command, run once per node by the job scripts: scripts/slurm/stage.sh copies
-# the dataset to SCRATCH (once per node, or once for nodes that share SCRATCH), runs torchrun
-# through scripts/slurm/launch.py (the scheduler's signals handled, no traceback when a job is
-# stopped) and removes the copy however the run ends. Arguments: torchrun's own flags.
-# Sets the array NODE_TASK.
+# the dataset into the job's own folder on SCRATCH (once per node, or once for nodes that
+# share SCRATCH), drops the page cache, runs torchrun through scripts/slurm/launch.py (the
+# scheduler's signals handled, no traceback when a job is stopped) and removes the job's folder
+# however the run ends; with IN_PLACE it only drops the cache and runs. Arguments: torchrun's
+# own flags. Sets the array NODE_TASK.
 node_task() {
     [[ ${DRY_RUN:-0} == 1 || -d $DATA_DIR ]] ||
         die "DATA_DIR=$DATA_DIR is not a folder: set it to the preprocessed dataset"
+    local stage=(around "$DATA_DIR" "$STAGE_DIR")
+    (( IN_PLACE )) && stage=(in-place "$DATA_DIR")
     # shellcheck disable=SC2034  # used by the job scripts
-    NODE_TASK=(bash "$REPO_DIR/scripts/slurm/stage.sh" around "$DATA_DIR" "$SCRATCH/kits19" --
+    NODE_TASK=(bash "$REPO_DIR/scripts/slurm/stage.sh" "${stage[@]}" --
         ${LAUNCH[@]+"${LAUNCH[@]}"} "${PYTHON:-python3}" "$CODE_DIR/scripts/slurm/launch.py" "$@"
         "$CODE_DIR/main.py" "${TRAIN_ARGS[@]}")
+}
+
+# rendezvous_port BASE: the first port from BASE up that nothing on this host listens on (the
+# batch script runs on the job's first node, where the rendezvous lives), so two jobs sharing
+# a node never meet at one port. BASE itself where no Python is at hand to look.
+rendezvous_port() {
+    local base=$1
+    if [[ ${DRY_RUN:-0} == 1 ]] || ! command -v python3 >/dev/null 2>&1; then
+        echo "$base"
+        return 0
+    fi
+    python3 - "$base" <<'PY' || echo "$base"
+import socket, sys
+base = int(sys.argv[1])
+for port in list(range(base, 65536)) + list(range(1024, base)):
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            continue
+    print(port)
+    break
+PY
 }
 
 # A requeued job (its own requeue before the time limit, a pre-emption, an administrator's
@@ -212,5 +257,9 @@ after_stop() {
 print_settings() {
     printf 'job %s: %s node(s) x %s GPU(s), container %s (%s)\n' \
         "$JOB_ID" "${NNODES:-1}" "$GPUS_PER_NODE" "${CONTAINER:-none}" "$GPU_VENDOR" >&2
-    printf 'data %s -> %s/kits19, results %s\n' "$DATA_DIR" "$SCRATCH" "$RESULTS_DIR" >&2
+    if (( IN_PLACE )); then
+        printf 'data %s used in place (%s), results %s\n' "$DATA_DIR" "$IN_PLACE_WHY" "$RESULTS_DIR" >&2
+    else
+        printf 'data %s -> %s/kits19 (removed after), results %s\n' "$DATA_DIR" "$STAGE_DIR" "$RESULTS_DIR" >&2
+    fi
 }
