@@ -92,6 +92,13 @@ def resolve_predict(config: Config, device: torch.device) -> Config:
     return replace(config, device=device.type)
 
 
+def check_benchmark_budget(config: Config) -> None:
+    """``--benchmark_steps`` / ``--benchmark_seconds`` budget ``--benchmark`` only."""
+    for name in ("benchmark_steps", "benchmark_seconds"):
+        if getattr(config, name) and not config.benchmark:
+            raise UsageError(f"--{name} is the budget of --benchmark (train or evaluate); add --benchmark or drop it")
+
+
 def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = None) -> Config:
     """The run's config with every derived value decided.
 
@@ -103,6 +110,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = N
     from data_loading.data_loader import resolve_cache
 
     device = dist_info.device
+    check_benchmark_budget(config)
     if saved is not None:
         config = architecture_from(config, saved)
     if config.exec_mode == "predict":
