@@ -29,7 +29,7 @@ from runtime.memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
                              keep_previous, remove_if_empty)
 from runtime.progress import make_progress
-from runtime.resolve import resolve
+from runtime.resolve import resolve, window_line
 from runtime.signals import PreemptionFlag
 from runtime.training.loop import Reporters, run_evaluation, run_training
 
@@ -249,6 +249,7 @@ def evaluate_body(session: Session) -> int:
             f"eval_loss {metrics['eval_loss']:.4f}  cases {metrics['eval_cases']}")
     if saved is not None:
         out.say(f"weights: {ckpt.weights_description(saved.checkpoint)} of {saved.path}")
+    out.say(window_line(components.config))  # the benchmark's 128³ unless --val_input_shape
     for line in explain_scores(cases):
         out.say(line)
     out.metrics.write(BACKEND, backend=backend.backend, why=backend.why)

@@ -10,7 +10,7 @@ import torch
 
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, replace
-from runtime.checkpoint import Saved, saved_config, saved_seed
+from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed
 from runtime.schedule import eval_schedule, samples_per_epoch
 
 
@@ -80,6 +80,60 @@ def architecture_from(config: Config, saved: Saved) -> Config:
     return replace(config, **changes)
 
 
+def shape_text(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def training_patch(saved: Saved | None) -> tuple[tuple[int, ...] | None, str]:
+    """``(patch, "")``: the ``--input_shape`` the checkpoint was trained with, or ``(None, why
+    not)`` (a reference checkpoint or one that records none, or a shape no window can have)."""
+    from model.unet3d import SHAPE_DIVISOR
+
+    if saved is None:
+        return None, "no checkpoint"
+    patch = saved_config(saved.checkpoint).get("input_shape")
+    if patch is None:
+        return None, "the checkpoint records no training patch"
+    try:
+        patch = tuple(int(s) for s in patch)
+    except (TypeError, ValueError):
+        return None, f"the checkpoint's training patch {patch!r} is no shape"
+    if len(patch) != 3 or not all(s > 0 and s % SHAPE_DIVISOR == 0 for s in patch):
+        return None, f"the checkpoint's training patch {list(patch)} is no window of 3 multiples of {SHAPE_DIVISOR}"
+    return patch, ""
+
+
+def window_from(config: Config, saved: Saved | None) -> Config:
+    """The sliding window and where it comes from (``window_source``, for :func:`window_line`).
+
+    A given ``--val_input_shape`` wins. Otherwise predict takes the checkpoint's training patch
+    (a network has not seen windows larger than its patches, mostly pad), or the default when
+    the checkpoint records none; evaluate (and training's evaluations) keep the default, the
+    benchmark's window, since they compute the benchmark's number."""
+    patch, why_not = training_patch(saved)
+    other = patch is not None and patch != tuple(config.val_input_shape)
+    trained = f"the checkpoint was trained on {shape_text(patch)} patches" if other else ""
+    if "val_input_shape" in config.explicit:
+        return replace(config, window_source="from --val_input_shape" + (f" ({trained})" if trained else ""))
+    if config.exec_mode != "predict":
+        return replace(config, window_source="(the default, the benchmark's" + (f"; {trained}" if trained else "") + ")")
+    if patch is not None:
+        return replace(config, val_input_shape=patch, window_source="from the checkpoint's training patch")
+    return replace(config, window_source=f"(the default: {why_not})")
+
+
+def window_line(config: Config) -> str:
+    """"window 64x64x64 from the checkpoint's training patch" (a resolved ``config``)."""
+    return f"window {shape_text(config.val_input_shape)} {config.window_source}".rstrip()
+
+
+def weights_sha256(saved: Saved) -> str:
+    """sha256 of the weights predict loads from ``saved`` (:mod:`runtime.predict.provenance`)."""
+    from runtime.predict.provenance import weights_digest
+
+    return weights_digest(model_state_from(saved.checkpoint, prefer="best"))
+
+
 def resolve_predict(config: Config, device: torch.device) -> Config:
     """Predict's values: batch norm for a sync-batch-norm network (the same weights; inference
     needs no cross-rank statistics), the AMP type, the device; ``--int8`` on the CPU only."""
@@ -104,7 +158,8 @@ def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = N
 
     ``data``: the data source (``summary(config)``; see ``data_loading.data_loader``; None for
     predict); ``saved``: the checkpoint the run starts from (its network flags fill those not
-    given; a resumed run also keeps its master seed), or None.
+    given, its training patch predict's window: :func:`window_from`; a resumed run also keeps
+    its master seed), or None.
     The seed is drawn on rank 0 and broadcast, so this is a collective: call it on every rank.
     """
     from data_loading.data_loader import resolve_cache
@@ -113,7 +168,10 @@ def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = N
     check_benchmark_budget(config)
     if saved is not None:
         config = architecture_from(config, saved)
+    config = window_from(config, saved)
     if config.exec_mode == "predict":
+        if saved is not None:
+            config = replace(config, weights_sha256=weights_sha256(saved))
         return resolve_predict(config, device)
     check_device_support(config, dist_info)
     if config.amp:

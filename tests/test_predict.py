@@ -115,7 +115,7 @@ def test_ground_truth_oracle_comes_back_to_the_segmentation(tmp_path, name):
     assert np.array_equal(written.affine, source.affine)
     kidney, tumour = label_map_dice(labels, truth)
     assert kidney >= 0.97 and tumour >= 0.97, (kidney, tumour)
-    assert (result.kidney_dice, result.tumour_dice) == (kidney, tumour)
+    assert (result.l1_dice, result.l2_dice) == (kidney, tumour)
     voxel_ml = np.prod(spacing) / 1000
     assert result.kidney_ml == pytest.approx(np.count_nonzero(labels == 1) * voxel_ml, rel=1e-6)
     assert result.tumour_ml == pytest.approx(np.count_nonzero(labels == 2) * voxel_ml, rel=1e-6)
@@ -351,7 +351,7 @@ def test_good_and_bad_scans_in_one_folder(tmp_path, tiny_checkpoint, capsys):
     assert len(lines) == 2 and "Traceback" not in stderr, stderr
     assert any("corrupt.nii.gz" in line for line in lines) and any("four_d.nii" in line and "3-D" in line for line in lines)
     assert "failed scans: corrupt, four_d" in stdout
-    assert sorted(os.listdir(out)) == ["good.nii.gz", "summary.csv", "summary.jsonl"]
+    assert sorted(os.listdir(out)) == ["good.nii.gz", "good.provenance.json", "summary.csv", "summary.jsonl"]
     rows = list(csv.DictReader(open(out / "summary.csv")))
     assert [(r["case"], r["status"]) for r in rows] == [("corrupt", "failed"), ("four_d", "failed"), ("good", "segmented")]
     assert np.asarray(nibabel.load(str(out / "good.nii.gz")).dataobj).shape == (20, 24, 22)
@@ -448,9 +448,9 @@ def test_skip_existing_then_force_and_summary(tmp_path, tiny_checkpoint, capsys)
     assert code == 0 and "0 segmented, 1 skipped" in stdout and os.stat(output).st_mtime == 1
     rows = [json.loads(line) for line in (tmp_path / "out" / "summary.jsonl").read_text().splitlines()]
     assert rows[0]["status"] == "skipped" and rows[-1]["case"] == "mean"
-    for key in ("kidney_ml", "tumour_ml", "kidney_dice", "tumour_dice"):  # recomputed from the file
+    for key in ("kidney_ml", "tumour_ml", "l1_dice", "l2_dice"):  # recomputed from the file
         assert rows[0][key] == pytest.approx(first[key]), key
-    assert rows[-1]["mean_dice"] == pytest.approx((first["kidney_dice"] + first["tumour_dice"]) / 2)
+    assert rows[-1]["mean_dice"] == pytest.approx((first["l1_dice"] + first["l2_dice"]) / 2)
     code, stdout, _ = run_main(capsys, *argv, "--force")
     assert code == 0 and "1 segmented, 0 skipped" in stdout and os.stat(output).st_mtime > 1
 
@@ -546,7 +546,7 @@ def test_predict_dice_agrees_with_evaluate(tmp_path):
     assert predict.returncode == 0, predict.stderr[-2000:]
     rows = {r["case"]: r for r in map(json.loads, open(tmp_path / "out" / "summary.jsonl"))}
     evaluation = [f"case_{i:05d}" for i in (0, 3, 5, 6)]
-    for key, theirs in (("mean_dice", "mean_dice"), ("kidney_dice", "l1_dice"), ("tumour_dice", "l2_dice")):
+    for key, theirs in (("mean_dice", "mean_dice"), ("l1_dice", "l1_dice"), ("l2_dice", "l2_dice")):
         ours = float(np.mean([rows[c][key] for c in evaluation]))
         assert abs(ours - record[theirs]) <= 0.05, (key, ours, record[theirs])
     # the model learnt the kidney (0.54 at seed 0; the tumour not yet after 12 epochs), so the

@@ -141,7 +141,8 @@ def test_a_full_output_disk_names_the_file_stops_and_keeps_the_summary_then_resu
         assert "summary" in lines[1] and no_space in lines[1]       # and its rows follow on stdout
         printed = {r["case"]: r for r in map(json.loads, (l for l in stdout.splitlines() if l.startswith("{")))}
         assert [printed[c]["status"] for c in "abc"] == ["segmented", "failed", "not run"]
-        assert sorted(n for n in os.listdir(disk) if n != "filler") == ["a.nii.gz"]   # no partial file
+        assert sorted(n for n in os.listdir(disk) if n != "filler") == ["a.nii.gz",   # no partial file;
+                                                                        "a.provenance.json"]   # a's record
         monkeypatch.setattr(predict_module, "write_segmentation", original)
         os.remove(os.path.join(disk, "filler"))                     # space again: run the same command
         code, stdout, stderr = predict(capsys, folder, disk, checkpoint)

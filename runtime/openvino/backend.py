@@ -100,13 +100,17 @@ def predict_windows(config: Config, device: torch.device, load: Callable[[Config
                     is_main: bool = True) -> tuple[Callable[[torch.Tensor], torch.Tensor], Config]:
     """``(predict, config)`` for ``--exec_mode predict``: the window predictor
     (:func:`runtime.predictor.build_predictor`) of the backend chosen here, and the config with
+    that backend (``torch`` or ``openvino``: predict records it beside each segmentation) and
     the window batch bounded by ``--max_memory_gb`` (:mod:`runtime.predict.memory_budget`).
     ``load(config, device)`` returns the trained PyTorch model (eval mode)."""
+    import dataclasses
+
     from runtime.openvino.calibration import calibration_unavailable
     from runtime.predict.memory_budget import bounded_window_batch
 
     choice = choose_backend(config, device, lambda: calibration_unavailable(config))
     say(f"backend: {choice.why}", is_main)
+    config = dataclasses.replace(config, backend=choice.backend)
     if choice.backend == "torch":
         if config.int8 and int8_available() is not None:
             raise UsageError(f"--int8: {int8_available()}")

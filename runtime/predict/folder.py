@@ -2,7 +2,11 @@
 summary always written.
 
 Each scan of this rank goes through :func:`runtime.predict.segment_scan` after its header is
-checked (:func:`data_loading.scan_checks.check_header`, before any voxel is read). Any failure
+checked (:func:`data_loading.scan_checks.check_header`, before any voxel is read), unless its
+output exists and the record beside it says it was made the way this run would make it
+(:mod:`runtime.predict.provenance`: the same version, weights, backend, int8, AMP, TTA, window,
+overlap and input); an output made otherwise is removed, with its record and preview, and the
+scan segmented again. Any failure
 inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
 summary row with its status, never the folder's end; once the output disk is full, the
 remaining scans are "not run" and the summary names them. Rank 0 writes the summary
@@ -19,13 +23,16 @@ import torch
 
 from data_loading.scan_checks import check_header
 from data_loading.scans import Scan, ScanError, find_scans, output_path
+from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.checkpoint import Saved
 from runtime.openvino.backend import predict_windows
+from runtime.predict.provenance import PendingRecord, difference, input_digest, read_record, record_path, run_fields
 from runtime.predict.scan import (OutputWriteError, ScanInference, load_trained_model, one_line_reason, segment_scan,
                                   summarise_existing)
 from runtime.predict.summary import CaseResult, print_outcome, save_summary
+from runtime.resolve import window_line
 from runtime.signals import Stopped
 
 
@@ -45,15 +52,58 @@ def failure_message(scan: Scan, exc: BaseException) -> str:
     return f"{scan.image_path}: {one_line_reason(exc)[:300]}"
 
 
-def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
-    """Segment (or skip) one scan, its header checked before any voxel is read; every failure
-    inside it (bad input, out of memory, an allocator error, a full output disk) is its result."""
-    path = output_path(config.output_dir, scan)
+def remove_output(path: str) -> None:
+    """Remove ``path`` if it exists; a failure is an :class:`OutputWriteError` naming it."""
     try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise OutputWriteError(path, f"cannot remove it ({write_failure(exc) or exc.strerror})", False) from None
+
+
+def pending_record(path: str, record: dict, output: str) -> PendingRecord:
+    """:class:`PendingRecord` of ``output``; a failure to write it names both files."""
+    return write_or_raise(lambda: PendingRecord(path, record), lambda reason, exc: OutputWriteError(
+        path, f"{reason} (the record of {output})", is_full_disk(exc)))
+
+
+def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
+    """Segment (or reuse) one scan, its header checked before any voxel is read; every failure
+    inside it (bad input, out of memory, an allocator error, a full output disk) is its result.
+
+    An existing output is reused when its record matches this run (never with ``--force``);
+    one made otherwise is removed first, with its record and preview, so that a failure of this
+    run never leaves another run's segmentation behind. The new record is written before the
+    scan is segmented and takes its place only after the segmentation has taken its own."""
+    path = output_path(config.output_dir, scan)
+    record = record_path(path)
+    try:
+        current = dict(run_fields(config))
+        replaced = ""
         if os.path.exists(path) and not config.force:
-            return summarise_existing(scan, path)
+            current["input_sha256"] = input_digest(scan.image_path)
+            stored, why_none = read_record(record)
+            replaced = difference(stored, why_none, current)
+            if replaced is None:
+                result = summarise_existing(scan, path)
+                result.provenance = stored
+                return result
+        # what claims or shows an earlier output goes first; with --force the output itself is
+        # kept until the new one replaces it
+        for stale in (record, os.path.join(config.output_dir, f"{scan.name}.png")) + ((path,) if replaced else ()):
+            remove_output(stale)
         check_header(scan.image_path)
-        return segment_scan(scan, infer, config.output_dir, config.preview)
+        if "input_sha256" not in current:
+            current["input_sha256"] = input_digest(scan.image_path)
+        pending = pending_record(record, current, path)
+        try:
+            result = segment_scan(scan, infer, config.output_dir, config.preview)
+            write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(record, reason, is_full_disk(exc)))
+        finally:
+            pending.discard()
+        result.provenance, result.replaced = current, replaced or ""
+        return result
     except Stopped:  # SIGTERM / SIGUSR1: the run stops, it is no failure of this scan
         raise
     except Exception as exc:  # noqa: BLE001 - one scan's failure is never the folder's end
@@ -113,6 +163,8 @@ def scan_inference(config: Config, saved: Saved, dist_info: D.DistInfo) -> tuple
 def predict_scans(config: Config, saved: Saved, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
     """Load the model of the resolved ``config``, segment this rank's share of ``scans``, write
     the summary (rank 0); the exit code."""
+    if dist_info.is_main:
+        print(window_line(config), flush=True)
     infer, config = scan_inference(config, saved, dist_info)
     results: list[CaseResult] = []
     try:

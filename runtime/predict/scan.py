@@ -26,7 +26,6 @@ from data_loading.scans import (Scan, class_volumes_ml, labels_in_original_grid,
                                 write_segmentation)
 from data_loading.windows import window_geometry
 from data_loading.write_errors import is_full_disk, write_or_raise
-from model.losses import label_map_dice
 from runtime.arguments import Config
 from runtime.build import build_model
 from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
@@ -148,8 +147,7 @@ def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray
                         tuple(float(s) for s in spacing), kidney_ml, tumour_ml, seconds,
                         stages=stages if stages is not None else {})
     if truth is not None:
-        result.kidney_dice, result.tumour_dice = label_map_dice(labels, truth)
-        result.mean_dice = (result.kidney_dice + result.tumour_dice) / 2
+        result.score(labels, truth)
     return result
 
 

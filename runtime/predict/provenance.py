@@ -1,0 +1,148 @@
+"""What made each segmentation of predict: a record beside it, and whether an output can be reused.
+
+``<case>.provenance.json`` beside ``<case>.nii.gz`` holds :data:`FIELDS`: the project's version
+(``runtime.__version__``), the checkpoint's path and the sha256 of the weights predict loaded
+from it, the backend that ran the network (torch or openvino), ``--int8``, the ``--amp`` type,
+``--tta``, the sliding window's shape and overlap, and the sha256 of the input scan. An existing
+output is reused only when its record holds this run's value of every field of :data:`MADE_BY`
+(everything but the checkpoint's path: the same weights moved elsewhere make the same
+segmentation); otherwise it is segmented again (:func:`difference` says why).
+
+A record never claims an output that was not completely written: the old record goes before
+anything else is done to a scan's outputs; the new one is written and fsynced under a
+temporary name before the scan is segmented (:class:`PendingRecord`: a disk that fills up during
+the segmentation cannot keep it from being written), and renamed into place only once the
+segmentation itself was renamed into place (:meth:`PendingRecord.commit`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import torch
+
+from runtime import __version__
+
+RECORD_SUFFIX = ".provenance.json"
+# What made a segmentation: an output is reused only when its record has this run's values.
+MADE_BY = ("version", "weights_sha256", "backend", "int8", "amp", "tta", "window_shape", "overlap", "input_sha256")
+# Every field of a record, in the order of the summary's columns.
+FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "amp", "tta", "window_shape", "overlap",
+          "input_sha256")
+CHUNK = 1 << 20
+
+
+def weights_digest(state: dict) -> str:
+    """sha256 over a state dict: the name, dtype, shape and bytes of every tensor, by name."""
+    digest = hashlib.sha256()
+    for name, value in sorted(state.items()):
+        if not torch.is_tensor(value):
+            digest.update(f"{name}|{value!r}|".encode())
+            continue
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _file_digest(path: str, digest) -> None:
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(block)
+
+
+def input_digest(path: str) -> str:
+    """sha256 of an input scan: the file's bytes, or for a folder (a DICOM series) every file
+    below it, by relative name and bytes, in name order."""
+    digest = hashlib.sha256()
+    if not os.path.isdir(path):
+        _file_digest(path, digest)
+        return digest.hexdigest()
+    for folder, subfolders, names in os.walk(path):
+        subfolders.sort()
+        for name in sorted(names):
+            full = os.path.join(folder, name)
+            digest.update(os.path.relpath(full, path).encode() + b"\0")
+            _file_digest(full, digest)
+    return digest.hexdigest()
+
+
+def run_fields(config) -> dict:
+    """The fields of :data:`FIELDS` this run of a resolved, backend-chosen ``config`` gives every
+    scan, but ``input_sha256`` (the scan's own)."""
+    return {"version": __version__, "checkpoint": os.path.abspath(config.load_ckpt_path) if config.load_ckpt_path else "",
+            "weights_sha256": config.weights_sha256, "backend": config.backend, "int8": bool(config.int8),
+            "amp": config.amp_dtype if config.amp else "off", "tta": bool(config.tta),
+            "window_shape": [int(s) for s in config.val_input_shape], "overlap": float(config.overlap)}
+
+
+def record_path(output: str) -> str:
+    """The record of the segmentation ``output`` (``<case>.nii.gz`` -> ``<case>.provenance.json``)."""
+    for suffix in (".nii.gz", ".nii"):
+        if output.endswith(suffix):
+            return output[: -len(suffix)] + RECORD_SUFFIX
+    return output + RECORD_SUFFIX
+
+
+def read_record(path: str) -> tuple[dict | None, str]:
+    """``(record, "")``, or ``(None, why there is none)``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except FileNotFoundError:
+        return None, "with no record of what made it"
+    except (OSError, ValueError) as exc:
+        return None, f"whose record {path} cannot be read ({type(exc).__name__})"
+    if not isinstance(record, dict):
+        return None, f"whose record {path} holds no record"
+    return record, ""
+
+
+def _text(name: str, value) -> str:
+    if isinstance(value, list):
+        return "x".join(map(str, value))
+    if name.endswith("sha256") and isinstance(value, str):
+        return value[:12]
+    return str(value)
+
+
+def difference(stored: dict | None, why_none: str, current: dict) -> str | None:
+    """None when ``stored`` (a record read back; None: ``why_none``) says its output was made the
+    way ``current`` would make it, else why not, as a phrase about the earlier output:
+    "made with window_shape 128x128x128, not 64x64x64"."""
+    if stored is None:
+        return why_none
+    for name in MADE_BY:
+        if name not in stored:
+            return f"whose record has no {name}"
+        if stored[name] != current[name]:
+            return f"made with {name} {_text(name, stored[name])}, not {_text(name, current[name])}"
+    return None
+
+
+class PendingRecord:
+    """``record`` written and fsynced under a hidden temporary name beside ``path`` at once
+    (nothing left on failure); :meth:`commit` renames it to ``path``, :meth:`discard` removes it."""
+
+    def __init__(self, path: str, record: dict):
+        folder, name = os.path.split(os.path.abspath(path))
+        self.path, self.temp = path, os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+        data = (json.dumps(record, indent=1) + "\n").encode("utf-8")
+        try:
+            with open(self.temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            self.discard()
+            raise
+
+    def commit(self) -> None:
+        os.replace(self.temp, self.path)
+
+    def discard(self) -> None:
+        try:
+            os.remove(self.temp)
+        except FileNotFoundError:
+            pass
