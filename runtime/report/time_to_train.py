@@ -1,0 +1,308 @@
+"""The MLPerf time to train a run can expect, from its measured speed: what ``--benchmark`` prints
+and the run report shows beside a real run's time.
+
+An MLPerf unet3d result is the time from ``run_start`` to reaching mean Dice 0.908, and the
+score is the mean of 40 such runs less the 4 fastest and the 4 slowest. One run takes
+
+    samples trained to converge / training throughput + evaluations x seconds per evaluation
+
+(evaluation is synchronous; initialisation is not timed). The epochs a run needs at a global
+batch come from MLCommons' reference convergence points (RCPs), which ship in the installed
+``mlperf-logging`` package (``rcp_checker/training_4.0.0/rcps_unet3d.json``, read where the
+package is installed, never copied): per global batch, the samples to converge of many reference
+runs (samples = epochs x 168). A run converges at the first evaluation epoch by which it has
+trained an RCP run's samples, so the evaluations it pays for follow from its schedule
+(``start_eval_at``, ``evaluate_every``). Each reference run gives one run time: their mean and
+5th-95th percentiles are one run's band; the expected score is the mean of the 40-run rule over
+draws from them (exact order statistics), its band the 5th-95th percentiles of that rule over
+many drawn sets of 40.
+
+Standard library only at import (the report reads runs without numpy): numpy is imported where
+the score's band is drawn.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+RCP_RULESET = "training_4.0.0"  # unet3d's last round (MLPerf Training v4.0)
+RCP_FILE = "rcps_unet3d.json"
+RCP_SAMPLES_PER_EPOCH = 168  # the RCP file's samples = epochs x 168 (KiTS19's training cases)
+TRAIN_CASES = 168
+EVAL_CASES = 42
+SUBMISSION_RUNS = 40  # MLPerf's unet3d result: 40 runs ...
+DROPPED_EACH_END = 4  # ... less the 4 fastest and the 4 slowest
+BAND = (5.0, 95.0)  # percentiles of the bands
+BAND_SETS = 20000  # sets of 40 runs drawn for the score's band
+BAND_SEED = 0
+
+
+class TimeToTrainError(RuntimeError):
+    """No prediction can be made (the RCP file is missing or unreadable, or an input is not a
+    positive number); the message is one line."""
+
+
+# ------------------------------------------------------------------------------- the RCPs
+
+@dataclass(frozen=True)
+class Rcp:
+    """One reference convergence point: a global batch and the samples to converge of each of
+    its reference runs."""
+
+    name: str
+    global_batch: int
+    samples: tuple[int, ...]
+
+    @property
+    def epochs(self) -> tuple[float, ...]:
+        return tuple(s / RCP_SAMPLES_PER_EPOCH for s in self.samples)
+
+
+def rcp_path():
+    """The installed mlperf-logging's unet3d RCP file (an ``importlib.resources`` path)."""
+    from importlib import resources
+
+    try:
+        return resources.files("mlperf_logging") / "rcp_checker" / RCP_RULESET / RCP_FILE
+    except ModuleNotFoundError:
+        raise TimeToTrainError("mlperf-logging is not installed (pip install -r requirements.txt): its "
+                               "reference convergence points give the epochs to converge") from None
+
+
+def load_rcps(path=None) -> dict[int, Rcp]:
+    """The unet3d RCPs by global batch, from ``path`` (default: :func:`rcp_path`)."""
+    path = rcp_path() if path is None else path
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+        rcps = {}
+        for name, record in records.items():
+            if record.get("Benchmark") != "unet3d":
+                continue
+            samples = tuple(int(s) for s in record["Epochs to converge"])
+            if not samples or min(samples) <= 0:
+                raise ValueError(f"{name}: no positive sample count")
+            rcps[int(record["BS"])] = Rcp(name, int(record["BS"]), samples)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise TimeToTrainError(f"cannot read the unet3d RCPs {path}: {error}") from None
+    if not rcps:
+        raise TimeToTrainError(f"no unet3d RCP in {path}")
+    return rcps
+
+
+def nearest_rcp(rcps: dict[int, Rcp], global_batch: int) -> Rcp:
+    """The RCP of the global batch nearest ``global_batch`` (the smaller one on a tie)."""
+    return rcps[min(rcps, key=lambda batch: (abs(batch - global_batch), batch))]
+
+
+# --------------------------------------------------------------------------- one run's time
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run's epochs and evaluations (``runtime.schedule``'s, resolved for the run)."""
+
+    samples_per_epoch: int  # global samples trained per epoch
+    start_eval_at: int
+    evaluate_every: int
+
+    def converged_epoch(self, samples: int) -> int:
+        """The first evaluation epoch by whose end ``samples`` samples have been trained."""
+        epoch = -(-samples // self.samples_per_epoch)
+        if epoch <= self.start_eval_at:
+            return self.start_eval_at
+        return self.start_eval_at + -(-(epoch - self.start_eval_at) // self.evaluate_every) * self.evaluate_every
+
+    def evaluations(self, epoch: int) -> int:
+        """Evaluations run up to and including evaluation epoch ``epoch``."""
+        return (epoch - self.start_eval_at) // self.evaluate_every + 1
+
+
+@dataclass(frozen=True)
+class RunTime:
+    epochs: int
+    evaluations: int
+    train_seconds: float
+    eval_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.train_seconds + self.eval_seconds
+
+
+def run_time(samples: int, schedule: Schedule, train_throughput: float, eval_seconds: float) -> RunTime:
+    """One run that converges after ``samples`` samples: its epochs, evaluations and time."""
+    epoch = schedule.converged_epoch(samples)
+    evaluations = schedule.evaluations(epoch)
+    return RunTime(epoch, evaluations, epoch * schedule.samples_per_epoch / train_throughput,
+                   evaluations * eval_seconds)
+
+
+# ------------------------------------------------------------------------------- statistics
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile with linear interpolation (numpy's default method)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def expected_trimmed_mean(values: Sequence[float], runs: int = SUBMISSION_RUNS,
+                          drop: int = DROPPED_EACH_END) -> float:
+    """The expected mean of ``runs`` independent draws from ``values`` (each equally likely) less
+    the ``drop`` smallest and ``drop`` largest: exact, from the order statistics' distribution
+    (the k-th smallest of ``runs`` is at most v when at least k draws are)."""
+    if runs <= 2 * drop:
+        raise ValueError(f"{runs} runs less {drop} at each end leave none")
+    ordered = sorted(values)
+    distinct = sorted(set(ordered))
+    cdf = [sum(1 for v in ordered if v <= value) / len(ordered) for value in distinct]
+    total = 0.0
+    for k in range(drop + 1, runs - drop + 1):
+        below = 0.0  # P(k-th smallest <= the previous value)
+        for value, p in zip(distinct, cdf):
+            at_most = sum(math.comb(runs, i) * p ** i * (1 - p) ** (runs - i) for i in range(k, runs + 1))
+            total += value * (at_most - below)
+            below = at_most
+    return total / (runs - 2 * drop)
+
+
+def trimmed_mean_band(values: Sequence[float], runs: int = SUBMISSION_RUNS, drop: int = DROPPED_EACH_END,
+                      band: tuple[float, float] = BAND, sets: int = BAND_SETS,
+                      seed: int = BAND_SEED) -> tuple[float, float]:
+    """Percentiles ``band`` of the trimmed mean over ``sets`` sets of ``runs`` draws from
+    ``values`` (a fixed seed: the same band every time)."""
+    import numpy as np
+
+    draws = np.random.default_rng(seed).choice(np.asarray(values, dtype=np.float64), size=(sets, runs))
+    means = np.sort(draws, axis=1)[:, drop:runs - drop].mean(axis=1)
+    low, high = np.percentile(means, band)
+    return float(low), float(high)
+
+
+# ----------------------------------------------------------------------------- the prediction
+
+@dataclass(frozen=True)
+class Prediction:
+    global_batch: int
+    world_size: int
+    rcp: Rcp
+    schedule: Schedule
+    train_throughput: float  # samples/s, all ranks
+    eval_seconds: float  # one evaluation of the 42 cases, all ranks
+    runs: tuple[RunTime, ...]  # one per reference run of the RCP
+    score_s: float  # expected score: mean of 40 runs less the 4 fastest and 4 slowest
+    score_band_s: tuple[float, float]
+
+    @property
+    def run_mean_s(self) -> float:
+        return sum(r.seconds for r in self.runs) / len(self.runs)
+
+    @property
+    def run_band_s(self) -> tuple[float, float]:
+        seconds = [r.seconds for r in self.runs]
+        return percentile(seconds, BAND[0]), percentile(seconds, BAND[1])
+
+    def mean_of(self, field: str) -> float:
+        return sum(getattr(r, field) for r in self.runs) / len(self.runs)
+
+    def as_dict(self) -> dict:
+        low, high = self.run_band_s
+        return {"global_batch": self.global_batch, "world_size": self.world_size, "rcp": self.rcp.name,
+                "rcp_global_batch": self.rcp.global_batch, "rcp_runs": len(self.rcp.samples),
+                "train_throughput": self.train_throughput, "eval_seconds": self.eval_seconds,
+                "run_mean_s": self.run_mean_s, "run_p5_s": low, "run_p95_s": high,
+                "score_s": self.score_s, "score_p5_s": self.score_band_s[0], "score_p95_s": self.score_band_s[1],
+                "evaluations_mean": self.mean_of("evaluations")}
+
+
+def _positive(value: float, what: str) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise TimeToTrainError(f"no time to train predicted: {what} is {value!r}, not a positive number")
+    return float(value)
+
+
+def predict(train_throughput: float, eval_seconds: float, global_batch: int, schedule: Schedule,
+            world_size: int = 1, rcps: dict[int, Rcp] | None = None) -> Prediction:
+    """The time to train at ``train_throughput`` samples/s and ``eval_seconds`` per evaluation
+    (both over all ranks), for ``global_batch`` on ``schedule``, from the RCP at the nearest
+    global batch (``rcps``: default the installed package's)."""
+    train_throughput = _positive(train_throughput, "the training throughput")
+    eval_seconds = _positive(eval_seconds, "the seconds per evaluation")
+    rcp = nearest_rcp(load_rcps() if rcps is None else rcps, global_batch)
+    runs = tuple(run_time(s, schedule, train_throughput, eval_seconds) for s in rcp.samples)
+    seconds = [r.seconds for r in runs]
+    return Prediction(global_batch, world_size, rcp, schedule, train_throughput, eval_seconds, runs,
+                      expected_trimmed_mean(seconds), trimmed_mean_band(seconds))
+
+
+# --------------------------------------------------------------------------------- as text
+
+def duration_text(seconds: float) -> str:
+    """Minutes (MLPerf's unit) up to 2 hours, then hours, then days."""
+    minutes = seconds / 60.0
+    if minutes < 120:
+        return f"{minutes:.2f} min"
+    if minutes < 72 * 60:
+        return f"{minutes / 60:.1f} h"
+    return f"{minutes / 1440:.1f} days"
+
+
+def band_text(low: float, high: float) -> str:
+    return f"{duration_text(low)} - {duration_text(high)}"
+
+
+def rcp_text(rcp: Rcp, global_batch: int, rcps_batches: Sequence[int] = ()) -> str:
+    epochs = rcp.epochs
+    mean = sum(epochs) / len(epochs)
+    text = (f"RCP {rcp.name} ({len(epochs)} reference runs, mlperf-logging {RCP_RULESET}): epochs to converge "
+            f"mean {mean:.0f}, 5th-95th percentile {percentile(epochs, BAND[0]):.0f}-"
+            f"{percentile(epochs, BAND[1]):.0f}")
+    if rcp.global_batch != global_batch:
+        known = ", ".join(str(b) for b in sorted(rcps_batches)) if rcps_batches else str(rcp.global_batch)
+        text += (f"; no RCP at global batch {global_batch}: the nearest ({rcp.global_batch}; RCPs exist for "
+                 f"{known}) stands in")
+    return text
+
+
+def schedule_text(schedule: Schedule) -> str:
+    return (f"{schedule.samples_per_epoch} samples per epoch, evaluations from epoch {schedule.start_eval_at} "
+            f"every {schedule.evaluate_every}")
+
+
+def prediction_lines(p: Prediction, rcps_batches: Sequence[int] = ()) -> list[str]:
+    low, high = p.run_band_s
+    return [
+        f"time to train (MLPerf, predicted): global batch {p.global_batch} on {p.world_size} rank(s), "
+        f"{p.train_throughput:.4g} samples/s, {p.eval_seconds:.4g} s per evaluation of the {EVAL_CASES} cases; "
+        + schedule_text(p.schedule),
+        "  " + rcp_text(p.rcp, p.global_batch, rcps_batches),
+        f"  one run: mean {duration_text(p.run_mean_s)} (5th-95th percentile {band_text(low, high)}) = "
+        f"training {duration_text(p.mean_of('train_seconds'))} + {p.mean_of('evaluations'):.1f} evaluations x "
+        f"{p.eval_seconds:.4g} s = {duration_text(p.mean_of('eval_seconds'))}",
+        f"  score (mean of {SUBMISSION_RUNS} runs less the {DROPPED_EACH_END} fastest and {DROPPED_EACH_END} "
+        f"slowest): {duration_text(p.score_s)} expected (5th-95th percentile {band_text(*p.score_band_s)}); "
+        "initialisation not timed",
+    ]
+
+
+def evaluation_share_lines(eval_seconds: float, global_batch: int, schedule: Schedule, world_size: int = 1,
+                           rcps: dict[int, Rcp] | None = None) -> list[str]:
+    """``--exec_mode evaluate --benchmark``: the evaluations' part of the time to train (the
+    training part needs the training throughput)."""
+    eval_seconds = _positive(eval_seconds, "the seconds per evaluation")
+    rcps = load_rcps() if rcps is None else rcps
+    rcp = nearest_rcp(rcps, global_batch)
+    counts = [schedule.evaluations(schedule.converged_epoch(s)) for s in rcp.samples]
+    mean = sum(counts) / len(counts)
+    low, high = percentile(counts, BAND[0]), percentile(counts, BAND[1])
+    return [
+        f"time to train (MLPerf, predicted): its evaluations at global batch {global_batch} on {world_size} "
+        f"rank(s), {eval_seconds:.4g} s per evaluation of the {EVAL_CASES} cases; " + schedule_text(schedule),
+        "  " + rcp_text(rcp, global_batch, list(rcps)),
+        f"  evaluations in one run: mean {mean:.1f} = {duration_text(mean * eval_seconds)} (5th-95th percentile "
+        f"{low:.0f}-{high:.0f} = {band_text(low * eval_seconds, high * eval_seconds)}); the training part: "
+        "--exec_mode train --benchmark measures it and predicts the whole",
+    ]

@@ -1,0 +1,132 @@
+"""The predicted MLPerf time to train: the published 8xH200 anchor, the RCPs as the installed
+mlperf-logging ships them, the schedule's evaluations and the 40-run score rule, with known
+answers (the facts of ../shared/docs/mlperf-results.md, enumeration, numpy)."""
+import itertools
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.report import time_to_train as T
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# MLPerf Training v4.0, NVIDIA 8 x H200 (MXNet), global batch 56 (mlperf-results.md): score
+# 11.46 min, training at 608 samples/s, 1.67 s per evaluation (median), 168 samples per epoch,
+# evaluations from epoch 1000 every 20 (MLPerf's schedule at 168 samples per epoch).
+H200 = dict(train_throughput=608.0, eval_seconds=1.67, global_batch=56, world_size=8)
+H200_SCORE_MIN = 11.46
+
+
+def test_the_published_8xh200_score_is_predicted_within_5_percent():
+    schedule = T.Schedule(samples_per_epoch=168, start_eval_at=1000, evaluate_every=20)
+    p = T.predict(schedule=schedule, **H200)
+    assert p.rcp.global_batch == 56 and len(p.rcp.samples) == 197      # the doc: 197 runs at batch 56
+    assert abs(p.score_s / 60 / H200_SCORE_MIN - 1) < 0.05
+    assert abs(p.run_mean_s / 60 / H200_SCORE_MIN - 1) < 0.05
+    # the score is the mean of 32 of 40 runs: its band is narrower than one run's
+    low, high = p.run_band_s
+    assert low < p.score_band_s[0] < p.score_s < p.score_band_s[1] < high
+    # 2140 mean epochs (the doc) on that schedule: 58 evaluations in a mean run
+    assert p.mean_of("evaluations") == pytest.approx((2140 - 1000) / 20 + 1, abs=0.1)
+
+
+def test_the_rcps_are_the_installed_packages_and_match_the_published_facts():
+    path = T.rcp_path()
+    import mlperf_logging
+
+    assert Path(str(path)).resolve().is_relative_to(Path(mlperf_logging.__file__).resolve().parent)
+    epochs = np.array(T.load_rcps()[56].epochs)
+    # mlperf-results.md: mean 2140 epochs, median 2120, standard deviation 475 at global batch 56
+    assert epochs.mean() == pytest.approx(2140, abs=1) and np.median(epochs) == 2120
+    assert epochs.std(ddof=1) == pytest.approx(475, abs=1)
+    assert sorted(T.load_rcps()) == [28, 56, 64, 84]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert not [name for name in tracked if name.endswith(T.RCP_FILE)]     # never a vendored copy
+
+
+def test_the_score_rule_is_mlperfs_for_unet3d():
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    assert T.SUBMISSION_RUNS == rcp_checker.submission_runs["training"]["unet3d"] == 40
+    assert T.DROPPED_EACH_END == 4
+
+
+@pytest.mark.parametrize("batch, nearest", [(1, 28), (2, 28), (28, 28), (42, 28), (43, 56), (60, 56),
+                                            (61, 64), (64, 64), (74, 64), (75, 84), (500, 84)])
+def test_nearest_rcp(batch, nearest):
+    assert T.nearest_rcp(T.load_rcps(), batch).global_batch == nearest
+
+
+@pytest.mark.parametrize("spe, start, every, samples, epoch, evaluations", [
+    (168, 1000, 20, 2380 * 168, 2380, 70),           # on the grid
+    (168, 1000, 20, 2380 * 168 + 1, 2400, 71),       # one sample more: the next evaluation
+    (168, 1000, 20, 10 * 168, 1000, 1),              # before the first evaluation: converged there
+    (128, 1313, 27, 504000, 3959, 99),               # 3937.5 epochs of 128: epoch 3938, then the grid
+])
+def test_a_run_converges_at_the_first_evaluation_after_its_samples(spe, start, every, samples, epoch, evaluations):
+    schedule = T.Schedule(spe, start, every)
+    assert schedule.converged_epoch(samples) == epoch and schedule.evaluations(epoch) == evaluations
+    run = T.run_time(samples, schedule, train_throughput=spe * 2.0, eval_seconds=3.0)
+    assert run.train_seconds == pytest.approx(epoch / 2.0) and run.eval_seconds == pytest.approx(3.0 * evaluations)
+
+
+def _enumerated_trimmed_mean(values, runs, drop):
+    total = 0.0
+    for draw in itertools.product(values, repeat=runs):          # every draw equally likely
+        kept = sorted(draw)[drop:runs - drop]
+        total += sum(kept) / len(kept)
+    return total / len(values) ** runs
+
+
+@pytest.mark.parametrize("values, runs, drop", [([1.0, 2.0], 3, 1), ([1.0, 2.0, 4.0], 4, 1),
+                                                ([3.0, 1.0, 1.0, 7.0], 5, 2), ([5.0, 2.0, 9.0], 5, 1)])
+def test_expected_trimmed_mean_equals_enumeration(values, runs, drop):
+    assert T.expected_trimmed_mean(values, runs, drop) == pytest.approx(_enumerated_trimmed_mean(values, runs, drop))
+
+
+def test_expected_trimmed_mean_of_a_coin_is_the_median_of_three():
+    assert T.expected_trimmed_mean([1.0, 2.0], runs=3, drop=1) == pytest.approx(1.5)
+
+
+def test_score_band_brackets_the_expectation_and_is_reproducible():
+    values = list(np.random.default_rng(1).gamma(4.0, 500.0, size=150))
+    band = T.trimmed_mean_band(values)
+    assert band == T.trimmed_mean_band(values)
+    assert band[0] < T.expected_trimmed_mean(values) < band[1]
+
+
+@pytest.mark.parametrize("q", [0, 5, 37.5, 50, 95, 100])
+def test_percentile_is_numpys_linear(q):
+    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    assert T.percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_unreadable_rcps_and_bad_inputs_are_one_line_errors(tmp_path):
+    with pytest.raises(T.TimeToTrainError, match="missing.json"):
+        T.load_rcps(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"x": {"Benchmark": "unet3d", "BS": 2}}')
+    with pytest.raises(T.TimeToTrainError, match="bad.json"):
+        T.load_rcps(tmp_path / "bad.json")
+    schedule = T.Schedule(168, 1000, 20)
+    for bad in (0.0, float("nan"), -1.0):
+        with pytest.raises(T.TimeToTrainError, match="training throughput"):
+            T.predict(bad, 1.0, 56, schedule)
+
+
+def test_prediction_text_names_the_rcp_the_band_and_the_rule():
+    p = T.predict(schedule=T.Schedule(168, 1000, 20), **H200)
+    text = "\n".join(T.prediction_lines(p, [28, 56, 64, 84]))
+    assert "global batch 56 on 8 rank(s)" in text and "unet3d_ref_56 (197 reference runs" in text
+    assert "mean of 40 runs less the 4 fastest and 4 slowest" in text and "5th-95th percentile" in text
+    assert f"{p.score_s / 60:.2f} min expected" in text
+    small = "\n".join(T.prediction_lines(T.predict(1.0, 100.0, 2, T.Schedule(168, 1000, 20)), [28, 56]))
+    assert "no RCP at global batch 2: the nearest (28" in small and " days" in small
+
+
+def test_the_report_package_imports_no_numpy_for_the_prediction():
+    code = ("import sys; import runtime.report.time_to_train as t; "
+            "assert 'numpy' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([os.environ.get("PYTHON", __import__("sys").executable), "-c", code], cwd=ROOT, check=True)
