@@ -40,6 +40,37 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
+def workers_within_memory(cases: Sequence[pp.RawCase], requested: int, memory=None) -> int:
+    """``requested`` workers, fewer when that many of the largest case would not fit in the
+    memory this process may take now (:mod:`data_loading.memory_limits`: MemAvailable, its
+    job's cgroup, SLURM's --mem); one line says so. A case's need is predict's estimate for
+    its header's shape (:func:`data_loading.scan_checks.predict_bytes`: more copies than
+    preprocessing holds, so an upper bound); at least one worker always runs."""
+    from data_loading.memory_limits import read_memory
+    from data_loading.scan_checks import predict_bytes, read_header
+    from data_loading.scans import ScanError
+
+    if requested <= 1 or len(cases) <= 1:
+        return requested
+    memory = memory or read_memory()
+    if memory.available is None:
+        return requested
+    need = 0
+    for case in cases:
+        try:
+            header = read_header(case.image_path)
+        except ScanError:   # the worker that reads it says why, naming the case
+            continue
+        need = max(need, predict_bytes(header.shape, header.spacing))
+    fit = max(1, int(memory.available // need)) if need else requested
+    if fit >= min(requested, len(cases)):
+        return requested
+    print(f"memory: {fit} worker(s) instead of {requested}: the largest case needs up to "
+          f"{need / 2**30:.1f} GiB and {memory.available / 2**30:.1f} GiB is available "
+          f"({memory.available_source})")
+    return fit
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,13 +119,14 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
         done = [c for c in labelled if c not in todo]
         if pp.save_missing_geometry(done, cfg.results_dir):
             print("wrote the missing case_XXXXX_geometry.json records of those cases (from the headers)")
+    workers = workers_within_memory(todo, cfg.num_workers)
     # disable=None: no bar when stderr is not a terminal (logs, CI)
     with tqdm(total=len(todo), unit="case", disable=None) as bar:
         def report(stats: pp.CaseStats) -> None:
             bar.write(stats.line())
             bar.update()
 
-        stats = pp.preprocess_cases(todo, cfg.results_dir, cfg.num_workers, report)
+        stats = pp.preprocess_cases(todo, cfg.results_dir, workers, report)
     if stats:
         print(pp.median_line(stats))
     print(f"{len(stats)} cases preprocessed into {cfg.results_dir}")

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
+from data_loading.memory_limits import read_memory
 from data_loading.preprocessing import MIN_SHAPE, TARGET_SPACING, _reason
 from data_loading.scans import ScanError
 
@@ -86,22 +87,10 @@ def predict_bytes(shape: Sequence[int], spacing: Sequence[float]) -> int:
 
 
 def memory_limit_bytes() -> int | None:
-    """This process's memory: physical memory, or a smaller cgroup limit (a SLURM job, a
-    container); None where neither can be read."""
-    limits = []
-    try:
-        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path, encoding="ascii") as handle:
-                text = handle.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limits.append(int(text))
-    return min(limits) if limits else None
+    """The most memory this process may hold: physical memory, or a smaller limit of its job's
+    own cgroup (v1 or v2, found through ``/proc/self/cgroup``) or SLURM's ``--mem``
+    (:mod:`data_loading.memory_limits`); None where nothing can be read."""
+    return read_memory().limit
 
 
 def check_header(path: str, limit: int | None = None) -> ScanHeader:

@@ -1,7 +1,9 @@
 """Predict's host memory: the window batch chosen so that the estimated peak fits a limit.
 
 The limit is ``--max_memory_gb`` when given, else the memory available when predict starts
-(``MemAvailable`` in ``/proc/meminfo``; under torchrun, divided among the node's processes).
+(the smallest of ``MemAvailable``, the job's own cgroup limit less its use, v1 or v2, and
+SLURM's ``--mem``: :mod:`data_loading.memory_limits`; under torchrun, divided among the node's
+processes).
 The estimate is the process's base (PyTorch, the
 network, OpenVINO's compiled model), the volume's buffers, and the windows in flight:
 
@@ -25,6 +27,7 @@ import math
 import os
 from typing import Callable
 
+from data_loading.memory_limits import read_memory
 from runtime.arguments import Config, UsageError, replace
 
 GB = 1e9
@@ -34,16 +37,12 @@ TORCH_WINDOW_FACTOR = 11.0  # 9 was exceeded: 8.39 GB measured with 2 int8 windo
 OPENVINO_WINDOW_FACTOR = 6.0
 
 
-def available_bytes(path: str = "/proc/meminfo") -> float | None:
-    """``MemAvailable`` in bytes, or None where the kernel does not say."""
-    try:
-        with open(path) as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+def available_bytes() -> float | None:
+    """The memory this process may take now (:func:`data_loading.memory_limits.read_memory`:
+    the smallest of ``MemAvailable``, its job's cgroup headroom and SLURM's ``--mem``), or None
+    where nothing says."""
+    available = read_memory().available
+    return None if available is None else float(available)
 
 
 def local_processes() -> int:
@@ -75,6 +74,8 @@ def bounded_window_batch(config: Config, backend: str, say: Callable[[str], None
     if limit is None:
         return config
     source = f"--max_memory_gb {config.max_memory_gb:g}" if explicit else "the memory available now"
+    if not explicit and available is available_bytes:
+        source += f" ({read_memory().available_source})"
     if not explicit and local_processes() > 1:  # torchrun: the node's ranks share what is available
         limit /= local_processes()
         source += f" shared by {local_processes()} processes on this node"

@@ -82,7 +82,7 @@ def test_single_node_job_with_two_processes_completes(one_node_two_processes):
     assert "RESULT,image_segmentation,3," in output and "8 cases, 8 samples/epoch" in output
     assert mlperf_value(tmp / "results" / "unet3d.log", "global_batch_size") == 4  # 2 ranks x 2
     assert load_checkpoint(str(tmp / "results" / "checkpoint.pt"))["epoch"] == 2
-    assert not (tmp / "scratch" / "kits19").exists()        # the staged copy is removed
+    assert os.listdir(tmp / "scratch") == []                 # the job's staged copy is removed
     assert_clean(output)
 
 
@@ -111,7 +111,7 @@ def test_two_node_job_is_one_world_and_evaluates_as_one_node(cluster, dataset, t
         for a, b in zip(two_nodes, one_node):
             for key in keys:
                 assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-7), (kind, key)
-    assert not (tmp_path / "scratch" / "kits19").exists()
+    assert os.listdir(tmp_path / "scratch") == []
     assert_clean(output)
 
 
@@ -182,14 +182,14 @@ def test_scancel_mid_run_keeps_the_checkpoint_and_removes_the_staged_data(cluste
                                                        MAX_EPOCHS=500, START_EVAL_AT=500),
                          args=SMALL, output=out)
     cluster.wait_for(lambda: trained_epochs(results), 240, "the first epoch")
-    assert (tmp_path / "scratch" / "kits19" / ".staged").exists()
+    assert (tmp_path / "scratch" / f"unet3d-job-{job}" / "kits19" / ".staged").exists()
     cluster.run("scancel", str(job))
     info = cluster.wait(job, 120, release_requeued=False)
     output = out.read_text()
     assert info["JobState"] == "CANCELLED", output
     state = load_checkpoint(str(results / "checkpoint.pt"))
     assert state["status"] == "preempted" and state["epoch"] >= 1
-    assert not (tmp_path / "scratch" / "kits19").exists(), os.listdir(tmp_path / "scratch")
+    assert os.listdir(tmp_path / "scratch") == []
     assert "stopped by the scheduler (SIGTERM); its checkpoint is" in output
     assert_clean(output)
 
@@ -219,7 +219,7 @@ def test_a_dead_process_on_one_node_stops_the_whole_job(cluster, dataset, tmp_pa
     output = out.read_text()
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", output
     assert "was killed by SIGKILL" in output, output
-    assert not (tmp_path / "scratch" / "kits19").exists()
+    assert os.listdir(tmp_path / "scratch") == []
 
 
 def test_gpu_gres_is_the_sites_choice(cluster):
