@@ -124,10 +124,16 @@ class UsageError(RuntimeError):
     one line, exit code 1)."""
 
 
+# A container's default --log_dir: the image sets it to its writable /results volume (the code
+# folder, where a relative "results" would go, belongs to root there).
+LOG_DIR_ENV = "UNET3D_LOG_DIR"
+
+
 def _data_flags(g, d: Config) -> None:
     g.add_argument("--data_dir", default=d.data_dir, help="preprocessed dataset (case_XXXXX_x/_y.npy)")
-    g.add_argument("--log_dir", default=d.log_dir,
-                   help="folder for unet3d.log (MLPerf) and log.json; one run at a time (a lock file)")
+    g.add_argument("--log_dir", default=os.environ.get(LOG_DIR_ENV) or d.log_dir,
+                   help="folder for unet3d.log (MLPerf) and log.json; one run at a time (a lock file); "
+                        f"default ${LOG_DIR_ENV} where set (the project's images: /results), else results")
     g.add_argument("--save_ckpt_path", default=d.save_ckpt_path, help="checkpoint file to write ('' = none)")
     g.add_argument("--load_ckpt_path", default=d.load_ckpt_path, help="checkpoint to load (evaluate, or warm start)")
     g.add_argument("--resume", action="store_true", help="(new) continue the run saved at --save_ckpt_path")
