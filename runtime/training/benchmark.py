@@ -1,15 +1,34 @@
 """``--benchmark``: time training steps or sliding-window evaluations (no checkpoints, no
-evaluation during training); statistics from :mod:`runtime.training.latency`."""
+evaluation schedule), statistics from :mod:`runtime.training.latency`, and the predicted MLPerf
+time to train (:mod:`runtime.report.time_to_train`).
+
+Training times its steps after ``--warmup_steps``, then one evaluation pass over this rank's
+evaluation volumes (the seconds one evaluation costs), and prints the predicted time to train at
+this world size and global batch. Evaluation times volumes and prints the evaluations' part.
+
+A budget (``--benchmark_steps``, ``--benchmark_seconds``) stops the timing early; without one
+every step of ``--epochs`` is timed, as before. With a budget, ``--epochs`` caps the run only when
+given; training's evaluation pass times one volume (``--benchmark_steps`` alone) or volumes until
+``--benchmark_seconds`` more have run, and is extrapolated to this rank's share by its windows.
+"""
 from __future__ import annotations
 
+import itertools
 import sys
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from runtime.arguments import UsageError
+from data_loading.windows import window_geometry
+from runtime import distributed as D
+from runtime.arguments import Config, UsageError
 from runtime.build import Components
 from runtime.predictor import build_predictor, options_from
+from runtime.report import time_to_train as T
+from runtime.schedule import eval_schedule, samples_per_epoch
 from runtime.sliding_window import sliding_window_inference
 from runtime.training.latency import format_summary, latency_summary
 from runtime.training.loop import Reporters, set_learning_rate, step_inputs
@@ -17,6 +36,45 @@ from runtime.training.loop import Reporters, set_learning_rate, step_inputs
 
 def _synchronizer(device: torch.device):
     return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``--benchmark_steps`` (timed iterations) and ``--benchmark_seconds`` (timed seconds);
+    0 = no limit."""
+
+    steps: int = 0
+    seconds: float = 0.0
+
+    @classmethod
+    def of(cls, cfg: Config) -> "Budget":
+        return cls(cfg.benchmark_steps, cfg.benchmark_seconds)
+
+    @property
+    def given(self) -> bool:
+        return bool(self.steps or self.seconds)
+
+    def spent(self, timed: int, seconds: float) -> str | None:
+        """Why the timing stops after ``timed`` iterations of ``seconds`` in all (None: go on)."""
+        if self.steps and timed >= self.steps:
+            return f"--benchmark_steps {self.steps}"
+        if self.seconds and seconds >= self.seconds:
+            return f"--benchmark_seconds {self.seconds:g}"
+        return None
+
+    def epochs(self, cfg: Config) -> int | None:
+        """The epochs to run: ``--epochs``, or no limit when a budget ends the run and
+        ``--epochs`` was not given."""
+        return None if self.given and "epochs" not in cfg.explicit else cfg.epochs
+
+
+def agreed_stop(reason: str | None, budget: Budget, device: torch.device) -> str | None:
+    """Rank 0's decision on every rank: a seconds budget is spent at different steps on
+    different ranks, and every rank must take the same steps (DDP)."""
+    if not budget.seconds:
+        return reason  # counts: the same on every rank
+    stop = D.broadcast_int(int(reason is not None), device)
+    return (reason or f"--benchmark_seconds {budget.seconds:g} (rank 0)") if stop else None
 
 
 def check_something_to_time(iterations: int, what: str, cfg) -> None:
@@ -27,53 +85,227 @@ def check_something_to_time(iterations: int, what: str, cfg) -> None:
                          f"after --warmup_steps {cfg.warmup_steps}; lower --warmup_steps or raise --epochs")
 
 
-def benchmark_train(components: Components, out: Reporters) -> dict:
-    """Time every training iteration after ``--warmup_steps`` (device-synchronised)."""
-    cfg, loader = components.config, components.train_loader
-    check_something_to_time(len(loader) * cfg.epochs, f"{len(loader)} batches per epoch", cfg)
-    sync = _synchronizer(components.dist.device)
+def epochs_of(loader, epochs: int | None, what: str, cfg: Config) -> Iterable[int]:
+    """The epochs to iterate (checked to leave something to time): 1..epochs or unbounded."""
+    if epochs is not None:
+        check_something_to_time(len(loader) * epochs, f"{len(loader)} {what} per epoch", cfg)
+        return range(1, epochs + 1)
+    if len(loader) == 0:
+        raise UsageError(f"--benchmark: no {what} on this rank to time")
+    return itertools.count(1)
+
+
+@contextmanager
+def iterate(loader) -> Iterator[Iterator]:
+    """``loader``'s iterator, closed on leaving (a prefetch thread, workers released when the
+    budget stops the timing inside an epoch)."""
+    iterator = iter(loader)
+    try:
+        yield iterator
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+
+def stopped_line(reason: str | None, timed: int, unit: str) -> list[str]:
+    return [f"benchmark budget: timing stopped after {timed} timed {unit} ({reason})"] if reason else []
+
+
+# ------------------------------------------------------------------------------------ training
+
+def time_training(components: Components, out: Reporters, budget: Budget) -> tuple[list[float], str | None]:
+    """Every training step's seconds after ``--warmup_steps`` (device-synchronised), until the
+    epochs or the budget end; ``(times, why the budget stopped it or None)``."""
+    cfg, loader, device = components.config, components.train_loader, components.dist.device
+    epochs = epochs_of(loader, budget.epochs(cfg), "batches", cfg)
+    sync = _synchronizer(device)
     set_learning_rate(components.optimizer, cfg.learning_rate)
     times, seen = [], 0
     components.model.train()
-    for epoch in range(1, cfg.epochs + 1):
+    for epoch in epochs:
         loader.set_epoch(epoch)
-        for image, label in loader:
-            sync()
-            tick = time.perf_counter()
-            image, label = step_inputs(components, image, label)
-            components.step(image, label)
-            sync()
-            seconds = time.perf_counter() - tick
-            if seen >= cfg.warmup_steps:
-                times.append(seconds)
-            seen += 1
-            out.say(f"{'warm-up' if seen <= cfg.warmup_steps else 'timed'} step {seen}: {seconds * 1e3:.1f} ms",
-                    file=sys.stderr, flush=True)
-    summary = latency_summary(times, cfg.batch_size * components.dist.world_size)
+        with iterate(loader) as batches:
+            for image, label in batches:
+                sync()
+                tick = time.perf_counter()
+                image, label = step_inputs(components, image, label)
+                components.step(image, label)
+                sync()
+                seconds = time.perf_counter() - tick
+                if seen >= cfg.warmup_steps:
+                    times.append(seconds)
+                seen += 1
+                out.say(f"{'warm-up' if seen <= cfg.warmup_steps else 'timed'} step {seen}: {seconds * 1e3:.1f} ms",
+                        file=sys.stderr, flush=True)
+                reason = agreed_stop(budget.spent(len(times), sum(times)) if times else None, budget, device)
+                if reason:
+                    return times, reason
+    return times, None
+
+
+def rank_windows(loader, roi: Sequence[int], overlap: float) -> int | None:
+    """The sliding windows of all this rank's evaluation volumes, from their shapes (None when
+    the loader does not tell its volumes' shapes)."""
+    cases = getattr(loader, "cases", None)
+    if not cases or not all(hasattr(case, "shape") for case in cases):
+        return None
+    return sum(window_geometry(case.shape, roi, overlap).n_windows for case in cases)
+
+
+def share_seconds(times: Sequence[float], windows: Sequence[int], volumes: int, total_windows: int | None) -> float:
+    """This rank's share of one evaluation: measured when every volume was timed, else the
+    timed seconds per window times the share's windows (per volume without the shapes)."""
+    if len(times) >= volumes:
+        return float(sum(times))
+    if total_windows is not None and sum(windows) > 0:
+        return sum(times) / sum(windows) * total_windows
+    return sum(times) / len(times) * volumes
+
+
+def time_evaluation_pass(components: Components, out: Reporters, budget: Budget) -> tuple[float | None, str]:
+    """Seconds one evaluation of every evaluation case takes on all ranks (the slowest rank's
+    share), and how it was found. None when no rank has an evaluation volume."""
+    cfg, device, loader = components.config, components.dist.device, components.val_loader
+    sync = _synchronizer(device)
+    model = components.eval_model
+    model.eval()
+    predict = build_predictor(model, device, options_from(cfg))
+    times: list[float] = []
+    windows: list[int] = []
+    try:
+        with torch.no_grad():
+            if len(loader):
+                predict(torch.zeros((cfg.sw_batch_size, 1, *cfg.val_input_shape), device=device))  # warm-up
+                sync()
+            with iterate(out.progress(loader, desc="benchmark eval volumes", total=len(loader),
+                                      always=True)) as volumes:
+                for image, _label, _case in volumes:
+                    sync()
+                    tick = time.perf_counter()
+                    sliding_window_inference(predict, image.to(device), cfg.val_input_shape, cfg.overlap,
+                                             cfg.sw_batch_size)
+                    sync()
+                    times.append(time.perf_counter() - tick)
+                    windows.append(window_geometry(image.shape[2:], cfg.val_input_shape, cfg.overlap).n_windows)
+                    if budget.given and (not budget.seconds or sum(times) >= budget.seconds):
+                        break
+    finally:
+        model.train()
+    share = (share_seconds(times, windows, len(loader), rank_windows(loader, cfg.val_input_shape, cfg.overlap))
+             if times else 0.0)
+    shares = D.all_gather_objects((share, len(times), len(loader)))
+    timed, volumes = sum(s[1] for s in shares), sum(s[2] for s in shares)
+    if volumes == 0:
+        return None, "no evaluation case in the data"
+    how = (f"{timed} of {volumes} evaluation volumes timed" + ("" if timed >= volumes else
+                                                                ", the rest extrapolated by their windows"))
+    return max(s[0] for s in shares), how
+
+
+def benchmark_schedule(cfg: Config, world_size: int) -> T.Schedule:
+    """The run's schedule on KiTS19's 168 training cases (the RCPs' data) at this world size and
+    batch; ``--start_eval_at`` / ``--evaluate_every`` when given."""
+    spe = samples_per_epoch(T.TRAIN_CASES, world_size, cfg.batch_size)
+    if spe <= 0:
+        raise T.TimeToTrainError(f"KiTS19's {T.TRAIN_CASES} training cases make no full batch of {cfg.batch_size} "
+                                 f"on each of {world_size} ranks")
+    given = {name: getattr(cfg, name) if name in cfg.explicit else None for name in ("start_eval_at", "evaluate_every")}
+    schedule = eval_schedule(spe, T.TRAIN_CASES, given["start_eval_at"], given["evaluate_every"])
+    return T.Schedule(spe, schedule.start_eval_at, schedule.evaluate_every)
+
+
+def global_batch(cfg: Config, world_size: int) -> int:
+    return cfg.batch_size * world_size * cfg.ga_steps
+
+
+def per_benchmark_evaluation(seconds: float, num_eval_cases: int | None) -> tuple[float, str]:
+    """``seconds`` for this data's evaluation cases as seconds for the benchmark's 42."""
+    if not num_eval_cases or num_eval_cases == T.EVAL_CASES:
+        return seconds, ""
+    return (seconds * T.EVAL_CASES / num_eval_cases,
+            f" (this data has {num_eval_cases} evaluation cases: scaled to {T.EVAL_CASES})")
+
+
+def say_prediction(out: Reporters, lines) -> None:
+    """The prediction's lines (rank 0), or one line saying why there is none."""
+    if not out.is_main:
+        return
+    try:
+        for line in lines():
+            out.say(line)
+    except T.TimeToTrainError as error:
+        out.say(f"time to train: not predicted: {error}")
+
+
+def benchmark_train(components: Components, out: Reporters) -> dict:
+    """Time the training steps, then one evaluation pass; print both and the predicted MLPerf
+    time to train."""
+    cfg, world = components.config, components.dist.world_size
+    budget = Budget.of(cfg)
+    times, reason = time_training(components, out, budget)
+    summary = latency_summary(times, cfg.batch_size * world)
     out.say(format_summary("throughput_train", summary, "samples"))
+    for line in stopped_line(reason, len(times), "steps"):
+        out.say(line)
+    eval_seconds, how = time_evaluation_pass(components, out, budget)
+    if eval_seconds is None:
+        out.say(f"time to train: not predicted: {how} (nothing to time an evaluation with)")
+        return summary
+    eval_seconds, scaled = per_benchmark_evaluation(eval_seconds, cfg.num_eval_cases)
+    out.say(f"evaluation: {eval_seconds:.4g} s per evaluation on {world} rank(s) ({how}){scaled}")
+    summary = {**summary, "eval_seconds": eval_seconds}
+
+    def lines():
+        rcps = T.load_rcps()
+        prediction = T.predict(summary["throughput"], eval_seconds, global_batch(cfg, world),
+                               benchmark_schedule(cfg, world), world, rcps)
+        summary["time_to_train"] = prediction.as_dict()
+        return T.prediction_lines(prediction, list(rcps))
+
+    say_prediction(out, lines)
     return summary
 
 
+# ---------------------------------------------------------------------------------- evaluation
+
 def benchmark_evaluate(components: Components, out: Reporters) -> dict:
-    """Time the sliding-window evaluation of each volume after ``--warmup_steps`` volumes."""
+    """Time the sliding-window evaluation of each volume after ``--warmup_steps`` volumes; print
+    the evaluations' part of the time to train."""
     cfg, dev, loader = components.config, components.dist.device, components.val_loader
-    check_something_to_time(len(loader) * cfg.epochs, f"{len(loader)} evaluation volumes", cfg)
+    world = components.dist.world_size
+    budget = Budget.of(cfg)
+    epochs = epochs_of(loader, budget.epochs(cfg), "evaluation volumes", cfg)
     sync = _synchronizer(dev)
     components.eval_model.eval()
     predict = build_predictor(components.eval_model, dev, options_from(cfg))
-    times, seen = [], 0
+    times, seen, reason = [], 0, None
     with torch.no_grad():
-        for _ in range(cfg.epochs):
-            for image, _label, _case in out.progress(loader, desc="benchmark eval volumes", total=len(loader),
-                                                     always=True):
-                sync()
-                tick = time.perf_counter()
-                sliding_window_inference(predict, image.to(dev), cfg.val_input_shape, cfg.overlap,
-                                         cfg.sw_batch_size)
-                sync()
-                if seen >= cfg.warmup_steps:
-                    times.append(time.perf_counter() - tick)
-                seen += 1
-    summary = latency_summary(times, components.dist.world_size)
+        for _ in epochs:
+            with iterate(out.progress(loader, desc="benchmark eval volumes", total=len(loader),
+                                      always=True)) as volumes:
+                for image, _label, _case in volumes:
+                    sync()
+                    tick = time.perf_counter()
+                    sliding_window_inference(predict, image.to(dev), cfg.val_input_shape, cfg.overlap,
+                                             cfg.sw_batch_size)
+                    sync()
+                    if seen >= cfg.warmup_steps:
+                        times.append(time.perf_counter() - tick)
+                    seen += 1
+                    reason = budget.spent(len(times), sum(times)) if times else None
+                    if reason:
+                        break
+            if reason:
+                break
+    summary = latency_summary(times, world)
     out.say(format_summary("throughput_eval", summary, "volumes"))
+    for line in stopped_line(reason, len(times), "volumes"):
+        out.say(line)
+    eval_seconds = T.EVAL_CASES / summary["throughput"]
+    out.say(f"evaluation: {eval_seconds:.4g} s per evaluation of the {T.EVAL_CASES} cases on {world} rank(s) "
+            "(from the throughput)")
+    summary = {**summary, "eval_seconds": eval_seconds}
+    say_prediction(out, lambda: T.evaluation_share_lines(eval_seconds, global_batch(cfg, world),
+                                                         benchmark_schedule(cfg, world), world))
     return summary

@@ -1,0 +1,108 @@
+"""``--benchmark``'s step and time budget, training's evaluation pass and the predicted time to
+train it prints (tiny network, fake data, CPU)."""
+import re
+
+import pytest
+
+import fake_data
+from main_runs import TINY, call, call_main, one_line_error
+from runtime.report import time_to_train as T
+from runtime.training.benchmark import Budget, share_seconds
+
+# FakeData: 6 training cases (3 batches of 2 per epoch), 3 evaluation volumes of 40x36x44
+# (windows of 32^3 at overlap 0.5: 3 x 2 x 3 = 18 each, after the benchmark's trim).
+
+
+def bench(tmp_path, capsys, *extra):
+    return call(TINY + ["--log_dir", str(tmp_path / "b"), "--benchmark", *extra], capsys, fake_data.FakeData())
+
+
+def timed(out: str) -> int:
+    return int(re.search(r"throughput_train: .*\((\d+) timed iterations\)", out).group(1))
+
+
+def test_a_step_budget_times_that_many_steps_across_epochs(tmp_path, capsys):
+    code, out, err = bench(tmp_path, capsys, "--benchmark_steps", "4", "--warmup_steps", "1")
+    assert code == 0
+    assert timed(out) == 4              # 5 steps: past the first epoch's 3 batches, --epochs not given
+    assert "timing stopped after 4 timed steps (--benchmark_steps 4)" in out
+    assert err.count("timed step") == 4 and err.count("warm-up step") == 1
+
+
+def test_a_time_budget_stops_after_the_step_that_spends_it(tmp_path, capsys):
+    code, out, _ = bench(tmp_path, capsys, "--benchmark_seconds", "1e-6", "--warmup_steps", "1")
+    assert code == 0 and timed(out) == 1
+    assert "(--benchmark_seconds 1e-06)" in out
+
+
+def test_given_epochs_cap_a_budget(tmp_path, capsys):
+    code, out, _ = bench(tmp_path, capsys, "--benchmark_steps", "50", "--epochs", "1", "--warmup_steps", "1")
+    assert code == 0 and timed(out) == 2 and "timing stopped" not in out
+
+
+def test_without_a_budget_every_step_of_the_epochs_is_timed(tmp_path, capsys):
+    code, out, _ = bench(tmp_path, capsys, "--epochs", "2", "--warmup_steps", "2")
+    assert code == 0 and timed(out) == 4 and "timing stopped" not in out
+
+
+def test_the_flag_without_a_value_is_a_cpu_budget(tmp_path, capsys):
+    from runtime.arguments import BENCHMARK_SECONDS_CPU, BENCHMARK_STEPS_CPU, parse_args
+
+    cfg = parse_args(TINY + ["--benchmark", "--benchmark_steps", "--benchmark_seconds", "--epochs", "3"])
+    assert (cfg.benchmark_steps, cfg.benchmark_seconds, cfg.epochs) == (BENCHMARK_STEPS_CPU, BENCHMARK_SECONDS_CPU, 3)
+    assert BENCHMARK_STEPS_CPU * 20 <= 600            # about 20 s a 128^3 step on a CPU: minutes, not an hour
+
+
+def test_training_benchmark_predicts_the_time_to_train(tmp_path, capsys):
+    code, out, _ = bench(tmp_path, capsys, "--benchmark_steps", "2", "--warmup_steps", "1")
+    assert code == 0
+    # the evaluation pass: one volume with a step budget, the other two by their windows
+    line = next(line for line in out.splitlines() if line.startswith("evaluation: "))
+    assert "1 of 3 evaluation volumes timed, the rest extrapolated" in line and "scaled to 42" in line
+    assert "time to train (MLPerf, predicted): global batch 2 on 1 rank(s)" in out
+    assert "RCP unet3d_ref_28 (100 reference runs" in out and "no RCP at global batch 2" in out
+    assert "168 samples per epoch, evaluations from epoch 1000 every 20" in out
+    assert "score (mean of 40 runs less the 4 fastest and 4 slowest)" in out
+
+
+def test_the_printed_prediction_follows_from_the_printed_measurements(tmp_path, capsys):
+    code, out, _ = bench(tmp_path, capsys, "--benchmark_steps", "2", "--warmup_steps", "1",
+                         "--start_eval_at", "500", "--evaluate_every", "10")
+    assert code == 0
+    throughput = float(re.search(r"global batch 2 on 1 rank\(s\), ([\d.e+-]+) samples/s", out).group(1))
+    eval_seconds = float(re.search(r"samples/s, ([\d.e+-]+) s per evaluation", out).group(1))
+    assert "evaluations from epoch 500 every 10" in out
+    p = T.predict(throughput, eval_seconds, 2, T.Schedule(168, 500, 10))
+    assert f"{T.duration_text(p.score_s)} expected" in out and f"mean {T.duration_text(p.run_mean_s)}" in out
+
+
+def test_evaluate_benchmark_budget_and_evaluation_share(tmp_path, capsys):
+    code, out, _ = bench(tmp_path, capsys, "--exec_mode", "evaluate", "--benchmark_steps", "2",
+                         "--warmup_steps", "0")
+    assert code == 0 and "(2 timed iterations)" in out
+    assert "timing stopped after 2 timed volumes (--benchmark_steps 2)" in out
+    seconds = float(re.search(r"evaluation: ([\d.e+-]+) s per evaluation of the 42 cases", out).group(1))
+    throughput = float(re.search(r"throughput_eval: ([\d.]+) volumes/s", out).group(1))
+    assert seconds == pytest.approx(42 / throughput, rel=0.02)
+    assert "evaluations in one run: mean 54.7" in out          # the RCP at 28 on 168/1000/20
+
+
+def test_a_budget_without_benchmark_is_refused_in_one_line(tmp_path, capsys):
+    for flag in ("--benchmark_steps", "--benchmark_seconds"):
+        code, _, err = call_main(TINY + ["--log_dir", str(tmp_path / "t"), flag, "3"], capsys, fake_data.FakeData())
+        one_line_error(code, err, flag, "--benchmark")
+
+
+@pytest.mark.parametrize("times, windows, volumes, total, expected", [
+    ([2.0, 3.0], [4, 6], 2, 10, 5.0),          # every volume timed: measured
+    ([2.0], [4], 3, 10, 5.0),                  # 0.5 s per window x 10 windows
+    ([2.0], [4], 3, None, 6.0),                # shapes unknown: per volume
+])
+def test_an_evaluation_share_is_extrapolated_by_windows(times, windows, volumes, total, expected):
+    assert share_seconds(times, windows, volumes, total) == pytest.approx(expected)
+
+
+def test_budget_spent():
+    assert Budget().spent(10**6, 1e9) is None and not Budget().given
+    assert Budget(steps=3).spent(3, 0.0) == "--benchmark_steps 3" and Budget(steps=3).spent(2, 1e9) is None
+    assert Budget(seconds=2.5).spent(1, 2.5) == "--benchmark_seconds 2.5"
