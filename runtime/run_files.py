@@ -46,6 +46,12 @@ MLLOG_PREFIX = ":::MLLOG "
 RUN_START = "run_start"
 RUN_STOP = "run_stop"
 SEED = "seed"
+# read for the predicted time to train (runtime/report/time_to_train.py)
+GLOBAL_BATCH_SIZE = "global_batch_size"
+SAMPLES_PER_EPOCH = "samples_per_epoch"
+TRAIN_SAMPLES = "train_samples"
+EVAL_START = "eval_start"
+EVAL_STOP = "eval_stop"
 
 # -- log.json ---------------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ One module per job, each importing only those before it:
 * ``files``: the report's error type and its atomic file write;
 * ``runs``: reading run folders (``log.json``, the MLPerf logs) into ``Run`` records;
 * ``compliance``: the MLPerf compliance checker's verdict on each MLPerf log;
-* ``scoring``: a run's outcome, time to target and best Dice; the olympic score of several runs;
+* ``time_to_train``: the MLPerf time to train predicted from a speed (also ``--benchmark``'s);
+* ``scoring``: a run's outcome, time to target and best Dice, the time to train predicted at its
+  speed; the olympic score of several runs;
 * ``summary``: ``summary.md`` and ``summary.json``;
 * ``figure``: the training-curves figure (``curves.png``);
 * ``plotter``: ``CurvePlotter``, which redraws ``<log_dir>/curves.png`` while training runs;

@@ -19,7 +19,7 @@ from runtime.report.figure import MissingMatplotlib, write_figure
 from runtime.report.files import ReportError
 from runtime.report.runs import collect_runs
 from runtime.report.scoring import RunSummary, score_runs, summarize_run
-from runtime.report.summary import number_text, time_text, write_summaries
+from runtime.report.summary import number_text, predicted_text, time_text, write_summaries
 from runtime.run_files import CURVES_PNG, METRICS_LOG, MLPERF_LOG, QUALITY_THRESHOLD, SUMMARY_JSON, SUMMARY_MD
 
 
@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for s in result["runs"]:
         print(f"{s.label}: {s.status}, {s.epochs or 0} epochs, time to target {time_text(s.time_to_target_s)}, "
-              f"best mean Dice {number_text(s.best_mean_dice, '.4f')} (epoch {number_text(s.best_epoch, 'd')})")
+              f"best mean Dice {number_text(s.best_mean_dice, '.4f')} (epoch {number_text(s.best_epoch, 'd')})"
+              + (f"; predicted time to train at its speed {predicted_text(s.predicted)}" if s.predicted else ""))
     print(result["score"].text)
     print(f"report: {result['summary_md']}" + (f" and {result['curves']}" if result["curves"] else ""))
     return 0

@@ -19,8 +19,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from runtime.run_files import (EVAL, METRICS_LOG, MLLOG_PREFIX, MLPERF_LOG, RECORD_HEADER, RESULT,
-                               RESUMED_LOG_GLOB, RUN_START, RUN_STOP, SEED, TRAIN)
+from runtime.run_files import (EVAL, EVAL_START, EVAL_STOP, GLOBAL_BATCH_SIZE, METRICS_LOG, MLLOG_PREFIX, MLPERF_LOG,
+                               RECORD_HEADER, RESULT, RESUMED_LOG_GLOB, RUN_START, RUN_STOP, SAMPLES_PER_EPOCH, SEED,
+                               TRAIN, TRAIN_SAMPLES)
 
 SEARCH_DEPTH = 4  # how deep a sweep's parent folder is searched for runs
 
@@ -57,6 +58,12 @@ class Attempt:
     last_ms: int | None  # the last event's time, the end of an attempt without run_stop
     seed: int | None = None
     notes: tuple[str, ...] = ()
+    # what the predicted time to train needs (runtime.report.time_to_train): the run's logged
+    # global batch, samples per epoch and training cases, and each evaluation's (epoch, seconds)
+    global_batch: int | None = None
+    samples_per_epoch: int | None = None
+    train_samples: int | None = None
+    evals: tuple[tuple[int, float], ...] = ()
 
     @property
     def seconds(self) -> float | None:
@@ -167,6 +174,26 @@ def final_result(records: Sequence[dict]) -> str | None:
     return results[-1]["status"] if results else None
 
 
+def _last_int(events: Sequence[dict], key: str) -> int | None:
+    values = [e.get("value") for e in events if e.get("key") == key]
+    return values[-1] if values and isinstance(values[-1], int) and not isinstance(values[-1], bool) else None
+
+
+def evaluation_times(events: Sequence[dict]) -> tuple[tuple[int, float], ...]:
+    """``(epoch, seconds)`` of each evaluation: its eval_start to the eval_stop of its epoch."""
+    starts: dict[int, float] = {}
+    done = []
+    for e in events:
+        epoch = (e.get("metadata") or {}).get("epoch_num")
+        if not isinstance(epoch, int) or not isinstance(e.get("time_ms"), (int, float)):
+            continue
+        if e.get("key") == EVAL_START:
+            starts[epoch] = e["time_ms"]
+        elif e.get("key") == EVAL_STOP and epoch in starts:
+            done.append((epoch, (e["time_ms"] - starts.pop(epoch)) / 1000.0))
+    return tuple(done)
+
+
 def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, list[str]]:
     """The run of one MLPerf log: run_start, run_stop (time_ms, status) and the seed.
 
@@ -192,7 +219,9 @@ def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, li
     return Attempt(path=path, start_ms=start_ms, stop_ms=stop.get("time_ms") if stop else None,
                    status=status, last_ms=max(times) if times else None,
                    seed=seeds[-1] if seeds and isinstance(seeds[-1], int) else None,
-                   notes=tuple(notes)), notes
+                   notes=tuple(notes), global_batch=_last_int(head, GLOBAL_BATCH_SIZE),
+                   samples_per_epoch=_last_int(head, SAMPLES_PER_EPOCH), train_samples=_last_int(head, TRAIN_SAMPLES),
+                   evals=evaluation_times(body)), notes
 
 
 def mlperf_logs(folder: str) -> list[str]:

@@ -3,9 +3,11 @@ Dice, the time axis of the curves, and the MLPerf-style olympic score."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from runtime.report import time_to_train as T
 from runtime.report.compliance import Compliance
 from runtime.report.runs import Attempt, EvalPoint, Run
 from runtime.run_files import DIVERGED_DICE
@@ -27,6 +29,8 @@ class RunSummary:
     attempts: int
     notes: tuple[str, ...]
     compliance: tuple[Compliance, ...] = field(default_factory=tuple)
+    # the MLPerf time to train predicted at this run's speed (time_to_train.Prediction.as_dict)
+    predicted: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,43 @@ def olympic_score(times: Sequence[float], failed: int = 0, drop: int = 1) -> flo
     return sum(kept) / len(kept) if kept else None
 
 
+def run_schedule(attempts: Sequence[Attempt]) -> tuple[T.Schedule | None, str]:
+    """The schedule the run's MLPerf logs show: samples per epoch, the first evaluated epoch and
+    the spacing of the evaluations; ``(None, why not)`` without them."""
+    spe = next((a.samples_per_epoch for a in reversed(attempts) if a.samples_per_epoch), None)
+    epochs = sorted({epoch for a in attempts for epoch, _ in a.evals})
+    if spe is None:
+        return None, "no samples_per_epoch in the MLPerf log"
+    if len(epochs) < 2:
+        return None, "fewer than 2 evaluations logged (the schedule's spacing is unknown)"
+    every = min(b - a for a, b in zip(epochs, epochs[1:]))
+    return T.Schedule(spe, epochs[0], every), ""
+
+
+def predict_run(run: Run, throughput: float | None) -> tuple[dict | None, str | None]:
+    """The MLPerf time to train predicted from ``run``'s own logs: its mean training throughput,
+    median seconds per evaluation and schedule (``(prediction, None)``), or ``(None, a note)``.
+    Only a run on KiTS19's 168 training cases gets one (the RCPs' data and schedule)."""
+    attempts = run.attempts
+    if not attempts:
+        return None, None
+    cases = next((a.train_samples for a in reversed(attempts) if a.train_samples), None)
+    if cases != T.TRAIN_CASES:
+        return None, (f"no predicted time to train: the run trained on {cases} cases, the RCPs on KiTS19's "
+                      f"{T.TRAIN_CASES}" if cases else None)
+    batch = next((a.global_batch for a in reversed(attempts) if a.global_batch), None)
+    seconds = [s for a in attempts for _, s in a.evals if math.isfinite(s)]
+    schedule, why = run_schedule(attempts)
+    if batch is None or schedule is None or not seconds or not finite(throughput):
+        missing = why or ("no global_batch_size" if batch is None else "no evaluation time" if not seconds
+                          else "no training throughput in log.json")
+        return None, f"no predicted time to train: {missing}"
+    try:
+        return T.predict(throughput, statistics.median(seconds), batch, schedule).as_dict(), None
+    except T.TimeToTrainError as error:
+        return None, str(error)
+
+
 def summarize_run(run: Run, threshold: float) -> RunSummary:
     best = best_eval(run.evals)
     status = run_outcome(run)
@@ -130,6 +171,10 @@ def summarize_run(run: Run, threshold: float) -> RunSummary:
         notes.append(f"diverged at epoch {bad} (non-finite loss or mean Dice below {DIVERGED_DICE:g})")
     seconds = run_seconds(run.attempts)
     speeds = [p.throughput for p in run.train if math.isfinite(p.throughput)]
+    mean_throughput = sum(speeds) / len(speeds) if speeds else None
+    predicted, why_not = predict_run(run, mean_throughput)
+    if why_not:
+        notes.append(why_not)
     seeds = [a.seed for a in run.attempts if a.seed is not None]
     return RunSummary(
         folder=run.folder, label=run.label, status=status,
@@ -137,8 +182,7 @@ def summarize_run(run: Run, threshold: float) -> RunSummary:
         time_to_target_s=seconds if status == "success" else None, run_time_s=seconds,
         best_mean_dice=best.mean_dice if best else None, best_epoch=best.epoch if best else None,
         reached_epoch=reached_epoch(run.evals, threshold),
-        mean_throughput=sum(speeds) / len(speeds) if speeds else None,
-        attempts=len(run.attempts), notes=tuple(notes))
+        mean_throughput=mean_throughput, attempts=len(run.attempts), notes=tuple(notes), predicted=predicted)
 
 
 def score_runs(summaries: Sequence[RunSummary], drop: int = 1) -> Score:

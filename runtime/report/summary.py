@@ -9,6 +9,7 @@ from typing import Sequence
 
 from runtime.report.files import atomic_write
 from runtime.report.scoring import RunSummary, Score
+from runtime.report.time_to_train import duration_text
 from runtime.run_files import METRICS_LOG, MLPERF_LOG, SUMMARY_JSON, SUMMARY_MD
 
 
@@ -21,13 +22,22 @@ def time_text(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s ({seconds / 60:.2f} min)"
 
 
+def predicted_text(predicted: dict | None) -> str:
+    """One run's predicted MLPerf time to train: mean (5th-95th percentile), or "-"."""
+    if not predicted:
+        return "-"
+    return (f"{duration_text(predicted['run_mean_s'])} ({duration_text(predicted['run_p5_s'])} - "
+            f"{duration_text(predicted['run_p95_s'])})")
+
+
 def _run_row(s: RunSummary) -> str:
     best = "-" if s.best_mean_dice is None else f"{s.best_mean_dice:.4f} ({s.best_epoch})"
     compliance = "<br>".join(f"{os.path.basename(c.log)}: {c.short()}" for c in s.compliance) or "-"
     time_cell = time_text(s.time_to_target_s)
     if s.time_to_target_s is None and s.run_time_s is not None:
         time_cell = f"- (ran {time_text(s.run_time_s)})"
-    return (f"| {s.label} | {s.status} | {number_text(s.epochs, 'd')} | {time_cell} | {best} "
+    return (f"| {s.label} | {s.status} | {number_text(s.epochs, 'd')} | {time_cell} | {predicted_text(s.predicted)} "
+            f"| {best} "
             f"| {number_text(s.reached_epoch, 'd')} | {number_text(s.mean_throughput, '.2f', ' samples/s')} "
             f"| {compliance.replace('|', '/')} |")
 
@@ -38,10 +48,21 @@ def summary_markdown(summaries: Sequence[RunSummary], empty: Sequence[str], scor
              f"Target mean Dice {threshold:g}; compliance: `mlperf_logging` ruleset {ruleset}.", ""]
     if curves:
         lines += [f"![training curves]({curves})", ""]
-    lines += ["| run | status | epochs | time to target | best mean Dice (epoch) | target reached at epoch "
-              "| mean throughput | compliance |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["| run | status | epochs | time to target | predicted (RCPs): one run, 5th-95th percentile "
+              "| best mean Dice (epoch) | target reached at epoch | mean throughput | compliance |",
+              "|---|---|---|---|---|---|---|---|---|"]
     lines += [_run_row(s) for s in summaries]
     lines += ["", f"**Score**: {score.text}.", ""]
+    predicted = [s for s in summaries if s.predicted]
+    if predicted:
+        lines += ["**Predicted** MLPerf time to train at each run's speed (its mean training throughput, median "
+                  "seconds per evaluation and schedule; epochs to converge from the RCPs of the installed "
+                  "mlperf-logging, docs/time-to-train.md): the score, the mean of 40 runs less the 4 fastest "
+                  "and 4 slowest:", ""]
+        lines += [f"- {s.label}: {duration_text(s.predicted['score_s'])} expected (5th-95th percentile "
+                  f"{duration_text(s.predicted['score_p5_s'])} - {duration_text(s.predicted['score_p95_s'])}), "
+                  f"RCP at global batch {s.predicted['rcp_global_batch']}" for s in predicted]
+        lines.append("")
     failing = [(s, c) for s in summaries for c in s.compliance if c.problems]
     if failing:
         lines += [f"## Compliance problems (ruleset {ruleset})", ""]
@@ -75,7 +96,7 @@ def summary_json(summaries: Sequence[RunSummary], empty: Sequence[str], score: S
     for s in summaries:
         entry = {k: getattr(s, k) for k in ("folder", "label", "status", "epochs", "seed", "time_to_target_s",
                                             "run_time_s", "best_mean_dice", "best_epoch", "reached_epoch",
-                                            "mean_throughput", "attempts", "notes")}
+                                            "mean_throughput", "attempts", "notes", "predicted")}
         entry["compliance"] = [{"log": c.log, "checked": c.checked, "passed": c.passed,
                                 "problems": list(c.problems)} for c in s.compliance]
         runs.append(entry)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 RCP_RULESET = "training_4.0.0"  # unet3d's last round (MLPerf Training v4.0)
@@ -89,6 +90,12 @@ def load_rcps(path=None) -> dict[int, Rcp]:
     if not rcps:
         raise TimeToTrainError(f"no unet3d RCP in {path}")
     return rcps
+
+
+@lru_cache(maxsize=1)
+def installed_rcps() -> dict[int, Rcp]:
+    """:func:`load_rcps` of the installed package, read once per process."""
+    return load_rcps()
 
 
 def nearest_rcp(rcps: dict[int, Rcp], global_batch: int) -> Rcp:
@@ -231,7 +238,7 @@ def predict(train_throughput: float, eval_seconds: float, global_batch: int, sch
     global batch (``rcps``: default the installed package's)."""
     train_throughput = _positive(train_throughput, "the training throughput")
     eval_seconds = _positive(eval_seconds, "the seconds per evaluation")
-    rcp = nearest_rcp(load_rcps() if rcps is None else rcps, global_batch)
+    rcp = nearest_rcp(installed_rcps() if rcps is None else rcps, global_batch)
     runs = tuple(run_time(s, schedule, train_throughput, eval_seconds) for s in rcp.samples)
     seconds = [r.seconds for r in runs]
     return Prediction(global_batch, world_size, rcp, schedule, train_throughput, eval_seconds, runs,
@@ -293,7 +300,7 @@ def evaluation_share_lines(eval_seconds: float, global_batch: int, schedule: Sch
     """``--exec_mode evaluate --benchmark``: the evaluations' part of the time to train (the
     training part needs the training throughput)."""
     eval_seconds = _positive(eval_seconds, "the seconds per evaluation")
-    rcps = load_rcps() if rcps is None else rcps
+    rcps = installed_rcps() if rcps is None else rcps
     rcp = nearest_rcp(rcps, global_batch)
     counts = [schedule.evaluations(schedule.converged_epoch(s)) for s in rcp.samples]
     mean = sum(counts) / len(counts)

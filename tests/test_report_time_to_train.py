@@ -1,0 +1,77 @@
+"""The run report shows the MLPerf time to train predicted at a run's own speed beside its time:
+run folders written by hand (the formats of runtime/run_log.py) with NVIDIA 8xH200's published
+numbers, so the prediction has a known answer (mlperf-results.md: 11.46 min)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.report import time_to_train as T
+from runtime.report.cli import make_report, main
+
+T0_MS = 1_795_000_000_000
+
+
+def mllog(key, t_ms, value=None, event_type="POINT_IN_TIME", **metadata) -> str:
+    record = {"namespace": "", "time_ms": t_ms, "event_type": event_type, "key": key, "value": value,
+              "metadata": {"file": "synthetic.py", "lineno": 1, **metadata}}
+    return ":::MLLOG " + json.dumps(record)
+
+
+def write_run(folder: Path, evals=((1000, 1.60), (1020, 1.67), (1040, 1.90)), throughput=608.0,
+              train_samples=168, samples_per_epoch=168, global_batch=56, minutes=11.5):
+    folder.mkdir(parents=True)
+    lines = [mllog("submission_benchmark", T0_MS - 900, "unet3d"), mllog("seed", T0_MS - 700, 1),
+             mllog("global_batch_size", T0_MS - 700, global_batch), mllog("train_samples", T0_MS - 700, train_samples)]
+    if samples_per_epoch is not None:
+        lines.append(mllog("samples_per_epoch", T0_MS - 700, samples_per_epoch))
+    lines.append(mllog("run_start", T0_MS, event_type="INTERVAL_START"))
+    for i, (epoch, seconds) in enumerate(evals):
+        start = T0_MS + 60_000 * (i + 1)
+        lines += [mllog("eval_start", start, event_type="INTERVAL_START", epoch_num=epoch),
+                  mllog("eval_accuracy", start + 10, 0.5, epoch_num=epoch),
+                  mllog("eval_stop", start + round(seconds * 1000), event_type="INTERVAL_END", epoch_num=epoch)]
+    lines.append(mllog("run_stop", T0_MS + round(minutes * 60_000), event_type="INTERVAL_END", status="success",
+                       epoch_num=evals[-1][0] if evals else 1))
+    (folder / "unet3d.log").write_text("\n".join(lines) + "\n")
+    records = [{"time": T0_MS / 1000 + e, "kind": "train", "epoch": e, "loss": 0.5, "lr": 1.0,
+                "throughput": throughput} for e in (1, 2, 3)]
+    records += [{"time": T0_MS / 1000 + 100 + e, "kind": "eval", "epoch": e, "mean_dice": 0.5, "l1_dice": 0.5,
+                 "l2_dice": 0.5, "eval_loss": 0.5, "eval_cases": 42} for e, _ in evals]
+    (folder / "log.json").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def test_a_kits19_run_shows_its_predicted_time_beside_its_own(tmp_path, capsys):
+    write_run(tmp_path / "h200")
+    result = make_report([str(tmp_path / "h200")], str(tmp_path / "out"), check=False, draw=False)
+    predicted = result["runs"][0].predicted
+    # median evaluation 1.67 s, 608 samples/s, evaluations from 1000 every 20, global batch 56
+    expected = T.predict(608.0, 1.67, 56, T.Schedule(168, 1000, 20))
+    assert predicted["score_s"] == pytest.approx(expected.score_s, rel=1e-6)
+    assert predicted["eval_seconds"] == pytest.approx(1.67) and predicted["rcp_global_batch"] == 56
+    assert abs(predicted["score_s"] / 60 / 11.46 - 1) < 0.05
+    markdown = Path(result["summary_md"]).read_text()
+    row = next(line for line in markdown.splitlines() if line.startswith("| h200"))
+    assert "11.50 min" in row and T.duration_text(expected.run_mean_s) in row      # the run's time, the prediction
+    assert f"{T.duration_text(expected.score_s)} expected" in markdown
+    document = json.loads(Path(result["summary_json"]).read_text())
+    assert document["runs"][0]["predicted"]["score_s"] == pytest.approx(expected.score_s, rel=1e-6)
+    assert main([str(tmp_path / "h200"), "--output", str(tmp_path / "out2"), "--no_compliance", "--no_curves"]) == 0
+    assert "predicted time to train at its speed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, note", [
+    (dict(train_samples=24), "trained on 24 cases, the RCPs on KiTS19's 168"),
+    (dict(samples_per_epoch=None), "no samples_per_epoch"),
+    (dict(evals=((1000, 1.6),)), "fewer than 2 evaluations"),
+])
+def test_a_run_without_what_the_prediction_needs_says_why(tmp_path, change, note):
+    write_run(tmp_path / "x1", **change)
+    result = make_report([str(tmp_path / "x1")], str(tmp_path / "out"), check=False, draw=False)
+    summary = result["runs"][0]
+    assert summary.predicted is None and any(note in n for n in summary.notes), summary.notes
+    row = next(line for line in Path(result["summary_md"]).read_text().splitlines() if line.startswith("| x1"))
+    assert row.split("|")[5].strip() == "-"
