@@ -95,16 +95,28 @@ def memory_limit_bytes() -> int | None:
 
 def check_header(path: str, limit: int | None = None) -> ScanHeader:
     """Read and check the header of ``path`` before any voxel is read: :class:`ScanError`
-    (one line naming the file) for a bad spacing or a scan too large for ``limit`` bytes
-    (default :func:`memory_limit_bytes`)."""
-    header = read_header(path)
+    (one line naming the file) for a bad spacing, an orientation that cannot be read (no usable
+    sform or qform, a shear; :mod:`data_loading.scan_io`) or a scan too large for ``limit``
+    bytes (default :func:`memory_limit_bytes`). NRRD, MetaImage and DICOM headers are read by
+    :mod:`data_loading.scan_io` (SimpleITK). The returned shape and spacing are the file's own
+    (array-axis order); the memory is estimated in the KiTS19 layout the scan is predicted in."""
+    from data_loading import scan_io
+
+    affine = None
+    if os.path.isfile(path) and scan_io.is_nifti_name(path):
+        header = read_header(path)
+    else:
+        shape, spacing, affine = scan_io.sitk_header(path)
+        header = ScanHeader(shape, spacing)
     problem = spacing_problem(header.spacing)
     if problem:
         raise ScanError(f"{path}: {problem}")
-    need, limit = predict_bytes(header.shape, header.spacing), limit or memory_limit_bytes()
+    orientation = (scan_io.header_geometry(path)[2] if affine is None
+                   else scan_io.orientation_from_affine(affine, header.shape, path, "direction"))
+    shape, spacing = orientation.kits_shape, orientation.spacing_to_kits(list(header.spacing))
+    need, limit = predict_bytes(shape, spacing), limit or memory_limit_bytes()
     if limit is not None and need > limit:
         raise ScanError(f"{path}: shape {header.shape} at spacing {list(header.spacing)} mm needs about "
                         f"{need / 2**30:.3g} GiB to segment at {TARGET_SPACING} mm, more than the "
                         f"{limit / 2**30:.3g} GiB of memory here")
     return header
-

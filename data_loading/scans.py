@@ -1,6 +1,12 @@
 """Raw CT scans to segment: discovery, reading, the benchmark's preprocessing, and the way back
 to the scan's own grid (drop the padding, resample class probabilities, argmax, write NIfTI).
 
+Reading (any format, any orientation) is :mod:`data_loading.scan_io`'s: a scan arrives here in
+the KiTS19 layout the network was trained in (array axis 0 the slices, axis codes I-P-L), with
+its spacing permuted alike, and its segmentation goes back to the file's own axes
+(:meth:`RawScan.to_file`) before it is written with the scan's header. A scan already in the
+KiTS19 layout is not moved at all.
+
 A scan goes through exactly the steps of ``preprocess_dataset.py`` (the functions of
 :mod:`data_loading.preprocessing` are called, not copied): image float32 from the file,
 resampled to the target spacing (trilinear, ``align_corners=True``), clipped and normalised,
@@ -21,19 +27,16 @@ from typing import Sequence
 
 import numpy as np
 
+from data_loading import scan_io
 from data_loading.atomic import atomic_write
-from data_loading.dataset import DataError
 from data_loading.preprocessing import (IMAGE_FILE, LABEL_FILE, PreprocessError, _case_dirs, _read_nifti,
-                                        load_image, min_shape_padding, preprocess_arrays, read_voxels,
-                                        resampled_shape, validated_label)
+                                        min_shape_padding, preprocess_arrays, read_voxels, resampled_shape,
+                                        validated_label)
+from data_loading.scan_io import NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name, scan_name
 
-NIFTI_SUFFIXES = (".nii.gz", ".nii")
+__all__ = ["NIFTI_SUFFIXES", "ScanError", "is_nifti_name", "is_scan_name", "scan_name"]  # re-exported
 OUTPUT_SUFFIX = ".nii.gz"
 GZIP_LEVEL = 1  # nibabel's own default: labels compress well even at the fastest level
-
-
-class ScanError(DataError):
-    """A scan (or the input/output folder) that cannot be used; ``str()`` is one line."""
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,29 @@ class Scan:
 
 @dataclass(frozen=True)
 class RawScan:
-    """A scan as read: ``image`` float32 (1, D, H, W) in the file's units (HU for CT),
-    ``spacing`` ``pixdim[1:4]`` (mm, array-axis order), ``nifti`` the nibabel image (header,
-    affine) the segmentation is written with."""
+    """A scan as read, in the KiTS19 layout: ``image`` float32 (1, D, H, W) in the file's units
+    (HU for CT), ``spacing`` mm per axis in that order (``pixdim[1:4]`` permuted with the axes),
+    ``nifti`` the NIfTI image (header, affine, the file's shape) the segmentation is written
+    with, ``orientation`` the way back to the file's axes, ``file_spacing`` the file's own
+    spacing (``pixdim[1:4]``) in its own axis order."""
 
     image: np.ndarray
     spacing: list[float]
     nifti: object
+    orientation: Orientation | None = None
+    file_spacing: list[float] | None = None
+
+    def to_file(self, labels: np.ndarray) -> np.ndarray:
+        """Labels (D, H, W) of the KiTS19 layout on the file's own axes (itself when unmoved)."""
+        return labels if self.orientation is None else self.orientation.to_file(labels)
+
+    def to_kits(self, labels: np.ndarray) -> np.ndarray:
+        """Labels on the file's own axes in the KiTS19 layout (itself when unmoved)."""
+        return labels if self.orientation is None else self.orientation.to_kits(labels)
+
+    @property
+    def file_shape(self) -> tuple[int, ...]:
+        return self.orientation.file_shape if self.orientation is not None else tuple(self.image.shape[1:])
 
 
 @dataclass(frozen=True)
@@ -73,36 +92,46 @@ class ScanGeometry:
 # ----------------------------------------------------------------------------- discovery
 
 
-def is_nifti_name(path: str) -> bool:
-    return path.lower().endswith(NIFTI_SUFFIXES)
-
-
-def scan_name(path: str) -> str:
-    """File name without ``.nii`` / ``.nii.gz``."""
-    name = os.path.basename(path)
-    for suffix in NIFTI_SUFFIXES:
-        if name.lower().endswith(suffix):
-            return name[:-len(suffix)]
-    return name
-
-
 def _kits_case(folder: str, name: str) -> Scan:
     label = os.path.join(folder, LABEL_FILE)
     return Scan(name, os.path.join(folder, IMAGE_FILE), label if os.path.isfile(label) else None)
 
 
+def _dicom_scan(path: str) -> Scan:
+    """The DICOM series ``path`` names (a folder holding one series, or a file of a series),
+    named by its folder (and its SeriesInstanceUID when the folder holds several)."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
+    series = scan_io.dicom_series_of(path)
+    if not os.path.isdir(path) and len(scan_io.dicom_series_in(folder)) > 1:
+        name = f"{name}_{series.uid}"
+    return Scan(name, path)
+
+
+def _needs_simpleitk(names: Sequence[str], where: str) -> None:
+    others = [n for n in names if not is_nifti_name(n)]
+    if others:
+        scan_io.simpleitk(os.path.join(where, others[0]) if where else others[0])
+
+
 def find_scans(input_path: str) -> list[Scan]:
     """The scans ``--input`` names, sorted by name.
 
-    One ``.nii``/``.nii.gz`` file; a KiTS19 case folder (``imaging.nii.gz`` inside); a KiTS19
-    tree (``case_XXXXX/`` folders, or its parent with ``data/``), named by case folder with
-    ``segmentation.nii.gz`` as ground truth where present; or a folder of NIfTI files, named
-    by file.
+    One scan file (``.nii``/``.nii.gz``; ``.nrrd``/``.nhdr``/``.mha``/``.mhd`` and a DICOM
+    file, which names its series, through SimpleITK); a KiTS19 case folder (``imaging.nii.gz``
+    inside); a KiTS19 tree (``case_XXXXX/`` folders, or its parent with ``data/``), named by case
+    folder with ``segmentation.nii.gz`` as ground truth where present; a folder of scan files,
+    named by file; or a folder holding one DICOM series (several are named and refused: one
+    file of the series to segment chooses it), named by the folder.
     """
     if os.path.isfile(input_path):
-        if not is_nifti_name(input_path):
-            raise ScanError(f"--input {input_path}: not a NIfTI file (expected .nii or .nii.gz)")
-        return [Scan(scan_name(input_path), input_path)]
+        if is_scan_name(input_path):
+            _needs_simpleitk([input_path], "")
+            return [Scan(scan_name(input_path), input_path)]
+        if scan_io.looks_like_dicom(input_path):
+            return [_dicom_scan(input_path)]
+        raise ScanError(f"--input {input_path}: not a scan file (expected .nii, .nii.gz, .nrrd, .nhdr, .mha, "
+                        ".mhd or a DICOM file)")
     if not os.path.isdir(input_path):
         raise ScanError(f"--input {input_path}: no such file or folder")
     if os.path.isfile(os.path.join(input_path, IMAGE_FILE)):
@@ -114,10 +143,15 @@ def find_scans(input_path: str) -> list[Scan]:
         cases = _case_dirs(root)
     if cases:
         return [_kits_case(os.path.join(root, name), name) for name in cases]
-    files = sorted(f for f in os.listdir(input_path)
-                   if is_nifti_name(f) and not f.startswith(".") and os.path.isfile(os.path.join(input_path, f)))
+    entries = sorted(f for f in os.listdir(input_path)
+                     if not f.startswith(".") and os.path.isfile(os.path.join(input_path, f)))
+    files = [f for f in entries if is_scan_name(f)]
     if not files:
-        raise ScanError(f"--input {input_path}: no .nii/.nii.gz files and no case_XXXXX folders in it")
+        if any(scan_io.looks_like_dicom(os.path.join(input_path, f)) for f in entries):
+            return [_dicom_scan(input_path)]
+        raise ScanError(f"--input {input_path}: no scan files (.nii, .nii.gz, .nrrd, .nhdr, .mha, .mhd), no "
+                        "DICOM series and no case_XXXXX folders in it")
+    _needs_simpleitk(files, input_path)
     seen: dict[str, str] = {}
     for f in files:
         if scan_name(f) in seen:
@@ -135,16 +169,12 @@ def output_path(output_dir: str, scan: Scan) -> str:
 
 
 def read_scan(path: str) -> RawScan:
-    """Read one CT scan (see :class:`RawScan`); :class:`ScanError` naming ``path`` on failure."""
-    if not os.path.isfile(path):
-        raise ScanError(f"{path}: missing")
-    try:
-        image, spacing, nifti = load_image(path)
-    except PreprocessError as exc:
-        raise ScanError(str(exc)) from None
-    if any(not np.isfinite(s) or s <= 0 for s in spacing):
-        raise ScanError(f"{path}: spacing (pixdim[1:4]) {spacing} is not positive")
-    return RawScan(image, spacing, nifti)
+    """Read one CT scan into the KiTS19 layout (see :class:`RawScan`); :class:`ScanError`
+    naming ``path`` on failure."""
+    volume = scan_io.read_volume(path)
+    if any(not np.isfinite(s) or s <= 0 for s in volume.spacing):
+        raise ScanError(f"{path}: spacing (pixdim[1:4]) {volume.file_spacing} is not positive")
+    return RawScan(volume.image, volume.spacing, volume.nifti, volume.orientation, volume.file_spacing)
 
 
 def read_label(path: str, shape: Sequence[int]) -> np.ndarray:

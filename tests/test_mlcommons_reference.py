@@ -25,6 +25,7 @@ import torch
 from benchmarks.mlcommons import (REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference,
                                   reference_infer, trimmed_box)
 from checkpoints import architecture, write_checkpoint
+from data_loading.synthetic import kits_affine
 from data_loading.windows import window_geometry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -171,7 +172,7 @@ def test_trimmed_box_is_the_project_window_trim():
 def write_scan(path, shape=(130, 40, 36)):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     data = np.random.default_rng(0).integers(-100, 300, shape).astype(np.int16)
-    image = nibabel.Nifti1Image(data, np.diag([1.6, 1.6, 1.6, 1.0]))
+    image = nibabel.Nifti1Image(data, kits_affine((1.6, 1.6, 1.6)))  # KiTS19's layout: axis 0 the slices
     image.header.set_zooms((1.6, 1.6, 1.6))
     nibabel.save(image, path)
 

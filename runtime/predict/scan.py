@@ -1,10 +1,12 @@
-"""``--exec_mode predict``: raw NIfTI CT scans -> segmentation NIfTI files in each scan's own grid.
+"""``--exec_mode predict``: raw CT scans -> segmentation NIfTI files in each scan's own grid.
 
-Per scan (:func:`segment_scan`): read, preprocess exactly as ``preprocess_dataset.py``, slide
-the evaluator's window over the volume (:func:`runtime.sliding_window.sliding_window_inference`:
-Gaussian weights, ``--val_input_shape``, ``--overlap``, ``--sw_batch_size``; ``--tta`` adds the 8
-flips), softmax, back to the scan's grid (:mod:`data_loading.scans`), write uint8 labels with the
-scan's affine and header; with ``--preview``, a PNG drawn after the segmentation is safe.
+Per scan (:func:`segment_scan`): read into the KiTS19 layout the network was trained in
+(:mod:`data_loading.scan_io`: any orientation; NIfTI, NRRD, MHA/MHD, a DICOM series), preprocess
+exactly as ``preprocess_dataset.py``, slide the evaluator's window over the volume
+(:func:`runtime.sliding_window.sliding_window_inference`: Gaussian weights, ``--val_input_shape``,
+``--overlap``, ``--sw_batch_size``; ``--tta`` adds the 8 flips), softmax, back to the scan's grid
+and its own axes (:mod:`data_loading.scans`), write uint8 labels with the scan's affine and header;
+with ``--preview``, a PNG drawn after the segmentation is safe.
 A failure to write names the output file (:class:`OutputWriteError`).
 
 The folder (scans shared between ranks, each isolated, the lock, the summary) is
@@ -163,8 +165,8 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
     timer = timer or StageTimer()
     start = time.perf_counter()
     with timer("read"):
-        raw = read_scan(scan.image_path)
-        truth = read_label(scan.label_path, raw.image.shape[1:]) if scan.label_path else None
+        raw = read_scan(scan.image_path)  # in the KiTS19 layout the network was trained in
+        truth = read_label(scan.label_path, raw.file_shape) if scan.label_path else None
     with timer("preprocess"):
         image, geometry = preprocess_scan(raw, scan.image_path)
     with timer("infer"):
@@ -173,15 +175,18 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
     del image
     with timer("restore"):
         labels = labels_in_original_grid(probabilities, geometry)
+        file_labels = raw.to_file(labels)  # the file's own axes (the same array when unmoved)
     del probabilities
     path = output_path(output_dir, scan)
     with timer("write"):
-        write_output(path, lambda: write_segmentation(path, labels, raw.nifti))
-    result = scored_result(scan, "segmented", labels, truth, raw.spacing, stages=timer.seconds)
+        write_output(path, lambda: write_segmentation(path, file_labels, raw.nifti))
+    result = scored_result(scan, "segmented", file_labels, truth, raw.file_spacing or raw.spacing,
+                           stages=timer.seconds)
     result.windows = windows
     if preview:
         with timer("preview"):
-            draw_preview(result, os.path.join(output_dir, f"{scan.name}.png"), raw.image[0], labels, truth)
+            draw_preview(result, os.path.join(output_dir, f"{scan.name}.png"), raw.image[0], labels,
+                         None if truth is None else raw.to_kits(truth), raw.spacing)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -192,13 +197,14 @@ def one_line_reason(exc: BaseException) -> str:
 
 
 def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.ndarray,
-                 truth: np.ndarray | None) -> None:
-    """``--preview``, after the segmentation is safe: any failure (a broken matplotlib, a full
-    disk) becomes ``result.error``."""
+                 truth: np.ndarray | None, spacing: Sequence[float] | None = None) -> None:
+    """``--preview`` of the KiTS19-layout ``image``, ``labels`` and ``truth`` (``spacing`` mm
+    per axis), after the segmentation is safe: any failure (a broken matplotlib, a full disk)
+    becomes ``result.error``."""
     from runtime.predict.preview import write_preview
 
     try:
-        write_output(path, lambda: write_preview(path, image, labels, truth, result.case))
+        write_output(path, lambda: write_preview(path, image, labels, truth, result.case, spacing))
     except OutputWriteError as exc:
         result.error, result.full_disk = f"preview not written: {exc}", exc.full
     except Stopped:  # a signal, not a preview problem

@@ -1,0 +1,515 @@
+"""A scan's voxels and geometry, in any orientation and format: the one module that reads them.
+
+Every volume is described as a NIfTI file describes it: an array on the file's own axes (for
+NIfTI ``(i, j, k)`` as stored) and a 4x4 affine from array index to world millimetres in
+nibabel's RAS+ convention, whose axis codes (:func:`nibabel.aff2axcodes`) name the direction each
+array axis runs towards.
+
+The network was trained on KiTS19 as ``preprocess_dataset.py`` reads it, with the array as it
+lies: axis 0 the slices running Inferior, axis 1 running Posterior, axis 2 running Left (axis
+codes I-P-L, :data:`KITS_CODES`). :class:`Orientation` maps any scan's array to that layout from
+its affine (nibabel's ``io_orientation``, ``ornt_transform``, ``apply_orientation``) and the
+segmentation back to the file's own axes. A file already in the KiTS19 layout is not touched:
+:meth:`Orientation.to_kits` returns the very array it is given, so such a scan takes exactly the
+numerical path it took before orientations were read (and the benchmark's preprocessing, which
+reads KiTS19 as it lies, is not involved here at all).
+
+Which affine: the sform when its code is non-zero and it is usable, else the qform likewise
+(nibabel's order). Unusable: not finite, singular, or sheared (the columns not orthogonal within
+:data:`SHEAR_TOLERANCE`, e.g. an uncorrected gantry tilt). A scan with no usable affine is one
+:class:`ScanError` line naming the file.
+
+Formats: NIfTI through nibabel, exactly as preprocessing reads it
+(:func:`data_loading.preprocessing.load_image`); NRRD (``.nrrd``/``.nhdr``), MetaImage
+(``.mha``/``.mhd``) and a folder holding a DICOM series through SimpleITK, an optional dependency
+(:data:`SIMPLEITK_INSTALL`). A DICOM series is read with ``ImageSeriesReader``: files sorted by
+ImagePositionPatient along the slice normal (GDCM), RescaleSlope/Intercept applied; a series
+whose slices are not evenly spaced (a missing slice) or not stacked along their normal (a gantry
+tilt) is refused. SimpleITK's geometry (origin, spacing, direction cosines in LPS, array
+``(k, j, i)``) becomes the NIfTI affine of the array ``(i, j, k)``:
+``diag(-1, -1, 1) @ direction @ diag(spacing)`` and origin ``diag(-1, -1, 1) @ origin``, as
+ITK's own NIfTI writer does. Segmentations of such inputs are written as NIfTI with that affine
+(qform and sform, code 1, scanner) and the input's array shape ``(i, j, k)``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from data_loading.dataset import DataError
+from data_loading.preprocessing import PreprocessError, load_image
+
+KITS_CODES = ("I", "P", "L")  # KiTS19's array axes as preprocessing reads them: slices, height, width
+SHEAR_TOLERANCE = 1e-3  # |cos| between two affine columns above this (about 0.06 degrees): sheared
+SLICE_SPACING_TOLERANCE = 1e-2  # relative: a DICOM slice step further than this from the mean is uneven
+NIFTI_SUFFIXES = (".nii.gz", ".nii")
+SIMPLEITK_SUFFIXES = (".nrrd", ".nhdr", ".mha", ".mhd")
+SCAN_SUFFIXES = NIFTI_SUFFIXES + SIMPLEITK_SUFFIXES
+DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
+SIMPLEITK_INSTALL = "pip install SimpleITK"
+
+
+class ScanError(DataError):
+    """A scan (or the input/output folder) that cannot be used; ``str()`` is one line."""
+
+
+# ----------------------------------------------------------------------------- orientation
+
+
+def _kits_ornt():
+    from nibabel.orientations import axcodes2ornt
+
+    return axcodes2ornt(KITS_CODES)
+
+
+@dataclass(frozen=True)
+class Orientation:
+    """How a scan's array axes map to the KiTS19 layout.
+
+    ``codes``: the file's axis codes (``aff2axcodes``, e.g. ``('R', 'A', 'S')``);
+    ``to_kits_ornt``/``to_file_ornt``: nibabel orientation transforms (row ``i``: array axis
+    ``i`` goes to axis ``ornt[i, 0]``, reversed when ``ornt[i, 1]`` is -1); ``file_shape``: the
+    file's array shape.
+    """
+
+    codes: tuple[str, ...]
+    to_kits_ornt: np.ndarray
+    to_file_ornt: np.ndarray
+    file_shape: tuple[int, ...]
+
+    @property
+    def identity(self) -> bool:
+        """The file is in the KiTS19 layout already: nothing is moved."""
+        return bool(np.array_equal(self.to_kits_ornt, [[0, 1], [1, 1], [2, 1]]))
+
+    @property
+    def kits_shape(self) -> tuple[int, ...]:
+        shape = [0, 0, 0]
+        for size, (axis, _) in zip(self.file_shape, self.to_kits_ornt):
+            shape[int(axis)] = int(size)
+        return tuple(shape)
+
+    def spacing_to_kits(self, spacing: Sequence[float]) -> list[float]:
+        """``spacing`` (file axis order) permuted with the axes; the very list when nothing moves."""
+        if self.identity:
+            return spacing if isinstance(spacing, list) else list(spacing)
+        kits = [0.0, 0.0, 0.0]
+        for value, (axis, _) in zip(spacing, self.to_kits_ornt):
+            kits[int(axis)] = value
+        return kits
+
+    def to_kits(self, array: np.ndarray) -> np.ndarray:
+        """A (D, H, W) array of the file's axes in the KiTS19 layout (contiguous); ``array``
+        itself when the file is in that layout."""
+        if self.identity:
+            return array
+        from nibabel.orientations import apply_orientation
+
+        if tuple(array.shape) != self.file_shape:
+            raise ValueError(f"array {array.shape} is not of the file's shape {self.file_shape}")
+        return np.ascontiguousarray(apply_orientation(array, self.to_kits_ornt))
+
+    def to_file(self, array: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`to_kits`: a KiTS19-layout array back on the file's axes."""
+        if self.identity:
+            return array
+        from nibabel.orientations import apply_orientation
+
+        if tuple(array.shape) != self.kits_shape:
+            raise ValueError(f"array {array.shape} is not of the KiTS19-layout shape {self.kits_shape}")
+        out = np.ascontiguousarray(apply_orientation(array, self.to_file_ornt))
+        assert out.shape == self.file_shape
+        return out
+
+
+def affine_problem(affine: np.ndarray) -> str | None:
+    """Why ``affine`` (4x4) cannot orient a scan, or None."""
+    affine = np.asarray(affine, dtype=np.float64)
+    if affine.shape != (4, 4) or not np.all(np.isfinite(affine)):
+        return "not finite"
+    columns = affine[:3, :3]
+    norms = np.linalg.norm(columns, axis=0)
+    if np.any(norms <= 0) or abs(np.linalg.det(columns)) <= 1e-12 * float(np.prod(norms)):
+        return "singular (an axis of zero length)"
+    unit = columns / norms
+    cosines = np.abs(unit.T @ unit - np.eye(3))
+    if cosines.max() > SHEAR_TOLERANCE:
+        degrees = np.degrees(np.arcsin(min(1.0, float(cosines.max()))))
+        return f"sheared (axes {degrees:.2g} degrees off perpendicular: a gantry tilt?)"
+    return None
+
+
+def orientation_from_affine(affine: np.ndarray, shape: Sequence[int], path: str, what: str = "affine") -> Orientation:
+    """The :class:`Orientation` of a scan of array ``shape`` whose ``affine`` maps it to RAS+;
+    :class:`ScanError` naming ``path`` when the affine is unusable."""
+    from nibabel.orientations import aff2axcodes, io_orientation, ornt_transform
+
+    problem = affine_problem(affine)
+    if problem:
+        raise ScanError(f"{path}: the {what} is {problem}: the scan's orientation cannot be read")
+    if len(shape) != 3:
+        raise ScanError(f"{path}: expected a 3-D volume, got shape {tuple(shape)}")
+    ornt = io_orientation(affine)
+    kits = _kits_ornt()
+    return Orientation(tuple(aff2axcodes(affine)), ornt_transform(ornt, kits).astype(int),
+                       ornt_transform(kits, ornt).astype(int), tuple(int(s) for s in shape))
+
+
+def nifti_affine(header, path: str) -> tuple[np.ndarray, str]:
+    """The affine that orients a NIfTI file, and which one it is: the sform if its code is
+    non-zero and it is usable, else the qform likewise; :class:`ScanError` naming ``path``
+    when neither is (a sheared sform is refused, not passed over: it is the scan's geometry)."""
+    reasons = []
+    for form in ("sform", "qform"):
+        code = int(header[f"{form}_code"])
+        if code == 0:
+            reasons.append(f"{form}_code 0")
+            continue
+        try:
+            affine = header.get_sform() if form == "sform" else header.get_qform()
+        except Exception as exc:  # noqa: BLE001 - nibabel's own errors for a broken quaternion or pixdim
+            reasons.append(f"{form} unreadable ({type(exc).__name__})")
+            continue
+        problem = affine_problem(affine)
+        if problem is None:
+            return affine, form
+        if problem.startswith("sheared"):
+            raise ScanError(f"{path}: the {form} is {problem}: the scan's orientation cannot be read")
+        reasons.append(f"{form} {problem}")
+    raise ScanError(f"{path}: no usable orientation ({', '.join(reasons)}): the scan's orientation "
+                    "cannot be read")
+
+
+def nifti_orientation(nifti, path: str) -> Orientation:
+    """The :class:`Orientation` of a loaded nibabel image."""
+    affine, form = nifti_affine(nifti.header, path)
+    return orientation_from_affine(affine, nifti.shape, path, form)
+
+
+# ----------------------------------------------------------------------------- formats
+
+
+def _lower(path: str) -> str:
+    return os.path.basename(path).lower()
+
+
+def is_nifti_name(path: str) -> bool:
+    return _lower(path).endswith(NIFTI_SUFFIXES)
+
+
+def is_scan_name(path: str) -> bool:
+    """A file name predict reads as one scan (NIfTI, NRRD, MetaImage)."""
+    return _lower(path).endswith(SCAN_SUFFIXES)
+
+
+def scan_name(path: str) -> str:
+    """File name without its scan suffix (``.nii.gz``, ``.nrrd``, ...)."""
+    name = os.path.basename(path)
+    for suffix in SCAN_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
+def looks_like_dicom(path: str) -> bool:
+    """A DICOM file by its name or its preamble (``DICM`` at byte 128)."""
+    if _lower(path).endswith(DICOM_SUFFIXES):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(132)
+    except OSError:
+        return False
+    return len(head) == 132 and head[128:] == b"DICM"
+
+
+def simpleitk(what: str):
+    """The SimpleITK module; :class:`ScanError` naming ``what`` and the install command when
+    it is not installed."""
+    try:
+        import SimpleITK
+    except ImportError:
+        raise ScanError(f"{what}: reading it needs SimpleITK, which is not installed ({SIMPLEITK_INSTALL})") from None
+    return SimpleITK
+
+
+def lps_affine(direction: Sequence[float], spacing: Sequence[float], origin: Sequence[float]) -> np.ndarray:
+    """The RAS+ affine of the array ``(i, j, k)`` of an ITK image: its direction cosines
+    (row-major 3x3) and origin are LPS+, hence x and y negated."""
+    lps_to_ras = np.diag([-1.0, -1.0, 1.0])
+    affine = np.eye(4)
+    affine[:3, :3] = lps_to_ras @ np.asarray(direction, dtype=np.float64).reshape(3, 3) @ np.diag(
+        np.asarray(spacing, dtype=np.float64))
+    affine[:3, 3] = lps_to_ras @ np.asarray(origin, dtype=np.float64)
+    return affine
+
+
+def sitk_affine(image) -> np.ndarray:
+    """The RAS+ affine of the array ``(i, j, k)`` of a SimpleITK image."""
+    return lps_affine(image.GetDirection(), image.GetSpacing(), image.GetOrigin())
+
+
+def nifti_reference(affine: np.ndarray, shape: Sequence[int], spacing: Sequence[float]):
+    """A header-only NIfTI image (no voxels allocated) of ``shape`` with ``affine`` as qform and
+    sform (code 1, scanner) and ``spacing`` as pixdim: what a segmentation of a non-NIfTI scan
+    is written with."""
+    import nibabel
+
+    header = nibabel.Nifti1Header()
+    header.set_data_shape(tuple(int(s) for s in shape))
+    header.set_data_dtype(np.uint8)
+    header.set_qform(affine, code=1)
+    header.set_sform(affine, code=1)
+    header.set_zooms(tuple(float(s) for s in spacing))
+    header.set_xyzt_units("mm", "sec")
+    return nibabel.Nifti1Image(np.broadcast_to(np.uint8(0), tuple(int(s) for s in shape)), affine, header)
+
+
+# ----------------------------------------------------------------------------- DICOM series
+
+
+@dataclass(frozen=True)
+class DicomSeries:
+    uid: str
+    files: tuple[str, ...]  # sorted by position along the slice normal (GDCM)
+    description: str = ""
+
+
+def dicom_series_in(folder: str) -> list[DicomSeries]:
+    """The DICOM series of ``folder`` (not its subfolders), by SeriesInstanceUID."""
+    sitk = simpleitk(folder)
+    reader = sitk.ImageSeriesReader()
+    series = []
+    for uid in reader.GetGDCMSeriesIDs(folder):
+        files = tuple(reader.GetGDCMSeriesFileNames(folder, uid))
+        series.append(DicomSeries(uid, files, _description(sitk, files[0]) if files else ""))
+    return series
+
+
+def _description(sitk, path: str) -> str:
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(path)
+    try:
+        reader.ReadImageInformation()
+        return reader.GetMetaData("0008|103e").strip() if reader.HasMetaDataKey("0008|103e") else ""
+    except RuntimeError:
+        return ""
+
+
+def describe_series(series: Sequence[DicomSeries]) -> str:
+    return ", ".join(f"{s.uid} ({len(s.files)} files" + (f", '{s.description}'" if s.description else "") + ")"
+                     for s in series)
+
+
+def several_series_message(folder: str, series: Sequence[DicomSeries]) -> str:
+    example = series[0].files[0] if series and series[0].files else os.path.join(folder, "FILE")
+    return (f"--input {folder}: holds {len(series)} DICOM series: {describe_series(series)}; give one file "
+            f"of the series to segment as --input (e.g. --input {example})")
+
+
+def dicom_series_of(path: str) -> DicomSeries:
+    """The series ``path`` names: the only series of a folder, or the series a file belongs to;
+    :class:`ScanError` naming ``path`` otherwise (no series, several series in the folder)."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    series = [s for s in dicom_series_in(folder) if s.files]
+    if os.path.isdir(path):
+        if not series:
+            raise ScanError(f"{path}: no DICOM series in it")
+        if len(series) > 1:
+            raise ScanError(several_series_message(path, series))
+        return series[0]
+    wanted = os.path.realpath(path)
+    for s in series:
+        if any(os.path.realpath(f) == wanted for f in s.files):
+            return s
+    raise ScanError(f"{path}: not a readable DICOM image (no DICOM series in {folder} holds it)")
+
+
+def _positions(reader, count: int) -> np.ndarray | None:
+    try:
+        return np.array([[float(v) for v in reader.GetMetaData(i, "0020|0032").split("\\")] for i in range(count)])
+    except (RuntimeError, ValueError):
+        return None
+
+
+def check_slices(image, positions: np.ndarray | None, path: str) -> None:
+    """:class:`ScanError` naming ``path`` when the slices (ImagePositionPatient, in the order
+    read) are not evenly stacked along the slice normal of ``image``: a missing or doubled
+    slice, or a gantry tilt (the slices sheared against the normal)."""
+    if positions is None or len(positions) < 2:
+        return
+    normal = np.asarray(image.GetDirection(), dtype=np.float64).reshape(3, 3)[:, 2]
+    steps = np.diff(positions, axis=0)
+    along = steps @ normal
+    mean = float(along.mean())
+    if abs(mean) <= 1e-6:
+        raise ScanError(f"{path}: the DICOM slices share one position: not a volume")
+    if np.max(np.abs(along - mean)) > SLICE_SPACING_TOLERANCE * abs(mean):
+        raise ScanError(f"{path}: the DICOM slices are not evenly spaced ({abs(along).min():.4g} to "
+                        f"{abs(along).max():.4g} mm between neighbours: a missing slice?)")
+    across = np.linalg.norm(steps - np.outer(along, normal), axis=1)
+    if across.max() > SHEAR_TOLERANCE * abs(mean) + 1e-4:
+        raise ScanError(f"{path}: the DICOM slices are not stacked along their normal (a gantry tilt: "
+                        f"{np.degrees(np.arctan(across.max() / abs(mean))):.2g} degrees)")
+    spacing_k = image.GetSpacing()[2]
+    if abs(spacing_k - abs(mean)) > SLICE_SPACING_TOLERANCE * abs(mean):
+        raise ScanError(f"{path}: the series' slice spacing {spacing_k:.4g} mm differs from its slice positions' "
+                        f"{abs(mean):.4g} mm")
+
+
+def read_dicom(path: str):
+    """The SimpleITK image of the DICOM series ``path`` names (see :func:`dicom_series_of`)."""
+    sitk = simpleitk(path)
+    series = dicom_series_of(path)
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(list(series.files))
+    reader.MetaDataDictionaryArrayUpdateOn()
+    shown = sitk.ProcessObject.GetGlobalWarningDisplay()
+    sitk.ProcessObject.SetGlobalWarningDisplay(False)  # ITK's own multi-line warnings: checked below instead
+    try:
+        image = reader.Execute()
+    except RuntimeError as exc:
+        raise ScanError(f"{path}: unreadable DICOM series {series.uid} ({_first_line(exc)})") from None
+    finally:
+        sitk.ProcessObject.SetGlobalWarningDisplay(shown)
+    check_slices(image, _positions(reader, len(series.files)), path)
+    return image
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [line for line in lines if "ERROR" in line or "error" in line]
+    return (useful or lines or [type(exc).__name__])[-1][:200]
+
+
+def read_sitk_image(path: str):
+    """A SimpleITK image from an NRRD/MetaImage file or a DICOM series."""
+    if os.path.isdir(path) or not is_scan_name(path):
+        return read_dicom(path)
+    sitk = simpleitk(path)
+    try:
+        return sitk.ReadImage(path)
+    except RuntimeError as exc:
+        raise ScanError(f"{path}: unreadable or corrupt file ({_first_line(exc)})") from None
+
+
+def _information(sitk, path: str, shown: str):
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(path)
+    try:
+        reader.ReadImageInformation()
+    except RuntimeError as exc:
+        raise ScanError(f"{shown}: unreadable or corrupt file ({_first_line(exc)})") from None
+    return reader
+
+
+def sitk_header(path: str) -> tuple[tuple[int, ...], tuple[float, ...], np.ndarray]:
+    """Shape ``(i, j, k)``, spacing (same order, mm) and affine of a scan SimpleITK reads,
+    from headers only: the file's, or a DICOM series' first and last files' (the slice count
+    is the series' file count, the slice step their distance along the normal over it)."""
+    sitk = simpleitk(path)
+    if os.path.isfile(path) and is_scan_name(path):
+        reader = _information(sitk, path, path)
+        size, spacing, direction, origin = reader.GetSize(), reader.GetSpacing(), reader.GetDirection(), reader.GetOrigin()
+    else:
+        files = dicom_series_of(path).files
+        first = _information(sitk, files[0], path)
+        size, spacing, direction, origin = first.GetSize(), first.GetSpacing(), first.GetDirection(), first.GetOrigin()
+        if len(size) == 3:
+            size, spacing = (size[0], size[1], len(files)), list(spacing)
+            if len(files) > 1:
+                normal = np.asarray(direction, dtype=np.float64).reshape(3, 3)[:, 2]
+                last = np.asarray(_information(sitk, files[-1], path).GetOrigin(), dtype=np.float64)
+                step = abs(float((last - np.asarray(origin)) @ normal)) / (len(files) - 1)
+                spacing[2] = step if step > 0 else spacing[2]
+        reader = first
+    if len(size) != 3 or reader.GetNumberOfComponents() != 1:
+        raise ScanError(f"{path}: expected a 3-D volume of one channel, got size {tuple(size)} with "
+                        f"{reader.GetNumberOfComponents()} component(s)")
+    spacing = tuple(float(s) for s in spacing)
+    return tuple(int(s) for s in size), spacing, lps_affine(direction, spacing, origin)
+
+
+# ----------------------------------------------------------------------------- one volume
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A scan as read, in the KiTS19 layout: ``image`` float32 (1, D, H, W) in the file's units
+    (HU for CT), ``spacing`` its mm per axis (D, H, W; for NIfTI ``pixdim`` permuted with the
+    axes, the very list ``pixdim[1:4].tolist()`` when nothing moves); ``orientation`` the way
+    back to the file's axes; ``file_spacing`` the file's own (``pixdim[1:4]`` for NIfTI);
+    ``nifti`` the NIfTI image (header, affine, file's shape) the segmentation is written with."""
+
+    image: np.ndarray
+    spacing: list[float]
+    orientation: Orientation
+    file_spacing: list[float]
+    nifti: object
+
+
+def _finite_float32(array: np.ndarray, path: str) -> np.ndarray:
+    image = array.astype(np.float32, copy=False)
+    finite = np.isfinite(image)
+    if not finite.all():
+        raise ScanError(f"{path}: {image.size - int(finite.sum())} NaN or infinite intensities")
+    return image
+
+
+def read_nifti_volume(path: str) -> Volume:
+    try:
+        image, spacing, nifti = load_image(path)  # exactly preprocessing's reading
+    except PreprocessError as exc:
+        raise ScanError(str(exc)) from None
+    orientation = nifti_orientation(nifti, path)
+    if orientation.identity:
+        return Volume(image, spacing, orientation, spacing, nifti)
+    return Volume(orientation.to_kits(image[0])[None], orientation.spacing_to_kits(spacing), orientation,
+                  spacing, nifti)
+
+
+def read_sitk_volume(path: str) -> Volume:
+    sitk = simpleitk(path)
+    image = read_sitk_image(path)
+    if image.GetDimension() != 3 or image.GetNumberOfComponentsPerPixel() != 1:
+        raise ScanError(f"{path}: expected a 3-D volume of one channel, got size {image.GetSize()} with "
+                        f"{image.GetNumberOfComponentsPerPixel()} component(s)")
+    affine = sitk_affine(image)
+    file_array = sitk.GetArrayFromImage(image).T  # (k, j, i) -> (i, j, k), a view
+    spacing = [float(s) for s in image.GetSpacing()]
+    orientation = orientation_from_affine(affine, file_array.shape, path, "direction")
+    del image
+    voxels = _finite_float32(np.ascontiguousarray(orientation.to_kits(file_array)), path)
+    return Volume(voxels[None], orientation.spacing_to_kits(spacing), orientation, spacing,
+                  nifti_reference(affine, file_array.shape, spacing))
+
+
+def read_volume(path: str) -> Volume:
+    """Read one scan into the KiTS19 layout (see :class:`Volume`); :class:`ScanError` naming
+    ``path`` on failure."""
+    if not os.path.exists(path):
+        raise ScanError(f"{path}: missing")
+    if os.path.isfile(path) and is_nifti_name(path):
+        return read_nifti_volume(path)
+    return read_sitk_volume(path)
+
+
+def header_geometry(path: str) -> tuple[tuple[int, ...], tuple[float, ...], Orientation]:
+    """Shape and spacing in the file's axis order (``pixdim[1:4]`` for NIfTI), and the
+    orientation, from the header only (no voxel is read); :class:`ScanError` naming ``path``
+    for an unusable one."""
+    if os.path.isfile(path) and is_nifti_name(path):
+        import nibabel
+
+        try:
+            nifti = nibabel.load(path)  # the header only: the voxels stay on disk
+        except Exception as exc:  # noqa: BLE001 - nibabel's many header errors: one line
+            raise ScanError(f"{path}: unreadable or corrupt NIfTI ({type(exc).__name__})") from None
+        shape = tuple(int(s) for s in nifti.shape)
+        spacing = tuple(float(s) for s in nifti.header["pixdim"][1:4])
+        return shape, spacing, nifti_orientation(nifti, path)
+    shape, spacing, affine = sitk_header(path)
+    return shape, spacing, orientation_from_affine(affine, shape, path, "direction")
