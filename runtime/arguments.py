@@ -282,13 +282,16 @@ def _submission_flags(g, d: Config) -> None:
 
 def _predict_flags(g, d: Config) -> None:
     g.add_argument("--input", default=d.input,
-                   help="(new) predict: a .nii/.nii.gz CT scan, a folder of them, or a KiTS19 tree")
+                   help="(new) predict: a CT scan (.nii/.nii.gz; .nrrd/.nhdr/.mha/.mhd or a DICOM series' folder or "
+                        "file with SimpleITK), a folder of scan files, or a KiTS19 tree; any orientation "
+                        "(docs/scans.md)")
     g.add_argument("--output_dir", default=d.output_dir,
                    help="(new) predict: folder for <case>.nii.gz segmentations and summary.csv/.jsonl")
     g.add_argument("--tta", action="store_true",
                    help="(new) predict: test-time mirroring, softmax averaged over the 8 flips of the 3 axes")
     g.add_argument("--preview", action="store_true",
-                   help="(new) predict: a PNG per case of the slice with the most tumour (needs matplotlib)")
+                   help="(new) predict: a PNG per case, axial, coronal and sagittal views through the most tumour "
+                        "(needs matplotlib)")
     g.add_argument("--force", action="store_true",
                    help="(new) predict: segment every scan again (default: an existing output is reused "
                         "when its record says it was made the way this run would make it, else "
