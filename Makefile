@@ -30,7 +30,12 @@ OPENVINO_VENV ?= .venv-openvino
 OPENVINO_PY := $(OPENVINO_VENV)/bin/python
 OPENVINO_TESTS ?= tests/test_openvino.py
 
-.PHONY: setup demo test test-fast test-compat test-deploy test-deploy-jobs test-openvino clean
+# `make gpu-check`: on one CUDA GPU, within 10 minutes, the CUDA tests, a short convergence run, the
+# throughput ladder and the predicted MLPerf time to train, their numbers in $(GPU_CHECK_DIR)/summary.md;
+# without CUDA its CPU smoke path (tiny shapes, under a minute), which says so.
+GPU_CHECK_DIR ?= gpu_check
+
+.PHONY: setup demo test test-fast test-compat test-deploy test-deploy-jobs test-openvino gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -86,6 +91,9 @@ $(OPENVINO_VENV)/.installed: $(VENV)/.installed requirements-openvino.txt
 test-openvino: $(OPENVINO_VENV)/.installed
 	@echo "test-openvino: $$($(OPENVINO_PY) -c 'import openvino; print("OpenVINO", openvino.__version__)' 2>/dev/null || echo 'no OpenVINO')"
 	$(OPENVINO_PY) -m pytest -q $(PYTEST_ARGS) $(OPENVINO_TESTS)
+
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py --out "$(GPU_CHECK_DIR)"
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(OPENVINO_VENV) $(DEMO_DIR) .pytest_cache
