@@ -106,3 +106,18 @@ def test_budget_spent():
     assert Budget().spent(10**6, 1e9) is None and not Budget().given
     assert Budget(steps=3).spent(3, 0.0) == "--benchmark_steps 3" and Budget(steps=3).spent(2, 1e9) is None
     assert Budget(seconds=2.5).spent(1, 2.5) == "--benchmark_seconds 2.5"
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_at_the_same_step_and_share_the_evaluation(tmp_path):
+    """A time budget is spent at different moments on different ranks: rank 0 decides for all
+    (DDP would hang on a rank that stepped alone); the evaluation pass is each rank's share."""
+    from test_end_to_end import torchrun
+
+    proc = torchrun(*TINY, "--benchmark", "--benchmark_seconds", "0.5", "--warmup_steps", "1",
+                    "--log_dir", str(tmp_path / "b"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("throughput_train:") == 1                       # rank 0 speaks
+    assert "(--benchmark_seconds 0.5" in proc.stdout
+    assert re.search(r"evaluation: [\d.e+-]+ s per evaluation on 2 rank\(s\) \(\d+ of 42 evaluation volumes", proc.stdout)
+    assert "global batch 4 on 2 rank(s)" in proc.stdout and "168 samples per epoch" in proc.stdout

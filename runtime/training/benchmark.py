@@ -257,7 +257,7 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
     summary = {**summary, "eval_seconds": eval_seconds}
 
     def lines():
-        rcps = T.load_rcps()
+        rcps = T.installed_rcps()
         prediction = T.predict(summary["throughput"], eval_seconds, global_batch(cfg, world),
                                benchmark_schedule(cfg, world), world, rcps)
         summary["time_to_train"] = prediction.as_dict()
