@@ -433,6 +433,35 @@ def sitk_header(path: str) -> tuple[tuple[int, ...], tuple[float, ...], np.ndarr
     return tuple(int(s) for s in size), spacing, lps_affine(direction, spacing, origin)
 
 
+def _detached_data_file(path: str) -> str | None:
+    """The data file a ``.mhd`` (``ElementDataFile``) or ``.nhdr`` (``data file``) header names,
+    when it is one plain file beside it."""
+    try:
+        with open(path, encoding="latin-1") as handle:
+            lines = handle.read(65536).splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, sep, value = line.partition("=" if _lower(path).endswith(".mhd") else ":")
+        if sep and key.strip().lower() in ("elementdatafile", "data file", "datafile"):
+            name = value.strip()
+            candidate = os.path.join(os.path.dirname(path), name)
+            return candidate if name and os.path.isfile(candidate) else None
+    return None
+
+
+def input_files(path: str) -> list[str]:
+    """The files whose bytes make the scan ``path`` names: the file itself (and a ``.mhd`` or
+    ``.nhdr`` header's data file), or a DICOM series' files in position order (for a record of
+    what an output was made from)."""
+    if os.path.isfile(path) and is_nifti_name(path):
+        return [path]
+    if os.path.isfile(path) and is_scan_name(path):
+        data = _detached_data_file(path) if _lower(path).endswith((".mhd", ".nhdr")) else None
+        return [path] + ([data] if data else [])
+    return list(dicom_series_of(path).files)
+
+
 # ----------------------------------------------------------------------------- one volume
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from data_loading.scan_checks import check_header
+from data_loading.scan_io import input_files
 from data_loading.scans import Scan, ScanError, find_scans, read_scan
 from runtime.predict.scan import segment_scan
 from test_orientation import SPACING, kits_image, kits_labels, random_conv_infer, to_codes
@@ -137,6 +138,8 @@ def test_several_series_in_one_folder_are_named_and_one_file_chooses(tmp_path, s
     assert code == 0, stderr
     written = nibabel.load(str(tmp_path / "out" / f"study_{second}.nii.gz"))
     assert written.shape == (small.shape[2], small.shape[1], 6)
+    # what the output was made from: the chosen series' files, by position (slices run Superior)
+    assert input_files(str(folder / chosen[0])) == [str(folder / name) for name in chosen[::-1]]
 
 
 def test_a_series_with_a_missing_slice_is_one_line(tmp_path, sitk, tiny_checkpoint, capsys):
@@ -170,6 +173,8 @@ def test_nrrd_and_metaimage_round_trips(tmp_path, sitk):
     for name, codes in variants.items():
         sitk.WriteImage(sitk.DICOMOrient(source, codes) if codes else source, str(folder / name))
     assert [s.name for s in find_scans(str(folder))] == ["a", "b", "c", "d"]  # no .raw data files
+    assert [os.path.basename(f) for f in input_files(str(folder / "b.nhdr")) + input_files(str(folder / "d.mhd"))] \
+        == ["b.nhdr", "b.raw.gz" if os.path.exists(folder / "b.raw.gz") else "b.raw", "d.mhd", "d.raw"]
     for scan in find_scans(str(folder)):
         segment_scan(scan, infer, str(tmp_path / "out"))
         given, written = sitk.ReadImage(scan.image_path), sitk.ReadImage(str(tmp_path / "out" / f"{scan.name}.nii.gz"))
