@@ -101,16 +101,18 @@ class Orientation:
             kits[int(axis)] = value
         return kits
 
-    def to_kits(self, array: np.ndarray) -> np.ndarray:
-        """A (D, H, W) array of the file's axes in the KiTS19 layout (contiguous); ``array``
-        itself when the file is in that layout."""
-        if self.identity:
+    def to_kits(self, array: np.ndarray, dtype=None) -> np.ndarray:
+        """A (D, H, W) array of the file's axes in the KiTS19 layout, contiguous (and cast to
+        ``dtype`` in the same copy when given); ``array`` itself when the file is in that
+        layout and no ``dtype`` is asked for."""
+        if self.identity and dtype is None:
             return array
         from nibabel.orientations import apply_orientation
 
         if tuple(array.shape) != self.file_shape:
             raise ValueError(f"array {array.shape} is not of the file's shape {self.file_shape}")
-        return np.ascontiguousarray(apply_orientation(array, self.to_kits_ornt))
+        moved = array if self.identity else apply_orientation(array, self.to_kits_ornt)  # a view
+        return np.ascontiguousarray(moved, dtype=dtype)
 
     def to_file(self, array: np.ndarray) -> np.ndarray:
         """The inverse of :meth:`to_kits`: a KiTS19-layout array back on the file's axes."""
@@ -507,13 +509,13 @@ def read_sitk_volume(path: str) -> Volume:
         raise ScanError(f"{path}: expected a 3-D volume of one channel, got size {image.GetSize()} with "
                         f"{image.GetNumberOfComponentsPerPixel()} component(s)")
     affine = sitk_affine(image)
-    file_array = sitk.GetArrayFromImage(image).T  # (k, j, i) -> (i, j, k), a view
-    spacing = [float(s) for s in image.GetSpacing()]
-    orientation = orientation_from_affine(affine, file_array.shape, path, "direction")
-    del image
-    voxels = _finite_float32(np.ascontiguousarray(orientation.to_kits(file_array)), path)
+    file_array = sitk.GetArrayViewFromImage(image).T  # (k, j, i) -> (i, j, k): a view of ITK's buffer
+    shape, spacing = file_array.shape, [float(s) for s in image.GetSpacing()]
+    orientation = orientation_from_affine(affine, shape, path, "direction")
+    voxels = _finite_float32(orientation.to_kits(file_array, dtype=np.float32), path)  # the one copy
+    del file_array, image
     return Volume(voxels[None], orientation.spacing_to_kits(spacing), orientation, spacing,
-                  nifti_reference(affine, file_array.shape, spacing))
+                  nifti_reference(affine, shape, spacing))
 
 
 def read_volume(path: str) -> Volume:
