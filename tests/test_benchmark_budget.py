@@ -93,6 +93,15 @@ def test_a_budget_without_benchmark_is_refused_in_one_line(tmp_path, capsys):
         one_line_error(code, err, flag, "--benchmark")
 
 
+@pytest.mark.parametrize("flag, value", [("--benchmark_seconds", "0"), ("--benchmark_seconds", "inf"),
+                                         ("--benchmark_seconds", "abc"), ("--benchmark_steps", "0"),
+                                         ("--benchmark_steps", "1.5")])
+def test_a_bad_budget_is_refused_in_one_line(tmp_path, capsys, flag, value):
+    code, _, err = call(TINY + ["--benchmark", flag, value], capsys)
+    assert code == 2
+    one_line_error(code, err, flag)
+
+
 @pytest.mark.parametrize("times, windows, volumes, total, expected", [
     ([2.0, 3.0], [4, 6], 2, 10, 5.0),          # every volume timed: measured
     ([2.0], [4], 3, 10, 5.0),                  # 0.5 s per window x 10 windows
