@@ -182,7 +182,7 @@ def test_a_second_checkpoint_replaces_the_first_ones_segmentations(tmp_path, cap
     assert predict(capsys, folder, alone, second)[0] == 0
     code, stdout, _ = predict(capsys, folder, shared, second)
     assert code == 0 and "1 segmented, 0 skipped" in stdout
-    assert "1 earlier outputs made otherwise replaced" in stdout and "made with weights_sha256" in stdout
+    assert "replaced 1 earlier output made otherwise" in stdout and "made with weights_sha256" in stdout
     assert np.array_equal(labels_of(shared / "scan.nii.gz"), labels_of(alone / "scan.nii.gz"))
     assert record(shared)["weights_sha256"] == record(alone)["weights_sha256"] != by_first
     assert rows(shared)["scan"]["status"] == "segmented"

@@ -164,7 +164,8 @@ def print_outcome(results: Sequence[CaseResult], output_dir: str, summary_writte
     print(f"predict: {counts['segmented']} segmented, {counts['skipped']} skipped (output made the same way "
           f"already; --force redoes them), {counts['failed']} failed"
           + (f", {counts['not run']} not run" if counts["not run"] else "") + f" of {len(results)} scans"
-          + (f"; {replaced} earlier outputs made otherwise replaced" if replaced else "") + f"; summary in {where}")
+          + (f"; replaced {replaced} earlier output{'' if replaced == 1 else 's'} made otherwise" if replaced else "")
+          + f"; summary in {where}")
     scored = [r for r in results if r.mean_dice is not None]
     if scored:
         print(f"mean_dice {np.mean([r.mean_dice for r in scored]):.4f} over {len(scored)} cases with ground truth "
