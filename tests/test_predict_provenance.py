@@ -291,6 +291,23 @@ def test_the_record_takes_its_place_only_after_the_segmentation(tmp_path, capsys
     assert seen == [False, False] and os.path.exists(out / "scan.provenance.json")
 
 
+def test_the_input_digest_covers_every_file_of_the_scan(tmp_path):
+    """One file: its sha256 (what sha256sum prints). A MetaImage header and its data file: the
+    name and bytes of each, in order; a change in the data file alone changes it."""
+    from runtime.predict.provenance import input_digest
+
+    nifti = write_nifti(str(tmp_path / "one.nii.gz"), np.zeros((4, 3, 2), np.int16), SPACING)
+    assert input_digest(nifti) == hashlib.sha256(open(nifti, "rb").read()).hexdigest()
+    header = tmp_path / "scan.mhd"
+    header.write_text("ObjectType = Image\nNDims = 3\nDimSize = 2 3 4\nElementType = MET_SHORT\n"
+                      "ElementSpacing = 1.2 1.2 1.6\nElementDataFile = scan.raw\n")
+    (tmp_path / "scan.raw").write_bytes(bytes(48))
+    expected = hashlib.sha256(b"scan.mhd\0" + header.read_bytes() + b"scan.raw\0" + bytes(48)).hexdigest()
+    assert input_digest(str(header)) == expected
+    (tmp_path / "scan.raw").write_bytes(bytes(47) + b"\1")
+    assert input_digest(str(header)) != expected
+
+
 # ----------------------------------------------------------------------------- KiTS19's scores
 
 

@@ -3,7 +3,8 @@
 ``<case>.provenance.json`` beside ``<case>.nii.gz`` holds :data:`FIELDS`: the project's version
 (``runtime.__version__``), the checkpoint's path and the sha256 of the weights predict loaded
 from it, the backend that ran the network (torch or openvino), ``--int8``, the ``--amp`` type,
-``--tta``, the sliding window's shape and overlap, and the sha256 of the input scan. An existing
+``--tta``, the sliding window's shape and overlap, and the sha256 of the input scan (of the
+files that make it). An existing
 output is reused only when its record holds this run's value of every field of :data:`MADE_BY`
 (everything but the checkpoint's path: the same weights moved elsewhere make the same
 segmentation); otherwise it is segmented again (:func:`difference` says why).
@@ -53,18 +54,18 @@ def _file_digest(path: str, digest) -> None:
 
 
 def input_digest(path: str) -> str:
-    """sha256 of an input scan: the file's bytes, or for a folder (a DICOM series) every file
-    below it, by relative name and bytes, in name order."""
+    """sha256 of the input scan ``path``: of the file's bytes (what ``sha256sum`` prints) when
+    one file makes it, else of the name and bytes of each file that does, in order (a DICOM
+    series' files in position order, a ``.mhd``/``.nhdr`` header and its data file:
+    :func:`data_loading.scan_io.input_files`)."""
+    from data_loading.scan_io import input_files
+
+    files = input_files(path)
     digest = hashlib.sha256()
-    if not os.path.isdir(path):
-        _file_digest(path, digest)
-        return digest.hexdigest()
-    for folder, subfolders, names in os.walk(path):
-        subfolders.sort()
-        for name in sorted(names):
-            full = os.path.join(folder, name)
-            digest.update(os.path.relpath(full, path).encode() + b"\0")
-            _file_digest(full, digest)
+    for name in files:
+        if len(files) > 1:
+            digest.update(os.path.basename(name).encode() + b"\0")
+        _file_digest(name, digest)
     return digest.hexdigest()
 
 
