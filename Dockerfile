@@ -19,18 +19,22 @@ RUN bash /tmp/install/install_requirements.sh /tmp/install/requirements.txt \
     && rm -rf /tmp/install
 
 # An unprivileged user owns the mount points; the code stays root's and read-only to it.
-# USER_ID lets the files written to /results belong to the host user (or `docker run --user`).
+# USER_ID lets the files written to /results belong to the host user (or `docker run --user`):
+# unet3d gets exactly that uid, shared (--non-unique) with a user of the base that has it.
 ARG USER_ID=1000
-RUN if getent passwd "${USER_ID}" >/dev/null; then useradd --create-home unet3d; \
-    else useradd --create-home --uid "${USER_ID}" unet3d; fi \
+RUN useradd --create-home --non-unique --uid "${USER_ID}" unet3d \
+    && test "$(id -u unet3d)" = "${USER_ID}" \
     && mkdir -p /raw_data /data /results \
-    && chown unet3d:unet3d /raw_data /data /results
+    && chown unet3d /raw_data /data /results
 
+# What goes in is .dockerignore's allow-list, the same as apptainer.def's %files.
 COPY . .
 
 USER unet3d
-# run_and_time.sh writes its logs, checkpoint and embedded dataset under /results.
+# run_and_time.sh writes its logs, checkpoint and embedded dataset under /results, and so does
+# main.py without --log_dir (the code folder is not the user's to write).
 ENV RESULTS_DIR=/results \
-    SYNTHETIC_DIR=/results/synthetic-kits19
+    SYNTHETIC_DIR=/results/synthetic-kits19 \
+    UNET3D_LOG_DIR=/results
 VOLUME ["/raw_data", "/data", "/results"]
 CMD ["bash"]

@@ -498,8 +498,22 @@ def test_apptainer_def_copies_all_the_code():
         assert (ROOT / source).exists(), f"%files lists {source}, which does not exist"
     needed = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     needed |= {p.name for p in ROOT.glob("*.py")}
-    needed |= {"requirements.txt", "evaluation_cases.txt", "scripts"}
+    needed |= {"requirements.txt", "requirements-openvino.txt", "evaluation_cases.txt", "scripts", "docs"}
     assert needed <= copied, f"missing from %files: {sorted(needed - copied)}"
+
+
+def test_docker_and_apptainer_images_hold_the_same_files():
+    """One list: the Docker build context is .dockerignore's allow-list (`*`, then `!path`),
+    and apptainer.def's %files copies exactly those paths (to /opt/unet3d/<path>)."""
+    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines[0] == "*"
+    allowed = {line[1:] for line in lines if line.startswith("!")}
+    _, sections = apptainer_sections((ROOT / "apptainer.def").read_text())
+    entries = [line.split() for line in sections["files"].splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert all(dest == f"/opt/unet3d/{source}" for source, dest in entries), entries
+    assert {source for source, _ in entries} == allowed
+    assert {"requirements-openvino.txt", "docs", "scripts"} <= allowed
 
 
 # --------------------------------------------------------------------------- Dockerfile

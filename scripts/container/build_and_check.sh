@@ -96,3 +96,18 @@ if ! podman build --isolation chroot --no-cache --build-arg IMAGE="$IMAGE" --bui
 fi
 grep -E "^(torch |image check passed|mean_dice )" "$log" || true
 echo "image checks passed in $(( SECONDS - start )) s: base torch $base_torch kept, chain run as unet3d into /results"
+
+# USER_ID that a user of the base already has (65534, Debian's nobody): the image's user must
+# still get exactly that uid (files in /results belong to the host user), not another one.
+start=$SECONDS
+retry "build of the project's Dockerfile with USER_ID=65534" "${BUILD[@]}" --build-arg BASE_IMAGE="$BASE_IMAGE" \
+    --build-arg USER_ID=65534 -t "$IMAGE-uid" "$ROOT"
+mkdir -p "$work/uid"
+printf 'FROM %s\nRUN test "$(id -u)" = 65534 && touch /results/written && python main.py --help > /dev/null\n' \
+    "$IMAGE-uid" > "$work/uid/Containerfile"
+if ! podman build --isolation chroot --no-cache "$work/uid" > "$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    die "the image built with USER_ID=65534 does not run as uid 65534 (the output above)"
+fi
+podman rmi --force "$IMAGE-uid" >/dev/null 2>&1 || true
+echo "uid check passed in $(( SECONDS - start )) s: USER_ID=65534, a uid the base already has, is the image's user"

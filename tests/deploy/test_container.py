@@ -21,3 +21,4 @@ def test_image_builds_on_the_site_base_and_runs_the_chain():
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "image check passed" in proc.stdout and "kept" in proc.stdout
+    assert "uid check passed" in proc.stdout
