@@ -64,15 +64,16 @@ prepare_synthetic() {
 # Drop the page cache so that the timed run reads its data cold, as the reference asks (root
 # or `sudo -n sysctl`; CLEAR_CACHES=0 skips it). The program is told whether it happened
 # (UNET3D_CACHE_CLEARED) and logs the MLPerf `cache_clear` event with that value.
-# shellcheck source=scripts/lib/page_cache.sh
-source "$REPO_DIR/scripts/lib/page_cache.sh"
 clear_page_cache() {
     if [[ ${DRY_RUN:-0} == 1 ]]; then
         echo 'sync; echo 3 > /proc/sys/vm/drop_caches'
         return 0
     fi
-    drop_page_cache "$(hostname -s)"
-    export UNET3D_CACHE_CLEARED=$CACHE_CLEARED
+    UNET3D_CACHE_CLEARED=0
+    if bash "$REPO_DIR/scripts/lib/drop_page_cache.sh" "$(hostname -s)"; then
+        UNET3D_CACHE_CLEARED=1
+    fi
+    export UNET3D_CACHE_CLEARED
 }
 
 # Timestamps are real output; in a dry run stdout holds only the commands.

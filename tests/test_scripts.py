@@ -267,7 +267,7 @@ exit 3
     (data / "case_00000_x.npy").write_bytes(b"x" * 100)
     scratch = tmp_path / "scratch" / "job"
     env = slurm_env(tmp_path, bin_dir, SLURM_NNODES="2", SLURM_JOB_NODELIST="node-a1,node-b7",
-                    GPUS_PER_NODE="4", CONTAINER="", PYTHON="fake-python", SCRATCH=str(scratch))
+                    GPUS_PER_NODE="4", CONTAINER="", PYTHON="fake-python", SCRATCH=str(scratch), CLEAR_CACHES="0")
     proc = run_script(MULTI_NODE, env, cwd=tmp_path, check=False)
     assert proc.returncode == 3, proc.stderr
     srun_calls = [c for c in calls(tmp_path) if c.startswith("srun")]
@@ -644,7 +644,8 @@ def test_stage_keeps_an_early_time_limit_warning_until_the_command_can_take_it(t
                "open(sys.argv[1], 'w').write('warned' if got else 'not warned')\n")
     proc = subprocess.Popen(["bash", STAGE, "around", str(data), str(tmp_path / "scratch" / "job"), "--",
                              sys.executable, "-c", command, str(seen)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, CLEAR_CACHES="0"))
     try:
         deadline = time.monotonic() + 30
         while not catches_usr1(proc.pid):     # stage.sh's first line traps it

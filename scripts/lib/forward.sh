@@ -1,13 +1,15 @@
-# shellcheck shell=bash
-# forward_usr1 PID: send SIGUSR1 to PID (a child of this shell) as soon as PID has a handler
-# for it (SigCgt in /proc/PID/status), polling; gives up when PID is gone. Run it in the
-# background. Sourced.
+#!/usr/bin/env bash
+# forward_usr1 PID [PARENT]: send SIGUSR1 to PID (a child of this shell, or of PARENT) as soon
+# as PID has a handler for it (SigCgt in /proc/PID/status), polling; gives up when PID is gone.
+# Run it in the background. Sourced (the job scripts), or run as a program with the same
+# arguments (`bash forward.sh PID PARENT &`: stage.sh, which traps SIGUSR1 before anything
+# else and so must not source a file while a trap can run: bash may misparse it).
 # Why: SLURM's warning before the time limit can come in a job's first seconds (it may be
 # sent up to a minute early), while the next program of the chain is still starting; the
 # default action of SIGUSR1 would kill that program, and the job's requeue with it.
 forward_usr1() {
     local pid=$1 mask self now
-    self=$(tr '\0' ' ' < "/proc/$$/cmdline")
+    self=$(tr '\0' ' ' < "/proc/${2:-$$}/cmdline")
     while kill -0 "$pid" 2>/dev/null; do
         # A child that has not run exec yet is a copy of this shell, with its handlers: the
         # signal would stay there. Wait for the command itself.
@@ -23,3 +25,7 @@ forward_usr1() {
         sleep 0.2
     done
 }
+
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+    forward_usr1 "$@"
+fi

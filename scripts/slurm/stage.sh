@@ -29,23 +29,18 @@
 # and the MLPerf log's cache_clear says the same.
 # SIGUSR1 is passed on to COMMAND (the job's warning before its time limit); SIGTERM reaches
 # COMMAND from SLURM itself, so here it only waits for COMMAND to finish.
-# The time-limit warning may come before COMMAND has started (during the copy): remember it.
-trap 'USR1_PENDING=1' USR1
-set -euo pipefail
-# shellcheck source=scripts/lib/forward.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/forward.sh"
-# shellcheck source=scripts/lib/page_cache.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/page_cache.sh"
+# The time-limit warning may come before COMMAND has started (during the copy): main traps it
+# first thing and remembers it. Bash (5.2) fails to parse a trap's action when the signal
+# arrives while it is expanding a command substitution ("trap: line 2: unexpected EOF while
+# looking for matching `)'", and with set -e the script ends): so once the trap is set, this
+# shell itself runs no $(...) and sources no file. The copy, full of them, runs in a child
+# process that this shell waits for (the trap runs between waits), the removal in a subshell.
 
 die() {
     printf 'error: %s\n' "$*" >&2
     exit 1
 }
 
-NODE=${SLURMD_NODENAME:-$(hostname -s)}
-# One attempt of one job: a requeued job's new attempt does not count its old attempt's nodes.
-ATTEMPT=${SLURM_JOB_ID:-local}.${SLURM_RESTART_COUNT:-0}
-MARKER=.unet3d-stage
 
 # "relative/path size" of every file under $1, sorted (the check that a copy is complete).
 listing() {
@@ -147,17 +142,20 @@ remove() {
 # Run COMMAND with the page cache dropped first, passing on the time-limit warning; returns
 # COMMAND's status.
 run_command() {
-    drop_page_cache "$NODE"
-    export UNET3D_CACHE_CLEARED=$CACHE_CLEARED
+    UNET3D_CACHE_CLEARED=0
+    if bash "$LIB/drop_page_cache.sh" "$NODE"; then
+        UNET3D_CACHE_CLEARED=1
+    fi
+    export UNET3D_CACHE_CLEARED
     local child='' status=0
     # Forward the time-limit warning (once COMMAND can take it); note SIGTERM/SIGINT and keep
     # waiting for COMMAND, which got them too and is saving its checkpoint.
-    trap 'if [[ -n $child ]]; then forward_usr1 "$child" & else USR1_PENDING=1; fi' USR1
+    trap 'if [[ -n $child ]]; then bash "$LIB/forward.sh" "$child" "$$" & else USR1_PENDING=1; fi' USR1
     trap ':' TERM INT
     "$@" &
     child=$!
     if [[ ${USR1_PENDING:-0} == 1 ]]; then
-        forward_usr1 "$child" &
+        bash "$LIB/forward.sh" "$child" "$$" &
     fi
     # `wait` returns early (> 128) when a trapped signal arrives: wait again until COMMAND ends.
     while true; do
@@ -168,38 +166,63 @@ run_command() {
     return "$status"
 }
 
+# Run FUNCTION in a child process and wait until it ends, however often the trap interrupts the
+# wait; returns its status.
+in_child() {
+    local child status
+    ( "$@" ) &
+    child=$!
+    while true; do
+        status=0
+        wait "$child" || status=$?
+        kill -0 "$child" 2>/dev/null || break
+    done
+    return "$status"
+}
+
 around() {
-    copy
+    in_child copy
     local status=0
     run_command "$@" || status=$?
     remove
     return "$status"
 }
 
-action=${1:-}
-case $action in
-    around)
-        [[ $# -ge 5 && $4 == -- ]] || die "usage: stage.sh around SRC STAGE_DIR -- COMMAND..."
-        SRC=$2 STAGE_DIR=$3
-        shift 4
-        around "$@"
-        ;;
-    in-place)
-        [[ $# -ge 4 && $3 == -- ]] || die "usage: stage.sh in-place SRC -- COMMAND..."
-        SRC=$2
-        shift 3
-        [[ -d $SRC ]] || die "DATA_DIR=$SRC is not a folder on $NODE: set it to the preprocessed dataset"
-        run_command "$@"
-        ;;
-    copy)
-        [[ $# -eq 3 ]] || die "usage: stage.sh copy SRC STAGE_DIR"
-        SRC=$2 STAGE_DIR=$3
-        copy
-        ;;
-    remove)
-        [[ $# -eq 2 ]] || die "usage: stage.sh remove STAGE_DIR"
-        STAGE_DIR=$2
-        remove
-        ;;
-    *) die "usage: stage.sh around|in-place|copy|remove ... (see the comment at the top)" ;;
-esac
+main() {
+    trap 'USR1_PENDING=1' USR1
+    set -euo pipefail
+    LIB=${BASH_SOURCE[0]%/*}/../lib
+    NODE=${SLURMD_NODENAME:-${HOSTNAME%%.*}}
+    # One attempt of one job: a requeued job's new attempt does not count its old attempt's nodes.
+    ATTEMPT=${SLURM_JOB_ID:-local}.${SLURM_RESTART_COUNT:-0}
+    MARKER=.unet3d-stage
+    action=${1:-}
+    case $action in
+        around)
+            [[ $# -ge 5 && $4 == -- ]] || die "usage: stage.sh around SRC STAGE_DIR -- COMMAND..."
+            SRC=$2 STAGE_DIR=$3
+            shift 4
+            around "$@"
+            ;;
+        in-place)
+            [[ $# -ge 4 && $3 == -- ]] || die "usage: stage.sh in-place SRC -- COMMAND..."
+            SRC=$2
+            shift 3
+            [[ -d $SRC ]] || die "DATA_DIR=$SRC is not a folder on $NODE: set it to the preprocessed dataset"
+            run_command "$@"
+            ;;
+        copy)
+            [[ $# -eq 3 ]] || die "usage: stage.sh copy SRC STAGE_DIR"
+            SRC=$2 STAGE_DIR=$3
+            in_child copy
+            ;;
+        remove)
+            [[ $# -eq 2 ]] || die "usage: stage.sh remove STAGE_DIR"
+            STAGE_DIR=$2
+            remove
+            ;;
+        *) die "usage: stage.sh around|in-place|copy|remove ... (see the comment at the top)" ;;
+    esac
+}
+
+main "$@"
