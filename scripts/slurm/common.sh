@@ -35,6 +35,16 @@ die() {
     exit 1
 }
 
+# absolute PATH NAME: PATH made absolute (from $PWD) without trailing slashes, into variable NAME.
+absolute() {
+    local path=$1
+    [[ $path == /* ]] || path=$PWD/$path
+    while [[ $path == */ && $path != / ]]; do
+        path=${path%/}
+    done
+    printf -v "$2" '%s' "$path"
+}
+
 # Defaults shared by both jobs. Call after SLURM has set its variables, first thing.
 set_common_defaults() {
     # The warning before the time limit can come in the job's first seconds: from here on it
@@ -71,8 +81,13 @@ set_common_defaults() {
     STAGE_DIR=$SCRATCH/unet3d-job-$JOB_ID
     # A dataset already on SCRATCH (a user's persistent scratch) is read where it is: copying
     # it would cost time and space for nothing. SCRATCH inside DATA_DIR is refused by stage.sh.
+    # (Compared as written, absolute, trailing slashes off: no $(...) once the USR1 trap is set,
+    # since bash 5.2 can fail to parse a trap's action that runs during one. A path reached
+    # through another spelling, a symbolic link say, is staged instead: a copy, never a loss;
+    # stage.sh checks the real paths before it copies.)
     local data scratch
-    data=$(realpath -m "$DATA_DIR") scratch=$(realpath -m "$SCRATCH")
+    absolute "$DATA_DIR" data
+    absolute "$SCRATCH" scratch
     IN_PLACE=0
     if [[ ${STAGE:-1} == 0 ]]; then
         IN_PLACE=1 IN_PLACE_WHY="STAGE=0"
@@ -80,7 +95,7 @@ set_common_defaults() {
         IN_PLACE=1 IN_PLACE_WHY="it is already under SCRATCH=$SCRATCH"
     fi
     # Paths as the training process sees them (inside the container when there is one).
-    DATA_IN_JOB=/scratch/$(basename "$STAGE_DIR")/kits19
+    DATA_IN_JOB=/scratch/${STAGE_DIR##*/}/kits19
     (( IN_PLACE )) && DATA_IN_JOB=/data
     RESULTS_IN_JOB=/results
     if [[ -z $CONTAINER ]]; then
@@ -160,9 +175,10 @@ node_task() {
         "$CODE_DIR/main.py" "${TRAIN_ARGS[@]}")
 }
 
-# rendezvous_port BASE: the first port from BASE up that nothing on this host listens on (the
-# batch script runs on the job's first node, where the rendezvous lives), so two jobs sharing
-# a node never meet at one port. BASE itself where no Python is at hand to look.
+# rendezvous_port BASE: print the first port from BASE up that nothing on this host listens on
+# (the batch script runs on the job's first node, where the rendezvous lives), so two jobs
+# sharing a node never meet at one port. BASE itself where no Python is at hand to look.
+# Read it with a pipe into `read` under lastpipe, not $(...) (see absolute's comment).
 rendezvous_port() {
     local base=$1
     if [[ ${DRY_RUN:-0} == 1 ]] || ! command -v python3 >/dev/null 2>&1; then
