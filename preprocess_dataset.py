@@ -18,6 +18,7 @@ from typing import Sequence
 
 from data_loading import preprocessing as pp
 from data_loading.cli_types import OneLineParser, positive_int
+from runtime import __version__
 
 PROG = "preprocess_dataset.py"
 
@@ -72,7 +73,7 @@ def workers_within_memory(cases: Sequence[pp.RawCase], requested: int, memory=No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=PROG, description=__doc__,
+    parser = OneLineParser(prog=PROG, version=__version__, description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=None,
                         help="raw KiTS19: case_XXXXX/{imaging,segmentation}.nii.gz, directly "

@@ -10,7 +10,14 @@ import argparse
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports errors in one line (no usage dump) and exits with code 2."""
+    """argparse that reports errors in one line (no usage dump) and exits with code 2; with
+    ``version``, a ``--version`` flag that prints ``<prog> <version>``."""
+
+    def __init__(self, *args, version: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if version is not None:
+            self.add_argument("--version", action="version", version=f"%(prog)s {version}",
+                              help="print the program's version and exit")
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {message}\n")

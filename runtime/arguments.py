@@ -17,6 +17,7 @@ from typing import Sequence
 from data_loading.cli_types import OneLineParser, positive_int
 from model.layers import ACTIVATIONS, NORMALIZATIONS
 from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
+from runtime import __version__
 from runtime.run_files import QUALITY_THRESHOLD
 
 
@@ -329,7 +330,7 @@ FLAG_GROUPS = (
 
 
 def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
-    parser = OneLineParser(prog=prog, description="3D U-Net on KiTS19 (MLPerf Training image "
+    parser = OneLineParser(prog=prog, version=__version__, description="3D U-Net on KiTS19 (MLPerf Training image "
                            "segmentation): train, evaluate, benchmark and predict.",
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     defaults = Config()

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
+from runtime import __version__
 from runtime.report.compliance import DEFAULT_RULESET, check_all
 from runtime.report.figure import MissingMatplotlib, write_figure
 from runtime.report.files import ReportError
@@ -67,6 +68,8 @@ def make_report(paths: Sequence[str], output: str, threshold: float = QUALITY_TH
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m runtime.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the program's version and exit")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
                         help="a --log_dir of main.py, or a folder of them (a sweep)")
     parser.add_argument("--output", required=True,
