@@ -65,3 +65,40 @@ def protect_shallow_convolutions(model: nn.Module) -> int:
             module.__class__ = ShallowFloatConv3d
             count += 1
     return count
+
+
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) under which its kernels may use native bf16 dot products
+# (AVX-512 BF16's vdpbf16ps, AMX); "AVX2_VNNI_2" converts to bf16 but has no bf16 dot product.
+BF16_DOT_CAPS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                 "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "ALL", "DEFAULT")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def native_bf16(flags: set[str] | None = None, isa_cap: str | None = None) -> tuple[bool, str]:
+    """``(yes, why)``: whether this CPU's convolutions get native bf16 dot products: the
+    ``avx512_bf16`` or ``amx_bf16`` flag, and no ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_BF16.
+    Without them oneDNN emulates bf16 with float32 arithmetic plus conversions: slower than
+    float32 (docs/performance.md)."""
+    import os
+
+    flags = cpu_flags() if flags is None else flags
+    isa_cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "") if isa_cap is None else isa_cap
+    found = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    if not found:
+        return False, "this CPU has no native bf16 dot products (no avx512_bf16 or amx_bf16 flag)"
+    if isa_cap and isa_cap.upper() not in BF16_DOT_CAPS:
+        return False, f"ONEDNN_MAX_CPU_ISA={isa_cap} keeps oneDNN from this CPU's bf16 dot products ({', '.join(found)})"
+    return True, f"native bf16 dot products ({', '.join(found)})"

@@ -6,6 +6,7 @@ MLCommons reference so that state_dicts move between the two implementations unc
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 NORMALIZATIONS = ("instancenorm", "batchnorm", "syncbatchnorm")
@@ -35,10 +36,73 @@ def make_activation(activation: str) -> nn.Module:
     raise ValueError(f"unknown activation {activation!r}; choose from {ACTIVATIONS}")
 
 
+def negative_slope(activation: nn.Module) -> float | None:
+    """The slope below zero of a ReLU (0) or LeakyReLU; None for anything else."""
+    if type(activation) is nn.ReLU:
+        return 0.0
+    if type(activation) is nn.LeakyReLU:
+        return float(activation.negative_slope)
+    return None
+
+
+def instance_norm_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                             slope: float) -> torch.Tensor:
+    """Affine instance norm of a 5-D ``x`` then ReLU (``slope`` 0) or LeakyReLU, computed in float32,
+    returned in ``x``'s dtype and always channels-last.
+
+    ``nn.InstanceNorm3d`` normalises a ``(1, N*C, ...)`` view, which copies a channels-last
+    tensor to NCDHW and back; this stays in the layout it is given. Element-wise and reductions
+    only, so that ``torch.compile`` makes it one reading pass for the statistics and one for the
+    output (likewise backward). The output is channels-last even for an NCDHW ``x``: a
+    one-channel input's convolution (the network's first) has an output in NCDHW, since a
+    one-channel tensor is both layouts and oneDNN then picks NCDHW; from its norm on the network
+    runs channels-last (compiled, the layout change costs no pass of its own)."""
+    xf = x.float()
+    var, mean = torch.var_mean(xf, dim=(2, 3, 4), keepdim=True, correction=0)
+    scale = torch.rsqrt(var + eps) * weight.float().view(1, -1, 1, 1, 1)
+    y = (xf - mean) * scale + bias.float().view(1, -1, 1, 1, 1)
+    y = F.leaky_relu(y, slope) if slope else F.relu(y)
+    return y.to(x.dtype).contiguous(memory_format=torch.channels_last_3d)
+
+
+class ConvBlock(nn.Sequential):
+    """``nn.Sequential(conv, norm, activation)`` (the reference's modules and state_dict keys).
+
+    With :attr:`norm_activation` set (``runtime.build`` sets a compiled
+    :func:`instance_norm_activation` for channels-last training only), an instance-norm block
+    computes its norm and ReLU/LeakyReLU with it (channels-last output); otherwise (the default,
+    and the NCDHW float32 path that is the reference's bit for bit) the forward is exactly
+    ``nn.Sequential``'s.
+    """
+
+    norm_activation = None  # callable(x, weight, bias, eps, slope) or None
+
+    def forward(self, x):
+        conv, norm, activation = self[0], self[1], self[2]
+        x = conv(x)
+        fused = self.norm_activation
+        if fused is not None and type(norm) is nn.InstanceNorm3d and norm.affine and x.dim() == 5:
+            slope = negative_slope(activation)
+            if slope is not None:
+                return fused(x, norm.weight, norm.bias, norm.eps, slope)
+        return activation(norm(x))
+
+
+def set_norm_activation(model: nn.Module, function) -> int:
+    """Give every :class:`ConvBlock` of ``model`` the fused norm + activation ``function`` (None:
+    the modules again); returns how many blocks."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, ConvBlock):
+            module.norm_activation = function
+            count += 1
+    return count
+
+
 def conv_block(in_channels: int, out_channels: int, normalization: str, activation: str,
-               stride: int = 1) -> nn.Sequential:
+               stride: int = 1) -> ConvBlock:
     """3x3x3 convolution (no bias: a norm follows), normalisation, activation."""
-    return nn.Sequential(
+    return ConvBlock(
         nn.Conv3d(in_channels, out_channels, kernel_size=3, stride=stride, padding=1, bias=False),
         make_norm(normalization, out_channels),
         make_activation(activation),

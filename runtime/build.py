@@ -4,18 +4,19 @@ a resolved config. Used by ``runtime.app.run``, the benchmarks and the tests ali
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
-from model.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
+from model.bf16_guard import bf16_weight_grad_ok, native_bf16, protect_shallow_convolutions
+from model.layers import instance_norm_activation, set_norm_activation
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
-from runtime.compiling import compile_model
+from runtime.compiling import compile_function, compile_model
 from runtime.optimizers import make_optimizer
 from runtime.predictor import autocast_context
 
@@ -68,6 +69,41 @@ def build_model(config: Config, device: torch.device, distributed: bool = False)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last_3d)
     return model
+
+
+def cpu_training_precision(config: Config, device: torch.device, say: bool) -> Config:
+    """``--amp`` (bf16) training on a CPU without native bf16 dot products trains in float32:
+    there oneDNN emulates bf16, slower than float32 (docs/performance.md). One line says which
+    the run chose and why; anything else is returned unchanged."""
+    if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
+        return config
+    native, why = native_bf16()
+    if say:
+        print(f"bf16: {why}; " + ("training in bf16 autocast" if native else "training in float32 instead"))
+    return config if native else replace(config, amp=False)
+
+
+def fuse_channels_last_norms(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
+    """Channels-last CPU training: every instance norm + activation computed by one
+    layout-preserving function (:func:`model.layers.instance_norm_activation`), compiled on its
+    own (one graph for all shapes; tens of seconds at the first steps) unless the whole model is
+    compiled (``--compile`` fuses it in the model's graph). Where this torch cannot compile, the
+    modules stay (the eager function is slower than them). Returns the blocks changed."""
+    if not (config.channels_last and device.type == "cpu" and config.normalization == "instancenorm"):
+        return 0
+    if config.compile:
+        function = instance_norm_activation
+    else:
+        function = compile_function(instance_norm_activation, dynamic=True)
+        if function is instance_norm_activation:
+            if say:
+                print("channels-last: torch.compile is unavailable, instance norm and activation stay modules")
+            return 0
+    count = set_norm_activation(model, function)
+    if say:
+        print(f"channels-last: instance norm + activation fused in {count} blocks, no layout conversion"
+              + ("" if config.compile else " (compiled once: tens of seconds in the first steps)"))
+    return count
 
 
 def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
@@ -138,7 +174,9 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
     device = dist_info.device
     configure_backends(config, device)
     torch.manual_seed(D.rank_seed(config.seed, dist_info.rank))
+    config = cpu_training_precision(config, device, dist_info.is_main)
     model = build_model(config, device, dist_info.distributed)
+    fuse_channels_last_norms(model, config, device, dist_info.is_main)
     guard_bf16_training(model, config, device, dist_info.is_main)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,

@@ -78,3 +78,35 @@ def compile_model(module: nn.Module, enabled: bool, **compile_kwargs) -> nn.Modu
         warnings.warn(f"--compile ignored: {reason}; running eagerly", RuntimeWarning, stacklevel=2)
         return module
     return CompiledModule(module, **compile_kwargs)
+
+
+class CompiledFunction:
+    """``function`` run through ``torch.compile`` (lazily, at the first call), falling back to the
+    eager ``function`` for good when compiling or the compiled call fails (one warning; the eager
+    call then raises a genuine error with its usual traceback). Running out of memory is re-raised."""
+
+    def __init__(self, function, **compile_kwargs):
+        self.function = function
+        self.compiled = torch.compile(function, **compile_kwargs)
+        self.compile_failed: str | None = None
+
+    def __call__(self, *args, **kwargs):
+        if self.compile_failed is None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except OUT_OF_MEMORY:
+                raise
+            except Exception as err:  # noqa: BLE001 - the eager call below re-raises real errors
+                first_line = (str(err).strip().splitlines() or [""])[0]
+                self.compile_failed = f"{type(err).__name__}: {first_line}"
+                warnings.warn(f"torch.compile failed, running {getattr(self.function, '__name__', 'it')} "
+                              f"eagerly from now on ({self.compile_failed})", RuntimeWarning, stacklevel=2)
+        return self.function(*args, **kwargs)
+
+
+def compile_function(function, enabled: bool = True, **compile_kwargs):
+    """``function`` itself when not ``enabled`` or when this torch cannot compile (no warning: the
+    caller says what it runs), else a :class:`CompiledFunction` with the eager fallback."""
+    if not enabled or _compile_unavailable_reason() is not None:
+        return function
+    return CompiledFunction(function, **compile_kwargs)

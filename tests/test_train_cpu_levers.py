@@ -1,0 +1,262 @@
+"""The CPU training levers of issue 33 compute the benchmark's function.
+
+- the fused, layout-preserving instance norm + activation equals ``nn.InstanceNorm3d`` followed by
+  the reference's activation (values and gradients: float32 tightly, bf16 within its precision),
+  and a channels-last input stays channels-last;
+- a :class:`model.layers.ConvBlock` is ``nn.Sequential`` bit for bit on NCDHW tensors, fused or
+  not (the default fp32 path is the reference's: tests/test_mlcommons_reference.py checks it
+  against the real code), with the same state_dict;
+- a channels-last network with fused norms gives the NCDHW network's logits and gradients;
+- ``--amp`` trains in bf16 only where the CPU has native bf16 dot products (the flags and
+  ``ONEDNN_MAX_CPU_ISA``), else in float32, and says so;
+- the compiled norm (``RUN_SLOW=1``: torch.compile takes tens of seconds on two cores) equals
+  the eager one.
+"""
+import copy
+import dataclasses
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from model.bf16_guard import native_bf16
+from model.layers import ConvBlock, conv_block, instance_norm_activation, set_norm_activation
+from model.losses import DiceCELoss
+from model.unet3d import Unet3D
+from runtime import build
+from runtime.arguments import Config
+
+CL = torch.channels_last_3d
+FILTERS = (2, 4, 4, 8, 8)
+slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1",
+                          reason="torch.compile on the CPU takes tens of seconds; set RUN_SLOW=1")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def rel_err(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+def reference_norm_act(x, norm, activation):
+    return activation(norm(x))
+
+
+def norm_and_input(channels=6, shape=(2, 6, 5, 7, 4), seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    norm = nn.InstanceNorm3d(channels, affine=True)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(channels, generator=g))
+        norm.bias.copy_(torch.randn(channels, generator=g))
+    # channels with their own offsets and scales, as conv outputs have
+    x = (torch.randn(shape, generator=g) * torch.rand(1, channels, 1, 1, 1, generator=g) * 3
+         + torch.randn(1, channels, 1, 1, 1, generator=g) * 2)
+    return norm, x.to(dtype)
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU(), nn.LeakyReLU(0.01)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fused_norm_activation_equals_the_modules_fp32(activation, channels_last):
+    norm, x = norm_and_input()
+    if channels_last:
+        x = x.contiguous(memory_format=CL)
+    grad = torch.randn_like(x)
+    x0 = x.clone().requires_grad_()
+    x1 = x.clone().requires_grad_()
+    y0 = reference_norm_act(x0, norm, activation)
+    y0.backward(grad)
+    ref = {"x": x0.grad, "weight": norm.weight.grad.clone(), "bias": norm.bias.grad.clone()}
+    norm.zero_grad()
+    slope = 0.0 if type(activation) is nn.ReLU else 0.01
+    y1 = instance_norm_activation(x1, norm.weight, norm.bias, norm.eps, slope)
+    y1.backward(grad)
+    assert y1.dtype == torch.float32 and y1.is_contiguous(memory_format=CL)  # from either layout
+    torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x1.grad, ref["x"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(norm.weight.grad, ref["weight"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(norm.bias.grad, ref["bias"], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_norm_activation_bf16_within_bf16_precision():
+    """A bf16 channels-last input (a bf16 convolution's output): bf16 out, channels-last, within
+    bf16's rounding of the float32 norm of the same bf16 values."""
+    norm, x = norm_and_input(shape=(2, 6, 8, 8, 8), dtype=torch.bfloat16)
+    x = x.contiguous(memory_format=CL)
+    y = instance_norm_activation(x, norm.weight, norm.bias, norm.eps, 0.0)
+    exact = torch.relu(norm(x.float()))
+    assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=CL)
+    assert rel_err(y, exact) < 1e-2
+    assert (y.float() - exact).abs().max() <= 2 ** -7 * exact.abs().max() + 1e-6
+
+
+@pytest.mark.parametrize("normalization, activation", [("instancenorm", "relu"), ("instancenorm", "leaky_relu"),
+                                                       ("batchnorm", "relu")])
+def test_conv_block_is_sequential_bit_for_bit_by_default(normalization, activation):
+    torch.manual_seed(0)
+    block = conv_block(3, 5, normalization, activation)
+    plain = nn.Sequential(*copy.deepcopy(list(block)))
+    assert isinstance(block, ConvBlock) and isinstance(block, nn.Sequential) and block.norm_activation is None
+    assert list(block.state_dict()) == list(plain.state_dict())
+    x = torch.randn(2, 3, 6, 6, 6)
+    assert torch.equal(block(x), plain(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(block(x), plain(x))
+
+
+def test_default_network_has_no_fused_norm():
+    assert all(m.norm_activation is None for m in Unet3D(1, 3, filters=FILTERS).modules()
+               if isinstance(m, ConvBlock))
+
+
+def test_first_convolution_output_becomes_channels_last():
+    """A one-channel input is both layouts; oneDNN gives its convolution an NCDHW output. The
+    fused norm makes it channels-last, so that the rest of the network runs channels-last."""
+    torch.manual_seed(0)
+    block = conv_block(1, 4, "instancenorm", "relu").to(memory_format=CL)
+    x = torch.randn(1, 1, 8, 8, 8).contiguous(memory_format=CL)
+    assert not block[0](x).is_contiguous(memory_format=CL)
+    expected = nn.Sequential(*list(block))(x)
+    block.norm_activation = instance_norm_activation
+    got = block(x)
+    assert got.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_block_takes_the_fused_norm_for_instance_norm_only():
+    torch.manual_seed(0)
+    block = conv_block(3, 5, "instancenorm", "leaky_relu").to(memory_format=CL)
+    calls = []
+
+    def fused(*args):
+        calls.append(args[3:])
+        return instance_norm_activation(*args)
+
+    x = torch.randn(2, 3, 6, 6, 6)
+    expected = nn.Sequential(*list(block))(x)
+    block.norm_activation = fused
+    got = block(x.contiguous(memory_format=CL))
+    assert calls == [(1e-5, 0.01)]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # batch norm blocks keep their modules (running statistics)
+    bn = conv_block(3, 5, "batchnorm", "relu").to(memory_format=CL)
+    bn.norm_activation = fused
+    bn(x.contiguous(memory_format=CL))
+    assert len(calls) == 1
+
+
+def forward_backward(model, image, label):
+    model.zero_grad(set_to_none=True)
+    logits = model(image)
+    loss = DiceCELoss()(logits, label)
+    loss.backward()
+    return logits.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_channels_last_network_with_fused_norms_equals_ncdhw_fp32():
+    torch.manual_seed(0)
+    plain = Unet3D(1, 3, filters=FILTERS, activation="leaky_relu")
+    fast = copy.deepcopy(plain).to(memory_format=CL)
+    assert set_norm_activation(fast, instance_norm_activation) == 2 + 2 * 5 + 2 * 5
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    g = torch.Generator().manual_seed(1)
+    image = torch.randn(2, 1, 64, 64, 32, generator=g)
+    label = torch.randint(0, 3, (2, 1, 64, 64, 32), generator=g, dtype=torch.uint8)
+    logits0, loss0, grads0 = forward_backward(plain, image, label)
+    logits1, loss1, grads1 = forward_backward(fast, image.contiguous(memory_format=CL), label)
+    assert rel_err(logits1, logits0) < 1e-5
+    assert abs(float(loss1 - loss0)) < 1e-5
+    # the oracle: the same network in float64; the fused float32 network is as close to it as the
+    # modules' float32 network (float32 summation orders differ; the U-Net's backward amplifies)
+    _, _, exact = forward_backward(copy.deepcopy(plain).double(), image.double(), label)
+    flat0, flat1, flat64 = (torch.cat([g.flatten() for g in grads.values()]) for grads in (grads0, grads1, exact))
+    assert rel_err(flat1, flat64) < 2 * rel_err(flat0, flat64) + 1e-6
+    assert rel_err(flat1, flat0) < 1e-3
+
+
+# ---------------------------------------------------------------------------- CPU precision
+
+
+@pytest.mark.parametrize("flags, cap, native", [
+    ({"avx2", "avx512f", "avx512_bf16"}, "", True),
+    ({"avx2", "amx_bf16", "amx_tile"}, "", True),
+    ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", False),
+    ({"avx2", "avx512f", "avx512_bf16"}, "avx512_core", False),
+    ({"avx2", "avx512f", "avx512_bf16"}, "AVX512_CORE_BF16", True),
+    ({"avx2", "fma", "avx512f", "avx512_vnni"}, "", False),
+    ({"avx2", "fma"}, "", False),
+    (set(), "", False),
+])
+def test_native_bf16_from_flags_and_the_onednn_cap(flags, cap, native):
+    got, why = native_bf16(flags, cap)
+    assert got is native and why and "\n" not in why
+    if cap and not native and flags & {"avx512_bf16"}:
+        assert cap in why
+
+
+def train_config(**changes):
+    return dataclasses.replace(Config(loader="synthetic", exec_mode="train"), **changes)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
+    monkeypatch.setattr(build, "native_bf16", lambda: (native, "because"))
+    cfg = train_config(amp=True, amp_dtype="bf16")
+    got = build.cpu_training_precision(cfg, torch.device("cpu"), say=True)
+    line = capsys.readouterr().out.strip()
+    assert got.amp is native and line.count("\n") == 0 and "because" in line
+    assert ("float32" in line) is not native
+    # fp32 runs, other devices and evaluation are not touched (nothing said)
+    for cfg, device in ((train_config(), "cpu"), (train_config(amp=True, amp_dtype="bf16"), "meta"),
+                        (dataclasses.replace(cfg, exec_mode="evaluate"), "cpu")):
+        assert build.cpu_training_precision(cfg, torch.device(device), say=True) is cfg
+    assert capsys.readouterr().out == ""
+
+
+def test_fused_norms_only_for_channels_last_cpu_instance_norm(monkeypatch):
+    monkeypatch.setattr(build, "compile_function", lambda function, **kwargs: ("compiled", function))
+    cpu = torch.device("cpu")
+    for cfg, count in ((train_config(), 0), (train_config(channels_last=True, normalization="batchnorm"), 0),
+                       (train_config(channels_last=True), 22)):
+        model = Unet3D(1, 3, normalization=cfg.normalization, filters=FILTERS)
+        assert build.fuse_channels_last_norms(model, cfg, cpu, say=False) == count
+        assert all(m.norm_activation == (("compiled", instance_norm_activation) if count else None)
+                   for m in model.modules() if isinstance(m, ConvBlock))
+    # the whole model compiled: the plain function, fused inside the model's graph
+    model = Unet3D(1, 3, filters=FILTERS)
+    build.fuse_channels_last_norms(model, train_config(channels_last=True, compile=True), cpu, say=False)
+    assert model.input_block.conv1.norm_activation is instance_norm_activation
+    # no torch.compile: the modules stay
+    monkeypatch.setattr(build, "compile_function", lambda function, **kwargs: function)
+    model = Unet3D(1, 3, filters=FILTERS)
+    assert build.fuse_channels_last_norms(model, train_config(channels_last=True), cpu, say=False) == 0
+    assert model.input_block.conv1.norm_activation is None
+
+
+@slow
+def test_compiled_fused_norm_equals_eager():
+    from runtime.compiling import CompiledFunction, compile_function
+
+    fused = compile_function(instance_norm_activation, dynamic=True)
+    assert isinstance(fused, CompiledFunction)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        norm, x = norm_and_input(shape=(2, 6, 8, 8, 8), dtype=dtype)
+        x = x.contiguous(memory_format=CL)
+        grad = torch.randn_like(x)
+        outs = []
+        for function in (instance_norm_activation, fused):
+            xi = x.clone().requires_grad_()
+            norm.zero_grad()
+            y = function(xi, norm.weight, norm.bias, norm.eps, 0.01)
+            y.backward(grad)
+            outs.append((y, xi.grad, norm.weight.grad.clone()))
+        assert fused.compile_failed is None
+        assert outs[1][0].is_contiguous(memory_format=CL) and outs[1][1].is_contiguous(memory_format=CL)
+        for a, b in zip(outs[1], outs[0]):
+            assert rel_err(a, b) < tol
