@@ -272,8 +272,9 @@ def predict_body(session: Session) -> int:
     from runtime.predict.folder import predict_scans
 
     saved = ckpt.saved_for(session.config)
-    config = resolve(session.config, session.dist, None, saved)
-    return predict_scans(config, saved, session.source, session.dist)
+    ensemble = ckpt.saved_ensemble(session.config)  # further checkpoints: their probabilities averaged
+    config = resolve(session.config, session.dist, None, saved, ensemble)
+    return predict_scans(config, [saved, *ensemble], session.source, session.dist)
 
 
 def _log_dir(config: Config) -> list[Output]:

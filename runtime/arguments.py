@@ -29,7 +29,8 @@ class Config:
     save_ckpt_path: str = ""
     ckpt_every_epochs: int = 0
     ckpt_every_minutes: float = 30.0
-    load_ckpt_path: str = ""
+    load_ckpt_path: str = ""  # the (first) checkpoint
+    load_ckpt_paths: tuple[str, ...] = ()  # (new) every --load_ckpt_path given: predict's ensemble
     resume: bool = False
     loader: str = "pytorch"
     cache: str = "auto"
@@ -106,6 +107,7 @@ class Config:
     preview: bool = False
     force: bool = False
     int8: bool = False
+    save_probabilities: bool = False
     # inference backend and memory (new): predict and evaluate
     backend: str = "auto"
     max_memory_gb: float = 0.0
@@ -114,6 +116,12 @@ class Config:
     # predict the sha256 of the weights it loads (recorded beside each segmentation).
     window_source: str = ""
     weights_sha256: str = ""
+    ensemble_sha256: tuple[str, ...] = ()  # every checkpoint's, in order, when predict ensembles several
+
+    @property
+    def checkpoints(self) -> tuple[str, ...]:
+        """Every checkpoint of ``--load_ckpt_path``, in order (one, or predict's ensemble)."""
+        return self.load_ckpt_paths or ((self.load_ckpt_path,) if self.load_ckpt_path else ())
 
     @property
     def is_train(self) -> bool:
@@ -136,7 +144,9 @@ def _data_flags(g, d: Config) -> None:
                    help="folder for unet3d.log (MLPerf) and log.json; one run at a time (a lock file); "
                         f"default ${LOG_DIR_ENV} where set (the project's images: /results), else results")
     g.add_argument("--save_ckpt_path", default=d.save_ckpt_path, help="checkpoint file to write ('' = none)")
-    g.add_argument("--load_ckpt_path", default=d.load_ckpt_path, help="checkpoint to load (evaluate, or warm start)")
+    g.add_argument("--load_ckpt_path", nargs="+", default=d.load_ckpt_path,
+                   help="checkpoint to load (evaluate, or warm start); predict takes several (new): an ensemble "
+                        "averaging their softmax probabilities (docs/predict.md)")
     g.add_argument("--resume", action="store_true", help="(new) continue the run saved at --save_ckpt_path")
     g.add_argument("--ckpt_every_epochs", type=int, default=d.ckpt_every_epochs,
                    help="(new) also save --save_ckpt_path every N epochs between evaluations (0 = off)")
@@ -297,6 +307,9 @@ def _predict_flags(g, d: Config) -> None:
                    help="(new) predict: segment every scan again (default: an existing output is reused "
                         "when its record says it was made the way this run would make it, else "
                         "segmented again)")
+    g.add_argument("--save_probabilities", action="store_true",
+                   help="(new) predict: also write <case>.npz, the softmax (key 'probabilities', float16, classes "
+                        "first) in the scan's own grid and axis order, whose argmax is the segmentation")
     g.add_argument("--int8", action="store_true",
                    help="(new) predict on a CPU: 3x3x3 convolutions in int8 (oneDNN, VNNI), channels-last; "
                         "faster, with 8-bit rounding in the logits (docs/performance.md)")
@@ -425,9 +438,12 @@ def _file_and_device_errors(cfg: Config) -> list[str]:
     if cfg.loader == "pytorch" and cfg.exec_mode != "predict":
         errors += _problems((os.path.isdir(cfg.data_dir),
                              f"--data_dir {cfg.data_dir!r} does not exist or is not a folder"))
-    if cfg.load_ckpt_path:
-        errors += _problems((os.path.isfile(cfg.load_ckpt_path),
-                             checkpoint_path_problem(cfg.load_ckpt_path, "--load_ckpt_path")))
+    for path in cfg.checkpoints:
+        errors += _problems((os.path.isfile(path), checkpoint_path_problem(path, "--load_ckpt_path")))
+    if len(cfg.checkpoints) > 1 and (cfg.exec_mode != "predict" or cfg.benchmark):
+        errors.append(f"--load_ckpt_path takes one checkpoint for --exec_mode {cfg.exec_mode}"
+                      f"{' --benchmark' if cfg.benchmark else ''}, got {len(cfg.checkpoints)} (several: an ensemble, "
+                      "predict only)")
     if cfg.resume:
         errors += _problems((bool(cfg.save_ckpt_path),
                              "--resume needs --save_ckpt_path (the checkpoint to continue)"))
@@ -493,6 +509,9 @@ def config_from_namespace(ns: argparse.Namespace, explicit: frozenset = frozense
     values["explicit"] = explicit
     for name in ("input_shape", "val_input_shape", "filters", "lr_decay_epochs", "lamb_betas"):
         values[name] = tuple(values[name])
+    if isinstance(values["load_ckpt_path"], (list, tuple)):  # nargs="+": the first, and (several) all of them
+        paths = tuple(values["load_ckpt_path"])
+        values["load_ckpt_path"], values["load_ckpt_paths"] = paths[0], (paths if len(paths) > 1 else ())
     return Config(**values)
 
 

@@ -64,6 +64,12 @@ def saved_for(config) -> Saved | None:
     return None
 
 
+def saved_ensemble(config) -> list[Saved]:
+    """Every checkpoint of ``--load_ckpt_path`` after the first (predict's ensemble), read once;
+    [] for one checkpoint."""
+    return [Saved(path, load_checkpoint(path), resume=False) for path in config.checkpoints[1:]]
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The plain module under DDP and torch.compile wrappers."""
     while True:

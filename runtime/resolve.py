@@ -134,6 +134,51 @@ def weights_sha256(saved: Saved) -> str:
     return weights_digest(model_state_from(saved.checkpoint, prefer="best"))
 
 
+def _tensor_shapes(saved: Saved) -> dict:
+    return {name: tuple(value.shape) for name, value in model_state_from(saved.checkpoint, prefer="best").items()
+            if torch.is_tensor(value)}
+
+
+def ensemble_problem(config: Config, first: Saved, other: Saved) -> str | None:
+    """Why ``other`` cannot be averaged with ``first`` (the run's network and window), or None:
+    another network flag recorded, other tensors, or (no ``--val_input_shape``) another
+    training patch, so another window."""
+    theirs = saved_config(other.checkpoint)
+    names = f"{other.path!r} and {first.path!r}"
+    for name in ARCHITECTURE:
+        value = theirs.get(name)
+        value = tuple(value) if isinstance(value, list) else value
+        if value is not None and value != getattr(config, name):
+            return (f"{names} are different networks (--{name} {_flag_text(value)} in {other.path!r}, "
+                    f"{_flag_text(getattr(config, name))} in {first.path!r})")
+    shapes, others = _tensor_shapes(first), _tensor_shapes(other)
+    if shapes != others:
+        differ = sorted(set(shapes) ^ set(others)) or sorted(n for n in shapes if shapes[n] != others[n])
+        name = differ[0]
+        return (f"{names} are different networks (tensor {name}: {list(others.get(name, ())) or 'absent'} in "
+                f"{other.path!r}, {list(shapes.get(name, ())) or 'absent'} in {first.path!r})")
+    if "val_input_shape" not in config.explicit:
+        patch, _ = training_patch(first)
+        their_patch, _ = training_patch(other)
+        if patch != their_patch:
+            text = lambda p: f"{shape_text(p)} patches" if p else "no recorded patch"  # noqa: E731
+            return (f"{names} were trained with different windows ({text(their_patch)} in {other.path!r}, "
+                    f"{text(patch)} in {first.path!r}); give --val_input_shape to predict both with one window")
+    return None
+
+
+def ensemble_from(config: Config, saved: Saved, ensemble) -> Config:
+    """Predict's ensemble: every checkpoint after the first must be the same network, predicted
+    with the same window (else a :class:`UsageError` naming both); its weights digests in order."""
+    if not ensemble:
+        return config
+    for other in ensemble:
+        problem = ensemble_problem(config, saved, other)
+        if problem is not None:
+            raise UsageError(f"--load_ckpt_path: {problem}")
+    return replace(config, ensemble_sha256=tuple(weights_sha256(s) for s in (saved, *ensemble)))
+
+
 def resolve_predict(config: Config, device: torch.device) -> Config:
     """Predict's values: batch norm for a sync-batch-norm network (the same weights; inference
     needs no cross-rank statistics), the AMP type, the device; ``--int8`` on the CPU only."""
@@ -153,13 +198,13 @@ def check_benchmark_budget(config: Config) -> None:
             raise UsageError(f"--{name} is the budget of --benchmark (train or evaluate); add --benchmark or drop it")
 
 
-def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = None) -> Config:
+def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = None, ensemble=()) -> Config:
     """The run's config with every derived value decided.
 
     ``data``: the data source (``summary(config)``; see ``data_loading.data_loader``; None for
     predict); ``saved``: the checkpoint the run starts from (its network flags fill those not
     given, its training patch predict's window: :func:`window_from`; a resumed run also keeps
-    its master seed), or None.
+    its master seed), or None; ``ensemble``: predict's further checkpoints (:func:`ensemble_from`).
     The seed is drawn on rank 0 and broadcast, so this is a collective: call it on every rank.
     """
     from data_loading.data_loader import resolve_cache
@@ -171,7 +216,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = N
     config = window_from(config, saved)
     if config.exec_mode == "predict":
         if saved is not None:
-            config = replace(config, weights_sha256=weights_sha256(saved))
+            config = ensemble_from(replace(config, weights_sha256=weights_sha256(saved)), saved, ensemble)
         return resolve_predict(config, device)
     check_device_support(config, dist_info)
     if config.amp:

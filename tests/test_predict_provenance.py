@@ -73,7 +73,7 @@ def cheap_network(monkeypatch):
     window and its count, the records, the summary."""
     import torch
 
-    import runtime.predict.folder as folder
+    import runtime.predict.api as api
 
     def predict_windows(config, device, load, is_main=True):
         def logits(batch):
@@ -83,7 +83,7 @@ def cheap_network(monkeypatch):
 
         return logits, dataclasses.replace(config, backend="torch")
 
-    monkeypatch.setattr(folder, "predict_windows", predict_windows)
+    monkeypatch.setattr(api, "predict_windows", predict_windows)
 
 
 # ----------------------------------------------------------------------------- the window

@@ -5,7 +5,7 @@ Each scan of this rank goes through :func:`runtime.predict.segment_scan` after i
 checked (:func:`data_loading.scan_checks.check_header`, before any voxel is read), unless its
 output exists and the record beside it says it was made the way this run would make it
 (:mod:`runtime.predict.provenance`: the same version, weights, backend, int8, AMP, TTA, window,
-overlap and input); an output made otherwise is removed, with its record and preview, and the
+overlap and input; with ``--save_probabilities``, its probabilities saved too); an output made otherwise is removed, with its record and preview, and the
 scan segmented again. Any failure
 inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
 summary row with its status, never the folder's end; once the output disk is full, the
@@ -19,7 +19,6 @@ import os
 import sys
 from typing import Callable, Sequence
 
-import torch
 
 from data_loading.scan_checks import check_header
 from data_loading.scans import Scan, ScanError, find_scans, output_path
@@ -27,10 +26,8 @@ from data_loading.write_errors import is_full_disk, write_failure, write_or_rais
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.checkpoint import Saved
-from runtime.openvino.backend import predict_windows
 from runtime.predict.provenance import PendingRecord, difference, input_digest, read_record, record_path, run_fields
-from runtime.predict.scan import (OutputWriteError, ScanInference, load_trained_model, one_line_reason, segment_scan,
-                                  summarise_existing)
+from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
 from runtime.predict.summary import CaseResult, print_outcome, save_summary
 from runtime.resolve import window_line
 from runtime.signals import Stopped
@@ -85,20 +82,28 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
             current["input_sha256"] = input_digest(scan.image_path)
             stored, why_none = read_record(record)
             replaced = difference(stored, why_none, current)
+            npz = probabilities_path(config.output_dir, scan)
+            if replaced is None and config.save_probabilities and not (stored.get("probabilities")
+                                                                       and os.path.exists(npz)):
+                replaced = "without saved probabilities"
             if replaced is None:
                 result = summarise_existing(scan, path)
                 result.provenance = stored
                 return result
         # what claims or shows an earlier output goes first; with --force the output itself is
         # kept until the new one replaces it
-        for stale in (record, os.path.join(config.output_dir, f"{scan.name}.png")) + ((path,) if replaced else ()):
+        for stale in (record, os.path.join(config.output_dir, f"{scan.name}.png"),
+                      probabilities_path(config.output_dir, scan)) + ((path,) if replaced else ()):
             remove_output(stale)
         check_header(scan.image_path)
         if "input_sha256" not in current:
             current["input_sha256"] = input_digest(scan.image_path)
+        current["probabilities"] = os.path.basename(probabilities_path(config.output_dir, scan)) \
+            if config.save_probabilities else ""
         pending = pending_record(record, current, path)
         try:
-            result = segment_scan(scan, infer, config.output_dir, config.preview)
+            result = segment_scan(scan, infer, config.output_dir, config.preview,
+                                  probabilities=config.save_probabilities)
             write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(record, reason, is_full_disk(exc)))
         finally:
             pending.discard()
@@ -148,20 +153,18 @@ def scans_to_predict(config: Config) -> list[Scan]:
     return scans
 
 
-def scan_inference(config: Config, saved: Saved, dist_info: D.DistInfo) -> tuple[Callable, Config]:
-    """``(infer, config)``: preprocessed image -> probabilities with the trained model of the
-    resolved ``config`` (PyTorch or OpenVINO), and the config with its window batch bounded."""
-    say = print if dist_info.is_main else None
+def scan_inference(config: Config, saved: Saved | Sequence[Saved], dist_info: D.DistInfo) -> tuple[Callable, Config]:
+    """``(segmenter, config)``: the :class:`runtime.predict.api.Segmenter` of the resolved
+    ``config`` and its checkpoint(s) ``saved`` (PyTorch or OpenVINO; several: an ensemble), which
+    maps a preprocessed image to probabilities, and the config with its window batch bounded."""
+    from runtime.predict.api import Segmenter
 
-    def load(config: Config, device: torch.device) -> torch.nn.Module:
-        return load_trained_model(config, saved, device, say)
-
-    predict, config = predict_windows(config, dist_info.device, load, dist_info.is_main)
-    return ScanInference(predict, config, dist_info.device), config
+    segmenter = Segmenter.from_config(config, saved, dist_info.device, dist_info.is_main)
+    return segmenter, segmenter.config
 
 
-def predict_scans(config: Config, saved: Saved, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
-    """Load the model of the resolved ``config``, segment this rank's share of ``scans``, write
+def predict_scans(config: Config, saved: Saved | Sequence[Saved], scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
+    """Load the model(s) of the resolved ``config`` (``saved``: its checkpoint, or an ensemble's), segment this rank's share of ``scans``, write
     the summary (rank 0); the exit code."""
     if dist_info.is_main:
         print(window_line(config), flush=True)

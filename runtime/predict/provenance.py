@@ -3,8 +3,9 @@
 ``<case>.provenance.json`` beside ``<case>.nii.gz`` holds :data:`FIELDS`: the project's version
 (``runtime.__version__``), the checkpoint's path and the sha256 of the weights predict loaded
 from it, the backend that ran the network (torch or openvino), ``--int8``, the ``--amp`` type,
-``--tta``, the sliding window's shape and overlap, and the sha256 of the input scan (of the
-files that make it). An existing
+``--tta``, the sliding window's shape and overlap, the sha256 of the input scan (of the
+files that make it), and with ``--save_probabilities`` the name of ``<case>.npz``. An ensemble's
+record lists every checkpoint's path and weights digest, in order. An existing
 output is reused only when its record holds this run's value of every field of :data:`MADE_BY`
 (everything but the checkpoint's path: the same weights moved elsewhere make the same
 segmentation); otherwise it is segmented again (:func:`difference` says why).
@@ -30,7 +31,7 @@ RECORD_SUFFIX = ".provenance.json"
 MADE_BY = ("version", "weights_sha256", "backend", "int8", "amp", "tta", "window_shape", "overlap", "input_sha256")
 # Every field of a record, in the order of the summary's columns.
 FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "amp", "tta", "window_shape", "overlap",
-          "input_sha256")
+          "input_sha256", "probabilities")
 CHUNK = 1 << 20
 
 
@@ -71,9 +72,17 @@ def input_digest(path: str) -> str:
 
 def run_fields(config) -> dict:
     """The fields of :data:`FIELDS` this run of a resolved, backend-chosen ``config`` gives every
-    scan, but ``input_sha256`` (the scan's own)."""
-    return {"version": __version__, "checkpoint": os.path.abspath(config.load_ckpt_path) if config.load_ckpt_path else "",
-            "weights_sha256": config.weights_sha256, "backend": config.backend, "int8": bool(config.int8),
+    scan, but ``input_sha256`` (the scan's own) and ``probabilities`` (the name of the saved
+    probabilities, only when ``--save_probabilities`` wrote them). An ensemble's ``checkpoint``
+    and ``weights_sha256`` are lists, every checkpoint's in order (one checkpoint: strings)."""
+    if len(config.checkpoints) > 1:
+        checkpoint = [os.path.abspath(path) for path in config.checkpoints]
+        weights = list(config.ensemble_sha256)
+    else:
+        checkpoint = os.path.abspath(config.load_ckpt_path) if config.load_ckpt_path else ""
+        weights = config.weights_sha256
+    return {"version": __version__, "checkpoint": checkpoint,
+            "weights_sha256": weights, "backend": config.backend, "int8": bool(config.int8),
             "amp": config.amp_dtype if config.amp else "off", "tta": bool(config.tta),
             "window_shape": [int(s) for s in config.val_input_shape], "overlap": float(config.overlap)}
 
@@ -101,6 +110,8 @@ def read_record(path: str) -> tuple[dict | None, str]:
 
 
 def _text(name: str, value) -> str:
+    if isinstance(value, list) and name.endswith("sha256"):
+        return "+".join(str(v)[:12] for v in value)
     if isinstance(value, list):
         return "x".join(map(str, value))
     if name.endswith("sha256") and isinstance(value, str):

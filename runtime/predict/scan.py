@@ -6,7 +6,10 @@ exactly as ``preprocess_dataset.py``, slide the evaluator's window over the volu
 (:func:`runtime.sliding_window.sliding_window_inference`: Gaussian weights, ``--val_input_shape``,
 ``--overlap``, ``--sw_batch_size``; ``--tta`` adds the 8 flips), softmax, back to the scan's grid
 and its own axes (:mod:`data_loading.scans`), write uint8 labels with the scan's affine and header;
-with ``--preview``, a PNG drawn after the segmentation is safe.
+with ``--preview``, a PNG drawn after the segmentation is safe; with ``--save_probabilities``,
+``<case>.npz`` (the softmax on the scan's grid and axes, whose argmax is the segmentation).
+The steps from a volume read to its labels (:func:`segment_volume`) are the ones the Python
+entry point :class:`runtime.predict.api.Segmenter` runs for files and arrays alike.
 A failure to write names the output file (:class:`OutputWriteError`).
 
 The folder (scans shared between ranks, each isolated, the lock, the summary) is
@@ -17,13 +20,15 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data_loading.scans import (Scan, class_volumes_ml, labels_in_original_grid,
+from data_loading.atomic import atomic_write
+from data_loading.scans import (RawScan, Scan, ScanGeometry, class_volumes_ml, crop_padding, labels_in_original_grid,
                                 output_path, preprocess_scan, read_label, read_labels_file, read_scan,
                                 write_segmentation)
 from data_loading.windows import window_geometry
@@ -107,6 +112,96 @@ class ScanInference:
                                     probabilities_out=self.config.tta)
 
 
+class EnsembleInference:
+    """The mean of several :class:`ScanInference` (one per checkpoint: each its softmax, or its
+    TTA-averaged softmax, on the whole volume); ``windows``: all of theirs."""
+
+    def __init__(self, members: Sequence[ScanInference]):
+        self.members = list(members)
+        self.windows = 0
+
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        total = None
+        for member in self.members:
+            probabilities = member(image)
+            total = probabilities if total is None else total.add_(probabilities)
+        self.windows = sum(member.windows for member in self.members)
+        return total / len(self.members)
+
+
+# ----------------------------------------------------------------------------- a volume's labels
+
+
+@dataclass
+class Segmentation:
+    """One volume segmented: ``labels`` uint8 on the input's own grid and axes; ``probabilities``
+    float32 (3, *labels.shape), the softmax there (classes first; ``labels`` is their argmax,
+    ties to the lower class), when asked for, else None; ``nifti`` the NIfTI image (affine,
+    header) the labels are written with, for a file (None for an array); ``kits_labels`` the
+    labels in the KiTS19 layout; ``windows`` how many windows the network(s) ran on."""
+
+    labels: np.ndarray
+    probabilities: np.ndarray | None = None
+    nifti: object = None
+    kits_labels: np.ndarray | None = None
+    windows: int | None = None
+
+    @property
+    def affine(self) -> np.ndarray | None:
+        return None if self.nifti is None else self.nifti.affine
+
+
+def probabilities_in_original_grid(probabilities: torch.Tensor, geometry: ScanGeometry) -> torch.Tensor:
+    """Class probabilities (C, D', H', W') on the padded grid -> (C, D, H, W) float32 on the
+    original grid: each class map resampled exactly as
+    :func:`data_loading.scans.labels_in_original_grid` resamples it, so that their argmax (first
+    maximum) is its labels."""
+    from torch.nn.functional import interpolate
+
+    probabilities = crop_padding(probabilities, geometry)
+    if tuple(probabilities.shape[1:]) == geometry.original:
+        return probabilities.float()
+    return torch.stack([interpolate(probabilities[c][None, None].float(), size=geometry.original, mode="trilinear",
+                                    align_corners=True)[0, 0] for c in range(probabilities.shape[0])])
+
+
+def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], timer: "StageTimer",
+                   probabilities: bool = False, path: str = "") -> Segmentation:
+    """A scan read into the KiTS19 layout (``raw``) -> its :class:`Segmentation` on its own grid
+    and axes: preprocess, ``infer`` (preprocessed image -> class probabilities), back to the
+    original grid and axes (with ``probabilities``, the probabilities too)."""
+    with timer("preprocess"):
+        image, geometry = preprocess_scan(raw, path)
+    with timer("infer"):
+        out = infer(image)
+    windows = getattr(infer, "windows", None)  # ScanInference counts them
+    del image
+    kept = None
+    with timer("restore"):
+        if probabilities:
+            grid = probabilities_in_original_grid(out, geometry)
+            labels = grid.argmax(0).to(torch.uint8).cpu().numpy()
+            grid = grid.cpu().numpy()
+            kept = np.stack([raw.to_file(p) for p in grid]) if raw.orientation is not None else grid
+            del grid
+        else:
+            labels = labels_in_original_grid(out, geometry)
+        file_labels = raw.to_file(labels)  # the file's own axes (the same array when unmoved)
+    return Segmentation(file_labels, kept, raw.nifti, labels, windows)
+
+
+def probabilities_path(output_dir: str, scan: Scan) -> str:
+    """``output_dir/<case>.npz``, nnU-Net's name for the saved probabilities."""
+    return os.path.join(output_dir, f"{scan.name}.npz")
+
+
+def write_probabilities(path: str, probabilities: np.ndarray) -> None:
+    """``probabilities`` (C, *shape) as ``path``: compressed ``.npz``, key ``probabilities``,
+    float16, written atomically."""
+    data = np.asarray(probabilities, dtype=np.float16)
+    atomic_write(path, lambda handle: np.savez_compressed(handle, probabilities=data))
+
+
 # ----------------------------------------------------------------------------- one scan
 
 
@@ -154,38 +249,39 @@ def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray
 
 
 def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output_dir: str,
-                 preview: bool = False, timer: StageTimer | None = None) -> CaseResult:
-    """Segment one scan into ``output_dir/<case>.nii.gz`` (and ``<case>.png`` with ``preview``).
+                 preview: bool = False, timer: StageTimer | None = None, probabilities: bool = False) -> CaseResult:
+    """Segment one scan into ``output_dir/<case>.nii.gz`` (and ``<case>.png`` with ``preview``,
+    ``<case>.npz`` with ``probabilities``: :func:`write_probabilities`).
 
-    ``infer`` maps the preprocessed image (1, D', H', W') to class probabilities (3, D', H', W');
-    its ``windows`` after the call (:class:`ScanInference`), when it has them, go to the result.
-    The segmentation is written first (its existence marks the case done); a preview that
-    cannot be drawn is the result's ``error``, never the loss of the segmentation.
+    ``infer`` maps the preprocessed image (1, D', H', W') to class probabilities (3, D', H', W')
+    (a :class:`runtime.predict.api.Segmenter`, or any such callable); its ``windows`` after the
+    call, when it has them, go to the result. The probabilities are written before the
+    segmentation, whose existence marks the case done; a preview that cannot be drawn is the
+    result's ``error``, never the loss of the segmentation.
     """
     timer = timer or StageTimer()
     start = time.perf_counter()
     with timer("read"):
         raw = read_scan(scan.image_path)  # in the KiTS19 layout the network was trained in
         truth = read_label(scan.label_path, raw.file_shape) if scan.label_path else None
-    with timer("preprocess"):
-        image, geometry = preprocess_scan(raw, scan.image_path)
-    with timer("infer"):
-        probabilities = infer(image)
-    windows = getattr(infer, "windows", None)  # ScanInference counts them
-    del image
-    with timer("restore"):
-        labels = labels_in_original_grid(probabilities, geometry)
-        file_labels = raw.to_file(labels)  # the file's own axes (the same array when unmoved)
-    del probabilities
+    # a Segmenter segments the volume itself (the Python entry point's path); a bare callable here
+    segment = getattr(infer, "segment_raw", None)
+    segmentation = (segment(raw, probabilities, scan.image_path, timer) if segment is not None
+                    else segment_volume(raw, infer, timer, probabilities, scan.image_path))
+    file_labels = segmentation.labels
     path = output_path(output_dir, scan)
     with timer("write"):
+        if probabilities:
+            npz = probabilities_path(output_dir, scan)
+            write_output(npz, lambda: write_probabilities(npz, segmentation.probabilities))
+            segmentation.probabilities = None
         write_output(path, lambda: write_segmentation(path, file_labels, raw.nifti))
     result = scored_result(scan, "segmented", file_labels, truth, raw.file_spacing or raw.spacing,
                            stages=timer.seconds)
-    result.windows = windows
+    result.windows = segmentation.windows
     if preview:
         with timer("preview"):
-            draw_preview(result, os.path.join(output_dir, f"{scan.name}.png"), raw.image[0], labels,
+            draw_preview(result, os.path.join(output_dir, f"{scan.name}.png"), raw.image[0], segmentation.kits_labels,
                          None if truth is None else raw.to_kits(truth), raw.spacing)
     result.seconds = time.perf_counter() - start
     return result

@@ -114,6 +114,8 @@ def summary_rows(results: Sequence[CaseResult]) -> list[dict]:
 def _csv_value(value) -> str:
     if value is None:
         return ""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):  # an ensemble's checkpoints
+        return " ".join(value)
     if isinstance(value, list):
         return "x".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     if isinstance(value, float):
