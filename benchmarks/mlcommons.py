@@ -28,6 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/inference.py", "runtime/distributed_utils.py",
                    "runtime/logging.py")
+TRAINING_FILES = ("model/losses.py", "runtime/training.py")  # also read by load_reference_training
 PACKAGES = ("model", "runtime")  # the reference's package names, which are also this project's
 
 
@@ -54,6 +55,42 @@ def dllogger_stand_in() -> types.ModuleType:
 
 def _is_project_path(entry: str) -> bool:
     return os.path.realpath(entry or os.getcwd()) == str(ROOT)
+
+
+def _import_reference(code_dir: str, names: Sequence[str]) -> list[types.ModuleType]:
+    """The reference's modules ``names`` imported from ``code_dir`` (see :func:`load_reference`)."""
+    code_dir = check_reference_code(code_dir)
+    import scipy.signal
+
+    if not hasattr(scipy.signal, "gaussian"):
+        scipy.signal.gaussian = scipy.signal.windows.gaussian
+    if "dllogger" not in sys.modules and importlib.util.find_spec("dllogger") is None:
+        sys.modules["dllogger"] = dllogger_stand_in()
+    ours = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in PACKAGES}
+    path = list(sys.path)
+    sys.path[:] = [code_dir] + [p for p in path if not _is_project_path(p)]
+    try:
+        modules = [importlib.import_module(name) for name in names]
+    finally:
+        sys.path[:] = path
+        for name in [k for k in sys.modules if k.split(".")[0] in PACKAGES]:
+            del sys.modules[name]
+        sys.modules.update(ours)
+    for module in modules:
+        if not os.path.realpath(module.__file__).startswith(code_dir + os.sep):
+            raise ReferenceCodeError(f"--reference_code {code_dir}: imported {module.__file__} instead")
+    return modules
+
+
+def load_reference_training(code_dir: str) -> tuple[type, type, Callable]:
+    """``(Unet3D, DiceCELoss, get_optimizer)`` of the reference code at ``code_dir``: its network,
+    its loss and its optimizer factory (``runtime/training.py``), for timing its training step."""
+    missing = [f for f in TRAINING_FILES if not os.path.isfile(os.path.join(code_dir, f))]
+    if missing:
+        raise ReferenceCodeError(f"--reference_code {code_dir}: no {missing[0]} there (give the "
+                                 "image_segmentation/pytorch folder of a mlcommons/training checkout)")
+    unet3d, losses, training = _import_reference(code_dir, ("model.unet3d", "model.losses", "runtime.training"))
+    return unet3d.Unet3D, losses.DiceCELoss, training.get_optimizer
 
 
 def load_reference(code_dir: str) -> tuple[type, Callable]:

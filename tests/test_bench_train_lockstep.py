@@ -1,0 +1,74 @@
+"""benchmarks/bench_train_lockstep.py and benchmarks/bench_convergence.py: the reference's training
+code loaded beside the project's (stand-in tree; the real one with UNET3D_REFERENCE_CODE), the
+parsing of the benchmark's lines."""
+import os
+import sys
+
+import pytest
+import torch
+
+from benchmarks import bench_convergence, bench_train_lockstep as lockstep
+from benchmarks.mlcommons import ReferenceCodeError, load_reference_training
+from test_mlcommons_reference import REAL, needs_real, write_stand_in
+
+TRAINING_STAND_IN = {
+    "model/losses.py": "class DiceCELoss:\n    def __init__(self, to_onehot_y, use_softmax, layout, include_background):\n"
+                       "        self.layout = layout\n",
+    "runtime/training.py": "import torch\nfrom runtime.distributed_utils import get_rank\n\n"
+                           "def get_optimizer(params, flags):\n"
+                           "    return torch.optim.SGD(params, lr=flags.learning_rate, momentum=flags.momentum, nesterov=True)\n",
+}
+
+
+def write_training_stand_in(folder):
+    write_stand_in(folder)
+    for name, text in TRAINING_STAND_IN.items():
+        with open(os.path.join(folder, name), "w") as handle:
+            handle.write(text)
+    return str(folder)
+
+
+def test_load_reference_training_imports_the_tree_and_puts_the_project_back(tmp_path):
+    import model.losses
+
+    before = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("model", "runtime")}
+    unet3d, loss, get_optimizer = load_reference_training(write_training_stand_in(tmp_path / "ref"))
+    assert loss(True, True, "NCDHW", False).layout == "NCDHW"
+    from types import SimpleNamespace
+    opt = get_optimizer([torch.zeros(2, requires_grad=True)], SimpleNamespace(learning_rate=0.5, momentum=0.9))
+    assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["nesterov"]
+    assert {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("model", "runtime")} == before
+    assert sys.modules["model.losses"] is model.losses
+
+
+def test_a_tree_without_the_training_code_is_one_line(tmp_path):
+    folder = write_stand_in(tmp_path / "ref")
+    with pytest.raises(ReferenceCodeError) as error:
+        load_reference_training(folder)
+    assert "model/losses.py" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_timed_steps_and_precision_parsed():
+    text = ("bf16: native bf16 dot products (avx512_bf16); training in bf16 autocast\nwarm-up step 1: 900.0 ms\n"
+            "timed step 2: 1500.5 ms\ntimed step 3: 1200.0 ms\n")
+    assert [float(v) for v in lockstep.TIMED.findall(text)] == [1500.5, 1200.0]
+    line = lockstep.PRECISION.search(text).group(0)
+    assert lockstep.layout_key("fast", line) == "bfloat16_cl"
+    assert lockstep.layout_key("fast", "bf16: ...; training in float32 instead") == "float32_cl"
+    assert lockstep.layout_key("bf16", line) == "bfloat16"
+    assert bench_convergence.RESULT.search(
+        "RESULT,image_segmentation,3,81.2,success,best_mean_dice=0.6120,epochs=14").groups() == \
+        ("81.2", "success", "0.6120", "14")
+
+
+@needs_real
+def test_reference_loss_is_the_project_loss():
+    """The loss the mlcommons variant trains with (the real code's) and the project's: equal."""
+    from model.losses import DiceCELoss
+
+    _, reference_loss, _ = load_reference_training(REAL)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 8, 8, 8, generator=g)
+    label = torch.randint(0, 3, (2, 1, 8, 8, 8), generator=g)
+    theirs = reference_loss(to_onehot_y=True, use_softmax=True, layout="NCDHW", include_background=False)
+    torch.testing.assert_close(DiceCELoss()(logits, label), theirs(logits, label), rtol=1e-6, atol=1e-6)
