@@ -274,7 +274,7 @@ def predict_body(session: Session) -> int:
     saved = ckpt.saved_for(session.config)
     ensemble = ckpt.saved_ensemble(session.config)  # further checkpoints: their probabilities averaged
     config = resolve(session.config, session.dist, None, saved, ensemble)
-    return predict_scans(config, [saved, *ensemble], session.source, session.dist)
+    return predict_scans(config, [saved, *ensemble] if ensemble else saved, session.source, session.dist)
 
 
 def _log_dir(config: Config) -> list[Output]:

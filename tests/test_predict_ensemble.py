@@ -194,7 +194,7 @@ def test_an_ensemble_of_different_networks_or_windows_is_one_line(tmp_path, caps
         assert not os.path.exists(tmp_path / "out" / "scan.nii.gz")
 
 
-def test_evaluate_and_train_take_one_checkpoint(tmp_path):
+def test_evaluate_and_train_take_one_checkpoint(tmp_path, capsys):
     from runtime.arguments import parse_args
 
     a = checkpoint(tmp_path / "a.pt")
@@ -202,7 +202,13 @@ def test_evaluate_and_train_take_one_checkpoint(tmp_path):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(["--exec_mode", mode, "--data_dir", str(tmp_path), "--load_ckpt_path", a, a])
         assert exit_info.value.code == 2
-    assert parse_args(["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", a]).load_ckpt_path == a
+        stderr = capsys.readouterr().err
+        assert stderr.count("\n") == 1 and f"--load_ckpt_path takes one checkpoint for --exec_mode {mode}" in stderr
+    config = parse_args(["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", a])
+    assert config.load_ckpt_path == a and config.checkpoints == (a,)
+    config = parse_args(["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+                         "--load_ckpt_path", a, a])
+    assert config.load_ckpt_path == a and config.checkpoints == (a, a)
 
 
 def test_several_checkpoints_for_evaluate_is_one_line_naming_the_flag(tmp_path, capsys):

@@ -19,7 +19,6 @@ import os
 import sys
 from typing import Callable, Sequence
 
-
 from data_loading.scan_checks import check_header
 from data_loading.scans import Scan, ScanError, find_scans, output_path
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
