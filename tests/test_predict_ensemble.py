@@ -153,6 +153,10 @@ def test_an_ensemble_of_a_checkpoint_with_itself_is_that_checkpoint(tmp_path, ca
     single, ensemble = record(tmp_path / "one"), record(tmp_path / "self")
     assert ensemble["weights_sha256"] == [single["weights_sha256"]] * 2
     assert ensemble["checkpoint"] == [single["checkpoint"]] * 2
+    import csv
+    row = next(csv.DictReader(open(tmp_path / "self" / "summary.csv")))
+    assert row["weights_sha256"] == f"{single['weights_sha256']} {single['weights_sha256']}"
+    assert row["probabilities"] == "scan.npz"
     # an ensemble's output is not taken for the single checkpoint's, nor the other way round
     code, stdout, _ = predict(capsys, tmp_path / "in", tmp_path / "self", [a])
     assert code == 0 and "replaced an earlier output made with weights_sha256" in stdout
