@@ -5,8 +5,9 @@ Each scan of this rank goes through :func:`runtime.predict.segment_scan` after i
 checked (:func:`data_loading.scan_checks.check_header`, before any voxel is read), unless its
 output exists and the record beside it says it was made the way this run would make it
 (:mod:`runtime.predict.provenance`: the same version, weights, backend, int8, AMP, TTA, window,
-overlap and input; with ``--save_probabilities``, its probabilities saved too); an output made otherwise is removed, with its record and preview, and the
-scan segmented again. Any failure
+overlap and input; with ``--save_probabilities``, its probabilities saved too); an output made
+otherwise is removed, with its record, preview and probabilities, and the scan segmented again
+through the run's :class:`runtime.predict.api.Segmenter`. Any failure
 inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
 summary row with its status, never the folder's end; once the output disk is full, the
 remaining scans are "not run" and the summary names them. Rank 0 writes the summary
