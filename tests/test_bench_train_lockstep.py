@@ -72,3 +72,46 @@ def test_reference_loss_is_the_project_loss():
     label = torch.randint(0, 3, (2, 1, 8, 8, 8), generator=g)
     theirs = reference_loss(to_onehot_y=True, use_softmax=True, layout="NCDHW", include_background=False)
     torch.testing.assert_close(DiceCELoss()(logits, label), theirs(logits, label), rtol=1e-6, atol=1e-6)
+
+
+@needs_real
+def test_project_fp32_training_step_against_the_reference_step():
+    """The default (float32, NCDHW) network of runtime.build, with its ConvBlocks, and the real
+    code's network and loss, the same weights and batch: the loss bit for bit (the logits are:
+    tests/test_mlcommons_reference.py); the gradients as close as float32 summation order allows
+    (the two losses differ in op order, so their backward passes are not bit-identical; the same
+    before the ConvBlocks, which the last part checks bit for bit against nn.Sequential blocks)."""
+    import dataclasses
+
+    from torch import nn
+
+    from model.layers import ConvBlock
+    from model.losses import DiceCELoss
+    from runtime.arguments import Config
+    from runtime.build import build_model
+
+    torch.set_num_threads(1)
+    reference_unet, reference_loss, _ = load_reference_training(REAL)
+    torch.manual_seed(0)
+    ours = build_model(dataclasses.replace(Config(loader="synthetic"), exec_mode="train"), torch.device("cpu"))
+    theirs = reference_unet(1, 3, "instancenorm", "relu")
+    theirs.load_state_dict(ours.state_dict())
+    sequential = type(ours)(filters=ours.filters)
+    sequential.load_state_dict(ours.state_dict())
+    for module in sequential.modules():
+        if isinstance(module, ConvBlock):
+            module.__class__ = nn.Sequential  # the blocks as they were
+    g = torch.Generator().manual_seed(1)
+    image = torch.randn(1, 1, 64, 64, 32, generator=g)
+    label = torch.randint(0, 3, (1, 1, 64, 64, 32), generator=g, dtype=torch.uint8)
+    results = []
+    for model, loss_fn in ((ours, DiceCELoss()), (sequential, DiceCELoss()),
+                           (theirs, reference_loss(to_onehot_y=True, use_softmax=True, layout="NCDHW",
+                                                   include_background=False))):
+        loss = loss_fn(model(image), label)
+        loss.backward()
+        results.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (loss0, grads0), (loss1, grads1), (loss2, grads2) = results
+    assert torch.equal(loss0, loss1) and torch.equal(grads0, grads1)
+    assert torch.equal(loss0, loss2)
+    assert float((grads0 - grads2).norm() / grads2.norm()) < 1e-5
