@@ -78,10 +78,12 @@ class ConvBlock(nn.Sequential):
     norm_activation = None  # callable(x, weight, bias, eps, slope) or None
 
     def forward(self, x):
+        fused = self.norm_activation
+        if fused is None or len(self) != 3:   # the default (and a block rebuilt by inference code)
+            return super().forward(x)
         conv, norm, activation = self[0], self[1], self[2]
         x = conv(x)
-        fused = self.norm_activation
-        if fused is not None and type(norm) is nn.InstanceNorm3d and norm.affine and x.dim() == 5:
+        if type(norm) is nn.InstanceNorm3d and norm.affine and x.dim() == 5:
             slope = negative_slope(activation)
             if slope is not None:
                 return fused(x, norm.weight, norm.bias, norm.eps, slope)
