@@ -147,7 +147,7 @@ run_command() {
         UNET3D_CACHE_CLEARED=1
     fi
     export UNET3D_CACHE_CLEARED
-    local child='' status=0
+    local child=''
     # Forward the time-limit warning (once COMMAND can take it); note SIGTERM/SIGINT and keep
     # waiting for COMMAND, which got them too and is saving its checkpoint.
     trap 'if [[ -n $child ]]; then bash "$LIB/forward.sh" "$child" "$$" & else USR1_PENDING=1; fi' USR1
@@ -157,11 +157,17 @@ run_command() {
     if [[ ${USR1_PENDING:-0} == 1 ]]; then
         bash "$LIB/forward.sh" "$child" "$$" &
     fi
-    # `wait` returns early (> 128) when a trapped signal arrives: wait again until COMMAND ends.
+    wait_until_done "$child"
+}
+
+# wait_until_done PID: `wait` returns early (> 128) when a trapped signal arrives: wait again
+# until PID has ended; returns its status.
+wait_until_done() {
+    local status
     while true; do
         status=0
-        wait "$child" || status=$?
-        kill -0 "$child" 2>/dev/null || break
+        wait "$1" || status=$?
+        kill -0 "$1" 2>/dev/null || break
     done
     return "$status"
 }
@@ -169,15 +175,8 @@ run_command() {
 # Run FUNCTION in a child process and wait until it ends, however often the trap interrupts the
 # wait; returns its status.
 in_child() {
-    local child status
     ( "$@" ) &
-    child=$!
-    while true; do
-        status=0
-        wait "$child" || status=$?
-        kill -0 "$child" 2>/dev/null || break
-    done
-    return "$status"
+    wait_until_done "$!"
 }
 
 around() {
