@@ -163,6 +163,14 @@ def share_seconds(times: Sequence[float], windows: Sequence[int], volumes: int, 
     return sum(times) / len(times) * volumes
 
 
+def timed_volume(predict, image, cfg, sync) -> float:
+    """Seconds of one volume's sliding-window inference, the device synchronised around it."""
+    sync()
+    tick = time.perf_counter()
+    sliding_window_inference(predict, image, cfg.val_input_shape, cfg.overlap, cfg.sw_batch_size)
+    sync()
+    return time.perf_counter() - tick
+
 def time_evaluation_pass(components: Components, out: Reporters, budget: Budget) -> tuple[float | None, str]:
     """Seconds one evaluation of every evaluation case takes on all ranks (the slowest rank's
     share), and how it was found. None when no rank has an evaluation volume."""
@@ -181,12 +189,7 @@ def time_evaluation_pass(components: Components, out: Reporters, budget: Budget)
             with iterate(out.progress(loader, desc="benchmark eval volumes", total=len(loader),
                                       always=True)) as volumes:
                 for image, _label, _case in volumes:
-                    sync()
-                    tick = time.perf_counter()
-                    sliding_window_inference(predict, image.to(device), cfg.val_input_shape, cfg.overlap,
-                                             cfg.sw_batch_size)
-                    sync()
-                    times.append(time.perf_counter() - tick)
+                    times.append(timed_volume(predict, image.to(device), cfg, sync))
                     windows.append(window_geometry(image.shape[2:], cfg.val_input_shape, cfg.overlap).n_windows)
                     if budget.given and (not budget.seconds or sum(times) >= budget.seconds):
                         break
@@ -285,13 +288,9 @@ def benchmark_evaluate(components: Components, out: Reporters) -> dict:
             with iterate(out.progress(loader, desc="benchmark eval volumes", total=len(loader),
                                       always=True)) as volumes:
                 for image, _label, _case in volumes:
-                    sync()
-                    tick = time.perf_counter()
-                    sliding_window_inference(predict, image.to(dev), cfg.val_input_shape, cfg.overlap,
-                                             cfg.sw_batch_size)
-                    sync()
+                    seconds = timed_volume(predict, image.to(dev), cfg, sync)
                     if seen >= cfg.warmup_steps:
-                        times.append(time.perf_counter() - tick)
+                        times.append(seconds)
                     seen += 1
                     reason = budget.spent(len(times), sum(times)) if times else None
                     if reason:
