@@ -92,6 +92,74 @@ def run_mlcommons_child(argv: list[str]) -> int:
     return app.run(parse_args(flags))
 
 
+def in_process(args, side: int, batch: int) -> None:
+    """One process, the two steps alternating step by step on one batch (the same weights to
+    start with): the reference's (its network, loss, optimizer; float32 eager NCDHW) and the
+    project's with ``--amp --channels_last`` as ``runtime.build`` builds it (precision by the
+    CPU's feature, fused norms, the bf16 guard). Each pair's ratio, then the median: robust to a
+    shared machine's load changing between processes."""
+    import dataclasses
+
+    import torch
+
+    from benchmarks.mlcommons import load_reference_training
+    from model.losses import DiceCELoss
+    from runtime import build
+    from runtime.arguments import Config
+    from runtime.optimizers import make_optimizer
+
+    unet3d, dice_ce_loss, get_optimizer = load_reference_training(args.reference_code)
+    cpu = torch.device("cpu")
+    cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp=True, amp_dtype="bf16",
+                              channels_last=True, input_shape=(side,) * 3, batch_size=batch)
+    torch.manual_seed(0)
+    cfg = build.cpu_training_precision(cfg, cpu, say=True)
+    ours = build.build_model(cfg, cpu)
+    build.fuse_channels_last_norms(ours, cfg, cpu, say=True)
+    build.guard_bf16_training(ours, cfg, cpu, say=True)
+    autocast, scaler = build.autocast_factory(cfg, cpu)
+    optimizer = make_optimizer("sgd", ours.parameters(), 1e-4, 0.9)
+    fast = build.eager_train_step(ours, DiceCELoss(), optimizer, scaler, autocast, 1)
+    theirs = unet3d(1, 3, "instancenorm", "relu")
+    theirs.load_state_dict({k: v.contiguous() for k, v in ours.state_dict().items()})
+    flags = SimpleNamespace(optimizer="sgd", learning_rate=1e-4, momentum=0.9, weight_decay=0.0)
+    ref_optimizer = get_optimizer(theirs.parameters(), flags)
+    ref_loss = dice_ce_loss(to_onehot_y=True, use_softmax=True, layout="NCDHW", include_background=False)
+
+    def reference(image, label):
+        loss = ref_loss(theirs(image), label)
+        loss.backward()
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+        return loss.detach()
+
+    g = torch.Generator().manual_seed(1)
+    image = torch.randn(batch, 1, side, side, side, generator=g)
+    label = torch.randint(0, 3, (batch, 1, side, side, side), generator=g, dtype=torch.uint8)
+    image_cl = image.contiguous(memory_format=torch.channels_last_3d) if cfg.channels_last else image
+    steps = {"mlcommons": lambda: reference(image, label), "fast": lambda: fast(image_cl, label)}
+    for name, step in steps.items():
+        for _ in range(args.warmup_steps):
+            tick = time.perf_counter()
+            step()
+            print(f"  warm-up {name}: {time.perf_counter() - tick:.2f} s", flush=True)
+    times = {name: [] for name in steps}
+    loads = []
+    for r in range(args.steps):
+        for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            loads.append(os.getloadavg()[0])
+            tick = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - tick)
+        print(f"  pair {r}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items())
+              + f" (load {loads[-1]:.2f})", flush=True)
+    ratios = [a / b for a, b in zip(times["mlcommons"], times["fast"])]
+    print(f"in-process {side}x{batch}: mlcommons median {statistics.median(times['mlcommons']):.2f} s, fast median "
+          f"{statistics.median(times['fast']):.2f} s, ratio median {statistics.median(ratios):.2f}x "
+          f"(pairs {', '.join(f'{r:.2f}' for r in ratios)}), load {min(loads):.2f}-{max(loads):.2f}")
+    return times, "bfloat16_cl" if cfg.amp else "float32_cl"
+
+
 def conv_rates(env: dict) -> dict[str, float]:
     """GFLOP/s of a 3x3x3 convolution of 64 channels at 64³ (batch 1), forward + backward, in
     fp32 and bf16, NCDHW and channels-last, measured in a child process under ``env``."""
@@ -162,6 +230,9 @@ def main(argv=None) -> int:
                    help="OMP_NUM_THREADS of every process (0: torch's default, one per core). On a machine "
                         "shared with other jobs one thread avoids OpenMP threads waiting for a descheduled sibling")
     p.add_argument("--work", default="/tmp/bench_train_lockstep")
+    p.add_argument("--in_process", action="store_true",
+                   help="time the reference's step and the fast step alternating in one process on one "
+                        "synthetic batch (--steps pairs after --warmup_steps each) instead of main.py processes")
     p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mlcommons:
@@ -179,7 +250,7 @@ def main(argv=None) -> int:
         if not args.reference_code:
             raise SystemExit("the mlcommons variant needs --reference_code (or UNET3D_REFERENCE_CODE)")
         check_reference_code(args.reference_code)
-    if not args.data_dir:
+    if not args.data_dir and not args.in_process:
         raise SystemExit("--data_dir: a folder of preprocessed training cases is needed")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -204,6 +275,15 @@ def main(argv=None) -> int:
         for spec in args.shapes:
             side, batch = (int(v) for v in spec.split("x"))
             flops = flop_count_per_sample(model, (side,) * 3)[1] * batch
+            if args.in_process:
+                if args.threads:
+                    torch.set_num_threads(args.threads)
+                times, fast_key = in_process(args, side, batch)
+                for name, key in (("mlcommons", "float32"), ("fast", fast_key)):
+                    med = statistics.median(times[name])
+                    print(f"  {name}: {flops / med / 1e9:.0f} GFLOP/s, {flops / med / 1e9 / rates[key]:.0%} of "
+                          f"the {key} convolution rate {rates[key]:.0f}")
+                continue
             times = {v: [] for v in variants}
             lines = {}
             loads = []

@@ -94,7 +94,7 @@ def fuse_channels_last_norms(model: torch.nn.Module, config: Config, device: tor
     if config.compile:
         function = instance_norm_activation
     else:
-        function = compile_function(instance_norm_activation, dynamic=True)
+        function = compile_function(instance_norm_activation, dynamic=True, recompile_limit=64)
         if function is instance_norm_activation:
             if say:
                 print("channels-last: torch.compile is unavailable, instance norm and activation stay modules")

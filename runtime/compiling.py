@@ -104,9 +104,24 @@ class CompiledFunction:
         return self.function(*args, **kwargs)
 
 
-def compile_function(function, enabled: bool = True, **compile_kwargs):
+def allow_recompiles(limit: int) -> None:
+    """Let dynamo keep at least ``limit`` compiled variants per function (``recompile_limit``,
+    named ``cache_size_limit`` in older torch; default 8). A function called with many layouts,
+    types and grad modes (the fused norm of every layer, in training and evaluation) needs more:
+    past the limit dynamo silently runs the function eagerly."""
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if isinstance(getattr(dynamo_config, name, None), int) and getattr(dynamo_config, name) < limit:
+            setattr(dynamo_config, name, limit)
+
+
+def compile_function(function, enabled: bool = True, recompile_limit: int = 0, **compile_kwargs):
     """``function`` itself when not ``enabled`` or when this torch cannot compile (no warning: the
-    caller says what it runs), else a :class:`CompiledFunction` with the eager fallback."""
+    caller says what it runs), else a :class:`CompiledFunction` with the eager fallback;
+    ``recompile_limit``: see :func:`allow_recompiles`."""
     if not enabled or _compile_unavailable_reason() is not None:
         return function
+    if recompile_limit:
+        allow_recompiles(recompile_limit)
     return CompiledFunction(function, **compile_kwargs)

@@ -260,3 +260,26 @@ def test_compiled_fused_norm_equals_eager():
         assert outs[1][0].is_contiguous(memory_format=CL) and outs[1][1].is_contiguous(memory_format=CL)
         for a, b in zip(outs[1], outs[0]):
             assert rel_err(a, b) < tol
+
+
+def test_allow_recompiles_raises_and_never_lowers_the_limit(monkeypatch):
+    import torch._dynamo.config as dynamo_config
+
+    from runtime.compiling import allow_recompiles
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(dynamo_config, name, 8)
+    allow_recompiles(64)
+    assert getattr(dynamo_config, name) == 64
+    allow_recompiles(16)
+    assert getattr(dynamo_config, name) == 64
+
+
+def test_fused_norms_ask_for_room_for_every_layer(monkeypatch):
+    """Past dynamo's recompile limit (8) the norm of the remaining layers would silently run
+    eagerly (0.51x): the fused norm is compiled with a limit of 64 variants."""
+    seen = {}
+    monkeypatch.setattr(build, "compile_function", lambda function, **kwargs: seen.update(kwargs) or function)
+    build.fuse_channels_last_norms(Unet3D(1, 3, filters=FILTERS), train_config(channels_last=True),
+                                   torch.device("cpu"), say=False)
+    assert seen["recompile_limit"] >= 64 and seen["dynamic"] is True
