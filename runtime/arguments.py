@@ -277,7 +277,7 @@ def _speed_flags(g, d: Config) -> None:
     g.add_argument("--amp_dtype", default=d.amp_dtype, choices=["auto", "fp16", "bf16"],
                    help="(new) autocast type; auto = fp16 + grad scaler on CUDA, bf16 on CPU")
     g.add_argument("--channels_last", action="store_true", help="(new) channels-last 3-D memory format; CPU training also fuses each instance norm + "
-                        "activation (compiled once, docs/performance.md \"CPU training step\")")
+                        "activation (compiled once; docs/performance.md, \"CPU training step\")")
     g.add_argument("--compile", action="store_true", help="(new) torch.compile the model and loss")
     g.add_argument("--cuda_graphs", action="store_true", help="(new) capture the training step in a CUDA graph")
     g.add_argument("--fused_optimizer", action="store_true", help="(new) fused optimizer step where supported")
