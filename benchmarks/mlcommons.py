@@ -101,27 +101,7 @@ def load_reference(code_dir: str) -> tuple[type, Callable]:
     names out of ``sys.modules``; afterwards both are put back as they were (the reference's
     functions keep their own modules' globals).
     """
-    code_dir = check_reference_code(code_dir)
-    import scipy.signal
-
-    if not hasattr(scipy.signal, "gaussian"):
-        scipy.signal.gaussian = scipy.signal.windows.gaussian
-    if "dllogger" not in sys.modules and importlib.util.find_spec("dllogger") is None:
-        sys.modules["dllogger"] = dllogger_stand_in()
-    ours = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in PACKAGES}
-    path = list(sys.path)
-    sys.path[:] = [code_dir] + [p for p in path if not _is_project_path(p)]
-    try:
-        unet3d = importlib.import_module("model.unet3d")
-        inference = importlib.import_module("runtime.inference")
-    finally:
-        sys.path[:] = path
-        for name in [k for k in sys.modules if k.split(".")[0] in PACKAGES]:
-            del sys.modules[name]
-        sys.modules.update(ours)
-    for module in (unet3d, inference):
-        if not os.path.realpath(module.__file__).startswith(code_dir + os.sep):
-            raise ReferenceCodeError(f"--reference_code {code_dir}: imported {module.__file__} instead")
+    unet3d, inference = _import_reference(code_dir, ("model.unet3d", "runtime.inference"))
     return unet3d.Unet3D, inference.sliding_window_inference
 
 

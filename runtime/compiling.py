@@ -26,6 +26,23 @@ def _compile_unavailable_reason() -> str | None:
     return None
 
 
+def _compiled_or_eager(owner, compiled, eager, name: str, args, kwargs):
+    """``compiled(*args, **kwargs)`` until it fails once (``owner.compile_failed`` then says why,
+    one warning), ``eager`` from then on: the eager call re-raises a genuine error with its usual
+    traceback. Running out of memory is re-raised as it is."""
+    if owner.compile_failed is None:
+        try:
+            return compiled(*args, **kwargs)
+        except OUT_OF_MEMORY:
+            raise
+        except Exception as err:  # noqa: BLE001 - the eager call below re-raises real errors
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            owner.compile_failed = f"{type(err).__name__}: {first_line}"
+            warnings.warn(f"torch.compile failed, running {name} eagerly from now on ({owner.compile_failed})",
+                          RuntimeWarning, stacklevel=4)
+    return eager(*args, **kwargs)
+
+
 class CompiledModule(nn.Module):
     """``module`` run through ``torch.compile``, falling back to eager for good when compiling fails.
 
@@ -48,17 +65,7 @@ class CompiledModule(nn.Module):
         self.compile_failed: str | None = None
 
     def forward(self, *args, **kwargs):
-        if self.compile_failed is None:
-            try:
-                return self._compiled(*args, **kwargs)
-            except OUT_OF_MEMORY:
-                raise
-            except Exception as err:  # noqa: BLE001 - the eager call below re-raises real errors
-                first_line = (str(err).strip().splitlines() or [""])[0]
-                self.compile_failed = f"{type(err).__name__}: {first_line}"
-                warnings.warn(f"torch.compile failed, running {type(self.module).__name__} eagerly from "
-                              f"now on ({self.compile_failed})", RuntimeWarning, stacklevel=2)
-        return self.module(*args, **kwargs)
+        return _compiled_or_eager(self, self._compiled, self.module, type(self.module).__name__, args, kwargs)
 
     def __getattr__(self, name: str):
         try:
@@ -91,17 +98,8 @@ class CompiledFunction:
         self.compile_failed: str | None = None
 
     def __call__(self, *args, **kwargs):
-        if self.compile_failed is None:
-            try:
-                return self.compiled(*args, **kwargs)
-            except OUT_OF_MEMORY:
-                raise
-            except Exception as err:  # noqa: BLE001 - the eager call below re-raises real errors
-                first_line = (str(err).strip().splitlines() or [""])[0]
-                self.compile_failed = f"{type(err).__name__}: {first_line}"
-                warnings.warn(f"torch.compile failed, running {getattr(self.function, '__name__', 'it')} "
-                              f"eagerly from now on ({self.compile_failed})", RuntimeWarning, stacklevel=2)
-        return self.function(*args, **kwargs)
+        return _compiled_or_eager(self, self.compiled, self.function, getattr(self.function, "__name__", "it"),
+                                  args, kwargs)
 
 
 def allow_recompiles(limit: int) -> None:
