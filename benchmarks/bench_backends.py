@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.cpu_isa import isa_line  # noqa: E402
+from runtime.isa import isa_line  # noqa: E402
 
 VARIANTS = {
     "mlcommons": ["--backend", "torch", "--sw_batch_size", "1"],
@@ -159,7 +159,7 @@ def run_kept_child(argv: list[str]) -> int:
     predict as ``main.py`` runs it, with the int8 quantisation keeping the set's convolutions in
     fp32 instead of searching for them (no accuracy control)."""
     import runtime.app as app
-    import runtime.openvino.calibration as calibration
+    import runtime.inference.openvino.calibration as calibration
     from runtime.arguments import parse_args
 
     name, flags = argv[0], argv[1:]
@@ -389,11 +389,11 @@ def network_filters(args) -> tuple[int, ...]:
 
 
 def predict_estimate_gb(name: str, filters: tuple[int, ...], roi: int) -> float | None:
-    """Predict's own peak estimate (``runtime/predict/memory_budget.py``) for a variant that runs
+    """Predict's own peak estimate (``runtime/inference/memory_budget.py``) for a variant that runs
     predict's window predictor (not the reference's ways, which hold one window and no reuse),
     at its flags' window batch (predict lowers it only where memory is short)."""
     from runtime.arguments import Config, replace
-    from runtime.predict.memory_budget import GB, estimate_bytes
+    from runtime.inference.memory_budget import GB, estimate_bytes
 
     if name in ("mlcommons", "reference"):
         return None
@@ -439,7 +439,7 @@ def report(args, names, runs, labels, setup, shapes, inputs) -> str:
                      f"{'' if dice is None else f'{dice:.4f}'} |")
     lines.append("")
     if above:
-        lines.append("PEAK ABOVE PREDICT'S ESTIMATE (raise runtime/predict/memory_budget.py's constants): "
+        lines.append("PEAK ABOVE PREDICT'S ESTIMATE (raise runtime/inference/memory_budget.py's constants): "
                      + "; ".join(above))
     lines.append("per round (s, scans): " + "; ".join(
         f"{n} " + " / ".join(f"{r['seconds']:.1f}" for r in runs[n]) for n in names))

@@ -1,13 +1,13 @@
 """Sliding-window inference of one volume: the reference's way against the fast paths, in one run.
 
-Variants (all through ``runtime.sliding_window.sliding_window_inference``, overlap 0.5, Gaussian
+Variants (all through ``runtime.inference.sliding_window.sliding_window_inference``, overlap 0.5, Gaussian
 weights, the same model weights and volume):
 
 * ``reference``: what the MLCommons reference does: fp32, NCDHW, one window per forward, under
   ``torch.no_grad`` (also this application's ``evaluate`` at default flags);
 * ``amp_cl``: the application's evaluate levers today: bf16 autocast, channels-last weights,
   ``--sw_batch_size`` windows per forward;
-* ``fast``: ``runtime.predictor.build_predictor(..., inference_copy=True)``: an inference copy of the model whose instance
+* ``fast``: ``runtime.inference.predictor.build_predictor(..., inference_copy=True)``: an inference copy of the model whose instance
   norms keep the channels-last layout, fp32, under ``torch.inference_mode``;
 * ``fast_int8``: the same with the 3x3x3 convolutions in oneDNN int8 (dynamic per-window
   activation ranges, per-channel weights), float32 output.
@@ -21,7 +21,7 @@ reference's: the share of voxels with the same class and the Dice of the two for
 tumour; ``dice vs label`` is the benchmark's score against the volume's label (meaningful only
 with trained weights, ``--ckpt``).
 
-Host memory: ``--memory reuse`` runs with :func:`runtime.memory.reuse_freed_memory` (what
+Host memory: ``--memory reuse`` runs with :func:`runtime.inference.host_memory.reuse_freed_memory` (what
 ``main.py`` does), ``--memory system`` with glibc's defaults (what the reference runs with).
 The setting is per process, so comparing the two takes ``--isolate``: every variant then runs
 in a process of its own, one after the other within each repeat (starting variant rotating),
@@ -54,17 +54,17 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_pipeline import write_blob_case  # noqa: E402
-from benchmarks.cpu_isa import isa_line  # noqa: E402
+from runtime.isa import isa_line  # noqa: E402
 from data_loading.windows import window_geometry  # noqa: E402
-from model.inference_copy import int8_available  # noqa: E402
+from runtime.inference.torch_copy import int8_available  # noqa: E402
 from model.losses import DiceScore  # noqa: E402
 from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
-from runtime.predictor import PredictorOptions, build_predictor  # noqa: E402
-from runtime.sliding_window import sliding_window_inference, trim_like_window  # noqa: E402
+from runtime.inference.predictor import PredictorOptions, build_predictor  # noqa: E402
+from runtime.inference.sliding_window import sliding_window_inference, trim_like_window  # noqa: E402
 
 CPU = torch.device("cpu")
 from benchmarks.flops import flop_count_per_sample  # noqa: E402
-from runtime.memory import reuse_freed_memory  # noqa: E402
+from runtime.inference.host_memory import reuse_freed_memory  # noqa: E402
 
 VARIANTS = ("reference", "amp_cl", "fast", "fast_int8")
 MEMORY = ("system", "reuse")
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="tiny shapes and filters (tests)")
     p.add_argument("--out", default="", help="also write the markdown table here")
     p.add_argument("--memory", choices=MEMORY, default="system",
-                   help="glibc's defaults, or keep and reuse freed memory (runtime.memory)")
+                   help="glibc's defaults, or keep and reuse freed memory (runtime.inference.host_memory)")
     p.add_argument("--isolate", action="store_true",
                    help="each variant in a process of its own (names may end in +system/+reuse)")
     p.add_argument("--child_out", default="", help=argparse.SUPPRESS)

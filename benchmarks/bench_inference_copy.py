@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.cpu_isa import isa_line  # noqa: E402
+from runtime.isa import isa_line  # noqa: E402
 from model import inference_copy as ic  # noqa: E402
 from model.unet3d import DEFAULT_FILTERS, Unet3D  # noqa: E402
-from runtime.memory import reuse_freed_memory  # noqa: E402
+from runtime.inference.host_memory import reuse_freed_memory  # noqa: E402
 
 CL = torch.channels_last_3d
 

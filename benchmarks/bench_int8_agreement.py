@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.cpu_isa import isa_line  # noqa: E402
+from runtime.isa import isa_line  # noqa: E402
 
 # A process that forces the int8 grid, then runs the CLI unchanged.
-FORCED_GRID = ("import sys; sys.path.insert(0, {root!r}); import model.inference_copy as m; "
+FORCED_GRID = ("import sys; sys.path.insert(0, {root!r}); import runtime.inference.torch_copy as m; "
                "m.int8_grid = lambda: m.{grid}; import main; sys.exit(main.main(sys.argv[1:]))")
 SETTINGS = {"float": ([], None), "int8": (["--int8"], None), "int8-full": (["--int8"], "FULL_GRID"),
             "int8-7bit-weights": (["--int8"], "SEVEN_BIT_WEIGHTS"),

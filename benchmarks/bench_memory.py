@@ -1,4 +1,4 @@
-"""Host memory reuse (runtime.memory) on one window: wall time, CPU time in the kernel, page faults.
+"""Host memory reuse (runtime.inference.host_memory) on one window: wall time, CPU time in the kernel, page faults.
 
 Each combination of model path (``reference``: fp32 NCDHW under ``no_grad``; ``fast``;
 ``int8``), memory setting (``system``: glibc's defaults; ``reuse``: ``reuse_freed_memory()``)
@@ -54,14 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
 def child(args) -> None:
     """One combination: print a JSON line of per-window means."""
     path, memory, where = args.child
-    from runtime.memory import reuse_freed_memory
+    from runtime.inference.host_memory import reuse_freed_memory
 
     if memory == "reuse" and reuse_freed_memory() is not None:
         raise SystemExit(f"bench_memory: {reuse_freed_memory()}")
     import torch
 
     from model.unet3d import Unet3D
-    from runtime.predictor import PredictorOptions, build_predictor
+    from runtime.inference.predictor import PredictorOptions, build_predictor
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -134,7 +134,7 @@ def main(argv=None) -> None:
                     f"{med['user']:.2f} | {med['sys']:.2f} | {med['faults']:.0f} | {med['maxrss_gb']:.2f} |")
     import torch
 
-    from benchmarks.cpu_isa import isa_line
+    from runtime.isa import isa_line
 
     header = (f"{isa_line()}, torch {torch.__version__}, Python {platform.python_version()} · one {args.roi}³ "
               f"window, filters {args.filters or 'default'}, {args.windows} timed windows per process "

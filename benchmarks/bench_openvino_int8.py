@@ -9,8 +9,8 @@ the same calibration windows (random CT-like values; the speed does not depend o
   included, each decoder's input one tensor; ranges averaged over windows), the project's way
   before 2026-11-24;
 * ``project``: what ``--backend openvino --int8`` runs before its accuracy control: the decoder
-  inputs' halves split (:func:`model.inference_copy.split_decoder_inputs`) and
-  :func:`runtime.openvino.calibration.static_quantization` (the norms' inputs float, ranges from
+  inputs' halves split (:func:`runtime.inference.torch_copy.split_decoder_inputs`) and
+  :func:`runtime.inference.openvino.calibration.static_quantization` (the norms' inputs float, ranges from
   the extremes), every convolution int8;
 * ``keep:NAME``: ``project`` with the convolutions ``--keep NAME=conv,conv`` names in fp32: the
   accuracy control keeps some in fp32 on trained weights (which ones depends on the weights;
@@ -39,11 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.cpu_isa import isa_line  # noqa: E402
-from model.inference_copy import split_decoder_inputs  # noqa: E402
+from runtime.isa import isa_line  # noqa: E402
+from runtime.inference.torch_copy import split_decoder_inputs  # noqa: E402
 from model.unet3d import Unet3D  # noqa: E402
-from runtime.openvino.calibration import int8_pairs_saturate, nncf_overflow_fix, static_quantization  # noqa: E402
-from runtime.openvino.compiled import compile_for_cpu, convert  # noqa: E402
+from runtime.inference.openvino.calibration import nncf_overflow_fix, static_quantization  # noqa: E402
+from runtime.isa import int8_pairs_saturate  # noqa: E402
+from runtime.inference.openvino.compiled import compile_for_cpu, convert  # noqa: E402
 
 # The convolutions the accuracy control kept in fp32 on the trained networks of docs/performance.md
 # (64³ windows): the fewest (network A, VNNI: 3), B on VNNI (7), and the most (A, AVX2 cap: 12).

@@ -41,7 +41,7 @@ from runtime.resolve import resolve  # noqa: E402
 
 ONE_PROCESS = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 from benchmarks.flops import flop_count_per_sample  # noqa: E402
-from runtime.memory import reuse_freed_memory  # noqa: E402
+from runtime.inference.host_memory import reuse_freed_memory  # noqa: E402
 
 DEFAULT_SETTINGS = [("fp32", ""), ("channels_last", "--channels_last"), ("int8", "--int8")]
 PEAK_TFLOPS = {"fp32": 0.4, "bf16": 0.8}  # assumed for the 2-core AVX-512 (BF16) VM, as bench_inference.py's --ceiling_*

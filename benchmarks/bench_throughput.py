@@ -18,7 +18,7 @@ default model), its fraction of ``--ceiling_tflops`` (790: dense bf16 on an H200
 allocated GPU memory, and the largest batch that trains (doubling then bisection, eager step
 of the row's precision and memory format, up to ``--max_batch_limit``).
 
-Evaluation rows: ``--eval_volumes`` volumes of ``--eval_shape`` through ``runtime.sliding_window
+Evaluation rows: ``--eval_volumes`` volumes of ``--eval_shape`` through ``runtime.inference.sliding_window
 .evaluate`` (sliding window, overlap 0.5, loss and Dice included), plain (fp32, one window per
 forward) against bf16 + several windows per forward + channels-last (+ compile on the GPU).
 
@@ -63,8 +63,8 @@ from runtime.compiling import OUT_OF_MEMORY  # noqa: E402
 from runtime.arguments import parse_args  # noqa: E402
 from runtime.graphs import cuda_graphs_supported  # noqa: E402
 from runtime.evaluation import evaluate  # noqa: E402
-from runtime.predictor import build_predictor, options_from  # noqa: E402
-from runtime.sliding_window import sliding_window_inference  # noqa: E402
+from runtime.inference.predictor import build_predictor, options_from  # noqa: E402
+from runtime.inference.sliding_window import sliding_window_inference  # noqa: E402
 from benchmarks.flops import flop_count_per_sample  # noqa: E402
 from runtime.resolve import resolve  # noqa: E402
 from runtime.training.loop import set_learning_rate, step_inputs  # noqa: E402

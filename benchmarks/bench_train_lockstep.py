@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.child_mlcommons:
         return run_mlcommons_child(args.child_mlcommons)
-    from benchmarks.cpu_isa import isa_line
+    from runtime.isa import isa_line
     from benchmarks.flops import flop_count_per_sample
     from benchmarks.mlcommons import check_reference_code
 

@@ -25,7 +25,7 @@ from runtime.build import Components, build_components
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.run_files import BACKEND, EVAL, METRICS_LOG, MLPERF_LOG, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
-from runtime.memory import reuse_freed_memory
+from runtime.inference.host_memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
                              keep_previous, remove_if_empty)
 from runtime.progress import make_progress
@@ -233,7 +233,7 @@ def benchmark_body(session: Session) -> int:
 
 
 def evaluate_body(session: Session) -> int:
-    from runtime.openvino.backend import evaluation_components
+    from runtime.inference.backends import evaluation_components
 
     parts, saved = started(session)
     if parts is None:

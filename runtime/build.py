@@ -9,7 +9,8 @@ from typing import Callable
 
 import torch
 
-from model.bf16_guard import bf16_weight_grad_ok, native_bf16, protect_shallow_convolutions
+from runtime.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
+from runtime.isa import native_bf16
 from model.layers import instance_norm_activation, set_norm_activation
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
@@ -18,7 +19,7 @@ from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.compiling import compile_function, compile_model
 from runtime.optimizers import make_optimizer
-from runtime.predictor import autocast_context
+from runtime.inference.predictor import autocast_context
 
 # step(image, label, last_micro_batch) -> detached loss of the micro-batch, on the device; on the
 # last micro-batch of an optimizer step the gradients are all-reduced and the update applied
@@ -108,7 +109,7 @@ def fuse_channels_last_norms(model: torch.nn.Module, config: Config, device: tor
 
 def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
     """bf16 training on a CPU whose oneDNN gets 2-deep convolutions' weight gradients wrong:
-    those convolutions run in float32 (:mod:`model.bf16_guard`)."""
+    those convolutions run in float32 (:mod:`runtime.bf16_guard`)."""
     if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
         return
     if bf16_weight_grad_ok():

@@ -7,7 +7,7 @@ import torch
 
 from data_loading.windows import region_in_trimmed
 from runtime.distributed import all_reduce_sum
-from runtime.sliding_window import sliding_window_inference, trim_like_window
+from runtime.inference.sliding_window import sliding_window_inference, trim_like_window
 
 
 def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable, loss_fn, score_fn,
@@ -15,7 +15,7 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
              cases: list | None = None, scan_region: Callable | None = None) -> dict[str, float]:
     """Evaluate the volumes of this rank and combine all ranks exactly.
 
-    ``predict``: windows -> logits (:func:`runtime.predictor.build_predictor`; the caller puts
+    ``predict``: windows -> logits (:func:`runtime.inference.predictor.build_predictor`; the caller puts
     the model in eval mode). ``volumes`` yields ``(image, label, case_id)``. Per-case loss and
     Dice are summed on each rank, the sums and case counts are summed across ranks, then
     divided: every case weighs the same whatever the world size, and a rank with no case

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.bf16_guard import ShallowFloatConv3d, bf16_weight_grad_ok, protect_shallow_convolutions
+from runtime.bf16_guard import ShallowFloatConv3d, bf16_weight_grad_ok, protect_shallow_convolutions
 from model.unet3d import Unet3D
 
 

@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.inference_copy import (FULL_GRID, SEVEN_BIT_WEIGHTS, ChannelsLastConv3d, Int8Conv3d,
+from runtime.inference.torch_copy import (FULL_GRID, SEVEN_BIT_WEIGHTS, ChannelsLastConv3d, Int8Conv3d,
                                   LayoutPreservingInstanceNorm3d, channel_divisors,
                                   equalize_int8_inputs, int8_available, int8_grid,
                                   prepare_for_inference, quantize_uint8, uint8_codes, uint8_range)
 from model.unet3d import Unet3D
-from runtime.predictor import PredictorOptions, build_predictor
-from runtime.sliding_window import sliding_window_inference
+from runtime.inference.predictor import PredictorOptions, build_predictor
+from runtime.inference.sliding_window import sliding_window_inference
 
 ROOT = Path(__file__).resolve().parents[1]
 CL = torch.channels_last_3d
@@ -237,7 +237,7 @@ def _cpu_has(flag: str) -> bool:
 _SATURATION_PROBE = """
 import torch
 from torch import nn
-from model.inference_copy import FULL_GRID, SEVEN_BIT_ACTIVATIONS, SEVEN_BIT_WEIGHTS, Int8Conv3d, int8_grid
+from runtime.inference.torch_copy import FULL_GRID, SEVEN_BIT_ACTIVATIONS, SEVEN_BIT_WEIGHTS, Int8Conv3d, int8_grid
 from tests.test_fast_inference import _quantized_reference
 torch.manual_seed(1)
 conv = nn.Conv3d(6, 10, 3, padding=1, bias=False)

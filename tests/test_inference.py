@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from data_loading.windows import window_geometry
-from runtime.sliding_window import gaussian_importance_map, sliding_window_inference, trim_like_window
+from runtime.inference.sliding_window import gaussian_importance_map, sliding_window_inference, trim_like_window
 
 
 def _predictor(seed=0):

@@ -1,11 +1,11 @@
-"""Host memory reuse (runtime.memory): a freed large tensor's pages are reused, not faulted in again."""
+"""Host memory reuse (runtime.inference.host_memory): a freed large tensor's pages are reused, not faulted in again."""
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from runtime import memory
+from runtime.inference import host_memory as memory
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -13,7 +13,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 # mapping whose 16,384 pages fault on first touch.
 PROBE = textwrap.dedent("""
     import resource, sys, threading, torch
-    from runtime.memory import reuse_freed_memory
+    from runtime.inference.host_memory import reuse_freed_memory
     if sys.argv[1] == "reuse":
         assert reuse_freed_memory() is None
     def faults():

@@ -161,7 +161,7 @@ def test_predicts_window_batch_is_bounded_by_the_jobs_cgroup(tmp_path, monkeypat
     cgroup here, far below the machine's MemAvailable): the batch is lowered to what fits and
     the line names the cgroup."""
     from runtime.arguments import parse_args, replace
-    from runtime.predict import memory_budget
+    from runtime.inference import memory_budget
 
     config = parse_args(["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "o"),
                          "--load_ckpt_path", __file__, "--val_input_shape", "128", "128", "128", "--sw_batch_size", "4"])

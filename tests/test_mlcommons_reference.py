@@ -104,7 +104,7 @@ def test_the_stand_in_has_every_reference_file():
 
 def test_load_reference_imports_the_given_tree_and_puts_the_project_back(tmp_path):
     import model.unet3d
-    import runtime.sliding_window
+    import runtime.inference.sliding_window
 
     before = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("model", "runtime")}
     path = list(sys.path)
@@ -115,7 +115,7 @@ def test_load_reference_imports_the_given_tree_and_puts_the_project_back(tmp_pat
     assert unet3d.__init__.__globals__["KIDNEY"].tolist() == [0.0, 5.0, 0.0]  # its own layers
     after = {k: v for k, v in sys.modules.items() if k.split(".")[0] in ("model", "runtime")}
     assert after == before and sys.path == path
-    assert runtime.sliding_window.PAD_VALUE == -2.2
+    assert runtime.inference.sliding_window.PAD_VALUE == -2.2
     assert unet3d(1, 3, "instancenorm", "relu")(torch.zeros(2, 1, 4, 4, 4)).shape == (2, 3, 4, 4, 4)
 
 
@@ -213,7 +213,7 @@ def test_mlcommons_variant_without_reference_code_is_one_line():
 
 def reference_and_project_windows(shape, roi=64):
     from checkpoints import unet
-    from runtime.sliding_window import sliding_window_inference
+    from runtime.inference.sliding_window import sliding_window_inference
 
     _, reference_window = load_reference(REAL)
     model = unet(architecture(TINY)).eval()

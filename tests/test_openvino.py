@@ -22,12 +22,13 @@ from torch import nn
 
 from checkpoints import architecture, write_checkpoint
 from model.unet3d import Unet3D
-from runtime.predict import memory_budget
+from runtime.inference import memory_budget
 from runtime.arguments import UsageError, parse_args, replace
-from runtime.openvino.backend import INSTALL_HINT, choose_backend, openvino_missing
-from runtime.openvino.calibration import grid_origins, int8_pairs_saturate, spread, window_at
+from runtime.inference.backends import INSTALL_HINT, choose_backend, openvino_missing
+from runtime.inference.openvino.calibration import grid_origins, spread, window_at
+from runtime.isa import int8_pairs_saturate
 from runtime.predict.scan import volume_probabilities
-from runtime.predictor import build_predictor, options_from
+from runtime.inference.predictor import build_predictor, options_from
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (4, 8, 16, 32, 32)
@@ -92,7 +93,7 @@ def test_missing_openvino_is_one_line(tmp_path):
 def test_choice_of_backend(tmp_path, monkeypatch):
     """auto: PyTorch for a GPU device or a PyTorch lever, or without OpenVINO; openvino refuses
     the same cases in one line; torch is torch."""
-    import runtime.openvino.backend as backend
+    import runtime.inference.backends as backend
 
     monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: None)
     monkeypatch.setattr(backend, "_openvino_version", lambda: "X")
@@ -168,7 +169,7 @@ def test_calibration_windows_where_the_sliding_window_puts_them():
 def test_calibration_set_spreads_over_the_training_cases(tmp_path, monkeypatch):
     """The set takes evenly spaced windows of the training cases' grids (an evaluation case
     never), at most CALIBRATION_WINDOWS, each case's image hashed once and named once."""
-    import runtime.openvino.calibration as calibration
+    import runtime.inference.openvino.calibration as calibration
 
     shapes = {"00001": (40, 40, 40), "00002": (80, 40, 40), "00003": (80, 80, 80), "00004": (20, 20, 20)}
     for case_id, shape in shapes.items():  # 00003 is an evaluation case
@@ -208,7 +209,7 @@ def test_window_at_pads_like_the_sliding_window():
 def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_path):
     """The pointwise network converted by OpenVINO, through the project's sliding window and
     predictor: the network on the whole volume, exactly up to float32 rounding, as PyTorch's."""
-    from runtime.openvino.compiled import OpenVINOWindows, compile_for_cpu, convert
+    from runtime.inference.openvino.compiled import OpenVINOWindows, compile_for_cpu, convert
 
     model = pointwise_model()
     config = predict_config(tmp_path)
@@ -226,7 +227,7 @@ def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_p
 def test_openvino_unet_gives_torchs_logits(tmp_path):
     """A tiny UNet3D, traced at 64³ and reshaped to 32x32x64 windows: PyTorch's logits up to
     float32 rounding, window by window, in any input layout (a flipped view, as TTA passes)."""
-    from runtime.openvino.compiled import OpenVINOWindows, compile_for_cpu, convert
+    from runtime.inference.openvino.compiled import OpenVINOWindows, compile_for_cpu, convert
 
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
@@ -246,7 +247,7 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
     """The first run converts, the second reads the cache; new weights in the same file (same
     size, same time stamp) convert again and give the new weights' logits, never the old
     ones; the old entry is removed; a damaged entry is rebuilt."""
-    from runtime.openvino.compiled import OpenVINOWindows, cached_openvino_model
+    from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     ckpt = str(tmp_path / "tiny.pt")
     config = replace(predict_config(tmp_path), load_ckpt_path=ckpt)
@@ -279,7 +280,7 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
 
 @needs_openvino
 def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
-    from runtime.openvino.compiled import cached_openvino_model
+    from runtime.inference.openvino.compiled import cached_openvino_model
 
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders")
@@ -302,9 +303,9 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     layers, the norms read float inputs, each half of a decoder's input has a quantiser of its
     own (no quantised concatenation), its logits stay near the float ones, one line says how many
     convolutions are int8, and the calibration set is in the key."""
-    from runtime.openvino.calibration import CalibrationSet, CalibrationWindow
-    from runtime.openvino.cache import cache_fields
-    from runtime.openvino.compiled import OpenVINOWindows, build_model, compile_for_cpu
+    from runtime.inference.openvino.calibration import CalibrationSet, CalibrationWindow
+    from runtime.inference.openvino.cache import cache_fields
+    from runtime.inference.openvino.compiled import OpenVINOWindows, build_model, compile_for_cpu
 
     rng = np.random.default_rng(0)
     paths = []
@@ -387,7 +388,7 @@ def test_backends_benchmark_smoke(tmp_path):
     if "kept" in variants:
         import openvino
 
-        from runtime.openvino.calibration import float_convolutions
+        from runtime.inference.openvino.calibration import float_convolutions
 
         models = list(tmp_path.glob("kept-A_vnni-*.pt.openvino/*/model.xml"))
         assert len(models) == 1 and float_convolutions(openvino.Core().read_model(str(models[0]))) == (3, 33)
@@ -398,10 +399,10 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     """With no agreement drop allowed, the quantised network's labels on the validation windows
     equal fp32's (checked here by running both), however many convolutions that puts back in
     fp32; the line reports the kept ones as the model holds them."""
-    import runtime.openvino.calibration as calibration_module
-    from model.inference_copy import split_decoder_inputs
-    from runtime.openvino.calibration import CalibrationSet, CalibrationWindow, float_convolutions
-    from runtime.openvino.compiled import build_model, compile_for_cpu, convert
+    import runtime.inference.openvino.calibration as calibration_module
+    from runtime.inference.torch_copy import split_decoder_inputs
+    from runtime.inference.openvino.calibration import CalibrationSet, CalibrationWindow, float_convolutions
+    from runtime.inference.openvino.compiled import build_model, compile_for_cpu, convert
 
     monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1000)  # uncapped: the cap is checked below
@@ -434,7 +435,7 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
 def test_split_decoder_inputs_computes_the_same_function():
     """HalvesConv3d: one convolution per half of the decoder's input, summed, equals the
     convolution of the concatenation (float64, so only the summation order differs)."""
-    from model.inference_copy import HalvesConv3d, split_decoder_inputs
+    from runtime.inference.torch_copy import HalvesConv3d, split_decoder_inputs
 
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).double().eval()
@@ -471,7 +472,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     import dataclasses
 
     from model.losses import DiceCELoss, DiceScore
-    from runtime.openvino.backend import evaluation_components
+    from runtime.inference.backends import evaluation_components
     from runtime.evaluation import evaluate
     from runtime.run_log import MetricsWriter
     from runtime.training.loop import Reporters

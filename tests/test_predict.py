@@ -24,12 +24,12 @@ from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
                                 scan_geometry, segmentation_nifti)
 from data_loading.windows import window_geometry
-from model.inference_copy import int8_available, int8_grid
+from runtime.inference.torch_copy import int8_available, int8_grid
 from model.losses import DiceScore, label_map_dice
 from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
 from runtime.predict.scan import ScanInference, cover_padding, segment_scan, volume_probabilities
-from runtime.predictor import FLIPS, build_predictor, options_from
+from runtime.inference.predictor import FLIPS, build_predictor, options_from
 from runtime.resolve import architecture_from, resolve_predict
 
 

@@ -59,7 +59,7 @@ class StandIn(torch.nn.Module):
 def stand_in(monkeypatch):
     """The windows from :class:`StandIn` through the real window predictor (its TTA included)."""
     import runtime.predict.api as api
-    from runtime.predictor import build_predictor, options_from
+    from runtime.inference.predictor import build_predictor, options_from
 
     def predict_windows(config, device, load, is_main=True):
         return (build_predictor(StandIn(load(config, device)), device, options_from(config)),

@@ -503,7 +503,7 @@ def test_window_geometry_pads_an_axis_shorter_than_half_a_stride_and_changes_not
 
 def test_sliding_window_on_20_slices_returns_20_slices():
     """The window returns every slice (identity 'model': the prediction is the image)."""
-    from runtime.sliding_window import sliding_window_inference, trim_like_window
+    from runtime.inference.sliding_window import sliding_window_inference, trim_like_window
 
     image = torch.randn(1, 1, 20, 70, 140)
     label = torch.zeros(1, 1, 20, 70, 140, dtype=torch.uint8)

@@ -153,7 +153,7 @@ def test_take_over_gives_back_a_lock_that_another_run_took_first(tmp_path):
 def test_openvino_cache_entry_keeps_the_process_umask(tmp_path, monkeypatch):
     """The cache entry gets mkdir's permissions (0777 less the umask) without the umask being
     changed for a moment (a process-wide setting other threads see)."""
-    from runtime.openvino import cache
+    from runtime.inference.openvino import cache
 
     fake = types.ModuleType("openvino")
     fake.save_model = lambda model, path, compress_to_fp16: open(path, "w").close()

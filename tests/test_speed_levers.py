@@ -23,8 +23,8 @@ from runtime.build import autocast_factory
 from runtime.checkpoint import clean_state_dict, unwrap
 from runtime.graphs import (GraphedTrainStep, _graph_safe_autocast, capturable_optimizer,
                             cuda_graphs_supported, restore_snapshot, snapshot)
-from runtime.predictor import PredictorOptions, build_predictor
-from runtime.sliding_window import sliding_window_inference
+from runtime.inference.predictor import PredictorOptions, build_predictor
+from runtime.inference.sliding_window import sliding_window_inference
 from runtime.optimizers import make_optimizer
 from runtime.compiling import CompiledModule, compile_model
 from benchmarks.flops import flop_count_per_sample

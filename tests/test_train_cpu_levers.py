@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from model.bf16_guard import native_bf16
+from runtime.isa import native_bf16
 from model.layers import ConvBlock, conv_block, instance_norm_activation, set_norm_activation
 from model.losses import DiceCELoss
 from model.unet3d import Unet3D

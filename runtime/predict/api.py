@@ -22,7 +22,7 @@ import torch
 from data_loading.scans import RawScan, read_scan
 from runtime.arguments import Config, build_parser, config_from_namespace, explicit_flags, replace, validate
 from runtime.checkpoint import Saved
-from runtime.openvino.backend import predict_windows
+from runtime.inference.backends import predict_windows
 from runtime.predict.scan import (EnsembleInference, ScanInference, Segmentation, StageTimer, load_trained_model,
                                   segment_volume)
 

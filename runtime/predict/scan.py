@@ -3,7 +3,7 @@
 Per scan (:func:`segment_scan`): read into the KiTS19 layout the network was trained in
 (:mod:`data_loading.scan_io`: any orientation; NIfTI, NRRD, MHA/MHD, a DICOM series), preprocess
 exactly as ``preprocess_dataset.py``, slide the evaluator's window over the volume
-(:func:`runtime.sliding_window.sliding_window_inference`: Gaussian weights, ``--val_input_shape``,
+(:func:`runtime.inference.sliding_window.sliding_window_inference`: Gaussian weights, ``--val_input_shape``,
 ``--overlap``, ``--sw_batch_size``; ``--tta`` adds the 8 flips), softmax, back to the scan's grid
 and its own axes (:mod:`data_loading.scans`), write uint8 labels with the scan's affine and header;
 with ``--preview``, a PNG drawn after the segmentation is safe; with ``--save_probabilities``,
@@ -39,7 +39,7 @@ from runtime.checkpoint import Saved, load_model_weights, model_state_from, weig
 from runtime.outputs import OutputError
 from runtime.predict.summary import CaseResult
 from runtime.signals import Stopped
-from runtime.sliding_window import PAD_VALUE, sliding_window_inference
+from runtime.inference.sliding_window import PAD_VALUE, sliding_window_inference
 
 STAGES = ("read", "preprocess", "infer", "restore", "write", "preview")
 
@@ -95,7 +95,7 @@ def volume_probabilities(predict: Callable[[torch.Tensor], torch.Tensor], image:
 
 class ScanInference:
     """``preprocessed image (1, D, H, W) -> probabilities (3, D, H, W)`` with the window
-    predictor ``predict`` (:func:`runtime.predictor.build_predictor`); ``windows``: how many
+    predictor ``predict`` (:func:`runtime.inference.predictor.build_predictor`); ``windows``: how many
     windows the last call ran through ``predict`` (counted as they pass, a TTA window once)."""
 
     def __init__(self, predict: Callable[[torch.Tensor], torch.Tensor], config: Config, device: torch.device):

@@ -26,10 +26,10 @@ from data_loading.windows import window_geometry
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.build import Components
-from runtime.predictor import build_predictor, options_from
+from runtime.inference.predictor import build_predictor, options_from
 from runtime.report import time_to_train as T
 from runtime.schedule import eval_schedule, samples_per_epoch
-from runtime.sliding_window import sliding_window_inference
+from runtime.inference.sliding_window import sliding_window_inference
 from runtime.training.latency import format_summary, latency_summary
 from runtime.training.loop import Reporters, set_learning_rate, step_inputs
 

@@ -19,7 +19,7 @@ from runtime import distributed as D
 from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.evaluation import evaluate
-from runtime.predictor import build_predictor, options_from
+from runtime.inference.predictor import build_predictor, options_from
 from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
 from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.outputs import OutputError

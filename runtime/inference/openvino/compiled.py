@@ -3,7 +3,7 @@
 :func:`cached_openvino_model` returns a compiled model for windows ``(1, 1, *roi)``. The
 conversion (``openvino.convert_model`` of the PyTorch module, traced) and, for int8, NNCF's
 post-training quantisation are done once and stored under ``<checkpoint>.openvino/<key>/``;
-the key (:mod:`runtime.openvino.cache`) covers the weights, the architecture, the window shape,
+the key (:mod:`runtime.inference.openvino.cache`) covers the weights, the architecture, the window shape,
 the precision and calibration set, and the versions of OpenVINO, NNCF, PyTorch and the
 network's code, so a changed checkpoint or upgrade is converted again, never used stale.
 
@@ -22,9 +22,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from model.inference_copy import split_decoder_inputs
+from runtime.inference.torch_copy import split_decoder_inputs
 from runtime.arguments import Config
-from runtime.openvino.cache import CacheEntry, cache_fields, cache_folder
+from runtime.inference.openvino.cache import CacheEntry, cache_fields, cache_folder
 
 TRACE_EDGE = 64  # traced at 64³ (cheap; 32³ would leave one bottleneck voxel, which instance norm refuses), then reshaped
 
@@ -66,10 +66,10 @@ def compile_for_cpu(ov_model):
 
 def build_model(model: torch.nn.Module, config: Config, calibration, say: Callable[[str], None] = print) -> object:
     """The uncompiled OpenVINO model of ``model`` for ``config``'s window, int8-quantised on
-    ``calibration`` (a :class:`runtime.openvino.calibration.CalibrationSet`) when it is given."""
+    ``calibration`` (a :class:`runtime.inference.openvino.calibration.CalibrationSet`) when it is given."""
     if calibration is None:
         return convert(model, tuple(config.val_input_shape))
-    from runtime.openvino.calibration import quantize
+    from runtime.inference.openvino.calibration import quantize
 
     # each half of a decoder's input on its own int8 grid: see HalvesConv3d
     converted = convert(split_decoder_inputs(model), tuple(config.val_input_shape))

@@ -29,8 +29,8 @@ import torch
 from runtime.arguments import Config
 
 FORMAT = 2  # bump when the conversion itself changes (trace shape, options)
-CODE_FILES = ("model/unet3d.py", "model/layers.py", "model/inference_copy.py", "runtime/openvino/compiled.py",
-              "runtime/openvino/calibration.py")
+CODE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/inference/torch_copy.py", "runtime/inference/openvino/compiled.py",
+              "runtime/inference/openvino/calibration.py")
 ROOT = Path(__file__).resolve().parents[2]
 LEFTOVER_SECONDS = 24 * 3600  # a hidden build folder older than this was left by a killed process
 

@@ -1,9 +1,9 @@
 """The one way windows become logits, for evaluate, the benchmark mode, predict and the benchmarks.
 
 :func:`build_predictor` takes a trained model and returns ``predict(windows) -> logits`` for
-:func:`runtime.sliding_window.sliding_window_inference`: eager or compiled, fp32 or in
+:func:`runtime.inference.sliding_window.sliding_window_inference`: eager or compiled, fp32 or in
 ``--amp`` autocast, channels-last, and with ``inference_copy`` the inference form of the network
-(:func:`model.inference_copy.prepare_for_inference`: layout-preserving norms, in-place ReLU,
+(:func:`runtime.inference.torch_copy.prepare_for_inference`: layout-preserving norms, in-place ReLU,
 int8 convolutions with ``int8``). With ``tta`` it returns the softmax averaged over the 8 flips
 of the three spatial axes instead of the logits.
 
@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from model.inference_copy import prepare_for_inference
+from runtime.inference.torch_copy import prepare_for_inference
 from runtime.compiling import compile_model
 
 FLIPS = [dims for n in range(4) for dims in itertools.combinations((2, 3, 4), n)]  # 8, () first

@@ -1,7 +1,7 @@
 """Which runtime computes the network's windows in predict and evaluate: PyTorch or OpenVINO.
 
 ``--backend torch`` runs the PyTorch model as before. ``--backend openvino`` converts the
-loaded network once per weights and window shape (:mod:`runtime.openvino.compiled`, cached
+loaded network once per weights and window shape (:mod:`runtime.inference.openvino.compiled`, cached
 beside the checkpoint) and runs it with OpenVINO's CPU runtime; the sliding window, Gaussian
 blending, TTA, resampling and every output stay this project's code: OpenVINO only replaces
 ``model(windows)``. ``--backend auto`` (the default) takes OpenVINO on the CPU when it is
@@ -20,9 +20,9 @@ from typing import Callable
 
 import torch
 
-from model.inference_copy import int8_available, int8_path
+from runtime.inference.torch_copy import int8_available, int8_path
 from runtime.arguments import Config, UsageError
-from runtime.predictor import build_predictor, options_from
+from runtime.inference.predictor import build_predictor, options_from
 
 INSTALL_HINT = "pip install -r requirements-openvino.txt"
 TORCH_ONLY_LEVERS = ("amp", "compile", "channels_last")
@@ -99,14 +99,14 @@ def say(message: str, is_main: bool = True, stream=None) -> None:
 def predict_windows(config: Config, device: torch.device, load: Callable[[Config, torch.device], torch.nn.Module],
                     is_main: bool = True) -> tuple[Callable[[torch.Tensor], torch.Tensor], Config]:
     """``(predict, config)`` for ``--exec_mode predict``: the window predictor
-    (:func:`runtime.predictor.build_predictor`) of the backend chosen here, and the config with
+    (:func:`runtime.inference.predictor.build_predictor`) of the backend chosen here, and the config with
     that backend (``torch`` or ``openvino``: predict records it beside each segmentation) and
-    the window batch bounded by ``--max_memory_gb`` (:mod:`runtime.predict.memory_budget`).
+    the window batch bounded by ``--max_memory_gb`` (:mod:`runtime.inference.memory_budget`).
     ``load(config, device)`` returns the trained PyTorch model (eval mode)."""
     import dataclasses
 
-    from runtime.openvino.calibration import calibration_unavailable
-    from runtime.predict.memory_budget import bounded_window_batch
+    from runtime.inference.openvino.calibration import calibration_unavailable
+    from runtime.inference.memory_budget import bounded_window_batch
 
     choice = choose_backend(config, device, lambda: calibration_unavailable(config))
     say(f"backend: {choice.why}", is_main)
@@ -127,8 +127,8 @@ def predict_windows(config: Config, device: torch.device, load: Callable[[Config
 def openvino_module(model: torch.nn.Module, config: Config, say: Callable[[str], None] = print):
     """``model`` (eval mode, the checkpoint's weights) converted, cached and compiled for
     ``config.val_input_shape`` windows, int8 with ``config.int8``."""
-    from runtime.openvino.calibration import calibration_set
-    from runtime.openvino.compiled import OpenVINOWindows, cached_openvino_model
+    from runtime.inference.openvino.calibration import calibration_set
+    from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     calibration = calibration_set(config) if config.int8 else None
     compiled = cached_openvino_model(model, config, config.load_ckpt_path, calibration, say=say)

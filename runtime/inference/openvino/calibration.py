@@ -15,7 +15,7 @@ each image file, and the window origins.
 Then NNCF's accuracy control (:func:`quantize`). Measured on two trained networks
 (docs/performance.md, "OpenVINO int8 on trained weights"): NNCF's defaults on organ-centred
 windows agreed with float on 96.7% and 98.3% of the held-back foreground; this, with each
-decoder's input split in two (:func:`model.inference_copy.split_decoder_inputs`), 99.4-99.7%.
+decoder's input split in two (:func:`runtime.inference.torch_copy.split_decoder_inputs`), 99.4-99.7%.
 
 Without VNNI (AVX2-only CPUs), x86 int8 kernels add pairs of uint8 x int8 products into a
 saturating 16-bit value; NNCF's overflow fix (weights on 7 bits) then applies to every layer
@@ -34,7 +34,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from runtime.arguments import Config
-from runtime.sliding_window import PAD_VALUE
+from runtime.isa import int8_pairs_saturate
+from runtime.inference.sliding_window import PAD_VALUE
 
 CALIBRATION_WINDOWS = 24  # at most; NNCF runs the fp32 network once on each
 VALIDATION_WINDOWS = 8  # of those, with foreground: where int8 must agree with fp32
@@ -42,29 +43,7 @@ RANKING_WINDOWS = 4  # of those, the worst: where each convolution's share of th
 MAX_STEPS = 16  # at most this many convolutions (groups of them) go back to fp32: the conversion ends
 MAX_AGREEMENT_DROP = 0.002  # int8 labels equal fp32's on >= 99.8% of the validation windows' foreground
 
-NO_VNNI_ISAS = {"SSE41", "AVX", "AVX2", "AVX512_CORE"}  # ONEDNN_MAX_CPU_ISA values below VNNI
 FLOAT_INPUT_OPERATIONS = ("MVN",)  # OpenVINO operations whose inputs NNCF leaves float
-VNNI_FLAGS = {"avx512_vnni", "avx_vnni", "amx_int8"}
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
-    try:
-        with open(path) as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def int8_pairs_saturate(flags: set[str] | None = None, environ=os.environ) -> bool:
-    """True when the CPU's int8 dot products go through saturating 16-bit pair sums: no VNNI
-    in ``/proc/cpuinfo``, or oneDNN limited below it by ``ONEDNN_MAX_CPU_ISA`` (OpenVINO's CPU
-    plugin honours it for its oneDNN kernels)."""
-    flags = cpu_flags() if flags is None else flags
-    limit = environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    return not (flags & VNNI_FLAGS) or limit in NO_VNNI_ISAS
 
 
 @dataclass(frozen=True)

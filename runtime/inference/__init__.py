@@ -1,0 +1,16 @@
+"""How a trained network's windows become logits, in one place: evaluate, predict, the benchmark
+mode and the benchmarks all go through here.
+
+- :mod:`~runtime.inference.sliding_window`: the benchmark's Gaussian-weighted sliding window;
+- :mod:`~runtime.inference.predictor`: ``predict(windows) -> logits`` (eager or compiled, autocast,
+  channels-last, test-time flips);
+- :mod:`~runtime.inference.backends`: the backend registry (``torch``, ``openvino``), each a
+  converter applied to the loaded model; which one runs is decided in ``resolve()``;
+- :mod:`~runtime.inference.torch_copy`: the PyTorch backend's inference copy of the network
+  (layout-preserving norms, the first convolution on oneDNN);
+- :mod:`~runtime.inference.openvino`: the OpenVINO backend (cached conversion, int8 calibration);
+- :mod:`~runtime.inference.memory_budget` and :mod:`~runtime.inference.host_memory`: how many
+  windows fit at once, and keeping freed host memory for the next window.
+
+Nothing here imports ``runtime.predict`` or ``runtime.training``: they import this package.
+"""
