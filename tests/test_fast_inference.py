@@ -371,45 +371,6 @@ def test_inference_copy_predictor_in_the_sliding_window(sw_batch_size):
     torch.testing.assert_close(fast, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("isolate", [False, True], ids=["lock-step", "isolated"])
-def test_benchmark_smoke_run(tmp_path, isolate):
-    out = tmp_path / "table.md"
-    variants = "reference+system,fast+reuse,fast_int8" if isolate else "reference,fast,fast_int8"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_inference.py"), "--smoke", "--threads", "1",
-           "--repeats", "1", "--variants", variants, "--out", str(out)] + ["--isolate"] * isolate
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    table = out.read_text()
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")]
-            for line in table.splitlines() if line.startswith("| ") and "---" not in line}
-    reference, fast = ("reference+system", "fast+reuse") if isolate else ("reference", "fast")
-    assert rows[reference][2] == "1.00x" and rows[reference][6] == "100.000%"
-    assert float(rows[fast][6].rstrip("%")) > 99.9  # same function, float32 rounding only
-    assert float(rows[fast][1]) > 0 and float(rows[fast][3]) > 0
-    if int8_available() is None:
-        assert "fast_int8" in rows
-
-
-@pytest.mark.slow
-def test_inference_copy_benchmark_smoke_run():
-    """benchmarks/bench_inference_copy.py on a tiny network: every comparison prints its rows
-    (the int8 ones are skipped with their reason where int8 is unavailable)."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_inference_copy.py"), "--edge", "32",
-           "--filters", "4", "8", "16", "--rounds", "2", "--compare", "norm", "equalize", "overheads"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "| channels_last_moments (now) |" in proc.stdout
-    assert "| ChannelsLastConv3d (now) |" in proc.stdout
-    if int8_available() is None:
-        assert "| equalized (now) |" in proc.stdout
-        assert "| ChannelsLastConv3d, shared codes (now) |" in proc.stdout
-    else:
-        assert "equalize, overheads (int8): skipped:" in proc.stdout
-
-
 def test_first_convolution_under_autocast_follows_autocast():
     conv = nn.Conv3d(1, 4, 3, padding=1)
     first = ChannelsLastConv3d.from_conv(copy.deepcopy(conv))

@@ -54,16 +54,3 @@ def test_not_glibc_is_a_reason_not_an_error(monkeypatch):
     monkeypatch.setattr(memory, "_glibc", lambda: None)
     assert memory.reuse_freed_memory() == "the C library is not glibc"
 
-
-@pytest.mark.slow
-def test_benchmark_smoke_run(tmp_path):
-    out = tmp_path / "memory.md"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_memory.py"), "--smoke", "--repeats", "1",
-           "--paths", "reference", "--where", "main", "--threads", "1", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| reference")]
-    faults = {row[3].strip(): float(row[8]) for row in rows}
-    assert set(faults) == {"system", "reuse"}
-    if memory._glibc() is not None:
-        assert faults["reuse"] < faults["system"]

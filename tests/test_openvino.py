@@ -367,33 +367,6 @@ def test_predict_cli_openvino_segments_like_torch(tmp_path):
 # ----------------------------------------------------------------------------- the benchmark
 
 
-@pytest.mark.slow
-def test_backends_benchmark_smoke(tmp_path):
-    """benchmarks/bench_backends.py on a tiny scan and network, the two PyTorch variants (the
-    OpenVINO ones where installed): every variant's row, the windows, the ISA header, and the
-    reference's way run as its own process without memory reuse; a kept set's conversion holds
-    exactly that set's convolutions in fp32 (NNCF ignores names that match nothing silently)."""
-    variants = "reference,torch_fp32" + (",openvino_fp32" if openvino_missing() is None else "") \
-        + (",openvino_int8_kept:A_vnni" if openvino_missing(int8=True) is None else "")
-    out = subprocess.run([sys.executable, "benchmarks/bench_backends.py", "--shape", "40", "60", "60", "--resampled",
-                          "100", "110", "110", "--filters", "4", "8", "16", "32", "32", "--rounds", "1", "--variants",
-                          variants, "--workdir", str(tmp_path), "--out", str(tmp_path / "t.md")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=1200, env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    table = (tmp_path / "t.md").read_text()
-    assert "IMITATION: ONEDNN_MAX_CPU_ISA=AVX2" in table and "ISA: " in table
-    for name in variants.split(","):
-        assert re.search(rf"^\| {re.escape(name)} \|[^|]*\| 1 \|", table, re.M), name  # 1 window
-    assert "| reference |" in table and "| 1.00x |" in table
-    if "kept" in variants:
-        import openvino
-
-        from runtime.inference.openvino.calibration import float_convolutions
-
-        models = list(tmp_path.glob("kept-A_vnni-*.pt.openvino/*/model.xml"))
-        assert len(models) == 1 and float_convolutions(openvino.Core().read_model(str(models[0]))) == (3, 33)
-
-
 @needs_nncf
 def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, monkeypatch):
     """With no agreement drop allowed, the quantised network's labels on the validation windows
@@ -447,20 +420,6 @@ def test_split_decoder_inputs_computes_the_same_function():
         torch.testing.assert_close(split(x), model(x), rtol=1e-10, atol=1e-10)
     other = nn.Sequential(nn.Conv3d(1, 2, 3))
     assert split_decoder_inputs(other) is other
-
-
-@needs_nncf
-def test_openvino_int8_benchmark_smoke(tmp_path):
-    """benchmarks/bench_openvino_int8.py on the tiny network: a row per variant with its ratio,
-    the ISA header; the baseline's ratio to itself is 1."""
-    out = subprocess.run([sys.executable, "benchmarks/bench_openvino_int8.py", "--filters", *map(str, TINY),
-                          "--roi", "64", "--rounds", "2", "--out", str(tmp_path / "t.md")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    table = (tmp_path / "t.md").read_text()
-    assert "ISA: " in table and "2 lock-step rounds" in table
-    assert "| nncf_defaults |" in table and "| 1.00x |" in table
-    assert "| fp32 |" in table and "| project |" in table and "| keep:A_vnni |" in table
 
 
 @needs_openvino
