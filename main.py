@@ -1,6 +1,6 @@
 """3D U-Net on KiTS19 (MLPerf Training image segmentation): train, evaluate, benchmark, predict.
 
-Parse, build, run, tear down; see README.md for usage and every flag.
+Parse, build, run, tear down; see docs/usage.md for usage and every flag.
 """
 from __future__ import annotations
 

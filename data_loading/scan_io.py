@@ -33,6 +33,7 @@ ITK's own NIfTI writer does. Segmentations of such inputs are written as NIfTI w
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -544,3 +545,19 @@ def header_geometry(path: str) -> tuple[tuple[int, ...], tuple[float, ...], Orie
         return shape, spacing, nifti_orientation(nifti, path)
     shape, spacing, affine = sitk_header(path)
     return shape, spacing, orientation_from_affine(affine, shape, path, "direction")
+
+
+def input_digest(path: str) -> str:
+    """sha256 of the input scan ``path``: of the file's bytes (what ``sha256sum`` prints) when
+    one file makes it, else of the name and bytes of each file that does, in order (a DICOM
+    series' files in position order, a ``.mhd``/``.nhdr`` header and its data file:
+    :func:`input_files`)."""
+    files = input_files(path)
+    digest = hashlib.sha256()
+    for name in files:
+        if len(files) > 1:
+            digest.update(os.path.basename(name).encode() + b"\0")
+        with open(name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

@@ -7,7 +7,7 @@ reverse order; a run refused before it wrote anything leaves no empty folder beh
 
 A mode is one entry of :data:`MODES` (:class:`Mode`): the outputs it writes, whether a signal
 stops it at once (nothing to save) or at the next step (training saves), what it checks before
-the process group starts, and its body. README: "Add an exec mode".
+the process group starts, and its body. docs/development.md: "An exec mode".
 """
 from __future__ import annotations
 
@@ -239,7 +239,7 @@ def evaluate_body(session: Session) -> int:
     if parts is None:
         return 0
     out, components = parts
-    components, backend = evaluation_components(components, out)  # PyTorch or OpenVINO (--backend)
+    components = evaluation_components(components, out)  # PyTorch or OpenVINO (resolved --backend)
     cases: list[dict] = []
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
     cases = [case for part in D.all_gather_objects(cases) for case in part]
@@ -252,7 +252,7 @@ def evaluate_body(session: Session) -> int:
     out.say(window_line(components.config))  # the benchmark's 128³ unless --val_input_shape
     for line in explain_scores(cases):
         out.say(line)
-    out.metrics.write(BACKEND, backend=backend.backend, why=backend.why)
+    out.metrics.write(BACKEND, backend=components.config.backend, why=components.config.backend_why)
     out.metrics.write(EVAL, epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
     if out.is_main:
         out.say(f"per-case Dice: {write_case_scores(components.config.log_dir, cases)}")

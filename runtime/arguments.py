@@ -115,6 +115,9 @@ class Config:
     # window's size comes from (a phrase: "from the checkpoint's training patch"), and for
     # predict the sha256 of the weights it loads (recorded beside each segmentation).
     window_source: str = ""
+    backend_why: str = ""  # why this backend (one line), decided with it
+    sw_batch_note: str = ""  # predict: why --sw_batch_size was lowered to fit memory, when it was
+    calibration_sha256: str = ""  # predict --int8: the calibration set's digest (its scans' and its rule)
     weights_sha256: str = ""
     ensemble_sha256: tuple[str, ...] = ()  # every checkpoint's, in order, when predict ensembles several
 
@@ -314,16 +317,17 @@ def _predict_flags(g, d: Config) -> None:
                    help="(new) predict: also write <case>.npz, the softmax (key 'probabilities', float16, classes "
                         "first) in the scan's own grid and axis order, whose argmax is the segmentation")
     g.add_argument("--int8", action="store_true",
-                   help="(new) predict on a CPU: 3x3x3 convolutions in int8 (oneDNN, VNNI), channels-last; "
-                        "faster, with 8-bit rounding in the logits (docs/performance.md)")
+                   help="(new) predict on a CPU: int8 windows on the OpenVINO backend (NNCF, calibrated on the "
+                        "scans being predicted; needs requirements-openvino.txt): faster, with int8 rounding "
+                        "(docs/predict.md)")
 
 
 def _backend_flags(g, d: Config) -> None:
     g.add_argument("--backend", default=d.backend, choices=["auto", "torch", "openvino"],
                    help="(new) predict and evaluate: who runs the network's windows. auto: OpenVINO on the "
-                        "CPU when installed (pip install -r requirements-openvino.txt), else PyTorch; with "
-                        "--int8, OpenVINO calibrates on training windows of --data_dir and keeps in fp32 what int8 "
-                        "would change most (agreement with fp32 >= 99.8%%). Training is PyTorch")
+                        "CPU when installed (pip install -r requirements-openvino.txt) and no PyTorch lever "
+                        "(--amp, --compile, --channels_last) is given, else PyTorch; both fp32. Training "
+                        "is PyTorch")
     g.add_argument("--max_memory_gb", type=float, default=d.max_memory_gb,
                    help="(new) predict: lower the window batch so the estimated peak memory fits this "
                         "many GB (0: the memory available at start)")
@@ -481,11 +485,9 @@ def _predict_errors(cfg: Config) -> list[str]:
     return errors + _problems(
         (not cfg.input or os.path.exists(cfg.input), f"--input {cfg.input!r} does not exist"),
         (not cfg.benchmark, "--benchmark does not apply to --exec_mode predict "
-                            "(benchmarks/bench_predict.py times it)"),
+                            "(its summary times every stage; docs/performance.md)"),
         (not (cfg.int8 and cfg.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu"),
-        (not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them"),
-        (not (cfg.int8 and cfg.compile), "--int8 runs eagerly (its oneDNN int8 calls recompile under "
-                                         "torch.compile for every shape): drop --compile"))
+        (not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them"))
 
 
 def _benchmark_errors(cfg: Config) -> list[str]:

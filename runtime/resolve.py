@@ -11,6 +11,8 @@ import torch
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, replace
 from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed
+from runtime.inference.backends import decide_backend
+from runtime.inference.memory_budget import bounded_window_batch
 from runtime.schedule import eval_schedule, samples_per_epoch
 
 
@@ -181,14 +183,18 @@ def ensemble_from(config: Config, saved: Saved, ensemble) -> Config:
 
 def resolve_predict(config: Config, device: torch.device) -> Config:
     """Predict's values: batch norm for a sync-batch-norm network (the same weights; inference
-    needs no cross-rank statistics), the AMP type, the device; ``--int8`` on the CPU only."""
+    needs no cross-rank statistics), the AMP type, the device, the backend and the window batch
+    that fits memory; ``--int8`` on the CPU only."""
     if config.normalization == "syncbatchnorm":
         config = replace(config, normalization="batchnorm")
     if config.int8 and device.type != "cpu":
         raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
     if config.amp:
         config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
-    return replace(config, device=device.type)
+    config = decide_backend(replace(config, device=device.type), device)
+    notes: list[str] = []
+    config = bounded_window_batch(config, config.backend, say=notes.append)
+    return replace(config, sw_batch_note=" ".join(notes))
 
 
 def check_benchmark_budget(config: Config) -> None:
@@ -225,6 +231,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = N
     seed = saved_seed(saved.checkpoint) if saved is not None and saved.resume else None
     if seed is None:
         seed = D.resolve_master_seed(config.seed, device)
+    config = decide_backend(config, device)
     return replace(config, device=device.type, seed=seed,
                    cache=resolve_cache(config.cache, device, summary.train_bytes),
                    cuda_graphs=cuda_graphs_decision(config, dist_info),

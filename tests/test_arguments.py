@@ -97,22 +97,24 @@ def test_synthetic_loader_needs_no_data_dir():
     assert cfg.loader == "synthetic"
 
 
-def test_readme_documents_every_flag():
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+def test_usage_documents_every_flag():
+    usage = open(os.path.join(ROOT, "docs", "usage.md"), encoding="utf-8").read()
     for action in build_parser()._actions:
         for option in action.option_strings:
             if option.startswith("--") and option != "--help":
-                assert f"`{option}`" in readme, option
+                assert f"`{option}" in usage, option
 
 
 def test_int8_combinations_for_predict(tmp_path):
-    """--int8 is predict on the CPU, eager, without --amp: each conflict named in one message."""
+    """--int8 is predict on the CPU without --amp: each conflict named in one message (the
+    backend's levers, --compile and --channels_last, are refused when the backend is decided:
+    tests/test_predict.py)."""
     from runtime.arguments import validate
 
     base = Config(exec_mode="predict", input=str(tmp_path), output_dir=str(tmp_path / "out"),
                   load_ckpt_path="", data_dir=str(tmp_path), int8=True)
     assert [m for m in validate(base) if "--int8" in m] == []
-    for change, named in ((dict(compile=True), "--compile"), (dict(amp=True), "--amp")):
+    for change, named in ((dict(device="cuda"), "--device cpu"), (dict(amp=True), "--amp")):
         messages = [m for m in validate(dataclasses.replace(base, **change)) if "--int8" in m]
         assert len(messages) == 1 and named in messages[0], messages
 

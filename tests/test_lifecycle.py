@@ -1,6 +1,6 @@
 """The one lifecycle of runtime.app: every mode's outputs are checked and locked before its body
 runs, released after, and a refused or failed run leaves no empty folder behind. A mode added
-to the table (README: "Add an exec mode") gets all of it without a line of start-up code."""
+to the table (docs/development.md: "An exec mode") gets all of it without a line of start-up code."""
 import os
 import signal
 

@@ -8,6 +8,7 @@ other weights, even when the checkpoint keeps its size and time stamp. Tests tha
 OpenVINO skip with the reason when it is not installed (``make test-openvino`` installs it);
 the missing-OpenVINO line and the flag checks run everywhere.
 """
+import dataclasses
 import json
 import os
 import re
@@ -22,13 +23,13 @@ from torch import nn
 
 from checkpoints import architecture, write_checkpoint
 from model.unet3d import Unet3D
-from runtime.inference import memory_budget
 from runtime.arguments import UsageError, parse_args, replace
-from runtime.inference.backends import INSTALL_HINT, choose_backend, openvino_missing
+from runtime.inference import memory_budget
+from runtime.inference.backends import INSTALL_HINT, decide_backend, openvino_missing
 from runtime.inference.openvino.calibration import grid_origins, spread, window_at
+from runtime.inference.predictor import build_predictor, options_from
 from runtime.isa import int8_pairs_saturate
 from runtime.predict.scan import volume_probabilities
-from runtime.inference.predictor import build_predictor, options_from
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = (4, 8, 16, 32, 32)
@@ -91,27 +92,36 @@ def test_missing_openvino_is_one_line(tmp_path):
 
 
 def test_choice_of_backend(tmp_path, monkeypatch):
-    """auto: PyTorch for a GPU device or a PyTorch lever, or without OpenVINO; openvino refuses
-    the same cases in one line; torch is torch."""
+    """Decided once (resolve): auto is PyTorch for a GPU device or a PyTorch lever, or without
+    OpenVINO, else OpenVINO, both fp32; --backend openvino refuses the same cases in one line;
+    --int8 is OpenVINO's int8 or a one-line refusal, never PyTorch; torch is torch; training and
+    --benchmark are PyTorch."""
     import runtime.inference.backends as backend
 
     monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: None)
     monkeypatch.setattr(backend, "_openvino_version", lambda: "X")
-    no_data = lambda: "no calibration data"  # noqa: E731
-    assert choose_backend(predict_config(tmp_path), CPU, no_data).backend == "openvino"
-    assert choose_backend(predict_config(tmp_path, "--backend", "torch"), CPU, no_data).backend == "torch"
-    amp = choose_backend(predict_config(tmp_path, "--amp"), CPU, no_data)
-    assert amp.backend == "torch" and "--amp is a PyTorch lever" in amp.why
-    assert choose_backend(predict_config(tmp_path), torch.device("cuda"), no_data).backend == "torch"
-    int8 = choose_backend(predict_config(tmp_path, "--int8"), CPU, no_data)
-    assert int8.backend == "torch" and "no calibration data" in int8.why
-    assert choose_backend(predict_config(tmp_path, "--int8"), CPU, lambda: None).backend == "openvino"
-    with pytest.raises(UsageError, match="--backend openvino: --channels_last is a PyTorch lever"):
-        choose_backend(predict_config(tmp_path, "--backend", "openvino", "--channels_last"), CPU, no_data)
-    with pytest.raises(UsageError, match="--backend openvino: no calibration data"):
-        choose_backend(predict_config(tmp_path, "--backend", "openvino", "--int8"), CPU, no_data)
+
+    def decided(*flags, device=CPU):
+        return decide_backend(predict_config(tmp_path, *flags), device)
+
+    assert decided().backend == "openvino" and decided().backend_why == "--backend auto: OpenVINO X on the CPU, fp32"
+    assert decided("--backend", "torch").backend == "torch"
+    amp = decided("--amp")
+    assert amp.backend == "torch" and "--amp is a PyTorch lever" in amp.backend_why
+    assert decided(device=torch.device("cuda")).backend == "torch"
+    int8 = decided("--int8")
+    assert int8.backend == "openvino" and "int8 (NNCF" in int8.backend_why
+    for flags, message in ((("--backend", "openvino", "--channels_last"), "--backend openvino: --channels_last is a PyTorch lever"),
+                           (("--int8", "--channels_last"), "--int8: --channels_last is a PyTorch lever"),
+                           (("--int8", "--backend", "torch"), "--int8 is OpenVINO's int8")):
+        with pytest.raises(UsageError, match=re.escape(message)):
+            decided(*flags)
     monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: "OpenVINO is not installed")
-    assert choose_backend(predict_config(tmp_path), CPU, no_data).backend == "torch"
+    assert decided().backend == "torch"
+    with pytest.raises(UsageError, match="--int8: OpenVINO is not installed"):
+        decided("--int8")
+    training = decide_backend(parse_args(["--data_dir", str(tmp_path)]), CPU)
+    assert training.backend == "torch" and "training and --benchmark run PyTorch" in training.backend_why
 
 
 def test_backend_flags_are_checked(tmp_path, capsys):
@@ -166,33 +176,47 @@ def test_calibration_windows_where_the_sliding_window_puts_them():
     assert spread(list(range(100)), 1) == [50]
 
 
-def test_calibration_set_spreads_over_the_training_cases(tmp_path, monkeypatch):
-    """The set takes evenly spaced windows of the training cases' grids (an evaluation case
-    never), at most CALIBRATION_WINDOWS, each case's image hashed once and named once."""
-    import runtime.inference.openvino.calibration as calibration
+def test_calibration_set_spreads_over_the_scans_being_predicted(tmp_path, monkeypatch):
+    """The set takes at most CALIBRATION_SCANS of the run's scans, evenly spaced, and
+    CALIBRATION_WINDOWS windows shared evenly among them, each scan's evenly spaced over its
+    half-window grid, cut from the scan as predict preprocesses it; the key names every scan by
+    its bytes' sha256; no labels are read."""
+    import hashlib
 
-    shapes = {"00001": (40, 40, 40), "00002": (80, 40, 40), "00003": (80, 80, 80), "00004": (20, 20, 20)}
-    for case_id, shape in shapes.items():  # 00003 is an evaluation case
-        np.save(tmp_path / f"case_{case_id}_x.npy", np.zeros((1, *shape), np.float32))
-        label = np.zeros((1, *shape), np.uint8)
-        if case_id == "00002":
-            label[0, 70, 5, 20] = 2  # inside the windows at (48, 0, 0) and (48, 0, 8) only
-        np.save(tmp_path / f"case_{case_id}_y.npy", label)
-    config = parse_args(["--data_dir", str(tmp_path), "--val_input_shape", "32", "32", "32"])
+    import runtime.inference.openvino.calibration as calibration
+    from data_loading.scans import preprocess_scan, read_scan
+
+    monkeypatch.setattr(calibration, "CALIBRATION_SCANS", 3)
     monkeypatch.setattr(calibration, "CALIBRATION_WINDOWS", 4)
-    every = [("00001", o) for o in grid_origins((40, 40, 40), (32,) * 3)] + \
-            [("00002", o) for o in grid_origins((80, 40, 40), (32,) * 3)] + [("00004", (0, 0, 0))]
-    assert len(every) == 2 * 2 * 2 + 4 * 2 * 2 + 1
-    chosen = calibration.calibration_set(config)
-    assert [(w.case_id, w.origin) for w in chosen.windows] == [every[i] for i in (3, 9, 15, 21)]
-    assert chosen.roi == (32, 32, 32) and "cases 00001, 00002)" in chosen.describe()
-    assert [w.foreground for w in chosen.windows] == [False, False, False, True]  # every[21] = 00002 at (48, 0, 8)
-    assert chosen.validation() == (3,)  # int8 is checked where the ground truth has foreground
-    no_foreground = calibration.CalibrationSet(chosen.data_dir, chosen.roi, chosen.windows[:3], "first_layer")
-    assert no_foreground.validation() == (0, 1, 2)  # none has: all of them
-    assert chosen.fields()["validation"] == [3] and no_foreground.fields() != chosen.fields()
-    assert {w.image_sha256 for w in chosen.windows} == {
-        calibration.file_sha256(tmp_path / f"case_{i}_x.npy") for i in ("00001", "00002")}
+    scans = [(f"s{i}", write_scan(str(tmp_path / "in" / f"s{i}.nii.gz"), seed=i, shape=(20 + 8 * i, 40, 36)))
+             for i in range(5)]
+    config = predict_config(tmp_path, roi=(32, 32, 32))
+    chosen = calibration.scan_calibration(config, scans)
+    assert [scan.name for scan in chosen.scans] == ["s0", "s2", "s4"]  # spread(5 scans, 3): the middles of 3 parts
+    assert [scan.sha256 for scan in chosen.scans] == [
+        hashlib.sha256(open(scans[i][1], "rb").read()).hexdigest() for i in (0, 2, 4)]
+    assert calibration.shares(4, 3) == [2, 1, 1] and calibration.shares(24, 8) == [3] * 8
+    expected = []
+    for (name, path), count in zip([scans[i] for i in (0, 2, 4)], (2, 1, 1)):
+        image, _ = preprocess_scan(read_scan(path), path)
+        expected += [window_at(image, o, (32, 32, 32))[None] for o in spread(grid_origins(image.shape[1:], (32,) * 3), count)]
+    windows = chosen.arrays()
+    assert len(windows) == 4 and all(w.shape == (1, 1, 32, 32, 32) for w in windows)
+    assert all(np.array_equal(w, e) for w, e in zip(windows, expected))
+    assert "3 scans being predicted (s0, s2, s4)" in chosen.describe()
+    other = calibration.scan_calibration(config, scans[:4])  # another folder: another set and key
+    assert other.digest() != chosen.digest() and other.fields() != chosen.fields()
+    assert calibration.scan_calibration(config, scans).digest() == chosen.digest()
+    with pytest.raises(UsageError, match="no"):
+        calibration.scan_calibration(config, [])
+
+
+def test_validation_windows_are_where_fp32_sees_organs():
+    from runtime.inference.openvino.calibration import validation_windows
+
+    background, organ = np.zeros((4, 4, 4), np.int64), np.ones((4, 4, 4), np.int64)
+    assert validation_windows([background, organ, background, organ]) == [1, 3]
+    assert validation_windows([background, background]) == [0, 1]  # none: all of them
 
 
 def test_window_at_pads_like_the_sliding_window():
@@ -303,18 +327,12 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     layers, the norms read float inputs, each half of a decoder's input has a quantiser of its
     own (no quantised concatenation), its logits stay near the float ones, one line says how many
     convolutions are int8, and the calibration set is in the key."""
-    from runtime.inference.openvino.calibration import CalibrationSet, CalibrationWindow
     from runtime.inference.openvino.cache import cache_fields
+    from runtime.inference.openvino.calibration import scan_calibration
     from runtime.inference.openvino.compiled import OpenVINOWindows, build_model, compile_for_cpu
 
-    rng = np.random.default_rng(0)
-    paths = []
-    for i in range(2):
-        paths.append(str(tmp_path / f"x{i}.npy"))
-        np.save(paths[-1], rng.normal(size=(1, 40, 40, 70)).astype(np.float32))
-    calibration = CalibrationSet(str(tmp_path), (32, 32, 64),
-                                 tuple(CalibrationWindow(f"0000{i}", p, f"sha{i}", (i, 0, 0)) for i, p in enumerate(paths)),
-                                 "first_layer")
+    scans = [(f"s{i}", write_scan(str(tmp_path / "in" / f"s{i}.nii.gz"), seed=i, shape=(40, 40, 70))) for i in range(2)]
+    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), scans), window_count=2)
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     config = predict_config(tmp_path)
@@ -329,18 +347,18 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     assert not [op for op in ops if op.get_type_name() == "FakeQuantize" and source(op) == "Concat"]
     convolutions = [op for op in ops if op.get_type_name() in ("Convolution", "ConvolutionBackpropData")]
     assert len(convolutions) == 28 + 5  # each decoder's first convolution in two halves
-    assert "accuracy control on 2 windows" in lines[0]
+    assert "accuracy control on" in lines[0]
     assert re.match(r"openvino: int8 on \d+ of 33 convolutions, \d+ kept in fp32; foreground agreement", lines[-1])
     assert all("accuracy control: int8 labels agree" in line for line in lines[1:-1])
     windows = OpenVINOWindows(compile_for_cpu(quantised), (32, 32, 64))
-    x = torch.from_numpy(np.load(paths[0])[None, :, :32, :32, :64].copy())
+    x = torch.from_numpy(calibration.arrays()[0])
     with torch.no_grad():
         expected = model(x)
     error = float((windows(x) - expected).norm() / expected.norm())
     assert error < 0.1, error
     fields = cache_fields(model, config, calibration)
-    assert fields["precision"] == "int8" and fields["calibration"]["windows"][1]["origin"] == [1, 0, 0]
-    other = CalibrationSet(calibration.data_dir, calibration.roi, calibration.windows[:1], "first_layer")
+    assert fields["precision"] == "int8" and [s["name"] for s in fields["calibration"]["scans"]] == ["s0", "s1"]
+    other = scan_calibration(config, scans[:1])
     assert cache_fields(model, config, other) != fields
 
 
@@ -364,6 +382,41 @@ def test_predict_cli_openvino_segments_like_torch(tmp_path):
     assert np.mean(labels["torch"] == labels["ov"]) > 0.999 and np.array_equal(labels["ov"], labels["ov2"])
 
 
+@needs_nncf
+def test_predict_int8_needs_only_a_checkpoint_and_the_scans(tmp_path):
+    """``predict --int8`` with a checkpoint and a folder of scans, no --data_dir: it calibrates
+    on those scans, segments them in the scans' shape, records the calibration set's digest,
+    reuses its outputs on a second run and calibrates again for another folder."""
+    ckpt = str(tmp_path / "tiny.pt")
+    save_tiny(ckpt, 0)
+    folder = tmp_path / "in"
+    for i in range(2):
+        write_scan(str(folder / f"s{i}.nii.gz"), seed=i)
+
+    def predict(source, out):
+        return subprocess.run([sys.executable, "main.py", "--exec_mode", "predict", "--input", str(source),
+                               "--output_dir", str(out), "--load_ckpt_path", ckpt, "--val_input_shape", "64", "64", "64",
+                               "--int8"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+    first = predict(folder, tmp_path / "out")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "int8 (NNCF post-training quantisation, calibrated on the scans being predicted)" in first.stdout
+    assert "2 scans being predicted (s0.nii.gz, s1.nii.gz)" in first.stdout
+    labels = np.asarray(nibabel.load(str(tmp_path / "out" / "s0.nii.gz")).dataobj)
+    assert labels.shape == (26, 30, 28) and labels.dtype == np.uint8
+    with open(tmp_path / "out" / "s0.provenance.json") as handle:
+        record = json.load(handle)
+    assert record["int8"] is True and re.fullmatch(r"[0-9a-f]{64}", record["int8_calibration"])
+    again = predict(folder, tmp_path / "out")
+    assert again.returncode == 0 and "0 segmented, 2 skipped" in again.stdout and "using the converted network" in again.stdout
+    (tmp_path / "one").mkdir()
+    os.link(folder / "s0.nii.gz", tmp_path / "one" / "s0.nii.gz")
+    other = predict(tmp_path / "one", tmp_path / "out1")
+    assert other.returncode == 0 and "converting" in other.stdout  # another calibration set
+    with open(tmp_path / "out1" / "s0.provenance.json") as handle:
+        assert json.load(handle)["int8_calibration"] != record["int8_calibration"]
+
+
 # ----------------------------------------------------------------------------- the benchmark
 
 
@@ -373,17 +426,14 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     equal fp32's (checked here by running both), however many convolutions that puts back in
     fp32; the line reports the kept ones as the model holds them."""
     import runtime.inference.openvino.calibration as calibration_module
-    from runtime.inference.torch_copy import split_decoder_inputs
-    from runtime.inference.openvino.calibration import CalibrationSet, CalibrationWindow, float_convolutions
+    from runtime.inference.openvino.calibration import float_convolutions, labels_of, scan_calibration, validation_windows
     from runtime.inference.openvino.compiled import build_model, compile_for_cpu, convert
+    from runtime.inference.openvino.decoder_split import split_decoder_inputs
 
     monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1000)  # uncapped: the cap is checked below
-    rng = np.random.default_rng(1)
-    path = str(tmp_path / "x.npy")
-    np.save(path, rng.normal(size=(1, 32, 64, 64)).astype(np.float32))
-    windows = tuple(CalibrationWindow("00001", path, "sha", (0, o, 0), foreground=True) for o in (0, 32))
-    calibration = CalibrationSet(str(tmp_path), (32, 32, 64), windows, "first_layer")
+    scan = write_scan(str(tmp_path / "in" / "s.nii.gz"), seed=1, shape=(26, 60, 60))
+    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), [("s", scan)]), window_count=2)
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     lines = []
@@ -391,7 +441,9 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     # the fp32 network accuracy control compares with: the converted one, decoder inputs split
     fp32 = compile_for_cpu(convert(split_decoder_inputs(model), (32, 32, 64)))
     int8 = compile_for_cpu(quantised)
-    for window in calibration.arrays():
+    windows = calibration.arrays()
+    checked = [windows[i] for i in validation_windows([labels_of(fp32(w)[0]) for w in windows])]
+    for window in checked:
         assert np.array_equal(np.asarray(int8(window)[0]).argmax(1), np.asarray(fp32(window)[0]).argmax(1))
     kept, total = float_convolutions(quantised)
     assert f"int8 on {total - kept} of {total} convolutions, {kept} kept in fp32" in lines[-1]
@@ -401,14 +453,14 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     lines.clear()
     capped = compile_for_cpu(build_model(model, predict_config(tmp_path), calibration, say=lines.append))
     equal = all(np.array_equal(np.asarray(capped(w)[0]).argmax(1), np.asarray(fp32(w)[0]).argmax(1))
-                for w in calibration.arrays())
+                for w in checked)
     assert ("below the 100.0% asked for" in lines[-1]) == (not equal), lines[-1]
 
 
 def test_split_decoder_inputs_computes_the_same_function():
     """HalvesConv3d: one convolution per half of the decoder's input, summed, equals the
     convolution of the concatenation (float64, so only the summation order differs)."""
-    from runtime.inference.torch_copy import HalvesConv3d, split_decoder_inputs
+    from runtime.inference.openvino.decoder_split import HalvesConv3d, split_decoder_inputs
 
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).double().eval()
@@ -448,9 +500,10 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     config = parse_args(["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", ckpt,
                          "--val_input_shape", "32", "32", "64", "--filters", *map(str, TINY)])
     out = Reporters(metrics=MetricsWriter(str(tmp_path), enabled=True))
-    parts, choice = evaluation_components(Parts(config, type("D", (), {"device": CPU})(), model, model), out)
+    config = decide_backend(config, CPU)
+    assert config.backend == "openvino"  # run_evaluate writes it to log.json after the scores
+    parts = evaluation_components(Parts(config, type("D", (), {"device": CPU})(), model, model), out)
     assert parts.eval_model is not model and capsys.readouterr().err == ""  # quiet without --verbose
-    assert choice.backend == "openvino"  # run_evaluate writes it to log.json after the scores
     evaluation_components(Parts(replace(config, verbose=True), type("D", (), {"device": CPU})(), model, model), out)
     assert "backend: --backend auto: OpenVINO" in capsys.readouterr().err
     rng = np.random.default_rng(4)

@@ -24,7 +24,6 @@ from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
                                 scan_geometry, segmentation_nifti)
 from data_loading.windows import window_geometry
-from runtime.inference.torch_copy import int8_available, int8_grid
 from model.losses import DiceScore, label_map_dice
 from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
@@ -421,18 +420,22 @@ def test_channels_last_gives_the_same_segmentation(tmp_path, tiny_checkpoint, ca
     assert np.mean(labels["plain"] == labels["cl"]) > 0.999
 
 
-@pytest.mark.skipif(int8_available() is not None, reason=f"int8: {int8_available()}")
-def test_int8_segments_like_float(tmp_path, tiny_checkpoint, capsys):
-    """--int8 runs the int8 inference copy: a segmentation of the scan's shape whose labels are
-    those of the float model up to 8-bit rounding (random weights: close logits, so a few flip).
-    It says once which int8 arithmetic this CPU runs."""
-    stdout = {}
-    labels = labels_by_setting(tmp_path, tiny_checkpoint, capsys, {"plain": [], "int8": ["--int8"]}, stdout)
-    assert labels["int8"].shape == (26, 30, 28) and labels["int8"].dtype == np.uint8
-    assert np.mean(labels["plain"] == labels["int8"]) > 0.9
-    assert stdout["int8"].count("int8 convolutions:") == 1
-    assert int8_grid().describe() in stdout["int8"]  # "8-bit activations, 8-bit weights" with VNNI
-    assert "int8 convolutions" not in stdout["plain"]
+def test_int8_is_openvinos_and_never_falls_back(tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    """--int8 is OpenVINO's int8: asked where it cannot run (PyTorch backend, OpenVINO absent, a
+    PyTorch lever) the run stops with one line naming why, before any scan; it never computes
+    something else instead."""
+    from runtime.inference import backends
+
+    monkeypatch.setattr(backends, "openvino_missing", lambda int8=False: "OpenVINO is not installed; install it")
+    folder = tmp_path / "in"
+    write_nifti(str(folder / "scan.nii.gz"), np.zeros((26, 30, 28), np.int16), (2.0, 1.5, 1.3))
+    argv = ["--exec_mode", "predict", "--input", str(folder), "--output_dir", str(tmp_path / "out"),
+            "--load_ckpt_path", tiny_checkpoint, "--val_input_shape", "64", "64", "64", "--int8"]
+    for extra, named in (([], "OpenVINO is not installed"), (["--backend", "torch"], "--backend torch"),
+                         (["--compile"], "--compile")):
+        code, stdout, stderr = run_main(capsys, *argv, *extra)
+        assert code == 1 and stderr.count("\n") == 1 and "--int8" in stderr and named in stderr, (extra, stderr)
+    assert not (tmp_path / "out" / "scan.nii.gz").exists()
 
 
 def test_skip_existing_then_force_and_summary(tmp_path, tiny_checkpoint, capsys):

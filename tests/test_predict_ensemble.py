@@ -61,11 +61,10 @@ def stand_in(monkeypatch):
     import runtime.predict.api as api
     from runtime.inference.predictor import build_predictor, options_from
 
-    def predict_windows(config, device, load, is_main=True):
-        return (build_predictor(StandIn(load(config, device)), device, options_from(config)),
-                dataclasses.replace(config, backend="torch"))
+    def window_predictor(model, config, device, say=print, calibration=None):
+        return build_predictor(StandIn(model), device, options_from(config))
 
-    monkeypatch.setattr(api, "predict_windows", predict_windows)
+    monkeypatch.setattr(api, "window_predictor", window_predictor)
 
 
 @pytest.fixture(scope="module")

@@ -75,15 +75,15 @@ def cheap_network(monkeypatch):
 
     import runtime.predict.api as api
 
-    def predict_windows(config, device, load, is_main=True):
+    def window_predictor(model, config, device, say=print, calibration=None):
         def logits(batch):
             out = torch.zeros(batch.shape[0], 3, *batch.shape[2:])
             out[:, 1] = batch[:, 0]
             return out
 
-        return logits, dataclasses.replace(config, backend="torch")
+        return logits
 
-    monkeypatch.setattr(api, "predict_windows", predict_windows)
+    monkeypatch.setattr(api, "window_predictor", window_predictor)
 
 
 # ----------------------------------------------------------------------------- the window
@@ -294,7 +294,7 @@ def test_the_record_takes_its_place_only_after_the_segmentation(tmp_path, capsys
 def test_the_input_digest_covers_every_file_of_the_scan(tmp_path):
     """One file: its sha256 (what sha256sum prints). A MetaImage header and its data file: the
     name and bytes of each, in order; a change in the data file alone changes it."""
-    from runtime.predict.provenance import input_digest
+    from data_loading.scan_io import input_digest
 
     nifti = write_nifti(str(tmp_path / "one.nii.gz"), np.zeros((4, 3, 2), np.int16), SPACING)
     assert input_digest(nifti) == hashlib.sha256(open(nifti, "rb").read()).hexdigest()

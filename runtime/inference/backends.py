@@ -1,13 +1,24 @@
-"""Which runtime computes the network's windows in predict and evaluate: PyTorch or OpenVINO.
+"""The backend registry: which runtime computes the network's windows in predict and evaluate, and
+the one place the chosen one is applied.
 
-``--backend torch`` runs the PyTorch model as before. ``--backend openvino`` converts the
-loaded network once per weights and window shape (:mod:`runtime.inference.openvino.compiled`, cached
-beside the checkpoint) and runs it with OpenVINO's CPU runtime; the sliding window, Gaussian
-blending, TTA, resampling and every output stay this project's code: OpenVINO only replaces
-``model(windows)``. ``--backend auto`` (the default) takes OpenVINO on the CPU when it is
-installed and no PyTorch-only lever (``--amp``, ``--compile``, ``--channels_last``) is asked
-for, else PyTorch; the log says which and why. Training never uses this module: the MLPerf
-timed run keeps PyTorch.
+A backend is a converter applied to the loaded network (eval mode, the checkpoint's fp32 weights),
+returning the module the window predictor (:func:`runtime.inference.predictor.build_predictor`)
+calls; the sliding window, Gaussian blending, TTA, resampling and every output stay this project's
+code:
+
+* ``torch``: PyTorch. Evaluate scores the trained network as built (its logits are the
+  benchmark's); predict runs its inference copy (:mod:`runtime.inference.torch_copy`) with
+  ``--channels_last``, compiled with ``--compile``. fp32, or ``--amp`` autocast.
+* ``openvino``: OpenVINO's CPU runtime (:mod:`runtime.inference.openvino`), converted once per
+  weights and window shape and cached beside the checkpoint. fp32, or int8 with ``--int8``: NNCF's
+  post-training quantisation, calibrated on the scans being predicted (no training data needed).
+
+:func:`decide_backend` runs once, in ``resolve()``, and stores the backend and why in the
+``Config``. ``--backend auto`` takes OpenVINO on the CPU when it is installed and no PyTorch-only
+lever (``--amp``, ``--compile``, ``--channels_last``) is asked for, else PyTorch: both compute
+fp32, the same logits up to float32 rounding, so ``auto`` never changes the algorithm. ``--int8``
+is always OpenVINO's int8; where it cannot run, the run stops with one line. Training and
+``--benchmark`` run PyTorch (the MLPerf timed run).
 
 OpenVINO is optional (``requirements-openvino.txt``); nothing here imports it at import time.
 """
@@ -20,12 +31,14 @@ from typing import Callable
 
 import torch
 
-from runtime.inference.torch_copy import int8_available, int8_path
-from runtime.arguments import Config, UsageError
-from runtime.inference.predictor import build_predictor, options_from
+from runtime.arguments import Config, UsageError, replace
+from runtime.compiling import compile_model
+from runtime.inference.predictor import Predict, build_predictor, options_from
+from runtime.inference.torch_copy import prepare_for_inference
 
 INSTALL_HINT = "pip install -r requirements-openvino.txt"
 TORCH_ONLY_LEVERS = ("amp", "compile", "channels_last")
+Say = Callable[[str], None]
 
 
 def openvino_missing(int8: bool = False) -> str | None:
@@ -48,20 +61,54 @@ def openvino_missing(int8: bool = False) -> str | None:
     return None
 
 
+def _torch_module(model: torch.nn.Module, config: Config, say: Say, calibration=None) -> torch.nn.Module:
+    if config.exec_mode != "predict":  # evaluate: the trained network, as built
+        return model
+    if config.channels_last:
+        model = prepare_for_inference(model, channels_last=True)
+    return compile_model(model.eval(), config.compile)
+
+
+def _openvino_module(model: torch.nn.Module, config: Config, say: Say, calibration=None) -> torch.nn.Module:
+    from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
+
+    compiled = cached_openvino_model(model, config, config.load_ckpt_path, calibration, say=say)
+    return OpenVINOWindows(compiled, tuple(config.val_input_shape))
+
+
 @dataclass(frozen=True)
-class Choice:
-    backend: str  # "torch" or "openvino"
-    why: str  # one line for the log
+class Backend:
+    """A runtime for the windows: the precisions it computes, and its converter
+    ``convert(model, config, say, calibration) -> module`` (``calibration``: an int8 calibration
+    set, :func:`runtime.inference.openvino.calibration.scan_calibration`)."""
+
+    name: str
+    precisions: tuple[str, ...]
+    convert: Callable[..., torch.nn.Module]
 
 
-def choose_backend(config: Config, device: torch.device, calibration: Callable[[], str | None]) -> Choice:
-    """The backend for ``config`` on ``device``; ``calibration()`` says why int8 calibration
-    data is unavailable (None when it is). Raises :class:`UsageError` (one line) when
-    ``--backend openvino`` cannot run here."""
+BACKENDS = {"torch": Backend("torch", ("fp32",), _torch_module),
+            "openvino": Backend("openvino", ("fp32", "int8"), _openvino_module)}
+
+
+def _openvino_version() -> str:
+    import openvino
+
+    return openvino.__version__.split("-")[0]
+
+
+def decide_backend(config: Config, device: torch.device) -> Config:
+    """``config`` with ``backend`` (``torch`` or ``openvino``) and ``backend_why`` (one line)
+    decided for this run on ``device`` (see the module docstring). Raises :class:`UsageError`
+    (one line) when ``--backend openvino`` or ``--int8`` cannot run here."""
     asked = config.backend
-    levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]
+    if config.exec_mode != "predict" and (config.exec_mode != "evaluate" or config.benchmark):
+        return replace(config, backend="torch", backend_why="PyTorch (training and --benchmark run PyTorch)")
     if asked == "torch":
-        return Choice("torch", "--backend torch")
+        if config.int8:
+            raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
+        return replace(config, backend="torch", backend_why="--backend torch: PyTorch")
+    levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]
     problems = []
     if device.type != "cpu":
         problems.append(f"OpenVINO runs on the CPU here and this run's device is {device.type}")
@@ -71,92 +118,47 @@ def choose_backend(config: Config, device: torch.device, calibration: Callable[[
     missing = openvino_missing(int8=config.int8)
     if missing:
         problems.append(missing)
-    elif config.int8:
-        no_data = calibration()
-        if no_data:
-            problems.append(no_data)
-    if asked == "openvino" and problems:
-        raise UsageError(f"--backend openvino: {problems[0]}")
+    if problems and (asked == "openvino" or config.int8):
+        raise UsageError(f"{'--int8' if config.int8 else '--backend openvino'}: {problems[0]}")
     if problems:
-        return Choice("torch", f"--backend auto: PyTorch ({problems[0]})")
-    return Choice("openvino", f"--backend {asked}: OpenVINO {_openvino_version()} on the CPU"
-                  + (", int8 (NNCF post-training quantisation)" if config.int8 else ", fp32"))
+        return replace(config, backend="torch", backend_why=f"--backend auto: PyTorch ({problems[0]})")
+    precision = ("int8 (NNCF post-training quantisation, calibrated on the scans being predicted)"
+                 if config.int8 else "fp32")
+    return replace(config, backend="openvino",
+                   backend_why=f"--backend {asked}: OpenVINO {_openvino_version()} on the CPU, {precision}")
 
 
-def _openvino_version() -> str:
-    import openvino
-
-    return openvino.__version__.split("-")[0]
-
-
-def say(message: str, is_main: bool = True, stream=None) -> None:
-    """One log line on rank 0: stdout by default (predict's log of its scans), ``stream``
-    (stderr) for evaluate, whose stdout is its result."""
-    if is_main:
-        print(message, file=stream or sys.stdout, flush=True)
+def window_predictor(model: torch.nn.Module, config: Config, device: torch.device, say: Say = print,
+                     calibration=None) -> Predict:
+    """Predict's window predictor: ``model`` (eval mode, the checkpoint's weights, fp32) converted
+    by the resolved ``config``'s backend (``calibration``: the int8 calibration set with
+    ``--int8``), wrapped by :func:`build_predictor`."""
+    module = BACKENDS[config.backend].convert(model, config, say, calibration)
+    return build_predictor(module, device, options_from(config))
 
 
-def predict_windows(config: Config, device: torch.device, load: Callable[[Config, torch.device], torch.nn.Module],
-                    is_main: bool = True) -> tuple[Callable[[torch.Tensor], torch.Tensor], Config]:
-    """``(predict, config)`` for ``--exec_mode predict``: the window predictor
-    (:func:`runtime.inference.predictor.build_predictor`) of the backend chosen here, and the config with
-    that backend (``torch`` or ``openvino``: predict records it beside each segmentation) and
-    the window batch bounded by ``--max_memory_gb`` (:mod:`runtime.inference.memory_budget`).
-    ``load(config, device)`` returns the trained PyTorch model (eval mode)."""
-    import dataclasses
-
-    from runtime.inference.openvino.calibration import calibration_unavailable
-    from runtime.inference.memory_budget import bounded_window_batch
-
-    choice = choose_backend(config, device, lambda: calibration_unavailable(config))
-    say(f"backend: {choice.why}", is_main)
-    config = dataclasses.replace(config, backend=choice.backend)
-    if choice.backend == "torch":
-        if config.int8 and int8_available() is not None:
-            raise UsageError(f"--int8: {int8_available()}")
-        predict = build_predictor(load(config, device), device, options_from(config), inference_copy=True)
-        if config.int8:
-            say(f"predict: {int8_path()}", is_main)
-        return predict, bounded_window_batch(config, "torch", say=lambda m: say(m, is_main))
-    # the PyTorch model is loaded in fp32; OpenVINO quantises it with --int8
-    module = openvino_module(load(config, device), config, say=lambda m: say(m, is_main))
-    predict = build_predictor(module, device, options_from(config))
-    return predict, bounded_window_batch(config, "openvino", say=lambda m: say(m, is_main))
-
-
-def openvino_module(model: torch.nn.Module, config: Config, say: Callable[[str], None] = print):
-    """``model`` (eval mode, the checkpoint's weights) converted, cached and compiled for
-    ``config.val_input_shape`` windows, int8 with ``config.int8``."""
-    from runtime.inference.openvino.calibration import calibration_set
-    from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
-
-    calibration = calibration_set(config) if config.int8 else None
-    compiled = cached_openvino_model(model, config, config.load_ckpt_path, calibration, say=say)
-    return OpenVINOWindows(compiled, tuple(config.val_input_shape))
+def say_on(is_main: bool, stream=None) -> Say:
+    """A ``say`` printing on rank 0 only: stdout by default (predict's log of its scans),
+    ``stream`` (stderr) for evaluate, whose stdout is its result."""
+    def say(message: str) -> None:
+        if is_main:
+            print(message, file=stream or sys.stdout, flush=True)
+    return say
 
 
 def evaluation_components(components, out):
-    """``components`` for ``--exec_mode evaluate`` with the backend's model as ``eval_model``
-    (unchanged with PyTorch). Evaluate scores the trained network in fp32 (int8 is refused by
-    the flag checks). ``out`` (``runtime.training.Reporters``): the choice is a ``backend``
-    record in log.json; the lines go to stderr with ``--verbose`` only, since evaluate's
-    stdout is its result and its stderr one line on an error. Returns ``(components, choice)``:
-    the caller writes the choice to log.json after the scores are printed (a full disk must lose
-    no number)."""
-    config = components.config
-    choice = choose_backend(config, components.dist.device, lambda: None)
-    is_main = out.is_main and config.verbose
-    say(f"backend: {choice.why}", is_main, sys.stderr)
-    if choice.backend == "torch":
-        return components, choice
-    from runtime.checkpoint import unwrap
-
-    model = unwrap(components.model).eval()
-    module = openvino_module(model, config, say=lambda m: say(m, is_main, sys.stderr))
-    return _replace_eval_model(components, module), choice
-
-
-def _replace_eval_model(components, module):
+    """``components`` for ``--exec_mode evaluate`` with the resolved backend's model as
+    ``eval_model`` (unchanged with PyTorch). Evaluate scores the trained network in fp32 (int8 is
+    refused by the flag checks). ``out`` (``runtime.training.Reporters``): the backend's line goes
+    to stderr with ``--verbose`` only, since evaluate's stdout is its result."""
     import dataclasses
 
+    from runtime.checkpoint import unwrap
+
+    config = components.config
+    say = say_on(out.is_main and config.verbose, sys.stderr)
+    say(f"backend: {config.backend_why}")
+    if config.backend == "torch":
+        return components
+    module = BACKENDS[config.backend].convert(unwrap(components.model).eval(), config, say)
     return dataclasses.replace(components, eval_model=module)

@@ -1,15 +1,14 @@
 """The one way windows become logits, for evaluate, the benchmark mode, predict and the benchmarks.
 
-:func:`build_predictor` takes a trained model and returns ``predict(windows) -> logits`` for
-:func:`runtime.inference.sliding_window.sliding_window_inference`: eager or compiled, fp32 or in
-``--amp`` autocast, channels-last, and with ``inference_copy`` the inference form of the network
-(:func:`runtime.inference.torch_copy.prepare_for_inference`: layout-preserving norms, in-place ReLU,
-int8 convolutions with ``int8``). With ``tta`` it returns the softmax averaged over the 8 flips
-of the three spatial axes instead of the logits.
+:func:`build_predictor` takes a network (the trained model, or what a backend converted it to:
+:mod:`runtime.inference.backends`) and returns ``predict(windows) -> logits`` for
+:func:`runtime.inference.sliding_window.sliding_window_inference`: fp32 or in ``--amp``
+autocast, channels-last windows with ``--channels_last``. With ``tta`` it returns the softmax
+averaged over the 8 flips of the three spatial axes instead of the logits.
 
-Evaluation scores the trained network itself (no inference copy): its logits are the
-benchmark's. Predict and the benchmarks use the copy (the same logits up to float32 rounding
-without int8).
+Evaluation scores the trained network itself (its logits are the benchmark's). Predict runs the
+backend's conversion of it (the same logits up to float32 rounding, or int8's rounding with
+``--int8``).
 """
 from __future__ import annotations
 
@@ -21,8 +20,6 @@ from typing import Callable
 
 import torch
 
-from runtime.inference.torch_copy import prepare_for_inference
-from runtime.compiling import compile_model
 
 FLIPS = [dims for n in range(4) for dims in itertools.combinations((2, 3, 4), n)]  # 8, () first
 Predict = Callable[[torch.Tensor], torch.Tensor]
@@ -33,18 +30,16 @@ class PredictorOptions:
     """How the windows are computed (from a resolved config: :func:`options_from`)."""
 
     channels_last: bool = False
-    int8: bool = False
     amp_dtype: str | None = None  # "bf16" / "fp16" autocast, None for fp32
-    compile: bool = False
     tta: bool = False
 
 
 def options_from(config) -> PredictorOptions:
     """The predictor options of a resolved :class:`runtime.arguments.Config` (``--tta`` is
     predict's: evaluation scores the logits)."""
-    return PredictorOptions(channels_last=config.channels_last, int8=config.int8,
+    return PredictorOptions(channels_last=config.channels_last,
                             amp_dtype=config.amp_dtype if config.amp else None,
-                            compile=config.compile, tta=config.tta and config.exec_mode == "predict")
+                            tta=config.tta and config.exec_mode == "predict")
 
 
 def autocast_context(amp_dtype: str | None, device: torch.device) -> Callable[[], object]:
@@ -55,20 +50,12 @@ def autocast_context(amp_dtype: str | None, device: torch.device) -> Callable[[]
     return partial(torch.autocast, device_type=device.type, dtype=dtype)
 
 
-def build_predictor(model: torch.nn.Module, device: torch.device, options: PredictorOptions,
-                    inference_copy: bool = False) -> Predict:
-    """``windows (B, 1, *roi) -> (B, 3, *roi)`` float32 logits (softmax means with ``tta``).
-
-    ``model`` is used as it is (already compiled, or an OpenVINO module) unless
-    ``inference_copy``: then its inference copy (channels-last or int8 asked) is made and
-    compiled with ``options.compile``; ``model`` itself is not changed. The caller sets eval mode.
-    """
-    if inference_copy:
-        if options.channels_last or options.int8:
-            model = prepare_for_inference(model, channels_last=True, int8=options.int8)
-        model = compile_model(model.eval(), options.compile)
+def build_predictor(model: torch.nn.Module, device: torch.device, options: PredictorOptions) -> Predict:
+    """``windows (B, 1, *roi) -> (B, 3, *roi)`` float32 logits (softmax means with ``tta``) of
+    ``model`` as it is (the caller sets eval mode and converts it: compiled, the PyTorch
+    backend's inference copy, an OpenVINO module)."""
     autocast = autocast_context(options.amp_dtype, device)
-    channels_last = options.channels_last or options.int8
+    channels_last = options.channels_last
 
     def logits_of(batch: torch.Tensor) -> torch.Tensor:
         if channels_last:

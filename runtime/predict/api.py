@@ -22,7 +22,7 @@ import torch
 from data_loading.scans import RawScan, read_scan
 from runtime.arguments import Config, build_parser, config_from_namespace, explicit_flags, replace, validate
 from runtime.checkpoint import Saved
-from runtime.inference.backends import predict_windows
+from runtime.inference.backends import say_on, window_predictor
 from runtime.predict.scan import (EnsembleInference, ScanInference, Segmentation, StageTimer, load_trained_model,
                                   segment_volume)
 
@@ -68,7 +68,8 @@ class Segmenter:
     def __init__(self, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], device: str = "auto", *,
                  window: Sequence[int] | None = None, overlap: float = Config.overlap, tta: bool = False,
                  sw_batch_size: int = Config.sw_batch_size, amp: bool = False, backend: str = Config.backend,
-                 int8: bool = False, channels_last: bool = False, verbose: bool = True):
+                 int8: bool = False, channels_last: bool = False, verbose: bool = True,
+                 calibration_scans: Sequence[str | os.PathLike] = ()):
         from runtime.arguments import UsageError
         from runtime.checkpoint import saved_ensemble, saved_for
         from runtime.distributed import DistInfo, select_device
@@ -92,28 +93,42 @@ class Segmenter:
         config = resolve(config, dist, None, saved, ensemble)
         if verbose:
             print(window_line(config), flush=True)
-        self._load(config, [saved, *ensemble], dist.device, verbose)
+        self._load(config, [saved, *ensemble], dist.device, verbose,
+                   [(os.path.basename(os.fspath(p)), os.fspath(p)) for p in calibration_scans])
 
     @classmethod
     def from_config(cls, config: Config, saved: Saved | Sequence[Saved], device: torch.device,
-                    verbose: bool = True) -> "Segmenter":
+                    verbose: bool = True, calibration_scans: Sequence[tuple[str, str]] = ()) -> "Segmenter":
         """The segmenter of a resolved predict ``config`` (:func:`runtime.resolve.resolve`) and its
-        checkpoint(s) ``saved``, read already: what ``--exec_mode predict`` runs."""
+        checkpoint(s) ``saved``, read already: what ``--exec_mode predict`` runs;
+        ``calibration_scans``: ``(name, path)`` of the scans being predicted, for ``--int8``."""
         segmenter = cls.__new__(cls)
-        segmenter._load(config, [saved] if isinstance(saved, Saved) else list(saved), device, verbose)
+        segmenter._load(config, [saved] if isinstance(saved, Saved) else list(saved), device, verbose,
+                        calibration_scans)
         return segmenter
 
-    def _load(self, config: Config, saved: list[Saved], device: torch.device, verbose: bool) -> None:
-        say = print if verbose else None
-        members, configs = [], []
-        for one in saved:
-            def load(member: Config, where: torch.device, one: Saved = one) -> torch.nn.Module:
-                return load_trained_model(member, one, where, say)
+    def _load(self, config: Config, saved: list[Saved], device: torch.device, verbose: bool,
+              calibration_scans: Sequence[tuple[str, str]] = ()) -> None:
+        say = say_on(verbose)
+        say(f"backend: {config.backend_why}")
+        if config.sw_batch_note:
+            say(config.sw_batch_note)
+        calibration = None
+        if config.int8:
+            from runtime.arguments import UsageError
+            from runtime.inference.openvino.calibration import scan_calibration
 
-            predict, member = predict_windows(replace(config, load_ckpt_path=one.path), device, load, verbose)
-            members.append(ScanInference(predict, member, device))
-            configs.append(member)
-        self.config: Config = replace(configs[0], load_ckpt_path=config.load_ckpt_path)
+            if not calibration_scans:
+                raise UsageError("--int8 calibrates on the scans being predicted: give calibration_scans "
+                                 "(the scan files to be segmented)")
+            calibration = scan_calibration(config, calibration_scans)
+            config = replace(config, calibration_sha256=calibration.digest())
+        members = []
+        for one in saved:
+            member = replace(config, load_ckpt_path=one.path)
+            model = load_trained_model(member, one, device, say if verbose else None)
+            members.append(ScanInference(window_predictor(model, member, device, say, calibration), member, device))
+        self.config: Config = config
         self.device = device
         self.infer: Callable[[np.ndarray], torch.Tensor] = members[0] if len(members) == 1 else EnsembleInference(members)
 

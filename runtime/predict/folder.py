@@ -21,12 +21,13 @@ import sys
 from typing import Callable, Sequence
 
 from data_loading.scan_checks import check_header
+from data_loading.scan_io import input_digest
 from data_loading.scans import Scan, ScanError, find_scans, output_path
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.checkpoint import Saved
-from runtime.predict.provenance import PendingRecord, difference, input_digest, read_record, record_path, run_fields
+from runtime.predict.provenance import PendingRecord, difference, read_record, record_path, run_fields
 from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
 from runtime.predict.summary import CaseResult, print_outcome, save_summary
 from runtime.resolve import window_line
@@ -153,13 +154,16 @@ def scans_to_predict(config: Config) -> list[Scan]:
     return scans
 
 
-def scan_inference(config: Config, saved: Saved | Sequence[Saved], dist_info: D.DistInfo) -> tuple[Callable, Config]:
+def scan_inference(config: Config, saved: Saved | Sequence[Saved], dist_info: D.DistInfo,
+                   scans: Sequence[Scan] = ()) -> tuple[Callable, Config]:
     """``(segmenter, config)``: the :class:`runtime.predict.api.Segmenter` of the resolved
     ``config`` and its checkpoint(s) ``saved`` (PyTorch or OpenVINO; several: an ensemble), which
-    maps a preprocessed image to probabilities, and the config with its window batch bounded."""
+    maps a preprocessed image to probabilities, and its config (with ``--int8``, the digest of
+    the calibration set, made from ``scans``: every rank calibrates on the same ones)."""
     from runtime.predict.api import Segmenter
 
-    segmenter = Segmenter.from_config(config, saved, dist_info.device, dist_info.is_main)
+    segmenter = Segmenter.from_config(config, saved, dist_info.device, dist_info.is_main,
+                                      [(scan.name, scan.image_path) for scan in scans])
     return segmenter, segmenter.config
 
 
@@ -168,7 +172,7 @@ def predict_scans(config: Config, saved: Saved | Sequence[Saved], scans: Sequenc
     the summary (rank 0); the exit code."""
     if dist_info.is_main:
         print(window_line(config), flush=True)
-    infer, config = scan_inference(config, saved, dist_info)
+    infer, config = scan_inference(config, saved, dist_info, scans)
     results: list[CaseResult] = []
     try:
         predict_cases(scans[dist_info.rank::dist_info.world_size], infer, config, dist_info.is_main, results)

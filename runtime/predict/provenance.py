@@ -2,7 +2,8 @@
 
 ``<case>.provenance.json`` beside ``<case>.nii.gz`` holds :data:`FIELDS`: the project's version
 (``runtime.__version__``), the checkpoint's path and the sha256 of the weights predict loaded
-from it, the backend that ran the network (torch or openvino), ``--int8``, the ``--amp`` type,
+from it, the backend that ran the network (torch or openvino), ``--int8`` and the digest of its
+calibration set, the ``--amp`` type,
 ``--tta``, the sliding window's shape and overlap, the sha256 of the input scan (of the
 files that make it), and with ``--save_probabilities`` the name of ``<case>.npz``. An ensemble's
 record lists every checkpoint's path and weights digest, in order. An existing
@@ -28,11 +29,14 @@ from runtime import __version__
 
 RECORD_SUFFIX = ".provenance.json"
 # What made a segmentation: an output is reused only when its record has this run's values.
-MADE_BY = ("version", "weights_sha256", "backend", "int8", "amp", "tta", "window_shape", "overlap", "input_sha256")
+MADE_BY = ("version", "weights_sha256", "backend", "int8", "int8_calibration", "amp", "tta", "window_shape", "overlap",
+           "input_sha256")
+# Fields added after records were first written, with the value an older record means.
+ADDED_LATER = {"int8_calibration": ""}
+_ABSENT = object()
 # Every field of a record, in the order of the summary's columns.
-FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "amp", "tta", "window_shape", "overlap",
-          "input_sha256", "probabilities")
-CHUNK = 1 << 20
+FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "int8_calibration", "amp", "tta", "window_shape",
+          "overlap", "input_sha256", "probabilities")
 
 
 def weights_digest(state: dict) -> str:
@@ -45,28 +49,6 @@ def weights_digest(state: dict) -> str:
         tensor = value.detach().cpu().contiguous()
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
-
-
-def _file_digest(path: str, digest) -> None:
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-
-
-def input_digest(path: str) -> str:
-    """sha256 of the input scan ``path``: of the file's bytes (what ``sha256sum`` prints) when
-    one file makes it, else of the name and bytes of each file that does, in order (a DICOM
-    series' files in position order, a ``.mhd``/``.nhdr`` header and its data file:
-    :func:`data_loading.scan_io.input_files`)."""
-    from data_loading.scan_io import input_files
-
-    files = input_files(path)
-    digest = hashlib.sha256()
-    for name in files:
-        if len(files) > 1:
-            digest.update(os.path.basename(name).encode() + b"\0")
-        _file_digest(name, digest)
     return digest.hexdigest()
 
 
@@ -83,6 +65,7 @@ def run_fields(config) -> dict:
         weights = config.weights_sha256
     return {"version": __version__, "checkpoint": checkpoint,
             "weights_sha256": weights, "backend": config.backend, "int8": bool(config.int8),
+            "int8_calibration": config.calibration_sha256 if config.int8 else "",
             "amp": config.amp_dtype if config.amp else "off", "tta": bool(config.tta),
             "window_shape": [int(s) for s in config.val_input_shape], "overlap": float(config.overlap)}
 
@@ -126,10 +109,11 @@ def difference(stored: dict | None, why_none: str, current: dict) -> str | None:
     if stored is None:
         return why_none
     for name in MADE_BY:
-        if name not in stored:
+        value = stored.get(name, ADDED_LATER.get(name, _ABSENT))
+        if value is _ABSENT:
             return f"whose record has no {name}"
-        if stored[name] != current[name]:
-            return f"made with {name} {_text(name, stored[name])}, not {_text(name, current[name])}"
+        if value != current[name]:
+            return f"made with {name} {_text(name, value)}, not {_text(name, current[name])}"
     return None
 
 

@@ -1,30 +1,34 @@
-"""int8 for the OpenVINO backend: NNCF post-training quantisation on training windows.
+"""int8 for the OpenVINO backend: NNCF post-training quantisation on windows of the scans being
+predicted, so a checkpoint and the scans are all it needs.
 
-The calibration set is at most ``CALIBRATION_WINDOWS`` windows of the training cases of
-``--data_dir`` (the preprocessed ``case_XXXXX_x.npy`` files whose ids are not in
-evaluation_cases.txt), taken where the sliding window puts them: every case's windows at
-half-window steps over the whole volume, and from that list of all windows of all cases, evenly
-spaced ones (so the set holds background, borders and padded windows as inference does, not only
-the organs). NNCF runs the fp32 network on them to fix each activation's int8 range (static
-quantisation: every window then uses the same ranges), the range of each from the extremes over
-all windows; weights per output channel. The inputs of the norms stay float (a convolution's
-output before its instance norm has the scale of the window's content: one static range for it
-clipped or wasted most of it). The set is recorded in the cache key: the case ids, a digest of
-each image file, and the window origins.
+The calibration set (:func:`scan_calibration`): at most ``CALIBRATION_SCANS`` of the run's scans,
+evenly spaced in its (sorted) list, each preprocessed as predict preprocesses it, and
+``CALIBRATION_WINDOWS`` windows in all, shared evenly among them, each scan's evenly spaced over
+the windows at half-window steps that cover it (so the set holds background, borders and padded
+windows as inference does, not only the organs). NNCF runs the fp32 network on them to fix each
+activation's int8 range (static quantisation: every window then uses the same ranges), the range
+of each from the extremes over all windows; weights per output channel. The inputs of the norms
+stay float (a convolution's output before its instance norm has the scale of the window's
+content: one static range for it clipped or wasted most of it). The set is in the cache key: the
+window, the rule, and the name and sha256 of every calibration scan; another folder of scans is
+calibrated again.
 
-Then NNCF's accuracy control (:func:`quantize`). Measured on two trained networks
-(docs/performance.md, "OpenVINO int8 on trained weights"): NNCF's defaults on organ-centred
-windows agreed with float on 96.7% and 98.3% of the held-back foreground; this, with each
-decoder's input split in two (:func:`runtime.inference.torch_copy.split_decoder_inputs`), 99.4-99.7%.
+Then NNCF's accuracy control (:func:`quantize`), against the fp32 network's own labels (no ground
+truth needed). Measured on two trained networks with training windows (docs/performance.md,
+"OpenVINO int8 on trained weights"): NNCF's defaults on organ-centred windows agreed with float
+on 96.7% and 98.3% of the held-back foreground; this, with each decoder's input split in two
+(:func:`runtime.inference.openvino.decoder_split.split_decoder_inputs`), 99.4-99.7%.
 
 Without VNNI (AVX2-only CPUs), x86 int8 kernels add pairs of uint8 x int8 products into a
 saturating 16-bit value; NNCF's overflow fix (weights on 7 bits) then applies to every layer
-instead of the first one only. Which one ran is in the key and in the log line.
+instead of the first one only (:func:`runtime.isa.int8_pairs_saturate`). Which one ran is in the
+key and in the log line.
 """
 from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
 import os
 import re
@@ -33,12 +37,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from runtime.arguments import Config
+from runtime.arguments import Config, UsageError
 from runtime.isa import int8_pairs_saturate
 from runtime.inference.sliding_window import PAD_VALUE
 
-CALIBRATION_WINDOWS = 24  # at most; NNCF runs the fp32 network once on each
-VALIDATION_WINDOWS = 8  # of those, with foreground: where int8 must agree with fp32
+CALIBRATION_SCANS = 8  # at most, evenly spaced over the run's scans
+CALIBRATION_WINDOWS = 24  # at most, shared among them; NNCF runs the fp32 network once on each
+VALIDATION_WINDOWS = 8  # of those, where fp32 sees kidney or tumour: where int8 must agree with fp32
 RANKING_WINDOWS = 4  # of those, the worst: where each convolution's share of the disagreement is measured
 MAX_STEPS = 16  # at most this many convolutions (groups of them) go back to fp32: the conversion ends
 MAX_AGREEMENT_DROP = 0.002  # int8 labels equal fp32's on >= 99.8% of the validation windows' foreground
@@ -46,82 +51,80 @@ MAX_AGREEMENT_DROP = 0.002  # int8 labels equal fp32's on >= 99.8% of the valida
 FLOAT_INPUT_OPERATIONS = ("MVN",)  # OpenVINO operations whose inputs NNCF leaves float
 
 
+class CalibrationError(UsageError):
+    """No window to calibrate int8 on (one line)."""
+
+
 @dataclass(frozen=True)
-class CalibrationWindow:
-    case_id: str
-    image_path: str
-    image_sha256: str
-    origin: tuple[int, ...]
-    foreground: bool = False  # its ground truth holds kidney or tumour: a validation window
+class CalibrationScan:
+    name: str
+    path: str
+    sha256: str  # :func:`data_loading.scan_io.input_digest`
 
 
 @dataclass(frozen=True)
 class CalibrationSet:
-    data_dir: str
     roi: tuple[int, ...]
-    windows: tuple[CalibrationWindow, ...]
+    scans: tuple[CalibrationScan, ...]
     overflow_fix: str  # "enable" (all layers) or "first_layer"
+    window_count: int = CALIBRATION_WINDOWS  # at most, in all
 
     def fields(self) -> dict:
         return {"roi": list(self.roi), "overflow_fix": self.overflow_fix,
-                "windows": [{"case": w.case_id, "sha256": w.image_sha256, "origin": list(w.origin)}
-                            for w in self.windows],
-                "validation": list(self.validation()),
+                "scans": [{"name": scan.name, "sha256": scan.sha256} for scan in self.scans],
+                "windows": {"at_most": self.window_count, "shared_evenly": True, "steps": "half a window"},
+                "validation": {"at_most": VALIDATION_WINDOWS, "where": "fp32 labels kidney or tumour"},
                 "accuracy_control": {"metric": "foreground agreement with fp32", "max_drop": MAX_AGREEMENT_DROP,
                                      "ranking_windows": RANKING_WINDOWS}}
 
-    def validation(self) -> tuple[int, ...]:
-        """The indices of the windows int8 is checked on: those with foreground in their ground
-        truth (all when none has), at most ``VALIDATION_WINDOWS``, evenly spaced."""
-        chosen = [i for i, w in enumerate(self.windows) if w.foreground] or list(range(len(self.windows)))
-        return tuple(spread(chosen, VALIDATION_WINDOWS))
+    def digest(self) -> str:
+        """sha256 of :meth:`fields` (recorded beside each int8 segmentation)."""
+        return hashlib.sha256(json.dumps(self.fields(), sort_keys=True).encode()).hexdigest()
 
     def describe(self) -> str:
-        ids = ", ".join(dict.fromkeys(w.case_id for w in self.windows))
-        return (f"{len(self.windows)} training windows of {self.data_dir} (cases {ids}), "
-                f"overflow fix on {'every layer (no VNNI)' if self.overflow_fix == 'enable' else 'the first layer'}")
+        names = ", ".join(scan.name for scan in self.scans)
+        return (f"at most {self.window_count} windows of {len(self.scans)} scan{'s' * (len(self.scans) != 1)} "
+                f"being predicted ({names}), overflow fix on "
+                f"{'every layer (no VNNI)' if self.overflow_fix == 'enable' else 'the first layer'}")
 
-    def arrays(self):
-        """The windows ``(1, 1, *roi)`` float32, one at a time."""
-        for window in self.windows:
-            image = np.load(window.image_path, mmap_mode="r")
-            yield window_at(image, window.origin, self.roi)[None]
+    def arrays(self) -> list[np.ndarray]:
+        """The windows ``(1, 1, *roi)`` float32: each scan read and preprocessed as predict does
+        (a scan that cannot be is skipped: predict reports it); :class:`CalibrationError` when
+        no window is left."""
+        from data_loading.preprocessing import PreprocessError
+        from data_loading.scans import ScanError, preprocess_scan, read_scan
 
-
-def training_cases(data_dir: str):
-    from data_loading.dataset import discover_cases, read_evaluation_ids, split_cases
-
-    train, _ = split_cases(discover_cases(data_dir), read_evaluation_ids())
-    return train
-
-
-def calibration_unavailable(config: Config) -> str | None:
-    """None when ``--data_dir`` holds training cases to calibrate int8 on, else why not."""
-    from data_loading.dataset import DataError
-
-    try:
-        cases = training_cases(config.data_dir)
-    except DataError as err:
-        return f"--int8 calibrates on training windows of --data_dir: {err}"
-    if not cases:
-        return f"--int8 calibrates on training windows of --data_dir: {config.data_dir} has no training case"
-    return None
+        windows = []
+        for scan, count in zip(self.scans, shares(self.window_count, len(self.scans))):
+            try:
+                image, _ = preprocess_scan(read_scan(scan.path), scan.path)
+            except (ScanError, PreprocessError, OSError):
+                continue
+            windows += [window_at(image, origin, self.roi)[None]
+                        for origin in spread(grid_origins(image.shape[1:], self.roi), count)]
+            del image
+        if not windows:
+            raise CalibrationError("--int8: none of the scans being predicted could be read to calibrate on "
+                                   f"({', '.join(scan.name for scan in self.scans)})")
+        return windows
 
 
-def calibration_set(config: Config) -> CalibrationSet:
-    roi = tuple(config.val_input_shape)
-    every = [(case, origin) for case in training_cases(config.data_dir)
-             for origin in grid_origins(case.shape, roi)]
-    digests: dict[str, str] = {}
-    windows = []
-    for case, origin in spread(every, CALIBRATION_WINDOWS):
-        if case.case_id not in digests:
-            digests[case.case_id] = file_sha256(case.image_path)
-        label = window_at(np.load(case.label_path, mmap_mode="r"), origin, roi, pad=0)
-        windows.append(CalibrationWindow(case.case_id, str(case.image_path), digests[case.case_id], origin,
-                                         bool(label.any())))
-    return CalibrationSet(os.path.abspath(config.data_dir), roi, tuple(windows),
-                          "enable" if int8_pairs_saturate() else "first_layer")
+def shares(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` counts as even as can be (the first ones one larger)."""
+    return [total // parts + (i < total % parts) for i in range(parts)] if parts else []
+
+
+def scan_calibration(config: Config, scans: Sequence[tuple[str, str]]) -> CalibrationSet:
+    """The calibration set of a resolved ``config`` (its window) on ``scans`` (``(name, path)``
+    of the scans being predicted, in the run's order): see the module docstring."""
+    from data_loading.scan_io import input_digest
+
+    if not scans:
+        raise CalibrationError("--int8 calibrates on the scans being predicted, and there are none")
+    chosen = [CalibrationScan(name, os.path.abspath(path), input_digest(path))
+              for name, path in spread(list(scans), CALIBRATION_SCANS)]
+    return CalibrationSet(tuple(config.val_input_shape), tuple(chosen),
+                          "enable" if int8_pairs_saturate() else "first_layer", CALIBRATION_WINDOWS)
 
 
 def grid_origins(shape: Sequence[int], roi: Sequence[int]) -> list[tuple[int, ...]]:
@@ -144,14 +147,6 @@ def spread(items: Sequence, count: int) -> list:
     if len(items) <= count:
         return list(items)
     return [items[(2 * i + 1) * len(items) // (2 * count)] for i in range(count)]
-
-
-def file_sha256(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def window_at(image: np.ndarray, origin: Sequence[int], roi: Sequence[int], pad: float = PAD_VALUE) -> np.ndarray:
@@ -181,9 +176,10 @@ def quantize(ov_model, calibration: CalibrationSet, compile_fp32: Callable, say:
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
 
-    data = list(calibration.arrays())
+    data = calibration.arrays()
     reference = compile_fp32(ov_model)
-    checks = [(data[i], labels_of(reference(data[i])[0])) for i in calibration.validation()]
+    labels = [labels_of(reference(window)[0]) for window in data]
+    checks = [(data[i], labels[i]) for i in validation_windows(labels)]
     full_runs = 0  # runs on every validation window (the others rank on a few)
 
     def agreement_on(compiled, items) -> tuple[float, list[float]]:
@@ -224,6 +220,13 @@ def quantize(ov_model, calibration: CalibrationSet, compile_fp32: Callable, say:
                  "(fp32: --backend openvino without --int8)")
     say(line)
     return quantized
+
+
+def validation_windows(labels: Sequence[np.ndarray]) -> list[int]:
+    """The indices of the windows int8 is checked on: those whose fp32 ``labels`` hold kidney
+    or tumour (all when none does), at most ``VALIDATION_WINDOWS``, evenly spaced."""
+    chosen = [i for i, window in enumerate(labels) if (window > 0).any()] or list(range(len(labels)))
+    return spread(chosen, VALIDATION_WINDOWS)
 
 
 def static_quantization(overflow_fix: str, keep_fp32: Sequence[str] = ()) -> tuple:

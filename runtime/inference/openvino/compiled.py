@@ -22,9 +22,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from runtime.inference.torch_copy import split_decoder_inputs
 from runtime.arguments import Config
 from runtime.inference.openvino.cache import CacheEntry, cache_fields, cache_folder
+from runtime.inference.openvino.decoder_split import split_decoder_inputs
 
 TRACE_EDGE = 64  # traced at 64³ (cheap; 32³ would leave one bottleneck voxel, which instance norm refuses), then reshaped
 
