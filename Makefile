@@ -93,7 +93,7 @@ test-openvino: $(OPENVINO_VENV)/.installed
 	$(OPENVINO_PY) -m pytest -q $(PYTEST_ARGS) $(OPENVINO_TESTS)
 
 gpu-check: setup
-	$(PY) benchmarks/gpu_check.py --out "$(GPU_CHECK_DIR)"
+	$(PY) -m benchmarks.gpu_check --out "$(GPU_CHECK_DIR)"
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(OPENVINO_VENV) $(DEMO_DIR) .pytest_cache

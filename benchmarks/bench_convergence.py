@@ -2,7 +2,7 @@
 command of ``scripts/demo.sh``, ``make demo``) trained to its target with each setting and
 seed; prints the epoch each run reached the target at (the RESULT line's ``epochs``).
 
-    .venv/bin/python benchmarks/bench_convergence.py --data_dir DEMO_DATA --seeds 0 1 2 \\
+    python -m benchmarks.bench_convergence --data_dir DEMO_DATA --seeds 0 1 2 \\
         --settings fp32 fast
 
 ``DEMO_DATA``: the demo's preprocessed data (``scripts/demo.sh`` steps 1-2: 24 small synthetic
@@ -18,14 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT, header, table
 SETTINGS = {"fp32": [], "fast": ["--amp", "--channels_last"]}
 # scripts/demo.sh's training flags (its defaults: target 0.6, at most 60 epochs)
 DEMO = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "64", "--batch_size", "2",
         "--optimizer", "adam", "--learning_rate", "0.003", "--init_learning_rate", "0.0003",
         "--lr_warmup_epochs", "2", "--start_eval_at", "4", "--evaluate_every", "2", "--oversampling", "0.7",
         "--num_workers", "0", "--sw_batch_size", "2"]
-RESULT = re.compile(r"RESULT,image_segmentation,\d+,([0-9.]+),(\w+),best_mean_dice=([0-9.]+),epochs=(\d+)")
+RESULT = re.compile(r"RESULT,image_segmentation,\d+,([0-9.]+),(\w+),best_mean_dice=(-?[0-9.]+),epochs=(\d+)")
 
 
 def main(argv=None) -> int:
@@ -39,12 +39,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    print("| seed | setting | status | epochs to target | best mean Dice | seconds | precision |")
-    print("|---:|---|---|---:|---:|---:|---|")
+    print(header("bench_convergence", argv))
+    rows = []
     for seed in args.seeds:
         for setting in args.settings:
             log = work / f"seed{seed}-{setting}.log"
-            command = [sys.executable, str(ROOT / "main.py"), "--exec_mode", "train", "--data_dir", args.data_dir,
+            command = [sys.executable, "main.py", "--exec_mode", "train", "--data_dir", args.data_dir,
                        "--log_dir", str(work / f"logs-seed{seed}-{setting}"), *DEMO, "--epochs", args.epochs,
                        "--quality_threshold", args.target, "--seed", str(seed), *SETTINGS[setting]]
             start = time.time()
@@ -53,12 +53,11 @@ def main(argv=None) -> int:
             text = log.read_text()
             found = RESULT.search(text)
             precision = re.search(r"^bf16: .*$", text, re.M)
-            if not found:
-                print(f"| {seed} | {setting} | failed (see {log}) | | | {time.time() - start:.0f} | |", flush=True)
-                continue
-            _, status, dice, epochs = found.groups()
-            print(f"| {seed} | {setting} | {status} | {epochs} | {dice} | {time.time() - start:.0f} | "
-                  f"{precision.group(0) if precision else 'float32'} |", flush=True)
+            _, status, dice, epochs = found.groups() if found else (None, f"failed (see {log})", None, None)
+            rows.append([seed, setting, status, epochs, dice, f"{time.time() - start:.0f}",
+                         precision.group(0) if precision else "float32"])
+            print(f"seed {seed} {setting}: {status}, epochs {epochs}", flush=True)
+    print(table(["seed", "setting", "status", "epochs to target", "best mean Dice", "seconds", "precision"], rows))
     return 0
 
 

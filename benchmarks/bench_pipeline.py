@@ -12,15 +12,13 @@ second of ``--patch`` crops:
   prefetch on), and ``none`` (re-read per sample, components cached);
 * ``device`` cache, its batched torch path run on the CPU here (on a GPU it runs there).
 
-Usage: ``python benchmarks/bench_pipeline.py [--samples 64] [--naive_samples 24]``.
+Usage: ``python -m benchmarks.bench_pipeline [--samples 64] [--naive_samples 24]``.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,34 +27,10 @@ import numpy as np
 import scipy.ndimage
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from data_loading.data_loader import get_data_loaders  # noqa: E402
-from data_loading.dataset import read_evaluation_ids  # noqa: E402
-from runtime.arguments import Config  # noqa: E402
-
-
-def write_blob_case(folder: Path, case_id: str, shape, rng: np.random.Generator) -> None:
-    """A CT-like volume: noise image, two kidney ellipsoids (class 1) with a tumour (class 2)
-    in one of them, plus a few small spurious components of each class."""
-    d, h, w = shape
-    z, y, x = np.ogrid[:d, :h, :w]
-    label = np.zeros(shape, np.uint8)
-    for side in (0.27, 0.73):
-        c = (d * rng.uniform(0.4, 0.6), h * rng.uniform(0.4, 0.6), w * side)
-        r = rng.uniform(25, 45, 3)
-        label[((z - c[0]) / r[0]) ** 2 + ((y - c[1]) / r[1]) ** 2 + ((x - c[2]) / r[2]) ** 2 < 1] = 1
-    c, r = (d * 0.5, h * 0.5, w * 0.27), rng.uniform(8, 20)
-    label[((z - c[0]) ** 2 + (y - c[1]) ** 2 + (x - c[2]) ** 2) < r ** 2] = 2
-    for cls in (1, 2):
-        for _ in range(6):
-            p = [int(rng.integers(0, s - 4)) for s in shape]
-            label[p[0]:p[0] + 3, p[1]:p[1] + 3, p[2]:p[2] + 3] = cls
-    image = rng.standard_normal(shape, dtype=np.float32) + label.astype(np.float32)
-    np.save(folder / f"case_{case_id}_x.npy", image[None])
-    np.save(folder / f"case_{case_id}_y.npy", label[None])
+from benchmarks.harness import header, table, write_blob_case
+from data_loading.data_loader import get_data_loaders
+from data_loading.dataset import read_evaluation_ids
+from runtime.arguments import Config
 
 
 def naive_sample(x_path, y_path, patch, oversampling, rng, label_every_sample=False):
@@ -166,12 +140,9 @@ def main(argv=None) -> None:
         rows.append(("cache device, CUDA", *time_pipeline(config, args.samples * 20, "cuda")))
 
     naive = rows[0][1]
-    print(f"\npython {platform.python_version()}, torch {torch.__version__}, numpy "
-          f"{np.__version__}; {torch.get_num_threads()} torch threads; patch {patch}, "
-          f"batch {args.batch_size}, oversampling {args.oversampling}")
-    print(f"{'mode':<36}{'samples/s':>10}{'vs naive':>10}{'setup s':>9}   (vs the first row)")
-    for label, rate, setup in rows:
-        print(f"{label:<36}{rate:>10.1f}{rate / naive:>9.1f}x{setup:>9.1f}")
+    print(header("bench_pipeline", argv) + f"\npatch {patch}, batch {args.batch_size}, oversampling "
+          f"{args.oversampling}, {torch.get_num_threads()} torch threads\n")
+    print(table(["mode", "samples/s", "vs naive", "setup s"], [[m, r, f"{r / naive:.1f}x", s] for m, r, s in rows]))
     if not args.dir:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -1,147 +1,170 @@
-"""``--exec_mode predict`` end to end on one KiTS-size scan: what each stage costs.
+"""CPU predict through its command line, per backend, lock-step against the real MLCommons code.
 
-Writes one synthetic CT scan of KiTS19 size (``--shape``, default 300 x 512 x 512 raw, spacing
-chosen so that it resamples to about 190 x 250 x 250 like the benchmark's cases) and a randomly
-initialised checkpoint of the model (``--filters``, default the benchmark's; the time does not
-depend on the weights), then segments the scan with :func:`runtime.predict.segment_scan`, the
-very code ``main.py --exec_mode predict`` runs, once per setting and repeat. Settings run side by
-side, alternating within each repeat (the machine may be shared: the table gives the median of
-the repeats, each stage's median on its own). Stages: read (NIfTI -> float32), preprocess
-(resample, normalise, pad), infer (sliding window, softmax), restore (crop, resample the class
-probabilities to the scan's grid, argmax), write (uint8 .nii.gz, atomic).
+Variants (``--variants``; default all, ``mlcommons`` only with ``--reference_code``), each
+``main.py --exec_mode predict`` on the same scans in a process of its own:
 
-Usage: ``python benchmarks/bench_predict.py [--repeats 3] [--shape 300 512 512]
-[--filters 32 64 128 256 320] [--setting NAME "FLAGS"]... [--out table.md]``.
+* ``mlcommons``: the MLCommons code's own ``Unet3D`` and ``sliding_window_inference``
+  (``tests/mlcommons_reference.py``) from the ``image_segmentation/pytorch`` folder that
+  ``--reference_code`` names, called as its evaluation calls them (fp32, NCDHW, one window per
+  forward), handed as the predict function to predict's own scan loop (reading, preprocessing,
+  restoring and writing are the project's, as for every variant); the baseline when run;
+* ``torch_fp32``: ``--backend torch --channels_last``; the baseline without ``mlcommons``;
+* ``openvino_fp32``: ``--backend openvino``;
+* ``openvino_int8``: ``--backend openvino --int8`` (NNCF, calibrated on the ``--input`` scans).
+
+The OpenVINO conversions are made once before the rounds (cached beside the checkpoint, as a
+user's second run finds them) and timed apart. Times come from predict's own summary
+(``summary.jsonl``: each scan's seconds and windows); the speed-up is the median over rounds of
+baseline / variant; peak RSS from ``wait4``. Quality, from the first round: the share of voxels
+labelled as the baseline labels them, and mean Dice against the scans' labels (meaningful with
+trained weights only). Scans: ``--input`` (with ``segmentation.nii.gz`` beside them), else one
+synthetic KiTS-size scan (``--shape`` raw, ``--resampled`` after preprocessing: 18 windows of
+128³). Weights: ``--ckpt``, else random (``--filters``; the time does not depend on them).
+
+    python -m benchmarks.bench_predict --rounds 2 --reference_code REF --out table.md
+    ONEDNN_MAX_CPU_ISA=AVX2 python -m benchmarks.bench_predict ...   # an imitation of an AVX2-only CPU
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import shlex
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.harness import header, lockstep, loads, ratios, run_child, table
 
-import torch  # noqa: E402
-
-from data_loading import synthetic  # noqa: E402
-from data_loading.scans import find_scans, preprocess_scan, read_scan  # noqa: E402
-from data_loading.windows import window_geometry  # noqa: E402
-from runtime.arguments import parse_args  # noqa: E402
-from runtime.checkpoint import saved_for  # noqa: E402
-from runtime.distributed import DistInfo  # noqa: E402
-from runtime.predict.folder import scan_inference  # noqa: E402
-from runtime.predict.scan import STAGES, StageTimer, cover_padding, segment_scan  # noqa: E402
-from runtime.resolve import resolve  # noqa: E402
-
-ONE_PROCESS = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-from benchmarks.flops import flop_count_per_sample  # noqa: E402
-from runtime.inference.host_memory import reuse_freed_memory  # noqa: E402
-
-DEFAULT_SETTINGS = [("fp32", ""), ("channels_last", "--channels_last"), ("int8", "--int8")]
-PEAK_TFLOPS = {"fp32": 0.4, "bf16": 0.8}  # assumed for the 2-core AVX-512 (BF16) VM, as bench_inference.py's --ceiling_*
+VARIANTS = {"mlcommons": ["--backend", "torch", "--sw_batch_size", "1"],
+            "torch_fp32": ["--backend", "torch", "--channels_last"],
+            "openvino_fp32": ["--backend", "openvino"],
+            "openvino_int8": ["--backend", "openvino", "--int8"]}
 
 
-def make_scan(folder: Path, shape: tuple[int, int, int], seed: int = 0) -> Path:
-    """A synthetic KiTS19 case of ``shape`` (D, H, W) that resamples to about 190 x 250 x 250."""
-    spacing = (round(1.6 * 190 / shape[0], 3), round(1.2 * 250 / shape[1], 3), round(1.2 * 250 / shape[2], 3))
-    case = synthetic.make_case(0, shape, spacing, synthetic.case_rng(seed, 0))
-    return Path(synthetic.save_case(case, str(folder), labelled=False)) / "imaging.nii.gz"
+def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
+    """The ``mlcommons`` process: predict's scan loop with the reference's network and window as
+    its predict function (``windows``: those the reference's network ran on)."""
+    import torch
+
+    from runtime import checkpoint as ckpt
+    from runtime.arguments import parse_args
+    from runtime.distributed import DistInfo
+    from runtime.predict.folder import predict_cases, scans_to_predict
+    from runtime.predict.summary import print_outcome, save_summary
+    from runtime.resolve import resolve
+    from tests.mlcommons_reference import reference_infer
+
+    config = parse_args(flags)
+    saved = ckpt.saved_for(config)
+    config = resolve(config, DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")), None, saved)
+    infer = reference_infer(code_dir, ckpt.model_state_from(saved.checkpoint, prefer="best"), config)
+    os.makedirs(config.output_dir, exist_ok=True)
+    results = predict_cases(scans_to_predict(config), infer, config, False)
+    return print_outcome(results, config.output_dir, save_summary(config.output_dir, results))
+
+
+def make_inputs(args, work: Path) -> tuple[str, str]:
+    """``(scans, checkpoint)``: given, or written into ``work``."""
+    import torch
+
+    from data_loading import synthetic
+    from model.unet3d import Unet3D
+
+    scans, ckpt = args.input or str(work / "raw"), args.ckpt or str(work / "random.pt")
+    if not os.path.isdir(scans):  # a labelled KiTS-like case (id 1) that preprocesses to about --resampled
+        spacing = tuple(round(t * r / s, 3) for t, r, s in zip(synthetic.TARGET_SPACING, args.resampled, args.shape))
+        synthetic.save_case(synthetic.make_case(1, args.shape, spacing, synthetic.case_rng(0, 1)), scans, labelled=True)
+    if not os.path.exists(ckpt):
+        torch.manual_seed(0)
+        torch.save({"best_model_state_dict": Unet3D(filters=args.filters).state_dict(),
+                    "config": {"filters": args.filters, "normalization": "instancenorm", "activation": "relu"}}, ckpt)
+    return scans, ckpt
+
+
+def summary_of(out: str) -> dict:
+    """Predict's own record of a run: the scans' seconds and windows summed, mean Dice."""
+    rows = [json.loads(line) for line in open(os.path.join(out, "summary.jsonl"))]
+    cases = [r for r in rows if r["case"] != "mean"]
+    dice = [r["mean_dice"] for r in cases if r.get("mean_dice") is not None]
+    return {"seconds": sum(r["seconds"] for r in cases), "windows": sum(r.get("windows") or 0 for r in cases),
+            "cases": [r["case"] for r in cases], "mean_dice": statistics.mean(dice) if dice else None}
+
+
+def agreement(out: str, base: str, cases: list[str]) -> float:
+    """The share of voxels labelled in ``out`` as in ``base``."""
+    import nibabel
+    import numpy as np
+
+    pairs = [[np.asarray(nibabel.load(os.path.join(o, f"{c}.nii.gz")).dataobj) for o in (out, base)] for c in cases]
+    return sum(int(np.sum(a == b)) for a, b in pairs) / sum(b.size for _, b in pairs)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--shape", type=int, nargs=3, default=[300, 512, 512])
-    parser.add_argument("--filters", type=int, nargs=5, default=[32, 64, 128, 256, 320])
-    parser.add_argument("--setting", nargs=2, action="append", metavar=("NAME", "FLAGS"),
-                        help="a name and extra predict flags (repeatable); default fp32, channels_last, int8")
-    parser.add_argument("--workdir", default=None, help="folder for the scan and outputs (default: a temporary one)")
-    parser.add_argument("--out", default=None, help="also write the markdown table here")
-    args = parser.parse_args(argv)
-    reuse_freed_memory()  # as main.py does in predict
-    settings = args.setting or DEFAULT_SETTINGS
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", default="", help=f"comma list of {list(VARIANTS)} (default: all)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--input", default="", help="scans to segment (default: one synthetic KiTS-size scan)")
+    p.add_argument("--shape", type=int, nargs=3, default=[300, 512, 512], help="raw synthetic scan D H W")
+    p.add_argument("--resampled", type=int, nargs=3, default=[190, 250, 250], help="its size after preprocessing")
+    p.add_argument("--ckpt", default="", help="checkpoint (default: random weights of --filters)")
+    p.add_argument("--filters", type=int, nargs=5, default=[32, 64, 128, 256, 320])
+    p.add_argument("--roi", type=int, default=128)
+    p.add_argument("--workdir", default="", help="scans, outputs, caches (default: a temporary folder)")
+    p.add_argument("--out", default="", help="also write the markdown report here")
+    p.add_argument("--reference_code", default=os.environ.get("UNET3D_REFERENCE_CODE", ""))
+    p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child_mlcommons:
+        return run_mlcommons_child(args.child_mlcommons[0], args.child_mlcommons[1:])
+    names = [n for n in (args.variants or ",".join(n for n in VARIANTS if n != "mlcommons" or args.reference_code))
+             .split(",") if n]
+    if set(names) - set(VARIANTS) or ("mlcommons" in names and not args.reference_code):
+        raise SystemExit(f"bench_predict: --variants {args.variants}: choose from {list(VARIANTS)}; "
+                         "mlcommons needs --reference_code (image_segmentation/pytorch of a mlcommons/training checkout)")
+    if "mlcommons" in names:
+        from tests.mlcommons_reference import check_reference_code
+
+        args.reference_code = check_reference_code(args.reference_code)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_predict_"))
     work.mkdir(parents=True, exist_ok=True)
-    scan_path = make_scan(work / "raw", tuple(args.shape))
-    ckpt = work / "random.pt"
-    torch.manual_seed(0)
-    from model.unet3d import Unet3D
+    scans, ckpt = make_inputs(args, work)
+    print(header("bench_predict", argv), flush=True)
 
-    torch.save({"best_model_state_dict": Unet3D(filters=args.filters).state_dict()}, ckpt)
-    scan = find_scans(str(scan_path))[0]
-    raw = read_scan(str(scan_path))
-    image, geometry = preprocess_scan(raw)
-    del raw, image
-    print(f"scan {tuple(args.shape)} spacing {read_scan(str(scan_path)).spacing} -> preprocessed {geometry.padded}; "
-          f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}", flush=True)
+    def command(name: str, r) -> list[str]:
+        flags = ["--exec_mode", "predict", "--input", scans, "--output_dir", str(work / f"{name}-{r}"),
+                 "--load_ckpt_path", ckpt, "--device", "cpu", "--force", "--val_input_shape", *[str(args.roi)] * 3,
+                 *VARIANTS[name]]
+        if name == "mlcommons":
+            return [sys.executable, "-m", "benchmarks.bench_predict", "--child_mlcommons", args.reference_code, *flags]
+        return [sys.executable, "main.py", *flags]
 
-    infers, configs = {}, {}
-    for name, flags in settings:
-        argv = ["--exec_mode", "predict", "--input", str(scan_path), "--output_dir", str(work / name),
-                "--load_ckpt_path", str(ckpt), "--device", "cpu", "--filters", *map(str, args.filters),
-                *shlex.split(flags)]
-        config = parse_args(argv)
-        saved = saved_for(config)
-        config = resolve(config, ONE_PROCESS, None, saved)
-        infers[name], configs[name] = scan_inference(config, saved, ONE_PROCESS)
-        os.makedirs(config.output_dir, exist_ok=True)
-    runs: dict[str, list[dict]] = {name: [] for name, _ in settings}
-    for repeat in range(args.repeats):
-        for name, _ in settings:
-            timer = StageTimer()
-            load = os.getloadavg()[0]
-            result = segment_scan(scan, infers[name], configs[name].output_dir, timer=timer)
-            runs[name].append(dict(timer.seconds, total=result.seconds, load=load))
-            print(f"repeat {repeat + 1} {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in runs[name][-1].items()),
-                  flush=True)
-    table = report(settings, runs, configs, geometry, args)
-    print(table)
+    setup = {}
+    for name in [n for n in names if n.startswith("openvino")]:  # conversion and calibration into the cache
+        wall, rss, code, _ = run_child(command(name, "setup"), work / f"{name}-setup.log")
+        if code:
+            raise SystemExit(f"bench_predict: {name} failed, see {work / f'{name}-setup.log'}")
+        setup[name] = wall - summary_of(str(work / f"{name}-setup"))["seconds"]
+    runs = lockstep(names, command, args.rounds, work,
+                    measure=lambda name, r, text: summary_of(str(work / f"{name}-{r}"))["seconds"])
+    base = names[0]
+    speed = ratios({n: [run.value for run in rs] for n, rs in runs.items()}, base)
+    first = {n: summary_of(str(work / f"{n}-0")) for n in names}
+    rows = [[n, f"`{' '.join(VARIANTS[n])}`" if n != "mlcommons" else "the MLCommons code, fp32",
+             first[n]["windows"], statistics.median(r.value for r in runs[n]), f"{speed[n]:.2f}x",
+             statistics.median(r.wall for r in runs[n]), max(r.rss_gb for r in runs[n]),
+             f"{100 * agreement(str(work / f'{n}-0'), str(work / f'{base}-0'), first[base]['cases']):.3f}%",
+             None if first[n]["mean_dice"] is None else f"{first[n]['mean_dice']:.4f}"] for n in names]
+    text = "\n".join([
+        f"scans {scans}, windows of {args.roi}³ · weights {args.ckpt or 'random'} · {args.rounds} lock-step rounds · "
+        + loads(runs), "",
+        table(["variant", "flags", "windows", "median s (scans, predict's summary)", f"vs {base} (median of rounds)",
+               "median s (process)", "peak RSS GB", f"voxels = {base}", "mean Dice vs label"], rows), "",
+        "conversion before the rounds (s, cached): " + (", ".join(f"{n} {s:.1f}" for n, s in setup.items()) or "none")])
+    print("\n" + text)
     if args.out:
-        Path(args.out).write_text(table + "\n")
+        Path(args.out).write_text(text + "\n")
     return 0
-
-
-def report(settings, runs, configs, geometry, args) -> str:
-    """Markdown: median seconds per stage and setting, the ratio to the first setting, and the
-    fraction of the CPU's peak reached by the inference."""
-    first = settings[0][0]
-    stages = [s for s in (*STAGES, "total") if any(s in r for rs in runs.values() for r in rs)]
-    med = {n: {s: statistics.median(r[s] for r in runs[n]) for s in stages} for n, _ in settings}
-    lines = ["| stage | " + " | ".join(f"{n} (s)" for n, _ in settings) + " | "
-             + " | ".join(f"{first} / {n}" for n, _ in settings[1:]) + " |",
-             "| --- |" + " ---: |" * (2 * len(settings) - 1)]
-    for s in stages:
-        lines.append(f"| {s} | " + " | ".join(f"{med[n][s]:.2f}" for n, _ in settings) + " | "
-                     + " | ".join(f"{med[first][s] / med[n][s]:.2f}x" for n, _ in settings[1:]) + " |")
-    config = configs[first]
-    padded = [p + b + a for p, (b, a) in zip(geometry.padded, cover_padding(geometry.padded, config.val_input_shape,
-                                                                           config.overlap))]
-    windows = window_geometry(padded, config.val_input_shape, config.overlap).n_windows
-    model_flops, _ = flop_count_per_sample(_model(args.filters),
-                                           config.val_input_shape)
-    total = windows * model_flops
-    lines.append("")
-    lines.append(f"{windows} windows of {list(config.val_input_shape)}, {model_flops / 1e9:.0f} GFLOP each, "
-                 f"{total / 1e12:.1f} TFLOP per scan; loads before each run: "
-                 + "; ".join(f"{n} " + " ".join(f"{r['load']:.1f}" for r in runs[n]) for n, _ in settings))
-    for name, _ in settings:
-        dtype = "bf16" if configs[name].amp else "fp32"
-        tflops = total / med[name]["infer"] / 1e12
-        lines.append(f"- {name}: inference {tflops:.3f} TFLOP/s = {100 * tflops / PEAK_TFLOPS[dtype]:.1f}% of the "
-                     f"{PEAK_TFLOPS[dtype]} TFLOP/s {dtype} peak")
-    return "\n".join(lines)
-
-
-def _model(filters):
-    from model.unet3d import Unet3D
-
-    return Unet3D(filters=filters)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,17 @@
 """Training and evaluation throughput: the plain configuration and the optimised ones, in one run.
 
-Training rows (``--benchmark``-style timing of this application's own training step, built with
-``runtime.app`` and ``runtime.training.loop``, on the real data pipeline over synthetic ``.npy``
-volumes written to a temporary folder):
+Training rows time this application's own training step (built as ``runtime.app`` builds it) on
+the real data pipeline over synthetic volumes: ``plain`` (fp32, NCDHW, memory cache, eager), the
+levers added one after another, some alone on top of plain, all with ``--loader synthetic``, and
+all at larger batches. Columns: samples/s, median step (CUDA events on a GPU), TFLOP/s
+(:func:`benchmarks.harness.flop_count_per_sample`), its share of ``--ceiling_tflops`` (790: dense
+bf16 on an H200), peak GPU memory, the largest batch that trains (GPU only). Evaluation rows:
+``runtime.evaluation.evaluate`` plain (fp32, one window per forward) against bf16 + several
+windows per forward + channels-last (+ compile on a GPU).
 
-* ``plain``: fp32, NCDHW, memory cache with CPU data workers, eager, no compilation;
-* the levers added one after another (``+ bf16``, ``+ channels_last``, ``+ device cache``,
-  ``+ fused optimizer``, ``+ cudnn benchmark``, ``+ compile``, ``+ cuda graphs``);
-* some levers alone on top of plain, the full set with ``--loader synthetic`` (no data
-  pipeline at all), and the full set at larger batches (``--sweep_batches``, and the largest
-  batch that fits).
-
-Columns: samples/s over the timed steps (one host sync at the end), the median step time
-(CUDA events between step launches on the GPU), achieved TFLOP/s from the model's FLOP count
-(``benchmarks.flops.flop_count_per_sample``: 2.86 TFLOP per 128³ sample forward + backward for the
-default model), its fraction of ``--ceiling_tflops`` (790: dense bf16 on an H200), the peak
-allocated GPU memory, and the largest batch that trains (doubling then bisection, eager step
-of the row's precision and memory format, up to ``--max_batch_limit``).
-
-Evaluation rows: ``--eval_volumes`` volumes of ``--eval_shape`` through ``runtime.inference.sliding_window
-.evaluate`` (sliding window, overlap 0.5, loss and Dice included), plain (fp32, one window per
-forward) against bf16 + several windows per forward + channels-last (+ compile on the GPU).
-
-Usage::
-
-    python benchmarks/bench_throughput.py --out throughput.md            # GPU: the full table
-    python benchmarks/bench_throughput.py --rows ladder --out ladder.md  # a subset
-    python benchmarks/bench_throughput.py --smoke --out smoke.md         # CPU smoke run, tiny shapes
-
-The table goes to stdout last and, as markdown, to ``--out``.
+    python -m benchmarks.bench_throughput --out throughput.md            # GPU: the full table
+    python -m benchmarks.bench_throughput --rows ladder --out ladder.md  # a subset (gpu_check)
+    python -m benchmarks.bench_throughput --smoke --out smoke.md         # CPU smoke run, tiny shapes
 """
 from __future__ import annotations
 
@@ -49,25 +32,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.bench_pipeline import write_blob_case  # noqa: E402
-from data_loading.data_loader import data_source  # noqa: E402
-from data_loading.dataset import read_evaluation_ids  # noqa: E402
-from data_loading.windows import window_geometry  # noqa: E402
-from runtime import distributed as D  # noqa: E402
-from runtime.build import Components, build_components, build_model  # noqa: E402
-from runtime.compiling import OUT_OF_MEMORY  # noqa: E402
-from runtime.arguments import parse_args  # noqa: E402
-from runtime.graphs import cuda_graphs_supported  # noqa: E402
-from runtime.evaluation import evaluate  # noqa: E402
-from runtime.inference.predictor import build_predictor, options_from  # noqa: E402
-from runtime.inference.sliding_window import sliding_window_inference  # noqa: E402
-from benchmarks.flops import flop_count_per_sample  # noqa: E402
-from runtime.resolve import resolve  # noqa: E402
-from runtime.training.loop import set_learning_rate, step_inputs  # noqa: E402
+from benchmarks.harness import flop_count_per_sample, write_blob_case
+from data_loading.data_loader import data_source
+from data_loading.dataset import read_evaluation_ids
+from data_loading.windows import window_geometry
+from runtime import distributed as D
+from runtime.arguments import parse_args
+from runtime.build import Components, build_components, build_model
+from runtime.compiling import OUT_OF_MEMORY
+from runtime.evaluation import evaluate
+from runtime.graphs import cuda_graphs_supported
+from runtime.inference.predictor import build_predictor, options_from
+from runtime.inference.sliding_window import sliding_window_inference
+from runtime.resolve import resolve
+from runtime.training.loop import set_learning_rate, step_inputs
 
 LEVERS = {
     "bf16": ["--amp", "--amp_dtype", "bf16"],
@@ -104,9 +82,6 @@ class TrainResult:
     largest_batch: str = "n/a"
     notes: list[str] = field(default_factory=list)
 
-
-# --------------------------------------------------------------------------------------------
-# setup
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -233,9 +208,6 @@ def train_rows(groups: set[str], args) -> list[TrainRow]:
         rows.append(TrainRow("all levers, largest batch", LADDER, batch_size="max"))
     return rows
 
-
-# --------------------------------------------------------------------------------------------
-# measuring
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -489,9 +461,6 @@ def run_eval_row(name: str, flags: list[str], args, argv0: list[str], device: to
     return result
 
 
-# --------------------------------------------------------------------------------------------
-# report
-
 def flops_text(flops: float) -> str:
     return f"{flops / 1e12:.3f} TFLOP" if flops >= 1e11 else f"{flops / 1e9:.3f} GFLOP"
 
@@ -547,14 +516,12 @@ def eval_table(results: list[EvalResult], device: torch.device) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------------------------
-
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.smoke:
         args = apply_smoke(args, parser)
-    command = "python benchmarks/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.bench_throughput " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = D.select_device(args.device, 0)

@@ -6,7 +6,7 @@ On a CUDA GPU it runs, each step with its own time limit inside a 10-minute dead
    names CUDA or a GPU), selected by this module as a pytest plugin;
 2. a short convergence run: the demo's recipe (``scripts/demo.sh``: a synthetic KiTS19, a small
    network trained until a demo Dice target), its epochs and time;
-3. the throughput ladder: ``benchmarks/bench_throughput.py --rows ladder`` (plain, then each
+3. the throughput ladder: ``python -m benchmarks.bench_throughput --rows ladder`` (plain, then each
    speed lever added), training and evaluation;
 4. the predicted MLPerf time to train: ``main.py --benchmark`` on the ladder's synthetic volumes
    with the benchmark's model, bf16/fp16 autocast and a time budget.
@@ -19,8 +19,8 @@ numbers say nothing about a GPU.
 Every step's output goes to ``--out/<step>.log``; the numbers to ``--out/summary.md`` and
 ``--out/summary.json`` (written atomically). Exit code 0 when every step passed, else 1.
 
-    python benchmarks/gpu_check.py --out gpu_check            # make gpu-check
-    python benchmarks/gpu_check.py --out gpu_check --smoke    # the CPU smoke path anywhere
+    python -m benchmarks.gpu_check --out gpu_check            # make gpu-check
+    python -m benchmarks.gpu_check --out gpu_check --smoke    # the CPU smoke path anywhere
 """
 from __future__ import annotations
 
@@ -193,7 +193,6 @@ def write_tiny_data(folder: Path, train: int = 4, evaluate: int = 2, shape=(40, 
     noise): ``train`` training cases and ``evaluate`` of the evaluation ids."""
     import numpy as np
 
-    sys.path.insert(0, str(ROOT))
     from data_loading.dataset import read_evaluation_ids
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -225,7 +224,7 @@ def convergence(check: Check, smoke: bool) -> None:
 
 def ladder(check: Check, smoke: bool, data_dir: Path, reserve_s: float) -> None:
     table = check.out / "ladder.md"
-    command = [check.python, "benchmarks/bench_throughput.py", "--data_dir", str(data_dir), "--out", str(table)]
+    command = [check.python, "-m", "benchmarks.bench_throughput", "--data_dir", str(data_dir), "--out", str(table)]
     if smoke:
         command += ["--smoke", "--rows", "", "--no_eval", "--threads", "1", "--filters", "2", "4", "4", "8", "8",
                     "--patch", "64", "32", "32", "--steps", "2", "--warmup", "1"]

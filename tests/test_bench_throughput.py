@@ -1,5 +1,6 @@
 """The throughput benchmark runs end to end on a CPU (smoke run, tiny shapes) and reports every
 row; its largest-batch search finds the boundary."""
+import json
 import os
 import re
 import subprocess
@@ -9,9 +10,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from bench_throughput import search_largest  # noqa: E402
 
 
 def _cells(markdown: str, row: str) -> list[str]:
@@ -24,11 +22,11 @@ def test_smoke_run_on_cpu(tmp_path):
     out = tmp_path / "table.md"
     # One thread: on a shared two-core machine OpenMP threads of tiny convolutions oversubscribe
     # the cores (10x slower); 64x32x32 keeps two instance-norm bottleneck voxels.
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_throughput.py"), "--smoke", "--threads", "1",
+    cmd = [sys.executable, "-m", "benchmarks.bench_throughput", "--smoke", "--threads", "1",
            "--filters", "2", "4", "4", "8", "8", "--patch", "64", "32", "32", "--eval_shape", "64", "48", "48",
            "--data_dir", str(tmp_path / "data"), "--out", str(out)]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = out.read_text()
     assert table in proc.stdout                         # printed last, and written as markdown
@@ -50,20 +48,30 @@ def test_smoke_run_on_cpu(tmp_path):
     for row in ("plain: fp32, 1 window per forward", "bf16 + 4 windows per forward + channels_last"):
         cells = _cells(table, row)
         assert cells[1:3] == ["1", "4"] and float(cells[3]) > 0, row    # 1 volume, 4 windows, seconds
-    assert re.search(r"torch 2\.\d+", table) and "--smoke" in table
+    assert re.search(r"torch 2\.\d+", table) and "python -m benchmarks.bench_throughput --smoke" in table
 
 
-@pytest.mark.parametrize("fits_up_to, limit, expected", [
-    (0, 64, 0), (1, 64, 1), (5, 64, 5), (8, 64, 8), (37, 64, 37), (64, 64, 64), (100, 64, 64), (3, 3, 3),
-])
-def test_search_largest_batch(fits_up_to, limit, expected):
+SEARCH = """
+import json, sys
+from benchmarks.bench_throughput import search_largest
+out = []
+for fits_up_to, limit in json.loads(sys.argv[1]):
     tried = []
-
     def runs(batch):
         tried.append(batch)
         return (batch <= fits_up_to, "out of memory" if batch > fits_up_to else "")
+    out.append([*search_largest(runs, limit), len(tried)])
+print(json.dumps(out))
+"""
 
-    got, why = search_largest(runs, limit)
-    assert got == expected
-    assert why == ("out of memory" if fits_up_to < limit else f"limit {limit}")
-    assert len(tried) <= 2 * limit.bit_length() + 1
+
+def test_search_largest_batch():
+    """Known answers, in a child process (no test imports the benchmarks)."""
+    cases = [(0, 64, 0), (1, 64, 1), (5, 64, 5), (8, 64, 8), (37, 64, 37), (64, 64, 64), (100, 64, 64), (3, 3, 3)]
+    proc = subprocess.run([sys.executable, "-c", SEARCH, json.dumps([c[:2] for c in cases])], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for (fits_up_to, limit, expected), (got, why, tried) in zip(cases, json.loads(proc.stdout)):
+        assert got == expected
+        assert why == ("out of memory" if fits_up_to < limit else f"limit {limit}")
+        assert tried <= 2 * limit.bit_length() + 1

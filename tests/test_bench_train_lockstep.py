@@ -1,14 +1,13 @@
-"""benchmarks/bench_train_lockstep.py and benchmarks/bench_convergence.py: the reference's training
-code loaded beside the project's (stand-in tree; the real one with UNET3D_REFERENCE_CODE), the
-parsing of the benchmark's lines."""
+"""The reference's training code that ``python -m benchmarks.bench_train_lockstep`` times, loaded
+beside the project's (stand-in tree; the real one with UNET3D_REFERENCE_CODE). The benchmark's
+own smoke run: tests/test_benchmarks.py."""
 import os
 import sys
 
 import pytest
 import torch
 
-from benchmarks import bench_convergence, bench_train_lockstep as lockstep
-from benchmarks.mlcommons import ReferenceCodeError, load_reference_training
+from mlcommons_reference import ReferenceCodeError, load_reference_training
 from test_mlcommons_reference import REAL, needs_real, write_stand_in
 
 TRAINING_STAND_IN = {
@@ -46,19 +45,6 @@ def test_a_tree_without_the_training_code_is_one_line(tmp_path):
     with pytest.raises(ReferenceCodeError) as error:
         load_reference_training(folder)
     assert "model/losses.py" in str(error.value) and "\n" not in str(error.value)
-
-
-def test_timed_steps_and_precision_parsed():
-    text = ("bf16: native bf16 dot products (avx512_bf16); training in bf16 autocast\nwarm-up step 1: 900.0 ms\n"
-            "timed step 2: 1500.5 ms\ntimed step 3: 1200.0 ms\n")
-    assert [float(v) for v in lockstep.TIMED.findall(text)] == [1500.5, 1200.0]
-    line = lockstep.PRECISION.search(text).group(0)
-    assert lockstep.layout_key("fast", line) == "bfloat16_cl"
-    assert lockstep.layout_key("fast", "bf16: ...; training in float32 instead") == "float32_cl"
-    assert lockstep.layout_key("bf16", line) == "bfloat16"
-    assert bench_convergence.RESULT.search(
-        "RESULT,image_segmentation,3,81.2,success,best_mean_dice=0.6120,epochs=14").groups() == \
-        ("81.2", "success", "0.6120", "14")
 
 
 @needs_real

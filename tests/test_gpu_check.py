@@ -9,17 +9,36 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.gpu_check import junit_counts, prediction_numbers, result_numbers  # noqa: E402
-
 NO_CUDA = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+
+
+def gpu_check(function: str, *args):
+    """``benchmarks.gpu_check.<function>(*args)`` run in a child process (no test imports the
+    benchmarks), its result through JSON."""
+    code = (f"import json, sys; from benchmarks.gpu_check import {function}; "
+            f"print(json.dumps({function}(*json.loads(sys.argv[1]))))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def prediction_numbers(text):
+    return gpu_check("prediction_numbers", text)
+
+
+def result_numbers(text):
+    return gpu_check("result_numbers", text)
+
+
+def junit_counts(path):
+    return gpu_check("junit_counts", str(path))
 
 
 @pytest.mark.slow
 def test_without_cuda_it_runs_its_cpu_smoke_path_and_says_so(tmp_path):
     out = tmp_path / "check"
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--out", str(out)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=NO_CUDA)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "CPU smoke path" in proc.stdout.splitlines()[0] and "every step ok" in proc.stdout
@@ -89,4 +108,4 @@ def test_junit_counts(tmp_path):
 def test_make_gpu_check_runs_it():
     proc = subprocess.run(["make", "-n", "gpu-check", "GPU_CHECK_DIR=somewhere"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
-    assert proc.returncode == 0 and 'benchmarks/gpu_check.py --out "somewhere"' in proc.stdout
+    assert proc.returncode == 0 and '-m benchmarks.gpu_check --out "somewhere"' in proc.stdout

@@ -1,5 +1,5 @@
-"""The MLCommons reference run by the benchmarks (``benchmarks/mlcommons.py``, the ``mlcommons``
-variant of ``benchmarks/bench_backends.py``).
+"""The MLCommons reference (``tests/mlcommons_reference.py``): the tests' oracle, and the ``mlcommons``
+variant of ``python -m benchmarks.bench_predict``.
 
 Everywhere: the loader imports a reference tree's packages (named ``model`` and ``runtime``, like
 this project's) and leaves this project's modules in place afterwards; a tree that lacks a file
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.mlcommons import (REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference,
+from mlcommons_reference import (REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference,
                                   reference_infer, trimmed_box)
 from checkpoints import architecture, write_checkpoint
 from data_loading.synthetic import kits_affine
@@ -184,7 +184,7 @@ def test_mlcommons_child_runs_predict_with_the_reference_network(tmp_path):
     write_scan(str(tmp_path / "in" / "scan.nii.gz"))
     ckpt = str(tmp_path / "tiny.pt")
     write_checkpoint(ckpt, architecture(TINY))
-    out = subprocess.run([sys.executable, "benchmarks/bench_backends.py", "--child_mlcommons",
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_predict", "--child_mlcommons",
                           write_stand_in(tmp_path / "ref"), "--exec_mode", "predict", "--input", str(tmp_path / "in"),
                           "--output_dir", str(tmp_path / "out"), "--load_ckpt_path", ckpt, "--device", "cpu",
                           "--val_input_shape", "32", "32", "32", "--backend", "torch"],
@@ -203,7 +203,7 @@ def test_mlcommons_child_runs_predict_with_the_reference_network(tmp_path):
 
 @pytest.mark.slow
 def test_mlcommons_variant_without_reference_code_is_one_line():
-    out = subprocess.run([sys.executable, "benchmarks/bench_backends.py", "--variants", "mlcommons"],
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_predict", "--variants", "mlcommons"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "needs --reference_code" in out.stderr and "Traceback" not in out.stderr
 

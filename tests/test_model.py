@@ -79,15 +79,33 @@ def test_bad_choices_rejected():
         Unet3D(activation="gelu")
 
 
+COPY_NODES = ("CopySlices", "AsStridedBackward0", "CloneBackward0")
+
+
+def set_inplace(model: torch.nn.Module, inplace: bool) -> torch.nn.Module:
+    for module in model.modules():
+        if isinstance(module, (torch.nn.ReLU, torch.nn.LeakyReLU)):
+            module.inplace = inplace
+    return model
+
+
+def backward_nodes(root) -> dict:
+    """Node type -> count in the autograd graph reachable from ``root`` (a ``grad_fn``)."""
+    counts, seen, stack = {}, set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        counts[type(node).__name__] = counts.get(type(node).__name__, 0) + 1
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return counts
+
+
 @pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
 def test_plain_activation_has_no_copy_nodes_and_same_gradients(activation):
     """The activations are not in place: no CopySlices nodes (the in-place write to instance
     norm's view made one per layer), and the same loss and gradients as the in-place variant."""
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    from bench_activation import COPY_NODES, backward_nodes, set_inplace
-
     from model.losses import DiceCELoss
 
     torch.manual_seed(0)

@@ -1,0 +1,181 @@
+"""What the benchmarks share: in-process timing (``torch.utils.benchmark``), lock-step rounds of
+child processes, the header line (date, CPU, ISA, load), markdown tables, FLOP counting and the
+synthetic training volume.
+
+Lock-step (:func:`lockstep`): every variant once per round, each in a process of its own, the
+starting variant rotating from round to round so that a shared machine's load falls on all alike;
+each round's ratio against the named baseline, then the median of the rounds (:func:`ratios`).
+
+``python -m benchmarks.harness flops 128 128 128`` prints the default network's FLOPs per sample.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def header(name: str, argv: Sequence[str] | None = None) -> str:
+    """``# NAME · date · CPU · ISA · cores · torch · load`` and the command that ran."""
+    from runtime.isa import isa_line
+
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    argv = sys.argv[1:] if argv is None else argv
+    return (f"# {name} · {isa_line()}" + (f" · IMITATION: ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
+            + f" · torch {torch.__version__} · load {os.getloadavg()[0]:.2f}\n"
+            + f"command: python -m benchmarks.{name} {' '.join(argv)}")
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A markdown table; floats with 2 decimals, None empty."""
+    def cell(value) -> str:
+        return "" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
+
+
+def timed(fn: Callable[[], object], number: int = 1) -> float:
+    """Seconds per call of ``fn`` over ``number`` calls (``torch.utils.benchmark.Timer``)."""
+    from torch.utils import benchmark
+
+    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).timeit(number).median
+
+
+def alternate(fns: dict[str, Callable[[], object]], pairs: int, warmup: int = 1) -> dict[str, list[float]]:
+    """In one process: each of ``fns`` warmed up, then called once per pair in turn (the order
+    reversed every other pair); the seconds of each call."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for r in range(pairs):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            times[name].append(timed(fns[name]))
+    return times
+
+
+@dataclass
+class Run:
+    """One child process: its measured ``value`` (seconds unless the caller says otherwise),
+    wall seconds, peak RSS in GB (``wait4``), the load average before it and its output."""
+    value: float
+    wall: float
+    rss_gb: float
+    load: float
+    text: str
+
+
+def run_child(command: Sequence[str], log: Path, env: dict | None = None) -> tuple[float, float, int, str]:
+    """``(wall seconds, peak RSS GB, exit code, output)`` of ``command`` run from the repository
+    root, its output (stdout and stderr) in ``log``."""
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        process = subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    return (time.perf_counter() - start, usage.ru_maxrss * 1024 / 1e9, os.waitstatus_to_exitcode(status),
+            log.read_text(errors="replace"))
+
+
+def lockstep(names: Sequence[str], command: Callable[[str, int], Sequence[str]], rounds: int, work: Path,
+             measure: Callable[[str, int, str], float] | None = None, env: dict | None = None,
+             say: Callable[[str], None] = print) -> dict[str, list[Run]]:
+    """Each of ``names`` once per round, ``command(name, round)`` in a child process, the first
+    variant rotating; ``measure(name, round, output)`` gives a run's value (default: its wall
+    time). A failed child stops it with one line naming its log."""
+    runs = {name: [] for name in names}
+    work.mkdir(parents=True, exist_ok=True)
+    for r in range(rounds):
+        for name in list(names[r % len(names):]) + list(names[:r % len(names)]):
+            log = work / f"{name.replace(':', '_')}-{r}.log"
+            load = os.getloadavg()[0]
+            wall, rss, code, text = run_child(command(name, r), log, env)
+            value = measure(name, r, text) if measure and code == 0 else wall
+            if code != 0 or value is None:
+                raise SystemExit(f"{name} failed (exit {code}); see {log}")
+            runs[name].append(Run(value, wall, rss, load, text))
+            say(f"round {r + 1} {name}: {value:.2f} s, process {wall:.1f} s, peak RSS {rss:.2f} GB, load {load:.1f}")
+    return runs
+
+
+def ratios(values: dict[str, list[float]], baseline: str) -> dict[str, float]:
+    """Per variant: the median over rounds of ``baseline / variant`` (above 1: faster)."""
+    return {name: statistics.median(b / v for b, v in zip(values[baseline], times))
+            for name, times in values.items()}
+
+
+def loads(runs: dict[str, list[Run]]) -> str:
+    every = [run.load for rs in runs.values() for run in rs]
+    return f"load average {min(every):.1f}-{max(every):.1f}"
+
+
+def flop_count_per_sample(model: torch.nn.Module, input_shape: Sequence[int], in_channels: int = 1) -> tuple[int, int]:
+    """``(forward, forward + backward)`` FLOPs of one ``(1, in_channels, *input_shape)`` sample,
+    counted by ``FlopCounterMode`` (2 per multiply-add, as the spec counts them) on ``meta``
+    copies of the weights: nothing computed, the model untouched. No input gradient for the
+    first layer, as in training. The default network at 128³: 954.6 GFLOP forward, 2.860 TFLOP
+    with backward."""
+    from torch.func import functional_call
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from runtime.checkpoint import unwrap
+
+    module = unwrap(model)
+    tensors = {name: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+               for name, t in itertools.chain(module.named_parameters(), module.named_buffers())}
+    with FlopCounterMode(display=False) as forward:
+        logits = functional_call(module, tensors, (torch.empty((1, in_channels, *input_shape), device="meta"),))
+    with FlopCounterMode(display=False) as backward:
+        logits.float().sum().backward()
+    return int(forward.get_total_flops()), int(forward.get_total_flops() + backward.get_total_flops())
+
+
+def write_blob_case(folder: Path, case_id: str, shape, rng: np.random.Generator) -> None:
+    """A preprocessed-looking case: a noise image, two kidney ellipsoids (class 1), a tumour
+    (class 2) in one, and a few small spurious components of each class."""
+    d, h, w = shape
+    z, y, x = np.ogrid[:d, :h, :w]
+    label = np.zeros(shape, np.uint8)
+    for side in (0.27, 0.73):
+        c = (d * rng.uniform(0.4, 0.6), h * rng.uniform(0.4, 0.6), w * side)
+        r = rng.uniform(25, 45, 3)
+        label[((z - c[0]) / r[0]) ** 2 + ((y - c[1]) / r[1]) ** 2 + ((x - c[2]) / r[2]) ** 2 < 1] = 1
+    c, r = (d * 0.5, h * 0.5, w * 0.27), rng.uniform(8, 20)
+    label[((z - c[0]) ** 2 + (y - c[1]) ** 2 + (x - c[2]) ** 2) < r ** 2] = 2
+    for cls in (1, 2):
+        for _ in range(6):
+            p = [int(rng.integers(0, s - 4)) for s in shape]
+            label[p[0]:p[0] + 3, p[1]:p[1] + 3, p[2]:p[2] + 3] = cls
+    image = rng.standard_normal(shape, dtype=np.float32) + label.astype(np.float32)
+    np.save(folder / f"case_{case_id}_x.npy", image[None])
+    np.save(folder / f"case_{case_id}_y.npy", label[None])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="FLOPs per sample of the network (forward, forward + backward)")
+    p.add_argument("what", choices=["flops"])
+    p.add_argument("shape", type=int, nargs=3)
+    p.add_argument("--filters", type=int, nargs=5, default=None)
+    args = p.parse_args(argv)
+    from model.unet3d import Unet3D
+
+    with torch.device("meta"):
+        model = Unet3D(filters=tuple(args.filters)) if args.filters else Unet3D()
+    forward, total = flop_count_per_sample(model, args.shape)
+    print(f"forward {forward} FLOP, forward + backward {total} FLOP per sample of {'x'.join(map(str, args.shape))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
