@@ -29,16 +29,17 @@ def test_docs_name_no_issue_or_session():
 
 
 def test_performance_opens_with_the_current_numbers():
-    """The first section is a table whose every row has a date, a machine and a command (or says
-    it is not measured)."""
+    """The first section is a table whose every row has a date, a machine and a command run as
+    ``python -m benchmarks.NAME`` (or says it is not measured), one row per question."""
     sections = re.split(r"^## ", read(PERFORMANCE), flags=re.MULTILINE)
     assert sections[1].startswith("Current numbers")
     header, *rows = [line for line in sections[1].splitlines() if line.startswith("| ")]
     assert header.split("|")[3:6] == [" date ", " machine, CPU ISA ", " command "]
     assert len(rows) >= 5
+    assert len({row.split("|")[1] for row in rows}) == len(rows), "one row per question"
     for row in rows:
         cells = [cell.strip() for cell in row.split("|")[1:-1]]
-        assert "benchmarks/" in cells[4] or cells[4] == "the same", row
+        assert "python -m benchmarks." in cells[4] or cells[4] == "the same", row
         assert re.fullmatch(r"\d{4}-\d\d-\d\d", cells[2]) or "not measured" in cells[1], row
         assert cells[3] or "not measured" in cells[1], row
 
