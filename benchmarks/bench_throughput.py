@@ -58,9 +58,7 @@ LEVERS = {
 }
 LADDER = tuple(LEVERS)
 SINGLES = ("channels_last", "device_cache", "compile", "cuda_graphs")   # bf16 alone is ladder row 2
-LABELS = {"bf16": "bf16", "channels_last": "channels_last", "device_cache": "device cache",
-          "fused_optimizer": "fused optimizer", "cudnn_benchmark": "cudnn benchmark",
-          "compile": "compile", "cuda_graphs": "cuda graphs"}
+LABELS = {k: k if k == "channels_last" else k.replace("_", " ") for k in LEVERS}
 ROW_GROUPS = ("ladder", "single", "synthetic", "sweep")
 
 
@@ -85,17 +83,13 @@ class TrainResult:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny shapes for a CPU smoke test (filters 4 8 16 32 32, 64^3, 2 steps)")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU smoke test")
     p.add_argument("--out", default="", help="also write the tables as markdown to this file")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--rows", default=",".join(ROW_GROUPS),
-                   help=f"training row groups to run, comma-separated, from {','.join(ROW_GROUPS)} "
-                        "(plain always runs); '' = none")
+    p.add_argument("--rows", default=",".join(ROW_GROUPS), help="row groups besides plain, comma-separated")
     p.add_argument("--no_eval", action="store_true", help="skip the evaluation timing")
     p.add_argument("--batch_size", type=int, default=2)
-    p.add_argument("--patch", type=int, nargs="+", default=[128],
-                   help="training patch and sliding window: one size (cubic) or three")
+    p.add_argument("--patch", type=int, nargs="+", default=[128], help="patch and window: 1 size (cubic) or 3")
     p.add_argument("--filters", type=int, nargs=5, default=None, help="model widths (default: the benchmark's)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per row")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per row (compilation, autotuning)")
@@ -106,15 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_volumes", type=int, default=42)
     p.add_argument("--eval_shape", type=int, nargs=3, default=[190, 250, 250])
     p.add_argument("--eval_sw_batch", type=int, default=4, help="windows per forward in the optimised evaluation")
-    p.add_argument("--sweep_batches", type=int, nargs="*", default=[4, 8],
-                   help="extra batch sizes for the all-levers configuration (plus the largest that fits)")
+    p.add_argument("--sweep_batches", type=int, nargs="*", default=[4, 8], help="all levers at these batches too")
     p.add_argument("--max_batch_limit", type=int, default=64, help="upper bound of the largest-batch search")
-    p.add_argument("--ceiling_tflops", type=float, default=790.0,
-                   help="arithmetic ceiling for the 'of ceiling' column (dense bf16 H200: 790)")
+    p.add_argument("--ceiling_tflops", type=float, default=790.0, help="dense bf16 H200: 790")
     p.add_argument("--smoke_compile", action="store_true", help="keep the compile rows in --smoke (minutes on a CPU)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="CPU threads for torch (0 = torch's default); 1 avoids OpenMP oversubscription "
-                        "on a shared CPU")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: its default)")
     p.add_argument("--data_dir", default="", help="write/keep the synthetic volumes here (default: a temp dir)")
     return p
 
