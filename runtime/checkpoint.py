@@ -13,6 +13,7 @@ the last weights and say so (:func:`has_best`, :func:`weights_description`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -340,3 +341,16 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def weights_digest(state: dict) -> str:
+    """sha256 over a state dict: the name, dtype, shape and bytes of every tensor, by name."""
+    digest = hashlib.sha256()
+    for name, value in sorted(state.items()):
+        if not torch.is_tensor(value):
+            digest.update(f"{name}|{value!r}|".encode())
+            continue
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()

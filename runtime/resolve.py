@@ -10,7 +10,7 @@ import torch
 
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, replace
-from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed
+from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed, weights_digest
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
 from runtime.schedule import eval_schedule, samples_per_epoch
@@ -130,9 +130,7 @@ def window_line(config: Config) -> str:
 
 
 def weights_sha256(saved: Saved) -> str:
-    """sha256 of the weights predict loads from ``saved`` (:mod:`runtime.predict.provenance`)."""
-    from runtime.predict.provenance import weights_digest
-
+    """sha256 of the weights predict loads from ``saved`` (recorded beside each segmentation)."""
     return weights_digest(model_state_from(saved.checkpoint, prefer="best"))
 
 

@@ -19,11 +19,9 @@ segmentation itself was renamed into place (:meth:`PendingRecord.commit`).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
-import torch
 
 from runtime import __version__
 
@@ -37,19 +35,6 @@ _ABSENT = object()
 # Every field of a record, in the order of the summary's columns.
 FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "int8_calibration", "amp", "tta", "window_shape",
           "overlap", "input_sha256", "probabilities")
-
-
-def weights_digest(state: dict) -> str:
-    """sha256 over a state dict: the name, dtype, shape and bytes of every tensor, by name."""
-    digest = hashlib.sha256()
-    for name, value in sorted(state.items()):
-        if not torch.is_tensor(value):
-            digest.update(f"{name}|{value!r}|".encode())
-            continue
-        tensor = value.detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
 
 
 def run_fields(config) -> dict:

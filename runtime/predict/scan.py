@@ -41,7 +41,6 @@ from runtime.predict.summary import CaseResult
 from runtime.signals import Stopped
 from runtime.inference.sliding_window import PAD_VALUE, sliding_window_inference
 
-STAGES = ("read", "preprocess", "infer", "restore", "write", "preview")
 
 
 # ----------------------------------------------------------------------------- the model

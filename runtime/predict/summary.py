@@ -30,7 +30,9 @@ from model.losses import label_map_dice
 from runtime.predict.provenance import FIELDS as PROVENANCE_FIELDS
 
 DICE_FIELDS = ("l1_dice", "l2_dice", "mean_dice", "kits_kidney_dice", "kits_tumour_dice")
-SUMMARY_FIELDS = ("case", "status", "shape", "spacing", "kidney_ml", "tumour_ml", "seconds", "windows",
+STAGES = ("read", "preprocess", "infer", "restore", "write", "preview")  # a scan's steps, timed each
+STAGE_FIELDS = tuple(f"{stage}_seconds" for stage in STAGES)
+SUMMARY_FIELDS = ("case", "status", "shape", "spacing", "kidney_ml", "tumour_ml", "seconds", *STAGE_FIELDS, "windows",
                   *DICE_FIELDS, "image", "error", *PROVENANCE_FIELDS)
 # segmented | skipped (its output was made the same way) | failed | not run (stopped: the output disk is full)
 STATUSES = ("segmented", "skipped", "failed", "not run")
@@ -99,6 +101,7 @@ def summary_rows(results: Sequence[CaseResult]) -> list[dict]:
         row = {k: v for k, v in asdict(r).items() if k in SUMMARY_FIELDS}
         row["shape"] = list(r.shape) if r.shape else None
         row["spacing"] = list(r.spacing) if r.spacing else None
+        row.update({f"{stage}_seconds": r.stages.get(stage) for stage in STAGES})
         row.update({k: r.provenance.get(k) for k in PROVENANCE_FIELDS})
         rows.append(row)
     scored = [r for r in results if r.mean_dice is not None]

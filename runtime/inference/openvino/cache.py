@@ -23,26 +23,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
 from runtime.arguments import Config
+from runtime.checkpoint import weights_digest
 
 FORMAT = 2  # bump when the conversion itself changes (trace shape, options)
-CODE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/inference/torch_copy.py", "runtime/inference/openvino/compiled.py",
-              "runtime/inference/openvino/calibration.py")
-ROOT = Path(__file__).resolve().parents[2]
+CODE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/inference/openvino/compiled.py",
+              "runtime/inference/openvino/calibration.py", "runtime/inference/openvino/decoder_split.py")
+ROOT = Path(__file__).resolve().parents[3]
 LEFTOVER_SECONDS = 24 * 3600  # a hidden build folder older than this was left by a killed process
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over the state dict: names, dtypes, shapes and bytes of every tensor."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        array = tensor.detach().cpu().contiguous().numpy()
-        digest.update(f"{name}|{array.dtype}|{array.shape}|".encode())
-        digest.update(np.ascontiguousarray(array).view(np.uint8).tobytes())
-    return digest.hexdigest()
 
 
 def code_digest() -> str:
@@ -63,7 +53,7 @@ def cache_fields(model: torch.nn.Module, config: Config, calibration=None) -> di
     """What the converted network depends on (JSON-serialisable)."""
     return {
         "format": FORMAT,
-        "weights_sha256": weights_digest(model),
+        "weights_sha256": weights_digest(model.state_dict()),
         "architecture": {"filters": list(config.filters), "normalization": config.normalization,
                          "activation": config.activation, "module": type(model).__name__},
         "window": list(config.val_input_shape),
