@@ -28,7 +28,8 @@ def make_norm(normalization: str, channels: int) -> nn.Module:
 def make_activation(activation: str) -> nn.Module:
     """Not in place, as in the reference: instance norm returns a view, and an in-place
     activation on a view makes autograd clone full-size gradients in extra copy nodes
-    (benchmarks/bench_activation.py measures it); the values are bit-identical either way."""
+    (measured: ``git show 2f4d88a:benchmarks/bench_activation.py``); the values are bit-identical
+    either way."""
     if activation == "relu":
         return nn.ReLU()
     if activation == "leaky_relu":

@@ -14,9 +14,7 @@ network, OpenVINO's compiled model), the volume's buffers, and the windows in fl
   ``OPENVINO_WINDOW_FACTOR`` times the first activation, once.
 
 The constants are set above the peaks measured on a KiTS-size scan with the default network
-(docs/performance.md, "Peak memory of predict": each measured peak beside its estimate;
-``benchmarks/bench_backends.py`` prints the estimate beside every peak it measures and says when
-a peak is above it). The
+(docs/performance.md, "Peak memory of predict": each measured peak beside its estimate). The
 batch is the largest (at most ``--sw_batch_size``) whose estimate fits; when
 not even one window fits an explicit ``--max_memory_gb``, predict stops with one line. The
 segmentation does not depend on the batch.
@@ -33,7 +31,7 @@ from runtime.arguments import Config, UsageError, replace
 GB = 1e9
 BASE_BYTES = 1.0 * GB  # interpreter, PyTorch and its libraries, the network's weights
 VOLUME_BYTES = 2.0 * GB  # a KiTS-size scan: padded image, class sums, weights, probabilities, restore
-TORCH_WINDOW_FACTOR = 11.0  # 9 was exceeded: 8.39 GB measured with 2 int8 windows against 7.83
+TORCH_WINDOW_FACTOR = 11.0  # 9 was exceeded: 8.39 GB measured with 2 windows (PyTorch int8) against 7.83
 OPENVINO_WINDOW_FACTOR = 6.0
 
 
