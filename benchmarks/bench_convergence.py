@@ -1,24 +1,17 @@
-"""Convergence with the fast CPU settings against float32: the demo's small network (the training
-command of ``scripts/demo.sh``, ``make demo``) trained to its target with each setting and
-seed; prints the epoch each run reached the target at (the RESULT line's ``epochs``).
-
-    python -m benchmarks.bench_convergence --data_dir DEMO_DATA --seeds 0 1 2 \\
-        --settings fp32 fast
-
-``DEMO_DATA``: the demo's preprocessed data (``scripts/demo.sh`` steps 1-2: 24 small synthetic
-cases). ``fast`` is ``--amp --channels_last``: bf16 autocast where the CPU has native bf16 dot
-products (else float32: the run says which), channels-last with the fused norms.
+"""Convergence with the fast CPU settings against float32 (the baseline): the demo's small network
+(``scripts/demo.sh``'s training command) trained to its target per setting and seed, on the demo's
+preprocessed data (``--data_dir``); the epoch each run reached the target at (its RESULT line).
+``fast``: ``--amp --channels_last`` (bf16 where the CPU has native bf16 dot products; the run says).
 """
 from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.harness import ROOT, header, table
+from benchmarks.harness import header, run_child, table
+
 SETTINGS = {"fp32": [], "fast": ["--amp", "--channels_last"]}
 # scripts/demo.sh's training flags (its defaults: target 0.6, at most 60 epochs)
 DEMO = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "64", "--batch_size", "2",
@@ -47,14 +40,11 @@ def main(argv=None) -> int:
             command = [sys.executable, "main.py", "--exec_mode", "train", "--data_dir", args.data_dir,
                        "--log_dir", str(work / f"logs-seed{seed}-{setting}"), *DEMO, "--epochs", args.epochs,
                        "--quality_threshold", args.target, "--seed", str(seed), *SETTINGS[setting]]
-            start = time.time()
-            with open(log, "w") as handle:
-                subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
-            text = log.read_text()
+            wall, _, _, text = run_child(command, log)
             found = RESULT.search(text)
             precision = re.search(r"^bf16: .*$", text, re.M)
             _, status, dice, epochs = found.groups() if found else (None, f"failed (see {log})", None, None)
-            rows.append([seed, setting, status, epochs, dice, f"{time.time() - start:.0f}",
+            rows.append([seed, setting, status, epochs, dice, f"{wall:.0f}",
                          precision.group(0) if precision else "float32"])
             print(f"seed {seed} {setting}: {status}, epochs {epochs}", flush=True)
     print(table(["seed", "setting", "status", "epochs to target", "best mean Dice", "seconds", "precision"], rows))

@@ -1,28 +1,10 @@
 """CPU predict through its command line, per backend, lock-step against the real MLCommons code.
 
-Variants (``--variants``; default all, ``mlcommons`` only with ``--reference_code``), each
-``main.py --exec_mode predict`` on the same scans in a process of its own:
-
-* ``mlcommons``: the MLCommons code's own ``Unet3D`` and ``sliding_window_inference``
-  (``tests/mlcommons_reference.py``) from the ``image_segmentation/pytorch`` folder that
-  ``--reference_code`` names, called as its evaluation calls them (fp32, NCDHW, one window per
-  forward), handed as the predict function to predict's own scan loop (reading, preprocessing,
-  restoring and writing are the project's, as for every variant); the baseline when run;
-* ``torch_fp32``: ``--backend torch --channels_last``; the baseline without ``mlcommons``;
-* ``openvino_fp32``: ``--backend openvino``;
-* ``openvino_int8``: ``--backend openvino --int8`` (NNCF, calibrated on the ``--input`` scans).
-
-The OpenVINO conversions are made once before the rounds (cached beside the checkpoint, as a
-user's second run finds them) and timed apart. Times come from predict's own summary
-(``summary.jsonl``: each scan's seconds and windows); the speed-up is the median over rounds of
-baseline / variant; peak RSS from ``wait4``. Quality, from the first round: the share of voxels
-labelled as the baseline labels them, and mean Dice against the scans' labels (meaningful with
-trained weights only). Scans: ``--input`` (with ``segmentation.nii.gz`` beside them), else one
-synthetic KiTS-size scan (``--shape`` raw, ``--resampled`` after preprocessing: 18 windows of
-128³). Weights: ``--ckpt``, else random (``--filters``; the time does not depend on them).
-
-    python -m benchmarks.bench_predict --rounds 2 --reference_code REF --out table.md
-    ONEDNN_MAX_CPU_ISA=AVX2 python -m benchmarks.bench_predict ...   # an imitation of an AVX2-only CPU
+``main.py --exec_mode predict`` per variant and round on the same scans: ``torch_fp32``,
+``openvino_fp32``, ``openvino_int8`` against the baseline ``mlcommons`` (the MLCommons code's network
+and window from ``--reference_code``, fp32, one window per forward, in predict's scan loop). Times
+from predict's own summary (inferring apart from the other stages); OpenVINO's conversion timed apart.
+Scans: ``--input``, else one synthetic KiTS-size scan; weights: ``--ckpt``, else random.
 """
 from __future__ import annotations
 
@@ -34,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import header, lockstep, loads, ratios, run_child, table
+from benchmarks.harness import header, lockstep, loads, ratios, report, run_child, table
 
 VARIANTS = {"mlcommons": ["--backend", "torch", "--sw_batch_size", "1"],
             "torch_fp32": ["--backend", "torch", "--channels_last"],
@@ -83,11 +65,15 @@ def make_inputs(args, work: Path) -> tuple[str, str]:
 
 
 def summary_of(out: str) -> dict:
-    """Predict's own record of a run: the scans' seconds and windows summed, mean Dice."""
+    """Predict's own record of a run: seconds (all, inferring, other stages) and windows summed, mean Dice."""
+    from runtime.predict.summary import STAGES
+
     rows = [json.loads(line) for line in open(os.path.join(out, "summary.jsonl"))]
     cases = [r for r in rows if r["case"] != "mean"]
     dice = [r["mean_dice"] for r in cases if r.get("mean_dice") is not None]
+    stages = {s: sum(r.get(f"{s}_seconds") or 0 for r in cases) for s in STAGES}
     return {"seconds": sum(r["seconds"] for r in cases), "windows": sum(r.get("windows") or 0 for r in cases),
+            "infer": stages["infer"], "rest": sum(stages.values()) - stages["infer"],
             "cases": [r["case"] for r in cases], "mean_dice": statistics.mean(dice) if dice else None}
 
 
@@ -150,20 +136,22 @@ def main(argv=None) -> int:
     base = names[0]
     speed = ratios({n: [run.value for run in rs] for n, rs in runs.items()}, base)
     first = {n: summary_of(str(work / f"{n}-0")) for n in names}
+    stage = {n: [summary_of(str(work / f"{n}-{r}")) for r in range(args.rounds)] for n in names}
     rows = [[n, f"`{' '.join(VARIANTS[n])}`" if n != "mlcommons" else "the MLCommons code, fp32",
              first[n]["windows"], statistics.median(r.value for r in runs[n]), f"{speed[n]:.2f}x",
              statistics.median(r.wall for r in runs[n]), max(r.rss_gb for r in runs[n]),
              f"{100 * agreement(str(work / f'{n}-0'), str(work / f'{base}-0'), first[base]['cases']):.3f}%",
-             None if first[n]["mean_dice"] is None else f"{first[n]['mean_dice']:.4f}"] for n in names]
+             None if first[n]["mean_dice"] is None else f"{first[n]['mean_dice']:.4f}",
+             statistics.median(x["infer"] for x in stage[n]), statistics.median(x["rest"] for x in stage[n])]
+            for n in names]
     text = "\n".join([
         f"scans {scans}, windows of {args.roi}³ · weights {args.ckpt or 'random'} · {args.rounds} lock-step rounds · "
         + loads(runs), "",
         table(["variant", "flags", "windows", "median s (scans, predict's summary)", f"vs {base} (median of rounds)",
-               "median s (process)", "peak RSS GB", f"voxels = {base}", "mean Dice vs label"], rows), "",
+               "median s (process)", "peak RSS GB", f"voxels = {base}", "mean Dice vs label", "median s inferring",
+               "median s other stages (read, preprocess, restore, write, preview)"], rows), "",
         "conversion before the rounds (s, cached): " + (", ".join(f"{n} {s:.1f}" for n, s in setup.items()) or "none")])
-    print("\n" + text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    report(text, args.out)
     return 0
 
 

@@ -1,12 +1,7 @@
-"""Preprocessing throughput: cases per minute with 1 and with 2 worker processes, in one run.
-
-Generates ``--cases`` synthetic KiTS19 cases of the ``--size`` preset (default ``realistic``:
-512 x 512 in-plane, 300-600 slices, about 190 x 250 x 250 after resampling), then runs
-``preprocess_dataset.py`` on them once per worker count and round (lock-step rounds,
-:func:`benchmarks.harness.lockstep`), each into a fresh results folder, timed from the outside
-as a user sees it (start-up, pool, every case). The raw files are in the page cache for all alike.
-
-Usage: ``python -m benchmarks.bench_preprocess [--cases 6] [--workers 1 2] [--repeats 2] [--size realistic]``.
+"""Preprocessing throughput: cases per minute of ``preprocess_dataset.py`` with 1 worker process (the
+baseline) and with 2, in lock-step rounds, each into a fresh results folder and timed from the
+outside as a user sees it, on ``--cases`` synthetic KiTS19 cases of the ``--size`` preset
+(``realistic``: 512 x 512 in-plane, 300-600 slices), the raw files in the page cache for all alike.
 """
 from __future__ import annotations
 
@@ -25,7 +20,7 @@ from data_loading import synthetic
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cases", type=int, default=6)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="the first is the baseline")
     parser.add_argument("--size", choices=sorted(synthetic.PRESETS), default="realistic")

@@ -1,26 +1,16 @@
-"""Training and evaluation throughput: the plain configuration and the optimised ones, in one run.
-
-Training rows time this application's own training step (built as ``runtime.app`` builds it) on
-the real data pipeline over synthetic volumes: ``plain`` (fp32, NCDHW, memory cache, eager), the
-levers added one after another, some alone on top of plain, all with ``--loader synthetic``, and
-all at larger batches. Columns: samples/s, median step (CUDA events on a GPU), TFLOP/s
-(:func:`benchmarks.harness.flop_count_per_sample`), its share of ``--ceiling_tflops`` (790: dense
-bf16 on an H200), peak GPU memory, the largest batch that trains (GPU only). Evaluation rows:
-``runtime.evaluation.evaluate`` plain (fp32, one window per forward) against bf16 + several
-windows per forward + channels-last (+ compile on a GPU).
-
-    python -m benchmarks.bench_throughput --out throughput.md            # GPU: the full table
-    python -m benchmarks.bench_throughput --rows ladder --out ladder.md  # a subset (gpu_check)
-    python -m benchmarks.bench_throughput --smoke --out smoke.md         # CPU smoke run, tiny shapes
+"""Training and evaluation throughput (GPU; ``--smoke``: tiny CPU shapes): this application's own
+training step on the real data pipeline over synthetic volumes, ``plain`` (the baseline: fp32,
+NCDHW, memory cache, eager) against the speed levers added one after another (``--rows ladder``),
+alone (``single``), with ``--loader synthetic`` and at larger batches (``sweep``); evaluation plain
+against bf16 + several windows per forward + channels-last (+ compile on a GPU).
 """
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
 import gc
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -32,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.harness import flop_count_per_sample, write_blob_case
+from benchmarks.harness import flop_count_per_sample, header, report, table, write_blob_case
 from data_loading.data_loader import data_source
 from data_loading.dataset import read_evaluation_ids
 from data_loading.windows import window_geometry
 from runtime import distributed as D
 from runtime.arguments import parse_args
-from runtime.build import Components, build_components, build_model
+from runtime.build import build_components, build_model
 from runtime.compiling import OUT_OF_MEMORY
 from runtime.evaluation import evaluate
 from runtime.graphs import cuda_graphs_supported
@@ -47,19 +37,16 @@ from runtime.inference.sliding_window import sliding_window_inference
 from runtime.resolve import resolve
 from runtime.training.loop import set_learning_rate, step_inputs
 
-LEVERS = {
-    "bf16": ["--amp", "--amp_dtype", "bf16"],
-    "channels_last": ["--channels_last"],
-    "device_cache": ["--cache", "device"],
-    "fused_optimizer": ["--fused_optimizer"],
-    "cudnn_benchmark": ["--cudnn_benchmark"],
-    "compile": ["--compile"],
-    "cuda_graphs": ["--cuda_graphs"],
-}
+LEVERS = {"bf16": ["--amp", "--amp_dtype", "bf16"], "channels_last": ["--channels_last"],
+          "device_cache": ["--cache", "device"], "fused_optimizer": ["--fused_optimizer"],
+          "cudnn_benchmark": ["--cudnn_benchmark"], "compile": ["--compile"], "cuda_graphs": ["--cuda_graphs"]}
 LADDER = tuple(LEVERS)
 SINGLES = ("channels_last", "device_cache", "compile", "cuda_graphs")   # bf16 alone is ladder row 2
 LABELS = {k: k if k == "channels_last" else k.replace("_", " ") for k in LEVERS}
 ROW_GROUPS = ("ladder", "single", "synthetic", "sweep")
+SMOKE = dict(filters=[4, 8, 16, 32, 32], patch=[64], batch_size=1, steps=2, warmup=1, plain_workers=0,
+             cases=4, distinct=2, case_shape=[72, 80, 80], eval_volumes=1, eval_shape=[64, 96, 96],
+             sweep_batches=[2], max_batch_limit=4, device="cpu")
 
 
 @dataclass(frozen=True)
@@ -71,18 +58,24 @@ class TrainRow:
 
 
 @dataclass
-class TrainResult:
-    row: TrainRow
+class Result:
+    """A training row (``row``, ``batch_size``) or an evaluation row (``name``, ``volumes``...)."""
+    row: TrainRow | None = None
+    name: str = ""
     batch_size: int | None = None
     samples_per_s: float | None = None
     ms_per_step: float | None = None
+    volumes: int = 0
+    windows: int = 0
+    seconds: float | None = None
+    tflops: float | None = None
     peak_gib: float | None = None
     largest_batch: str = "n/a"
     notes: list[str] = field(default_factory=list)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU smoke test")
     p.add_argument("--out", default="", help="also write the tables as markdown to this file")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -109,66 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SMOKE = dict(filters=[4, 8, 16, 32, 32], patch=[64], batch_size=1, steps=2, warmup=1, plain_workers=0,
-             cases=4, distinct=2, case_shape=[72, 80, 80], eval_volumes=1, eval_shape=[64, 96, 96],
-             sweep_batches=[2], max_batch_limit=4, device="cpu")
-
-
-def apply_smoke(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Tiny shapes that run in about a minute on two CPU cores; values given on the command
-    line are kept."""
-    for name, value in SMOKE.items():
-        if getattr(args, name) == parser.get_default(name):
-            setattr(args, name, value)
-    return args
-
-
-def patch_shape(args) -> tuple[int, int, int]:
-    if len(args.patch) not in (1, 3):
-        raise SystemExit(f"bench_throughput: --patch takes 1 or 3 sizes, got {args.patch}")
-    return tuple(args.patch * 3 if len(args.patch) == 1 else args.patch)
-
-
-def patch_text(args) -> str:
-    return "x".join(map(str, patch_shape(args)))
-
-
 def write_volumes(folder: Path, args: argparse.Namespace) -> None:
     """``--distinct`` training volumes and one or two evaluation volumes, linked to as many case
     ids as asked (the pipeline treats every id as a case; the page cache holds one copy)."""
     evaluation = read_evaluation_ids()
-    eval_set = set(evaluation)
-    train_ids = [f"{i:05d}" for i in range(1000) if f"{i:05d}" not in eval_set][:args.cases]
-    eval_ids = evaluation[:args.eval_volumes] if not args.no_eval else []
+    train_ids = [f"{i:05d}" for i in range(1000) if f"{i:05d}" not in set(evaluation)][:args.cases]
     rng = np.random.default_rng(2026)
-    sources = []
-    for i in range(min(args.distinct, len(train_ids))):
-        write_blob_case(folder, train_ids[i], tuple(args.case_shape), rng)
-        sources.append(train_ids[i])
-    for i, case_id in enumerate(train_ids[len(sources):]):
-        _link_case(folder, sources[i % len(sources)], case_id)
-    if eval_ids:
-        eval_sources = eval_ids[:min(2, len(eval_ids))]
-        for case_id in eval_sources:
-            write_blob_case(folder, case_id, tuple(args.eval_shape), rng)
-        for i, case_id in enumerate(eval_ids[len(eval_sources):]):
-            _link_case(folder, eval_sources[i % len(eval_sources)], case_id)
-
-
-def _link_case(folder: Path, source: str, case_id: str) -> None:
-    for suffix in ("x", "y"):
-        target = folder / f"case_{case_id}_{suffix}.npy"
-        if not target.exists():
-            os.symlink(f"case_{source}_{suffix}.npy", target)
-
-
-def base_argv(args, data_dir: Path, device: torch.device) -> list[str]:
-    argv = ["--data_dir", str(data_dir), "--device", device.type, "--seed", "0", "--benchmark",
-            "--input_shape", *map(str, patch_shape(args)), "--val_input_shape", *map(str, patch_shape(args)),
-            "--learning_rate", "0.01", "--overlap", "0.5", "--prefetch", "2"]
-    if args.filters:
-        argv += ["--filters", *map(str, args.filters)]
-    return argv
+    for ids, distinct, shape in [(train_ids, args.distinct, args.case_shape),
+                                 ([] if args.no_eval else evaluation[:args.eval_volumes], 2, args.eval_shape)]:
+        sources = ids[:min(distinct, len(ids))]
+        for case_id in sources:
+            write_blob_case(folder, case_id, tuple(shape), rng)
+        for i, case_id in enumerate(ids[len(sources):]):
+            for suffix in ("x", "y"):
+                if not (folder / f"case_{case_id}_{suffix}.npy").exists():
+                    os.symlink(f"case_{sources[i % len(sources)]}_{suffix}.npy", folder / f"case_{case_id}_{suffix}.npy")
 
 
 def lever_unavailable(lever: str, device: torch.device, args, plain_config) -> str | None:
@@ -186,8 +134,7 @@ def lever_unavailable(lever: str, device: torch.device, args, plain_config) -> s
 def train_rows(groups: set[str], args) -> list[TrainRow]:
     rows = [TrainRow("plain", ())]
     if "ladder" in groups:
-        for i, lever in enumerate(LADDER):
-            rows.append(TrainRow(f"+ {LABELS[lever]}", LADDER[:i + 1]))
+        rows += [TrainRow(f"+ {LABELS[lever]}", LADDER[:i + 1]) for i, lever in enumerate(LADDER)]
     if "single" in groups:
         rows += [TrainRow(f"plain + {LABELS[lever]} only", (lever,)) for lever in SINGLES]
     if "synthetic" in groups:
@@ -219,7 +166,7 @@ def endless(loader):
         epoch += 1
 
 
-def bench_components(config, device: torch.device, data) -> Components:
+def bench_components(config, device: torch.device, data):
     """The training components exactly as ``runtime.app.run`` builds them (no logging)."""
     dist_info = D.DistInfo(rank=0, local_rank=0, world_size=1, device=device)
     config = resolve(config, dist_info, data)
@@ -228,48 +175,35 @@ def bench_components(config, device: torch.device, data) -> Components:
     return components
 
 
-def make_step(components: Components):
+def make_step(components):
     """``step(image, label) -> loss``: what the training loop does with a batch."""
-
-    def step(image, label):
-        image, label = step_inputs(components, image, label)
-        return components.step(image, label)
-    return step
+    return lambda image, label: components.step(*step_inputs(components, image, label))
 
 
 def time_steps(step, batches, warmup: int, steps: int, device: torch.device) -> tuple[float, float, float]:
-    """``(wall seconds of the timed steps, median ms per step, last loss)``.
+    """``(wall seconds, median ms per step, last loss)`` of the timed steps, one host sync before
+    and after them (as in training); on a GPU per-step CUDA events (launch to launch)."""
+    cuda = device.type == "cuda"
 
-    One host sync before and one after the timed steps, none in between (as in training). On the
-    GPU the per-step times come from CUDA events recorded at each loop start, i.e. the GPU-side
-    time from one step's launch to the next, data waits included.
-    """
+    def mark():
+        if not cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
     for _ in range(warmup):
         step(*next(batches))
     synchronize(device)
-    cuda = device.type == "cuda"
-    marks = []
-    loss = None
-    start = time.perf_counter()
+    marks, loss, start = [], None, time.perf_counter()
     for _ in range(steps):
-        marks.append(_mark(cuda))
+        marks.append(mark())
         loss = step(*next(batches))
-    marks.append(_mark(cuda))
+    marks.append(mark())
     synchronize(device)
     wall = time.perf_counter() - start
-    if cuda:
-        per_step = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
-    else:
-        per_step = [1e3 * (b - a) for a, b in zip(marks, marks[1:])]
+    per_step = [a.elapsed_time(b) if cuda else 1e3 * (b - a) for a, b in zip(marks, marks[1:])]
     return wall, statistics.median(per_step), float(loss) if loss is not None else float("nan")
-
-
-def _mark(cuda: bool):
-    if not cuda:
-        return time.perf_counter()
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
 
 
 def _error_line(err: BaseException) -> str:
@@ -279,16 +213,15 @@ def _error_line(err: BaseException) -> str:
 
 def largest_batch(config, device: torch.device, limit: int) -> tuple[int, str]:
     """The largest batch (<= ``limit``) for which two eager training steps of ``config`` run on
-    ``device``, and what stopped the next size; doubling from 1, then bisection."""
+    ``device`` (the second also holds the optimizer state), and what stopped the next size."""
     c = bench_components(config, device, data_source(config))
-    patch = config.input_shape
     step = make_step(c)
 
     def runs(batch: int) -> tuple[bool, str]:
         try:
-            image = torch.randn(batch, 1, *patch, device=device)
-            label = torch.randint(0, 3, (batch, 1, *patch), dtype=torch.uint8, device=device)
-            for _ in range(2):      # the second step also holds the optimizer state
+            image = torch.randn(batch, 1, *config.input_shape, device=device)
+            label = torch.randint(0, 3, (batch, 1, *config.input_shape), dtype=torch.uint8, device=device)
+            for _ in range(2):
                 step(image, label)
             synchronize(device)
             return True, ""
@@ -301,17 +234,16 @@ def largest_batch(config, device: torch.device, limit: int) -> tuple[int, str]:
             c.optimizer.zero_grad(set_to_none=True)
             free_memory(device)
 
-    good, why = search_largest(runs, limit)
+    found = search_largest(runs, limit)
     c = step = None  # drop the model and optimizer state before the next row
     free_memory(device)
-    return good, why
+    return found
 
 
 def search_largest(runs, limit: int) -> tuple[int, str]:
     """The largest ``b <= limit`` with ``runs(b)[0]`` (assumed monotone), and the reason the next
     size failed (or ``"limit N"``): doubling from 1, then bisection. 0 if even 1 fails."""
-    good, bad, why = 0, None, f"limit {limit}"
-    batch = 1
+    good, bad, why, batch = 0, None, f"limit {limit}", 1
     while batch <= limit:
         ok, reason = runs(batch)
         if not ok:
@@ -326,20 +258,15 @@ def search_largest(runs, limit: int) -> tuple[int, str]:
     while bad is not None and bad - good > 1:
         middle = (good + bad) // 2
         ok, reason = runs(middle)
-        if ok:
-            good = middle
-        else:
-            bad, why = middle, reason
+        good, bad, why = (middle, bad, why) if ok else (good, middle, reason)
     return good, why
 
 
 class LoaderCache:
-    """A data source that keeps the last loaders, reused by the next row when its data settings
-    are the same (building one labels every case's components); never more than one alive, so a
-    device cache does not count towards another row's peak memory."""
-
-    def __init__(self):
-        self.key, self.loaders_ = None, None
+    """A data source that keeps the last loaders for the next row with the same data settings
+    (building one labels every case's components); one alive at most (a device cache would
+    count towards another row's peak memory)."""
+    key, loaders_ = None, None
 
     def summary(self, config):
         return data_source(config).summary(config)
@@ -354,198 +281,148 @@ class LoaderCache:
         return self.loaders_
 
 
-def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, batch_size: int,
-                  loaders: LoaderCache) -> TrainResult:
-    result = TrainResult(row, batch_size=batch_size)
-    argv = argv0 + ["--cache", "memory", "--num_workers", str(args.plain_workers),
-                    "--loader", row.loader, "--batch_size", str(batch_size),
-                    "--warmup_steps", str(args.warmup)]
-    for lever in row.levers:
-        argv += LEVERS[lever]
-    config = parse_args(argv, prog="bench_throughput")
-    if config.cuda_graphs:
-        ok, reason = cuda_graphs_supported(device, config)
-        if not ok:
-            result.notes.append(f"n/a: {reason}")
-            return result
+def guarded(result: Result, device: torch.device, work) -> Result:
+    """``work()`` with the peak GPU memory of it in ``result``; out of memory or a failure becomes
+    a note (one failing lever must not hide the other rows)."""
     free_memory(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    batches = None
     try:
-        c = bench_components(config, device, loaders)
-        loader = c.train_loader
-        batches = endless(loader)
-        step = make_step(c)
-        wall, median_ms, loss = time_steps(step, batches, args.warmup, args.steps, device)
-        result.samples_per_s = args.steps * batch_size / wall
-        result.ms_per_step = median_ms
-        if not math.isfinite(loss):
-            result.notes.append(f"loss {loss}")
-        if getattr(loader, "cache", None) not in (None, config.cache) and config.loader == "pytorch":
-            result.notes.append(f"cache {loader.cache}")
+        work()
     except OUT_OF_MEMORY:
         result.notes.append("out of memory")
-    except Exception as err:  # noqa: BLE001 - one failing lever must not hide the others' rows
+    except Exception as err:  # noqa: BLE001
         result.notes.append(f"failed: {_error_line(err)}")
-    finally:
-        if batches is not None:
-            batches.close()
-        c = step = None
     if device.type == "cuda":
         result.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
     free_memory(device)
     return result
 
 
-@dataclass
-class EvalResult:
-    name: str
-    volumes: int = 0
-    windows: int = 0
-    seconds: float | None = None
-    peak_gib: float | None = None
-    tflops: float | None = None
-    notes: list[str] = field(default_factory=list)
+def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, batch_size: int,
+                  loaders: LoaderCache) -> Result:
+    result = Result(row, batch_size=batch_size)
+    config = parse_args(argv0 + ["--cache", "memory", "--num_workers", str(args.plain_workers), "--loader", row.loader,
+                                 "--batch_size", str(batch_size), "--warmup_steps", str(args.warmup),
+                                 *[flag for lever in row.levers for flag in LEVERS[lever]]], prog="bench_throughput")
+    ok, reason = cuda_graphs_supported(device, config) if config.cuda_graphs else (True, "")
+    if not ok:
+        result.notes.append(f"n/a: {reason}")
+        return result
+
+    def work():
+        c = bench_components(config, device, loaders)
+        with contextlib.closing(endless(c.train_loader)) as batches:
+            wall, result.ms_per_step, loss = time_steps(make_step(c), batches, args.warmup, args.steps, device)
+        result.samples_per_s = args.steps * batch_size / wall
+        if not math.isfinite(loss):
+            result.notes.append(f"loss {loss}")
+        if getattr(c.train_loader, "cache", None) not in (None, config.cache) and config.loader == "pytorch":
+            result.notes.append(f"cache {c.train_loader.cache}")
+    return guarded(result, device, work)
 
 
-def run_eval_row(name: str, flags: list[str], args, argv0: list[str], device: torch.device) -> EvalResult:
-    result = EvalResult(name)
-    config = parse_args(argv0 + ["--exec_mode", "evaluate", "--num_workers", "0", *flags],
-                        prog="bench_throughput")
-    free_memory(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    try:
+def run_eval_row(name: str, flags: list[str], argv0: list[str], device: torch.device) -> Result:
+    result = Result(name=name)
+    config = parse_args(argv0 + ["--exec_mode", "evaluate", "--num_workers", "0", *flags], prog="bench_throughput")
+
+    def work():
         c = bench_components(config, device, data_source(config))
-        model, val_loader = c.eval_model, c.val_loader
-        roi = config.val_input_shape
+        roi, model = config.val_input_shape, c.eval_model
         flops_per_window = flop_count_per_sample(model, roi)[0]
-        first = iter(val_loader)
-        image, label, _ = next(first)
-        first.close()
+        with contextlib.closing(iter(c.val_loader)) as first:
+            image = next(first)[0]
         windows_per_volume = window_geometry(image.shape[2:], roi, config.overlap).n_windows
         model.eval()
         predict = build_predictor(model, device, options_from(c.config))
         with torch.no_grad():      # warm-up: every window-batch shape once (autotuning, compiling)
             sliding_window_inference(predict, image.to(device), roi, config.overlap, config.sw_batch_size)
-        image = label = None
+        image = None
         synchronize(device)
         start = time.perf_counter()
-        metrics = evaluate(predict, val_loader, c.loss_fn, c.score_fn, roi, config.overlap,
+        metrics = evaluate(predict, c.val_loader, c.loss_fn, c.score_fn, roi, config.overlap,
                            config.sw_batch_size, device)
         synchronize(device)
         result.seconds = time.perf_counter() - start
         result.volumes = int(metrics["eval_cases"])
         result.windows = windows_per_volume * result.volumes
         result.tflops = flops_per_window * result.windows / result.seconds / 1e12
-    except OUT_OF_MEMORY:
-        result.notes.append("out of memory")
-    except Exception as err:  # noqa: BLE001
-        result.notes.append(f"failed: {_error_line(err)}")
-    finally:
-        c = model = None
-    if device.type == "cuda":
-        result.peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
-    free_memory(device)
-    return result
+    return guarded(result, device, work)
 
 
 def flops_text(flops: float) -> str:
     return f"{flops / 1e12:.3f} TFLOP" if flops >= 1e11 else f"{flops / 1e9:.3f} GFLOP"
 
 
-def _fmt(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
-def environment_lines(args, device: torch.device, command: str) -> list[str]:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        what = (f"{props.name}, {props.total_memory / 2**30:.0f} GiB; CUDA {torch.version.cuda}, "
-                f"cuDNN {torch.backends.cudnn.version()}")
-    else:
-        what = f"CPU ({platform.processor() or platform.machine()}), torch threads: {torch.get_num_threads()}"
-    filters = args.filters or "default (32 64 128 256 320)"
-    return [f"- date: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}",
-            f"- device: {what}; torch {torch.__version__}, Python {platform.python_version()}",
-            f"- command: `{command}`",
-            f"- model filters {filters}; patch {patch_text(args)}; {args.steps} timed steps after "
-            f"{args.warmup} warm-up steps per row; training volumes {tuple(args.case_shape)} "
-            f"({args.distinct} distinct, {args.cases} case ids); learning rate 0.01"]
-
-
-def train_table(results: list[TrainResult], flops: int, ceiling: float, device: torch.device) -> list[str]:
+def train_table(results: list[Result], flops: int, ceiling: float, cuda: bool) -> str:
     plain = next((r.samples_per_s for r in results if r.row.name == "plain"), None)
-    lines = ["| configuration | batch | samples/s | ms/step (median) | TFLOP/s | of ceiling | "
-             "peak GiB | largest batch | vs plain | notes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = []
     for r in results:
         tflops = r.samples_per_s * flops / 1e12 if r.samples_per_s else None
         ratio = r.samples_per_s / plain if (r.samples_per_s and plain) else None
-        # the ceiling is a GPU's: a fraction of it means nothing for a CPU run
-        of_ceiling = f"{tflops / ceiling * 100:.1f}%" if (tflops and device.type == "cuda") else "-"
-        peak = _fmt(r.peak_gib, ".1f") if device.type == "cuda" else "n/a"
-        lines.append(f"| {r.row.name} | {r.batch_size or '-'} | {_fmt(r.samples_per_s, '.2f')} | "
-                     f"{_fmt(r.ms_per_step, '.1f')} | {_fmt(tflops, '.3g' if device.type != 'cuda' else '.1f')} | "
-                     f"{of_ceiling} | "
-                     f"{peak} | {r.largest_batch} | {_fmt(ratio, '.2f')}{'x' if ratio else ''} | "
-                     f"{'; '.join(r.notes)} |")
-    return lines
+        rows.append([r.row.name, r.batch_size or "-", _fmt(r.samples_per_s, ".2f"), _fmt(r.ms_per_step, ".1f"),
+                     _fmt(tflops, ".1f" if cuda else ".3g"),
+                     f"{tflops / ceiling * 100:.1f}%" if (tflops and cuda) else "-",  # a GPU's ceiling
+                     _fmt(r.peak_gib, ".1f") if cuda else "n/a", r.largest_batch,
+                     f"{ratio:.2f}x" if ratio else "-", "; ".join(r.notes)])
+    return table(["configuration", "batch", "samples/s", "ms/step (median)", "TFLOP/s", "of ceiling", "peak GiB",
+                  "largest batch", "vs plain", "notes"], rows)
 
 
-def eval_table(results: list[EvalResult], device: torch.device) -> list[str]:
-    lines = ["| evaluation | volumes | windows | total s | s/volume | TFLOP/s | peak GiB | notes |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in results:
-        per_volume = r.seconds / r.volumes if (r.seconds and r.volumes) else None
-        peak = _fmt(r.peak_gib, ".1f") if device.type == "cuda" else "n/a"
-        lines.append(f"| {r.name} | {r.volumes} | {r.windows} | {_fmt(r.seconds, '.2f')} | "
-                     f"{_fmt(per_volume, '.3f')} | {_fmt(r.tflops, '.3g' if device.type != 'cuda' else '.1f')} | "
-                     f"{peak} | {'; '.join(r.notes)} |")
-    return lines
+def eval_table(results: list[Result], cuda: bool) -> str:
+    return table(["evaluation", "volumes", "windows", "total s", "s/volume", "TFLOP/s", "peak GiB", "notes"], [
+        [r.name, r.volumes, r.windows, _fmt(r.seconds, ".2f"),
+         _fmt(r.seconds / r.volumes if (r.seconds and r.volumes) else None, ".3f"),
+         _fmt(r.tflops, ".1f" if cuda else ".3g"), _fmt(r.peak_gib, ".1f") if cuda else "n/a", "; ".join(r.notes)]
+        for r in results])
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.smoke:
-        args = apply_smoke(args, parser)
-    command = "python -m benchmarks.bench_throughput " + " ".join(argv if argv is not None else sys.argv[1:])
+    for name, value in SMOKE.items() if args.smoke else ():   # values given on the command line are kept
+        if getattr(args, name) == parser.get_default(name):
+            setattr(args, name, value)
+    if len(args.patch) not in (1, 3):
+        raise SystemExit(f"bench_throughput: --patch takes 1 or 3 sizes, got {args.patch}")
+    args.patch = args.patch * 3 if len(args.patch) == 1 else args.patch
+    patch = "x".join(map(str, args.patch))
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = D.select_device(args.device, 0)
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.set_device(device)
     groups = {g for g in args.rows.split(",") if g}
-    unknown = groups - set(ROW_GROUPS)
-    if unknown:
-        raise SystemExit(f"bench_throughput: unknown --rows {sorted(unknown)}; choose from {ROW_GROUPS}")
-
-    keep = bool(args.data_dir)
+    if groups - set(ROW_GROUPS):
+        raise SystemExit(f"bench_throughput: unknown --rows {sorted(groups - set(ROW_GROUPS))}; choose from {ROW_GROUPS}")
     folder = Path(args.data_dir or tempfile.mkdtemp(prefix="bench_throughput_"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
         tick = time.perf_counter()
         write_volumes(folder, args)
         print(f"volumes in {folder} ({time.perf_counter() - tick:.1f} s)", flush=True)
-        argv0 = base_argv(args, folder, device)
+        argv0 = ["--data_dir", str(folder), "--device", device.type, "--seed", "0", "--benchmark", "--input_shape",
+                 *map(str, args.patch), "--val_input_shape", *map(str, args.patch), "--learning_rate", "0.01",
+                 "--overlap", "0.5", "--prefetch", "2", *(["--filters", *map(str, args.filters)] if args.filters else [])]
         plain_config = parse_args(argv0, prog="bench_throughput")
         with torch.device("meta"):         # shapes only: no memory, no initialisation cost
-            flops = flop_count_per_sample(build_model(plain_config, torch.device("meta")),
-                                          plain_config.input_shape)[1]
-        print(f"model: {flops_text(flops)} per sample (forward + backward) at {patch_text(args)}", flush=True)
+            flops = flop_count_per_sample(build_model(plain_config, torch.device("meta")), plain_config.input_shape)[1]
+        print(f"model: {flops_text(flops)} per sample (forward + backward) at {patch}", flush=True)
 
         largest: dict[tuple[bool, bool], tuple[int, str]] = {}
-        if device.type == "cuda":
-            for key in [(False, False), (True, True)]:
-                flags = (LEVERS["bf16"] if key[0] else []) + (LEVERS["channels_last"] if key[1] else [])
-                config = parse_args(argv0 + flags + ["--batch_size", "1"], prog="bench_throughput")
-                largest[key] = largest_batch(config, device, min(args.max_batch_limit, args.cases))
-                print(f"largest batch (bf16={key[0]}, channels_last={key[1]}): {largest[key][0]} "
-                      f"(next size: {largest[key][1]})", flush=True)
+        for key in [(False, False), (True, True)] if cuda else []:
+            flags = (LEVERS["bf16"] if key[0] else []) + (LEVERS["channels_last"] if key[1] else [])
+            config = parse_args(argv0 + flags + ["--batch_size", "1"], prog="bench_throughput")
+            largest[key] = largest_batch(config, device, min(args.max_batch_limit, args.cases))
+            print(f"largest batch (bf16={key[0]}, channels_last={key[1]}): {largest[key][0]} "
+                  f"(next size: {largest[key][1]})", flush=True)
 
-        results: list[TrainResult] = []
+        results: list[Result] = []
         loaders = LoaderCache()
         # Untimed: process-wide first-use costs (allocator growth, kernel/primitive caches, the
         # first DataLoader start) would otherwise all land on the plain row.
@@ -556,61 +433,58 @@ def main(argv=None) -> int:
             skipped = {lever: lever_unavailable(lever, device, args, plain_config) for lever in row.levers}
             new = row.levers[-1] if row.levers else None
             if new is not None and skipped.get(new) and (len(row.levers) == 1 or row.name.startswith("+")):
-                results.append(TrainResult(row, notes=[f"n/a: {skipped[new]}"]))
+                results.append(Result(row, notes=[f"n/a: {skipped[new]}"]))
                 print(f"{row.name}: n/a ({skipped[new]})", flush=True)
                 continue
             active = tuple(lever for lever in row.levers if not skipped[lever])
             dropped |= set(row.levers) - set(active)
             key = ("bf16" in active, "channels_last" in active)
             batch = row.batch_size or args.batch_size
-            if batch == "max":
-                if key not in largest:
-                    results.append(TrainResult(row, notes=["n/a: the largest-batch search runs on a GPU only"]))
-                    continue
-                batch = largest[key][0]
+            if batch == "max" and key not in largest:
+                results.append(Result(row, notes=["n/a: the largest-batch search runs on a GPU only"]))
+                continue
+            batch = largest[key][0] if batch == "max" else batch
             result = run_train_row(TrainRow(row.name, active, row.loader), args, argv0, device, batch, loaders)
-            result.row = row
-            if key in largest:
-                result.largest_batch = str(largest[key][0])
+            result.row, result.largest_batch = row, str(largest[key][0]) if key in largest else "n/a"
             results.append(result)
             print(f"{row.name}: {_fmt(result.samples_per_s, '.2f')} samples/s, "
                   f"{_fmt(result.ms_per_step, '.1f')} ms/step {'; '.join(result.notes)}", flush=True)
         loaders = None
 
-        eval_results: list[EvalResult] = []
-        if not args.no_eval:
-            optimised = LEVERS["bf16"] + LEVERS["channels_last"] + ["--sw_batch_size", str(args.eval_sw_batch)]
-            eval_rows = [("plain: fp32, 1 window per forward", ["--sw_batch_size", "1"]),
-                         (f"bf16 + {args.eval_sw_batch} windows per forward + channels_last", optimised)]
-            if device.type == "cuda":
-                eval_rows.append(("+ cudnn benchmark + compile", optimised + ["--cudnn_benchmark", "--compile"]))
-            for name, flags in eval_rows:
-                result = run_eval_row(name, flags, args, argv0, device)
-                eval_results.append(result)
-                print(f"eval {name}: {_fmt(result.seconds, '.2f')} s for {result.volumes} volumes "
-                      f"{'; '.join(result.notes)}", flush=True)
+        eval_results: list[Result] = []
+        optimised = LEVERS["bf16"] + LEVERS["channels_last"] + ["--sw_batch_size", str(args.eval_sw_batch)]
+        eval_rows = [("plain: fp32, 1 window per forward", ["--sw_batch_size", "1"]),
+                     (f"bf16 + {args.eval_sw_batch} windows per forward + channels_last", optimised)]
+        eval_rows += [("+ cudnn benchmark + compile", optimised + ["--cudnn_benchmark", "--compile"])] if cuda else []
+        for name, flags in [] if args.no_eval else eval_rows:
+            eval_results.append(run_eval_row(name, flags, argv0, device))
+            print(f"eval {name}: {_fmt(eval_results[-1].seconds, '.2f')} s for {eval_results[-1].volumes} volumes "
+                  f"{'; '.join(eval_results[-1].notes)}", flush=True)
 
-        lines = ["## Training throughput", ""] + environment_lines(args, device, command)
-        if device.type != "cuda":
-            lines.append("- CPU run: peak memory and the largest-batch search are GPU-only")
-        lines += ["", *train_table(results, flops, args.ceiling_tflops, device), ""]
-        lines += [f"TFLOP/s = samples/s x {flops_text(flops)} per sample (forward + backward, "
-                  f"FlopCounterMode); ceiling {args.ceiling_tflops:g} TFLOP/s. Largest batch: eager "
-                  "steps with the row's precision and memory format."]
+        if cuda:
+            props = torch.cuda.get_device_properties(device)
+            what = (f"{props.name}, {props.total_memory / 2**30:.0f} GiB; CUDA {torch.version.cuda}, "
+                    f"cuDNN {torch.backends.cudnn.version()}")
+        else:
+            what = f"CPU, torch threads: {torch.get_num_threads()} (peak memory and the largest-batch search: GPU only)"
+        lines = ["## Training throughput", "", header("bench_throughput", argv), "", f"- device: {what}",
+                 f"- model filters {args.filters or 'default (32 64 128 256 320)'}; patch {patch}; "
+                 f"{args.steps} timed steps after {args.warmup} warm-up steps per row; training volumes "
+                 f"{tuple(args.case_shape)} ({args.distinct} distinct, {args.cases} case ids); learning rate 0.01",
+                 "", train_table(results, flops, args.ceiling_tflops, cuda), "",
+                 f"TFLOP/s = samples/s x {flops_text(flops)} per sample (forward + backward, FlopCounterMode); "
+                 f"ceiling {args.ceiling_tflops:g} TFLOP/s. Largest batch: eager steps with the row's precision "
+                 "and memory format."]
         if dropped:
             lines.append(f"Levers left out of the later rows on this run: {', '.join(sorted(dropped))}.")
         if eval_results:
-            lines += ["", "## Evaluation", "",
-                      f"{args.eval_volumes} synthetic volumes of {tuple(args.eval_shape)}, window "
-                      f"{patch_text(args)}, overlap 0.5, loss and Dice included; one untimed volume first.", "",
-                      *eval_table(eval_results, device)]
-        text = "\n".join(lines) + "\n"
-        print("\n" + text)
-        if args.out:
-            Path(args.out).write_text(text)
+            lines += ["", "## Evaluation", "", f"{args.eval_volumes} synthetic volumes of {tuple(args.eval_shape)}, "
+                      f"window {patch}, overlap 0.5, loss and Dice included; one untimed volume first.", "",
+                      eval_table(eval_results, cuda)]
+        report("\n".join(lines), args.out)
         return 0
     finally:
-        if not keep:
+        if not args.data_dir:
             shutil.rmtree(folder, ignore_errors=True)
 
 

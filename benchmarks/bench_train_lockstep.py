@@ -1,21 +1,10 @@
 """The CPU training step through the command users run, lock-step against the real MLCommons code.
 
-Every variant is ``main.py --exec_mode train --benchmark`` on the same preprocessed data (the
-real data pipeline, ``--num_workers 0``) in lock-step rounds (:func:`benchmarks.harness.lockstep`):
-``fp32``, ``bf16`` (``--amp --amp_dtype bf16``), ``fast`` (``--amp --channels_last``) and
-``mlcommons``: the reference's own ``Unet3D``, ``DiceCELoss`` and ``get_optimizer`` from
-``--reference_code`` (the ``image_segmentation/pytorch`` folder of a mlcommons/training
-checkout), its step as its ``runtime/training.py`` runs it on a CPU (float32, eager, NCDHW,
-backward, step, zero_grad), handed to the project's step timer (``time_training``) on the
-project's loader. Beside each figure: GFLOP/s and its share of the convolution rate measured in
-the same run (3x3x3, 64 channels, 64³ (``--conv_side``), forward + backward, in the variant's type and layout).
-``--isa AVX2`` runs a group under ``ONEDNN_MAX_CPU_ISA=AVX2`` (an imitation of an AVX2-only CPU).
-``--in_process``: the reference's step and the fast step alternating in one process on one
-synthetic batch instead.
-
-    python -m benchmarks.bench_train_lockstep --reference_code REF --data_dir DATA --shapes 64x2 128x1
-
-``DATA``: preprocessed training cases without evaluation cases (no evaluation pass is timed).
+``main.py --exec_mode train --benchmark`` per variant and round on ``--data_dir`` (training cases
+only): ``fp32``, ``bf16``, ``fast`` (``--amp --channels_last``) against the baseline ``mlcommons``,
+the reference's own network, loss, optimizer and step (``--reference_code``) on the project's step
+timer and loader; GFLOP/s beside each and its share of the convolution rate measured in the run.
+``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``; ``--in_process``: reference and ``fast`` alternating.
 """
 from __future__ import annotations
 
@@ -41,24 +30,23 @@ PRECISION = re.compile(r"^bf16: .*$", re.M)
 
 
 def reference_parts(code_dir: str):
-    """The reference's network, its loss and its optimizer (SGD, Nesterov) with lr 1e-4."""
+    """The reference's network, its loss, its optimizer (SGD, Nesterov, lr 1e-4) and its step as
+    its runtime/training.py runs it on a CPU (amp off, ga_steps 1)."""
     from tests.mlcommons_reference import load_reference_training
 
     unet3d, dice_ce_loss, get_optimizer = load_reference_training(code_dir)
     model = unet3d(1, 3, "instancenorm", "relu")
     optimizer = get_optimizer(model.parameters(), SimpleNamespace(optimizer="sgd", learning_rate=1e-4, momentum=0.9,
                                                                   weight_decay=0.0, lamb_betas=(0.9, 0.999)))
-    return model, dice_ce_loss(to_onehot_y=True, use_softmax=True, layout="NCDHW", include_background=False), optimizer
+    loss_fn = dice_ce_loss(to_onehot_y=True, use_softmax=True, layout="NCDHW", include_background=False)
 
-
-def reference_step(model, loss_fn, optimizer):
-    def step(image, label, last_micro_batch=True):  # its runtime/training.py: amp off, ga_steps 1
+    def step(image, label, last_micro_batch=True):
         loss = loss_fn(model(image), label)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         return loss.detach()
-    return step
+    return model, loss_fn, optimizer, step
 
 
 def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
@@ -77,10 +65,10 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     data = data_source(config)
     config = resolve(config, dist, data)
     torch.manual_seed(config.seed)
-    model, loss_fn, optimizer = reference_parts(code_dir)
+    model, loss_fn, optimizer, step = reference_parts(code_dir)
     train_loader, val_loader = data.loaders(config, 1, 0, cpu)
     parts = Components(config=config, dist=dist, model=model, optimizer=optimizer, scaler=None, loss_fn=loss_fn,
-                       score_fn=None, autocast=nullcontext, step=reference_step(model, loss_fn, optimizer),
+                       score_fn=None, autocast=nullcontext, step=step,
                        train_loader=train_loader, val_loader=val_loader, eval_model=model)
     time_training(parts, SimpleNamespace(say=print), Budget.of(config))
     return 0
@@ -105,9 +93,8 @@ def in_process(args, side: int, batch: int) -> tuple[dict, str]:
     autocast, scaler = build.autocast_factory(cfg, cpu)
     fast = build.eager_train_step(ours, DiceCELoss(), make_optimizer("sgd", ours.parameters(), 1e-4, 0.9),
                                   scaler, autocast, 1)
-    theirs, loss_fn, optimizer = reference_parts(args.reference_code)
+    theirs, _, _, reference = reference_parts(args.reference_code)
     theirs.load_state_dict({k: v.contiguous() for k, v in ours.state_dict().items()})
-    reference = reference_step(theirs, loss_fn, optimizer)
     g = torch.Generator().manual_seed(1)
     image = torch.randn(batch, 1, side, side, side, generator=g)
     label = torch.randint(0, 3, (batch, 1, side, side, side), generator=g, dtype=torch.uint8)
@@ -143,11 +130,6 @@ def conv_rates(env: dict, side: int = 64) -> dict[str, float]:
     if done.returncode:
         raise SystemExit(f"conv rate measurement failed: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def layout_key(variant: str, precision_line: str) -> str:
-    bf16 = variant in ("bf16", "fast") and "training in bf16" in precision_line
-    return ("bfloat16" if bf16 else "float32") + ("_cl" if variant == "fast" else "")
 
 
 def main(argv=None) -> int:
@@ -215,7 +197,9 @@ def main(argv=None) -> int:
                                 if TIMED.search(text) else None)
                 times = {v: [run.value for run in rs] for v, rs in runs.items()}
                 lines = {v: (PRECISION.search(rs[0].text) or [""])[0] for v, rs in runs.items()}
-                keys, base = {v: layout_key(v, lines[v]) for v in variants}, variants[0]
+                keys = {v: ("bfloat16" if v in ("bf16", "fast") and "training in bf16" in lines[v] else "float32")
+                        + ("_cl" if v == "fast" else "") for v in variants}
+                base = variants[0]
                 print(loads(runs))
             speed = ratios(times, base)
             rows = []

@@ -1,49 +1,28 @@
 """``make gpu-check``: what one GPU says about this application, in one command and under 10 minutes.
 
-On a CUDA GPU it runs, each step with its own time limit inside a 10-minute deadline:
-
-1. the CUDA tests: every test of ``tests/`` that is skipped without a CUDA GPU (its ``skipif``
-   names CUDA or a GPU), selected by this module as a pytest plugin;
-2. a short convergence run: the demo's recipe (``scripts/demo.sh``: a synthetic KiTS19, a small
-   network trained until a demo Dice target), its epochs and time;
-3. the throughput ladder: ``python -m benchmarks.bench_throughput --rows ladder`` (plain, then each
-   speed lever added), training and evaluation;
-4. the predicted MLPerf time to train: ``main.py --benchmark`` on the ladder's synthetic volumes
-   with the benchmark's model, bf16/fp16 autocast and a time budget.
-
-Without CUDA (or with ``--smoke``) it runs its CPU smoke path instead and says so: the same four
-steps on tiny shapes and a few tiny volumes, in about a minute (the CUDA tests only collected
-and counted). Those
-numbers say nothing about a GPU.
-
-Every step's output goes to ``--out/<step>.log``; the numbers to ``--out/summary.md`` and
-``--out/summary.json`` (written atomically). Exit code 0 when every step passed, else 1.
-
-    python -m benchmarks.gpu_check --out gpu_check            # make gpu-check
-    python -m benchmarks.gpu_check --out gpu_check --smoke    # the CPU smoke path anywhere
+Each step with its own time limit: the CUDA tests (those skipped without CUDA; this module is their
+pytest plugin), a short convergence run (``scripts/demo.sh``), the throughput ladder and the
+predicted MLPerf time to train (``main.py --benchmark``); without CUDA (or ``--smoke``) the same on
+tiny CPU shapes, which say so. Logs and ``summary.md``/``summary.json`` in ``--out``; exit 0: all ok.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import ROOT, run_child, table, write_blob_case
+from data_loading.atomic import atomic_write
+
 DEADLINE_S = 570.0  # the whole check; each step gets at most its own limit and what is left
 SMOKE_NOTE = "CPU smoke path (no CUDA GPU, or --smoke): tiny shapes; these numbers say nothing about a GPU"
-CUDA_WORDS = ("cuda", "gpu")
-
 # one thread on a CPU: OpenMP threads of tiny convolutions on a shared CPU oversubscribe its cores
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # tiny network and shapes of the smoke path (batch norm: instance norm needs a bigger bottleneck)
@@ -52,24 +31,18 @@ TINY = ["--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32",
         "--seed", "0", "--device", "cpu", "--num_workers", "0"]
 
 
-# ------------------------------------------------------------------ the pytest plugin: CUDA tests
-
 def is_cuda_test(item) -> bool:
     """A test that is skipped without CUDA: one of its ``skipif`` marks names CUDA or a GPU."""
-    for mark in item.iter_markers("skipif"):
-        reason = str(mark.kwargs.get("reason", "")).lower()
-        if any(word in reason for word in CUDA_WORDS):
-            return True
-    return False
+    return any(word in str(mark.kwargs.get("reason", "")).lower()
+               for mark in item.iter_markers("skipif") for word in ("cuda", "gpu"))
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     """With ``-p benchmarks.gpu_check``: keep the CUDA tests only."""
-    kept = [item for item in items if is_cuda_test(item)]
     dropped = [item for item in items if not is_cuda_test(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = kept
+    items[:] = [item for item in items if is_cuda_test(item)]
 
 
 def junit_counts(path: Path) -> dict:
@@ -81,26 +54,19 @@ def junit_counts(path: Path) -> dict:
     return counts
 
 
-# ------------------------------------------------------------------------- parsing the outputs
-
 def prediction_numbers(output: str) -> dict:
     """The throughputs and the predicted time to train that ``main.py --benchmark`` printed."""
+    patterns = {"train_samples_per_s": (r"^throughput_train: ([\d.]+) samples/s", float),
+                "eval_seconds": (r"^evaluation: ([\d.e+-]+) s per evaluation", float),
+                "global_batch": (r"time to train \(MLPerf, predicted\): global batch (\d+)", int),
+                "rcp": (r"RCP (unet3d_ref_\d+)", str),
+                "one_run": (r"one run: mean (.+?) \(5th-95th percentile (.+?)\)", None),
+                "score": (r"score \(.*?\): (.+?) expected \(5th-95th percentile (.+?)\)", None)}
     found = {}
-    patterns = {
-        "train_samples_per_s": r"^throughput_train: ([\d.]+) samples/s",
-        "eval_seconds": r"^evaluation: ([\d.e+-]+) s per evaluation",
-        "global_batch": r"time to train \(MLPerf, predicted\): global batch (\d+)",
-        "rcp": r"RCP (unet3d_ref_\d+)",
-        "one_run": r"one run: mean (.+?) \(5th-95th percentile (.+?)\)",
-        "score": r"score \(.*?\): (.+?) expected \(5th-95th percentile (.+?)\)",
-    }
-    for name, pattern in patterns.items():
+    for name, (pattern, kind) in patterns.items():
         match = re.search(pattern, output, re.MULTILINE)
         if match:
-            groups = match.groups()
-            value = groups[0] if len(groups) == 1 else {"mean": groups[0], "p5_p95": groups[1]}
-            found[name] = float(value) if name in ("train_samples_per_s", "eval_seconds") else (
-                int(value) if name == "global_batch" else value)
+            found[name] = kind(match.group(1)) if kind else {"mean": match.group(1), "p5_p95": match.group(2)}
     return found
 
 
@@ -110,11 +76,9 @@ def result_numbers(output: str) -> dict:
                       output, re.MULTILINE)
     if not match:
         return {}
-    seed, seconds, status, dice, epochs = match.groups()
+    _, seconds, status, dice, epochs = match.groups()
     return {"status": status, "seconds": float(seconds), "best_mean_dice": float(dice), "epochs": int(epochs)}
 
-
-# ------------------------------------------------------------------------------------ the steps
 
 @dataclass
 class Step:
@@ -138,46 +102,28 @@ class Check:
         return DEADLINE_S - (time.monotonic() - self.start)
 
     def run(self, step: Step) -> str:
-        """Run ``step`` (output to ``<out>/<name>.log``); its output text."""
+        """Run ``step`` (output to ``<out>/<name>.log``, stopped at its limit); its output."""
         self.steps.append(step)
         limit = min(step.limit_s, self.left())
         if limit < 5:
             step.status, step.note = "skipped", "no time left inside the 10-minute deadline"
             return ""
         print(f"gpu-check: {step.name} (at most {limit:.0f} s) ...", flush=True)
-        tick = time.monotonic()
-        # a session of its own: a step that runs out of time is stopped with every process it
-        # started (the demo's bash and its pythons, pytest's workers)
-        proc = subprocess.Popen(step.command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env={**os.environ, **step.env}, start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=limit)
-            step.status = "ok" if proc.returncode == 0 else "failed"
-            if proc.returncode:
-                step.note = f"exit code {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
-            step.status, step.note = "timed out", f"stopped after {limit:.0f} s"
-        step.seconds = time.monotonic() - tick
-        (self.out / f"{step.name}.log").write_text(output)
+        step.seconds, _, code, output = run_child(step.command, self.out / f"{step.name}.log",
+                                                  {**os.environ, **step.env}, timeout=limit)
+        step.status = "ok" if code == 0 else "timed out" if code == 124 else "failed"
+        step.note = f"stopped after {limit:.0f} s" if code == 124 else f"exit code {code}" if code else ""
         print(f"gpu-check: {step.name}: {step.status} in {step.seconds:.1f} s", flush=True)
         return output
 
 
-def cuda_test_files() -> list[str]:
-    """The test files that can hold a CUDA test (they name CUDA): collecting only these is quicker."""
-    return [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests").glob("test_*.py"))
-            if "cuda" in path.read_text(encoding="utf-8", errors="replace").lower()]
-
-
 def cuda_tests(check: Check, smoke: bool) -> None:
-    base = [check.python, "-m", "pytest", "-p", "benchmarks.gpu_check", "-q", "-p", "no:cacheprovider",
-            *cuda_test_files()]
+    files = [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests").glob("test_*.py"))  # those naming CUDA
+             if "cuda" in path.read_text(encoding="utf-8", errors="replace").lower()]
+    base = [check.python, "-m", "pytest", "-p", "benchmarks.gpu_check", "-q", "-p", "no:cacheprovider", *files]
     if smoke:
         step = Step("cuda_tests", base + ["--collect-only"], 120)
-        output = check.run(step)
-        count = re.search(r"(\d+)(?:/\d+)? tests? collected", output)
+        count = re.search(r"(\d+)(?:/\d+)? tests? collected", check.run(step))
         step.numbers = {"collected": int(count.group(1)) if count else 0}
         step.note = (step.note + "; " if step.note else "") + "not run: no CUDA GPU (collected and counted only)"
         return
@@ -189,24 +135,16 @@ def cuda_tests(check: Check, smoke: bool) -> None:
 
 
 def write_tiny_data(folder: Path, train: int = 4, evaluate: int = 2, shape=(40, 40, 40)) -> Path:
-    """A preprocessed-looking dataset of a few tiny volumes (a kidney sphere with a tumour in
-    noise): ``train`` training cases and ``evaluate`` of the evaluation ids."""
+    """``train`` training cases and ``evaluate`` of the evaluation ids: tiny blob volumes."""
     import numpy as np
 
     from data_loading.dataset import read_evaluation_ids
 
     folder.mkdir(parents=True, exist_ok=True)
-    evaluation = read_evaluation_ids()
+    evaluation, rng = read_evaluation_ids(), np.random.default_rng(0)
     training = [f"{i:05d}" for i in range(210) if f"{i:05d}" not in set(evaluation)]
-    grid = np.ogrid[tuple(slice(0, s) for s in shape)]
-    distance = np.sqrt(sum((g - s / 2) ** 2 for g, s in zip(grid, shape)))
-    for n, case_id in enumerate(training[:train] + evaluation[:evaluate]):
-        label = np.zeros(shape, np.uint8)
-        label[distance < min(shape) / 4] = 1
-        label[distance < min(shape) / 8] = 2
-        image = (1.5 * label + np.random.default_rng(n).normal(0, 0.3, shape)).astype(np.float32)
-        np.save(folder / f"case_{case_id}_x.npy", image[None])
-        np.save(folder / f"case_{case_id}_y.npy", label[None])
+    for case_id in training[:train] + evaluation[:evaluate]:
+        write_blob_case(folder, case_id, shape, rng)
     return folder
 
 
@@ -223,54 +161,33 @@ def convergence(check: Check, smoke: bool) -> None:
 
 
 def ladder(check: Check, smoke: bool, data_dir: Path, reserve_s: float) -> None:
-    table = check.out / "ladder.md"
-    command = [check.python, "-m", "benchmarks.bench_throughput", "--data_dir", str(data_dir), "--out", str(table)]
+    out = check.out / "ladder.md"
+    command = [check.python, "-m", "benchmarks.bench_throughput", "--data_dir", str(data_dir), "--out", str(out)]
     if smoke:
         command += ["--smoke", "--rows", "", "--no_eval", "--threads", "1", "--filters", "2", "4", "4", "8", "8",
                     "--patch", "64", "32", "32", "--steps", "2", "--warmup", "1"]
-        limit = 120
     else:
         command += ["--rows", "ladder", "--steps", "20", "--warmup", "5", "--eval_volumes", "8"]
-        limit = max(30.0, check.left() - reserve_s)
-    step = Step("ladder", command, limit)
+    step = Step("ladder", command, 120 if smoke else max(30.0, check.left() - reserve_s))
     check.run(step)
-    if table.is_file():
-        rows = [line for line in table.read_text().splitlines() if line.startswith("| ") and "---" not in line]
-        step.numbers = {"rows": len(rows) - 1, "table": str(table.relative_to(check.out))}
+    if out.is_file():
+        rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line]
+        step.numbers = {"rows": len(rows) - 1, "table": str(out.relative_to(check.out))}
 
 
 def prediction(check: Check, smoke: bool, data_dir: Path) -> None:
-    env = {}
     if smoke:
         command = [check.python, "main.py", "--data_dir", str(check.tiny_data), *TINY, "--benchmark",
                    "--benchmark_steps", "3", "--warmup_steps", "1"]
-        env = ONE_THREAD
     else:
-        data = ["--data_dir", str(data_dir)] if (data_dir / "case_00000_x.npy").exists() or any(
-            data_dir.glob("case_*_x.npy")) else ["--loader", "synthetic"]
+        data = ["--data_dir", str(data_dir)] if any(data_dir.glob("case_*_x.npy")) else ["--loader", "synthetic"]
         command = [check.python, "main.py", *data, "--benchmark", "--amp", "--cudnn_benchmark",
                    "--benchmark_seconds", "30", "--warmup_steps", "5", "--num_workers", "8"]
-    step = Step("time_to_train", command + ["--log_dir", str(check.out / "benchmark")], 150, env=env)
+    step = Step("time_to_train", command + ["--log_dir", str(check.out / "benchmark")], 150,
+                env=ONE_THREAD if smoke else {})
     step.numbers = prediction_numbers(check.run(step))
     if step.status == "ok" and "score" not in step.numbers:
         step.status, step.note = "failed", "no predicted time to train in the output"
-
-
-# ------------------------------------------------------------------------------------ summary
-
-def device_line(smoke: bool) -> str:
-    import torch
-
-    torch_text = f"torch {torch.__version__}, Python {platform.python_version()}"
-    if not smoke:
-        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}); {torch_text}"
-    return f"CPU ({platform.machine()}, {os.cpu_count()} logical CPUs); {torch_text}"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
-        handle.write(text)
-    os.replace(handle.name, path)
 
 
 def number_text(value) -> str:
@@ -281,14 +198,12 @@ def number_text(value) -> str:
 
 
 def summary_markdown(steps: list[Step], smoke: bool, device: str, seconds: float) -> str:
-    lines = ["# gpu-check", "", f"- date: {datetime.datetime.now():%Y-%m-%d %H:%M}", f"- device: {device}",
-             f"- {SMOKE_NOTE}" if smoke else "- CUDA path", f"- total {seconds:.0f} s (deadline {DEADLINE_S:.0f} s)",
-             "", "| step | status | seconds | numbers | note |", "|---|---|---:|---|---|"]
-    for step in steps:
-        numbers = ", ".join(f"{k} {number_text(v)}" for k, v in step.numbers.items()) or "-"
-        lines.append(f"| {step.name} | {step.status} | {step.seconds:.1f} | {numbers.replace('|', '/')} "
-                     f"| {step.note or '-'} |")
-    return "\n".join(lines) + "\n"
+    rows = [[s.name, s.status, f"{s.seconds:.1f}", (", ".join(f"{k} {number_text(v)}" for k, v in s.numbers.items())
+                                                    or "-").replace("|", "/"), s.note or "-"] for s in steps]
+    return "\n".join(["# gpu-check", "", f"- date: {time.strftime('%Y-%m-%d %H:%M')}", f"- device: {device}",
+                      f"- {SMOKE_NOTE}" if smoke else "- CUDA path",
+                      f"- total {seconds:.0f} s (deadline {DEADLINE_S:.0f} s)", "",
+                      table(["step", "status", "seconds", "numbers", "note"], rows)]) + "\n"
 
 
 def main(argv=None) -> int:
@@ -304,19 +219,20 @@ def main(argv=None) -> int:
     if smoke:
         print(f"gpu-check: {SMOKE_NOTE}", flush=True)
     check = Check(out, sys.executable)
-    data_dir = out / "data"
     if smoke:
         check.tiny_data = write_tiny_data(out / "tiny_data")
     cuda_tests(check, smoke)
     convergence(check, smoke)
-    ladder(check, smoke, data_dir, reserve_s=100.0)
-    prediction(check, smoke, data_dir)
+    ladder(check, smoke, out / "data", reserve_s=100.0)
+    prediction(check, smoke, out / "data")
     seconds = time.monotonic() - check.start
-    device = device_line(smoke)
-    write_atomic(out / "summary.md", summary_markdown(check.steps, smoke, device, seconds))
-    write_atomic(out / "summary.json", json.dumps(
-        {"smoke": smoke, "device": device, "seconds": seconds, "steps": [asdict(s) for s in check.steps]},
-        indent=2) + "\n")
+    device = (f"CPU ({platform.machine()}, {os.cpu_count()} logical CPUs)" if smoke else
+              f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})") + \
+        f"; torch {torch.__version__}, Python {platform.python_version()}"
+    summary = json.dumps({"smoke": smoke, "device": device, "seconds": seconds,
+                          "steps": [asdict(s) for s in check.steps]}, indent=2) + "\n"
+    for name, text in [("summary.md", summary_markdown(check.steps, smoke, device, seconds)), ("summary.json", summary)]:
+        atomic_write(str(out / name), lambda handle: handle.write(text.encode()))
     failed = [s.name for s in check.steps if s.status != "ok"]
     print(f"gpu-check: {'smoke path ' if smoke else ''}done in {seconds:.0f} s: "
           + (f"{', '.join(failed)} not ok" if failed else "every step ok") + f"; {out / 'summary.md'}")

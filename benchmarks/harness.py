@@ -1,21 +1,19 @@
 """What the benchmarks share: in-process timing (``torch.utils.benchmark``), lock-step rounds of
-child processes, the header line (date, CPU, ISA, load), markdown tables, FLOP counting and the
-synthetic training volume.
-
-Lock-step (:func:`lockstep`): every variant once per round, each in a process of its own, the
-starting variant rotating from round to round so that a shared machine's load falls on all alike;
-each round's ratio against the named baseline, then the median of the rounds (:func:`ratios`).
-
-``python -m benchmarks.harness flops 128 128 128`` prints the default network's FLOPs per sample.
+child processes (each variant once per round in a process of its own, the first rotating, so that
+a shared machine's load falls on all alike; each round's ratio against the baseline, then their
+median), the header line (date, CPU, ISA, load), markdown tables, FLOP counting and the synthetic
+training volume. ``python -m benchmarks.harness flops 128 128 128``: the network's FLOPs per sample.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +66,7 @@ def alternate(fns: dict[str, Callable[[], object]], pairs: int, warmup: int = 1)
 
 @dataclass
 class Run:
-    """One child process: its measured ``value`` (seconds unless the caller says otherwise),
-    wall seconds, peak RSS in GB (``wait4``), the load average before it and its output."""
+    """One child process: its measured ``value``, wall seconds, peak RSS GB, load before, output."""
     value: float
     wall: float
     rss_gb: float
@@ -77,15 +74,24 @@ class Run:
     text: str
 
 
-def run_child(command: Sequence[str], log: Path, env: dict | None = None) -> tuple[float, float, int, str]:
+def run_child(command: Sequence[str], log: Path, env: dict | None = None,
+              timeout: float | None = None) -> tuple[float, float, int, str]:
     """``(wall seconds, peak RSS GB, exit code, output)`` of ``command`` run from the repository
-    root, its output (stdout and stderr) in ``log``."""
+    root, its output (stdout and stderr) in ``log``. With ``timeout``: a session of its own, stopped
+    with every process it started after ``timeout`` seconds, exit code 124 (as ``timeout(1)``)."""
     start = time.perf_counter()
     with open(log, "w") as handle:
-        process = subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                   start_new_session=timeout is not None)
+        timer = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL)) if timeout else None
+        if timer:
+            timer.start()
         _, status, usage = os.wait4(process.pid, 0)
-    return (time.perf_counter() - start, usage.ru_maxrss * 1024 / 1e9, os.waitstatus_to_exitcode(status),
-            log.read_text(errors="replace"))
+        stopped = timer is not None and timer.finished.is_set()
+        if timer:
+            timer.cancel()
+    return (time.perf_counter() - start, usage.ru_maxrss * 1024 / 1e9,
+            124 if stopped else os.waitstatus_to_exitcode(status), log.read_text(errors="replace"))
 
 
 def lockstep(names: Sequence[str], command: Callable[[str, int], Sequence[str]], rounds: int, work: Path,
@@ -115,17 +121,22 @@ def ratios(values: dict[str, list[float]], baseline: str) -> dict[str, float]:
             for name, times in values.items()}
 
 
+def report(text: str, out: str = "") -> None:
+    """Print ``text`` after a blank line and, with ``out``, write it there too."""
+    print("\n" + text, flush=True)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def loads(runs: dict[str, list[Run]]) -> str:
     every = [run.load for rs in runs.values() for run in rs]
     return f"load average {min(every):.1f}-{max(every):.1f}"
 
 
 def flop_count_per_sample(model: torch.nn.Module, input_shape: Sequence[int], in_channels: int = 1) -> tuple[int, int]:
-    """``(forward, forward + backward)`` FLOPs of one ``(1, in_channels, *input_shape)`` sample,
-    counted by ``FlopCounterMode`` (2 per multiply-add, as the spec counts them) on ``meta``
-    copies of the weights: nothing computed, the model untouched. No input gradient for the
-    first layer, as in training. The default network at 128³: 954.6 GFLOP forward, 2.860 TFLOP
-    with backward."""
+    """``(forward, forward + backward)`` FLOPs of one ``(1, in_channels, *input_shape)`` sample
+    (``FlopCounterMode`` on ``meta`` weights: 2 per multiply-add, as the spec counts; no input
+    gradient for the first layer). The default network at 128³: 954.6 GFLOP, 2.860 TFLOP."""
     from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
 
