@@ -83,15 +83,14 @@ def run_child(command: Sequence[str], log: Path, env: dict | None = None,
     with open(log, "w") as handle:
         process = subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
                                    start_new_session=timeout is not None)
-        timer = threading.Timer(timeout, os.killpg, (process.pid, signal.SIGKILL)) if timeout else None
-        if timer:
+        timer = threading.Timer(timeout or 0, os.killpg, (process.pid, signal.SIGKILL))
+        if timeout:
             timer.start()
         _, status, usage = os.wait4(process.pid, 0)
-        stopped = timer is not None and timer.finished.is_set()
-        if timer:
-            timer.cancel()
-    return (time.perf_counter() - start, usage.ru_maxrss * 1024 / 1e9,
-            124 if stopped else os.waitstatus_to_exitcode(status), log.read_text(errors="replace"))
+        timer.cancel()
+    wall, code = time.perf_counter() - start, os.waitstatus_to_exitcode(status)
+    return (wall, usage.ru_maxrss * 1024 / 1e9, 124 if timeout and code and wall >= timeout else code,
+            log.read_text(errors="replace"))
 
 
 def lockstep(names: Sequence[str], command: Callable[[str, int], Sequence[str]], rounds: int, work: Path,

@@ -2,6 +2,7 @@
 table (tiny smoke shapes; run as child processes: no test imports the benchmarks); the benchmarks
 keep the harness's rules (no ``sys.path`` bootstraps); the FLOP count reproduces the spec's."""
 import ast
+import json
 import os
 import re
 import subprocess
@@ -112,6 +113,37 @@ def test_predict_against_the_stand_in_reference(tmp_path):
     assert mlcommons[2] == torch_fp32[2] == "27"                   # windows, from predict's summary
     assert mlcommons[4] == "1.00x" and mlcommons[7] == "100.000%" and float(torch_fp32[3]) > 0
     assert torch_fp32[4].endswith("x") and "round 2 torch_fp32" in out
+    # predict's stage seconds: inferring apart from the other stages, each part of the scan's total
+    assert 0 < float(torch_fp32[9]) < float(torch_fp32[3]) and 0 <= float(torch_fp32[10]) < float(torch_fp32[3])
+
+
+RUN_CHILD = """
+import json, os, sys, time
+from pathlib import Path
+from benchmarks.harness import run_child
+log = Path(sys.argv[1])
+wall, _, code, text = run_child([sys.executable, "-c", "import sys; print('said'); sys.exit(3)"], log)
+out = [code, text.strip()]
+wall, _, code, text = run_child(["bash", "-c", "sleep 60 & echo $!; wait"], log, timeout=2)
+grandchild = int(text.split()[0])
+for _ in range(50):   # the background sleep, a child of the killed bash: stopped too
+    try:
+        os.kill(grandchild, 0)
+        time.sleep(0.1)
+    except ProcessLookupError:
+        break
+else:
+    grandchild = "alive"
+print(json.dumps(out + [code, wall < 30, grandchild != "alive"]))
+"""
+
+
+def test_run_child_exit_code_output_and_timeout(tmp_path):
+    """A child's exit code and output; past its timeout it is stopped with what it started, exit 124."""
+    proc = subprocess.run([sys.executable, "-c", RUN_CHILD, str(tmp_path / "log")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == [3, "said", 124, True, True]
 
 
 def test_predict_refuses_an_unknown_variant():
