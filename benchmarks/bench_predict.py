@@ -78,12 +78,14 @@ def summary_of(out: str) -> dict:
 
 
 def agreement(out: str, base: str, cases: list[str]) -> float:
-    """The share of voxels labelled in ``out`` as in ``base``."""
+    """The share of the kidney-or-tumour voxels of ``out`` or ``base`` labelled alike (the one metric)."""
     import nibabel
     import numpy as np
 
-    pairs = [[np.asarray(nibabel.load(os.path.join(o, f"{c}.nii.gz")).dataobj) for o in (out, base)] for c in cases]
-    return sum(int(np.sum(a == b)) for a, b in pairs) / sum(b.size for _, b in pairs)
+    from model.losses import foreground_agreement
+    counts = [foreground_agreement(*(np.asarray(nibabel.load(os.path.join(o, f"{c}.nii.gz")).dataobj)
+                                     for o in (out, base))) for c in cases]
+    return sum(e for e, _ in counts) / max(1, sum(t for _, t in counts))
 
 
 def main(argv=None) -> int:
@@ -148,7 +150,8 @@ def main(argv=None) -> int:
         f"scans {scans}, windows of {args.roi}³ · weights {args.ckpt or 'random'} · {args.rounds} lock-step rounds · "
         + loads(runs), "",
         table(["variant", "flags", "windows", "median s (scans, predict's summary)", f"vs {base} (median of rounds)",
-               "median s (process)", "peak RSS GB", f"voxels = {base}", "mean Dice vs label", "median s inferring",
+               "median s (process)", "peak RSS GB", f"kidney+tumour voxels = {base}", "mean Dice vs label",
+               "median s inferring",
                "median s other stages (read, preprocess, restore, write, preview)"], rows), "",
         "conversion before the rounds (s, cached): " + (", ".join(f"{n} {s:.1f}" for n, s in setup.items()) or "none")])
     report(text, args.out)

@@ -109,3 +109,12 @@ def label_map_dice(prediction, target, classes=(1, 2), smooth: float = SMOOTH) -
         total = int(np.count_nonzero(p)) + int(np.count_nonzero(t))
         scores.append((2.0 * both + smooth) / (total + smooth))
     return scores
+
+
+def foreground_agreement(labels, expected) -> tuple[int, int]:
+    """``(equal, total)`` over the voxels that either labelling calls kidney or tumour (label > 0):
+    how far a faster computation (int8, another backend) keeps a network's labels. The one
+    agreement metric: int8 calibration's accuracy control and the inference benchmarks use it."""
+    labels, expected = torch.as_tensor(labels), torch.as_tensor(expected)
+    union = (labels > 0) | (expected > 0)
+    return int((labels == expected)[union].sum()), int(union.sum())

@@ -1,4 +1,5 @@
 """Loss and metric against MONAI (independent oracle) and known answers."""
+import numpy as np
 import pytest
 import torch
 
@@ -69,3 +70,14 @@ def test_loss_is_differentiable():
     logits.requires_grad_(True)
     DiceCELoss()(logits, label).backward()
     assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+
+
+def test_foreground_agreement_counts_the_union_of_the_organs():
+    """Known answer: background both ways never counts; a voxel either calls organ counts, equal
+    only when both give the same label."""
+    from model.losses import foreground_agreement
+
+    labels = np.array([0, 0, 1, 2, 1, 0, 2])
+    expected = np.array([0, 1, 1, 2, 2, 0, 0])
+    assert foreground_agreement(labels, expected) == (2, 5)  # positions 1-4 and 6; 2 and 3 equal
+    assert foreground_agreement(np.zeros(4, int), np.zeros(4, int)) == (0, 0)

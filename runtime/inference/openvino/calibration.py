@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from model.losses import foreground_agreement
 from runtime.arguments import Config, UsageError
 from runtime.isa import int8_pairs_saturate
 from runtime.inference.sliding_window import PAD_VALUE
@@ -255,12 +256,6 @@ def nncf_overflow_fix(overflow_fix: str):
 def labels_of(logits) -> np.ndarray:
     """The argmax over the classes of ``logits`` ``(1, K, D, H, W)``."""
     return np.asarray(logits).argmax(1)
-
-
-def foreground_agreement(labels: np.ndarray, expected: np.ndarray) -> tuple[int, int]:
-    """(equal, total) over the voxels that either labelling calls foreground (label > 0)."""
-    union = (labels > 0) | (expected > 0)
-    return int((labels == expected)[union].sum()), int(union.sum())
 
 
 def pooled_agreement(counts: Sequence[tuple[int, int]]) -> float:
