@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_backends import agreement, labels_of, run_process, summary_of, versions  # noqa: E402
+from benchmarks.bench_backends import agreement, labels_of, summary_of, versions  # noqa: E402
 from benchmarks.cpu_isa import isa_line  # noqa: E402
 
 ENGINES = ("torch_fp32", "torch_int8", "openvino_int8", "pt2e_x86inductor")
