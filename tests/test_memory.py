@@ -47,7 +47,10 @@ def test_freed_large_tensors_are_reused_not_faulted_in_again(where):
     pages = 16 * 2**20 * 4 // 4096
     default, reused = page_faults("default", where), page_faults("reuse", where)
     assert default >= 9 * pages  # ten fresh mappings: the known cost being removed
-    assert reused <= pages // 4  # the same memory again, already mapped
+    # the same memory again, already mapped: usually no fault at all; about 1 run in 8 the heap
+    # grew instead for 4 of the 10 rounds (another block freed above it), so the bound is half
+    # the default's faults, which a reuse that does nothing (all ten fresh) cannot meet
+    assert reused <= default // 2, (reused, default)
 
 
 def test_not_glibc_is_a_reason_not_an_error(monkeypatch):
