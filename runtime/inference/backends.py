@@ -82,13 +82,12 @@ class Backend:
     ``convert(model, config, say, calibration) -> module`` (``calibration``: an int8 calibration
     set, :func:`runtime.inference.openvino.calibration.scan_calibration`)."""
 
-    name: str
     precisions: tuple[str, ...]
     convert: Callable[..., torch.nn.Module]
 
 
-BACKENDS = {"torch": Backend("torch", ("fp32",), _torch_module),
-            "openvino": Backend("openvino", ("fp32", "int8"), _openvino_module)}
+BACKENDS = {"torch": Backend(("fp32",), _torch_module),
+            "openvino": Backend(("fp32", "int8"), _openvino_module)}
 
 
 def _openvino_version() -> str:
@@ -102,10 +101,10 @@ def decide_backend(config: Config, device: torch.device) -> Config:
     decided for this run on ``device`` (see the module docstring). Raises :class:`UsageError`
     (one line) when ``--backend openvino`` or ``--int8`` cannot run here."""
     asked = config.backend
-    if config.exec_mode != "predict" and (config.exec_mode != "evaluate" or config.benchmark):
+    if config.exec_mode not in ("predict", "evaluate") or config.benchmark:
         return replace(config, backend="torch", backend_why="PyTorch (training and --benchmark run PyTorch)")
     if asked == "torch":
-        if config.int8:
+        if config.int8 and "int8" not in BACKENDS["torch"].precisions:
             raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
         return replace(config, backend="torch", backend_why="--backend torch: PyTorch")
     levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]

@@ -126,7 +126,7 @@ class Segmenter:
         members = []
         for one in saved:
             member = replace(config, load_ckpt_path=one.path)
-            model = load_trained_model(member, one, device, say if verbose else None)
+            model = load_trained_model(member, one, device, say)
             members.append(ScanInference(window_predictor(model, member, device, say, calibration), member, device))
         self.config: Config = config
         self.device = device
