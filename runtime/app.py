@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 from mlperf_logging.mllog import constants as C
 
 from runtime import checkpoint as ckpt
@@ -25,7 +26,7 @@ from runtime.build import Components, build_components
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.run_files import BACKEND, EVAL, METRICS_LOG, MLPERF_LOG, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
-from runtime.inference.host_memory import reuse_freed_memory
+from runtime.host_memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
                              keep_previous, remove_if_empty)
 from runtime.progress import make_progress
@@ -286,12 +287,20 @@ def _train_outputs(config: Config) -> list[Output]:
                                if config.save_ckpt_path else [])
 
 
+def _trains_on_cpu(config: Config) -> bool:
+    """Training on the CPU reuses freed host memory: every step's activations and gradients are
+    the same large blocks again (docs/performance.md, "Host memory reuse in training")."""
+    return config.exec_mode == "train" and (
+        config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()))
+
+
 MODES: dict[str, Mode] = {
     # training saves a checkpoint at the next step when signalled
-    "train": Mode(train_body, outputs=_train_outputs, stop_at_once=False),
+    "train": Mode(train_body, outputs=_train_outputs, stop_at_once=False, reuses_memory=_trains_on_cpu),
     "evaluate": Mode(evaluate_body, outputs=_log_dir, reuses_memory=lambda config: True),
     # --benchmark (train or evaluate): writes nothing
-    "benchmark": Mode(benchmark_body, reuses_memory=lambda config: config.exec_mode == "evaluate"),
+    "benchmark": Mode(benchmark_body, reuses_memory=lambda config: config.exec_mode == "evaluate"
+                      or _trains_on_cpu(config)),
     "predict": Mode(predict_body, outputs=lambda config: [Output(config.output_dir, "--output_dir")],
                     source=predict_source, reuses_memory=lambda config: True),
 }

@@ -1,11 +1,11 @@
-"""Host memory reuse (runtime.inference.host_memory): a freed large tensor's pages are reused, not faulted in again."""
+"""Host memory reuse (runtime.host_memory): a freed large tensor's pages are reused, not faulted in again."""
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from runtime.inference import host_memory as memory
+from runtime import host_memory as memory
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -13,7 +13,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 # mapping whose 16,384 pages fault on first touch.
 PROBE = textwrap.dedent("""
     import resource, sys, threading, torch
-    from runtime.inference.host_memory import reuse_freed_memory
+    from runtime.host_memory import reuse_freed_memory
     if sys.argv[1] == "reuse":
         assert reuse_freed_memory() is None
     def faults():
@@ -57,3 +57,45 @@ def test_not_glibc_is_a_reason_not_an_error(monkeypatch):
     monkeypatch.setattr(memory, "_glibc", lambda: None)
     assert memory.reuse_freed_memory() == "the C library is not glibc"
 
+
+
+@pytest.mark.parametrize("mode, flags, cuda, reuses", [
+    ("train", dict(device="cpu"), True, True),
+    ("train", dict(device="auto"), False, True),
+    ("train", dict(device="auto"), True, False),       # a GPU run: its tensors are not host memory
+    ("train", dict(device="cuda"), True, False),
+    ("benchmark", dict(device="cpu"), True, True),     # --benchmark training on the CPU
+    ("benchmark", dict(device="auto"), True, False),
+    ("benchmark", dict(exec_mode="evaluate", device="auto"), True, True),
+    ("evaluate", dict(exec_mode="evaluate"), True, True),
+    ("predict", dict(exec_mode="predict"), True, True),
+])
+def test_which_runs_reuse_freed_memory(monkeypatch, mode, flags, cuda, reuses):
+    """CPU training (plain and --benchmark) reuses freed memory as evaluate and predict do; a GPU
+    training run leaves the C library as it is."""
+    import dataclasses
+
+    from runtime import app
+    from runtime.arguments import Config
+
+    monkeypatch.setattr(app.torch.cuda, "is_available", lambda: cuda)
+    config = dataclasses.replace(Config(), **{"exec_mode": "train", "benchmark": mode == "benchmark", **flags})
+    assert app.mode_name(config) == mode
+    assert app.MODES[mode].reuses_memory(config) is reuses
+
+
+def test_cpu_training_run_reuses_freed_memory_first(monkeypatch):
+    """``run`` of a CPU training configures the C library before anything else."""
+    import dataclasses
+
+    from runtime import app
+    from runtime.arguments import Config
+
+    class Called(Exception):
+        pass
+
+    def reuse():
+        raise Called
+    monkeypatch.setattr(app, "reuse_freed_memory", reuse)
+    with pytest.raises(Called):
+        app.run(dataclasses.replace(Config(), exec_mode="train", device="cpu"))

@@ -9,8 +9,8 @@ mode and the benchmarks all go through here.
 - :mod:`~runtime.inference.torch_copy`: the PyTorch backend's inference copy of the network
   (layout-preserving norms, the first convolution on oneDNN);
 - :mod:`~runtime.inference.openvino`: the OpenVINO backend (cached conversion, int8 calibration);
-- :mod:`~runtime.inference.memory_budget` and :mod:`~runtime.inference.host_memory`: how many
-  windows fit at once, and keeping freed host memory for the next window.
+- :mod:`~runtime.inference.memory_budget`: how many windows fit at once (the host memory a window
+  keeps for the next is :mod:`runtime.host_memory`'s, which training uses too).
 
 Nothing here imports ``runtime.predict`` or ``runtime.training``: they import this package.
 """
