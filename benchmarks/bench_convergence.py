@@ -2,6 +2,8 @@
 (``scripts/demo.sh``'s training command) trained to its target per setting and seed, on the demo's
 preprocessed data (``--data_dir``); the epoch each run reached the target at (its RESULT line).
 ``fast``: ``--amp --channels_last`` (bf16 where the CPU has native bf16 dot products; the run says).
+Then, per setting, the epochs over the seeds and whether the two settings' epochs can be told
+apart: the exact two-sided Mann-Whitney U test (scipy), no assumption on how epochs spread.
 """
 from __future__ import annotations
 
@@ -23,13 +25,23 @@ RESULT = re.compile(r"RESULT,image_segmentation,\d+,([0-9.]+),(\w+),best_mean_di
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data_dir", required=True)
+    p.add_argument("--data_dir")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--settings", nargs="+", default=["fp32", "fast"], choices=sorted(SETTINGS))
     p.add_argument("--target", default="0.6")
     p.add_argument("--epochs", default="60")
     p.add_argument("--work", default="/tmp/bench_convergence")
+    p.add_argument("--compare", nargs=2, metavar="SETTING=E1,E2,...",
+                   help="only compare epochs already measured (runs of several sessions), e.g. fp32=16,52,16 fast=34,40,42")
     args = p.parse_args(argv)
+    if args.compare:
+        try:
+            print(compare({k: [int(e) for e in v.split(",")] for k, v in (c.split("=") for c in args.compare)}))
+        except ValueError:
+            p.error(f"--compare {' '.join(args.compare)}: give SETTING=E1,E2,... twice")
+        return 0
+    if not args.data_dir:
+        p.error("--data_dir: the demo's preprocessed data is needed")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     print(header("bench_convergence", argv))
@@ -48,7 +60,23 @@ def main(argv=None) -> int:
                          precision.group(0) if precision else "float32"])
             print(f"seed {seed} {setting}: {status}, epochs {epochs}", flush=True)
     print(table(["seed", "setting", "status", "epochs to target", "best mean Dice", "seconds", "precision"], rows))
+    print(compare({setting: [int(r[3]) for r in rows if r[1] == setting and r[3]] for setting in args.settings}))
     return 0
+
+
+def compare(epochs: dict[str, list[int]]) -> str:
+    """Each setting's epochs to the target (mean, range) and, for two settings with three seeds
+    or more each, the exact two-sided Mann-Whitney U p-value of their difference."""
+    from scipy.stats import mannwhitneyu
+
+    lines = [f"{name}: epochs {values}, mean {sum(values) / len(values):.1f}, range {min(values)}-{max(values)}"
+             for name, values in epochs.items() if values]
+    pairs = [values for values in epochs.values() if len(values) >= 3]
+    if len(epochs) == 2 and len(pairs) == 2:
+        p = mannwhitneyu(*pairs, alternative="two-sided", method="exact").pvalue
+        lines.append(f"Mann-Whitney U (exact, two-sided) p = {p:.3f}: "
+                     + ("told apart at the 5% level" if p < 0.05 else "not told apart from seed noise at the 5% level"))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,17 @@
 ``main.py --exec_mode train --benchmark`` per variant and round on ``--data_dir`` (training cases
 only): ``fp32``, ``bf16``, ``fast`` (``--amp --channels_last``) against the baseline ``mlcommons``,
 the reference's own network, loss, optimizer and step (``--reference_code``) on the project's step
-timer and loader; GFLOP/s beside each and its share of the convolution rate measured in the run.
-``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``; ``--in_process``: reference and ``fast`` alternating.
+timer and loader; GFLOP/s beside each and its share of the convolution rate measured in the run,
+and the convolution floor: the network's own convolutions timed alone in each variant's type and
+layout, whose ratio to the baseline's step is the most a step on these kernels can gain.
+``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``; ``--in_process``: the reference and the variants
+alternating step by step.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -74,39 +78,54 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     return 0
 
 
-def in_process(args, side: int, batch: int) -> tuple[dict, str]:
-    """The reference's step and ``--amp --channels_last`` as runtime.build builds it, the same
-    starting weights and batch, alternating step by step in one process."""
+IN_PROCESS = {"fp32": {}, "bf16": {"amp": True}, "fast": {"amp": True, "channels_last": True}}
+
+
+def project_step(side: int, batch: int, name: str):
+    """The project's step for ``name`` exactly as runtime.build builds it; the key of its
+    convolution rate."""
     from model.losses import DiceCELoss
     from runtime import build
     from runtime.arguments import Config
     from runtime.optimizers import make_optimizer
 
     cpu = torch.device("cpu")
-    cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp=True, amp_dtype="bf16",
-                              channels_last=True, input_shape=(side,) * 3, batch_size=batch)
+    cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp_dtype="bf16",
+                              input_shape=(side,) * 3, batch_size=batch, **IN_PROCESS[name])
     torch.manual_seed(0)
     cfg = build.cpu_training_precision(cfg, cpu, say=True)
-    ours = build.build_model(cfg, cpu)
-    build.fuse_channels_last_norms(ours, cfg, cpu, say=True)
-    build.guard_bf16_training(ours, cfg, cpu, say=True)
+    model = build.build_model(cfg, cpu)
+    build.fuse_channels_last_norms(model, cfg, cpu, say=True)
+    build.guard_bf16_training(model, cfg, cpu, say=True)
     autocast, scaler = build.autocast_factory(cfg, cpu)
-    fast = build.eager_train_step(ours, DiceCELoss(), make_optimizer("sgd", ours.parameters(), 1e-4, 0.9),
+    step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 1e-4, 0.9),
                                   scaler, autocast, 1)
-    theirs, _, _, reference = reference_parts(args.reference_code)
-    theirs.load_state_dict({k: v.contiguous() for k, v in ours.state_dict().items()})
+    return model, step, ("bfloat16" if cfg.amp else "float32") + ("_cl" if cfg.channels_last else ""), cfg.channels_last
+
+
+def in_process(args, variants: list[str], side: int, batch: int) -> tuple[dict, dict]:
+    """The reference's step and the project's ``variants`` as runtime.build builds them, the same
+    starting weights and batch, alternating step by step in one process."""
     g = torch.Generator().manual_seed(1)
     image = torch.randn(batch, 1, side, side, side, generator=g)
     label = torch.randint(0, 3, (batch, 1, side, side, side), generator=g, dtype=torch.uint8)
-    image_cl = image.contiguous(memory_format=torch.channels_last_3d)
-    times = alternate({"mlcommons": lambda: reference(image, label), "fast": lambda: fast(image_cl, label)},
-                      args.steps, args.warmup_steps)
-    return times, "bfloat16_cl" if cfg.amp else "float32_cl"
+    theirs, _, _, reference = reference_parts(args.reference_code)
+    fns, keys = {"mlcommons": lambda: reference(image, label)}, {"mlcommons": "float32"}
+    for name in variants:
+        if name == "mlcommons":
+            continue
+        model, step, keys[name], cl = project_step(side, batch, name)
+        x = image.contiguous(memory_format=torch.channels_last_3d) if cl else image
+        fns[name] = functools.partial(step, x, label)
+    theirs.load_state_dict({k: v.contiguous() for k, v in model.state_dict().items()})
+    return alternate(fns, args.steps, args.warmup_steps), keys
 
 
 CONV_RATE = r"""
 import json, sys, torch, torch.nn.functional as F
 from benchmarks.harness import timed
+from runtime.host_memory import reuse_freed_memory
+reuse_freed_memory()  # the kernels' rate, not the page faults of fresh outputs
 out = {}
 side = int(sys.argv[1])
 for dt in sys.argv[2:]:
@@ -122,9 +141,58 @@ print(json.dumps(out))
 """
 
 
+CONV_FLOOR = r"""
+import collections, copy, json, sys, torch
+from benchmarks.harness import timed
+from model.unet3d import Unet3D
+from runtime.host_memory import reuse_freed_memory
+reuse_freed_memory()
+side, batch, keys = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+layers = collections.Counter()
+with torch.device("meta"):
+    model = Unet3D()
+hooks = [m.register_forward_hook(lambda m, i, o: layers.update([(m, tuple(i[0].shape))]))
+         for m in model.modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d))]
+model(torch.empty(batch, 1, side, side, side, device="meta"))
+for hook in hooks:
+    hook.remove()
+convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d))]
+assert sum(layers.values()) == len(convolutions), "every convolution once per step"
+out = {}
+for key in keys:
+    dtype, mf = getattr(torch, key.split("_")[0]), torch.channels_last_3d if key.endswith("_cl") else torch.contiguous_format
+    total = 0.0
+    for (m, shape), count in layers.items():
+        layer = copy.deepcopy(m).to_empty(device="cpu")
+        for t in layer.parameters():
+            torch.nn.init.normal_(t, std=0.05)
+        layer = layer.to(dtype=dtype, memory_format=mf)
+        x = torch.randn(shape, dtype=dtype).contiguous(memory_format=mf).requires_grad_(shape[1] > 1)
+        wanted = ([x] if x.requires_grad else []) + list(layer.parameters())
+        g = torch.randn_like(layer(x))
+        f = lambda: torch.autograd.grad(layer(x), wanted, g)
+        f()
+        total += count * timed(f, 2)
+    out[key] = total
+print(json.dumps(out))
+"""
+
+
+def conv_floor(env: dict, side: int, batch: int, keys: list[str]) -> dict[str, float]:
+    """Seconds per step of the network's convolutions alone (every Conv3d and ConvTranspose3d at
+    its shape in the step, forward and backward, timed one by one) in each of ``keys``'s type and
+    layout: the step these kernels allow when nothing else costs anything."""
+    done = subprocess.run([sys.executable, "-c", CONV_FLOOR, str(side), str(batch), *keys], env=env,
+                          capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"conv floor measurement failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def conv_rates(env: dict, side: int = 64) -> dict[str, float]:
     """GFLOP/s of the convolution in float32 and (without an ISA cap: capped, training runs
-    float32 and oneDNN's emulated bf16 takes minutes) bfloat16, NCDHW and channels-last."""
+    float32 and oneDNN's emulated bf16 takes minutes) bfloat16, NCDHW and channels-last; freed
+    host memory reused (runtime.host_memory), so that page faults do not count as the kernel's."""
     types = ["float32"] if env.get("ONEDNN_MAX_CPU_ISA") else ["float32", "bfloat16"]
     done = subprocess.run([sys.executable, "-c", CONV_RATE, str(side), *types], env=env, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
@@ -145,7 +213,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of every process (0: torch's default)")
     p.add_argument("--work", default="/tmp/bench_train_lockstep")
     p.add_argument("--conv_side", type=int, default=64, help="the convolution rate's volume side (64: 64³)")
-    p.add_argument("--in_process", action="store_true", help="alternate the two steps in one process instead")
+    p.add_argument("--in_process", action="store_true", help="alternate the steps in one process instead (a capped --isa needs the cap on the whole command)")
     p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mlcommons:
@@ -175,11 +243,12 @@ def main(argv=None) -> int:
             side, batch = (int(v) for v in spec.split("x"))
             flops = flop_count_per_sample(model, (side,) * 3)[1] * batch
             if args.in_process:
-                if isa != "native":
-                    raise SystemExit("--in_process runs natively only (the ISA cap is set per process)")
+                if os.environ.get("ONEDNN_MAX_CPU_ISA", "native") != isa:
+                    raise SystemExit(f"--in_process --isa {isa}: set the cap on the whole command "
+                                     f"(ONEDNN_MAX_CPU_ISA={isa} python -m benchmarks.bench_train_lockstep ...)")
                 torch.set_num_threads(args.threads or torch.get_num_threads())
-                times, fast_key = in_process(args, side, batch)
-                keys, lines, base = {"mlcommons": "float32", "fast": fast_key}, {}, "mlcommons"
+                times, keys = in_process(args, variants, side, batch)
+                lines, base = {}, "mlcommons"
             else:
                 def command(v, r):
                     flags = ["--exec_mode", "train", "--benchmark", "--benchmark_steps", str(args.steps),
@@ -202,14 +271,18 @@ def main(argv=None) -> int:
                 base = variants[0]
                 print(loads(runs))
             speed = ratios(times, base)
+            floors = conv_floor(env, side, batch, sorted(set(keys.values())))
             rows = []
             for v, t in times.items():
-                gflops = flops / statistics.median(t) / 1e9
-                rows.append([v, statistics.median(t), f"{speed[v]:.2f}x", f"{gflops:.0f}",
-                             f"{gflops / rates[keys[v]]:.0%} of {keys[v]} {rates[keys[v]]:.0f}", lines.get(v) or keys[v]])
+                step = statistics.median(t)
+                gflops = flops / step / 1e9
+                rows.append([v, step, f"{speed[v]:.2f}x", f"{gflops:.0f}",
+                             f"{gflops / rates[keys[v]]:.0%} of {keys[v]} {rates[keys[v]]:.0f}",
+                             f"{floors[keys[v]]:.2f} ({floors[keys[v]] / step:.0%})",
+                             f"{statistics.median(times[base]) / floors[keys[v]]:.2f}x", lines.get(v) or keys[v]])
             print(f"\n{spec}, {isa}" + (", in one process" if args.in_process else "") + "\n" + table(
                 ["variant", "s/step (median)", f"vs {base} (median of rounds)", "GFLOP/s", "of the conv rate",
-                 "precision"], rows), flush=True)
+                 "conv floor s/step (of the step)", f"{base}'s step / floor", "precision"], rows), flush=True)
     return 0
 
 

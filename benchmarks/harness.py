@@ -45,10 +45,11 @@ def table(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
 
 
 def timed(fn: Callable[[], object], number: int = 1) -> float:
-    """Seconds per call of ``fn`` over ``number`` calls (``torch.utils.benchmark.Timer``)."""
+    """Seconds per call of ``fn`` over ``number`` calls (``torch.utils.benchmark.Timer``) with the
+    process's threads (the Timer's own default is one thread)."""
     from torch.utils import benchmark
 
-    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).timeit(number).median
+    return benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).timeit(number).median
 
 
 def alternate(fns: dict[str, Callable[[], object]], pairs: int, warmup: int = 1) -> dict[str, list[float]]:

@@ -89,10 +89,26 @@ def test_train_lockstep(tmp_path):
     out = bench("benchmarks.bench_train_lockstep", "--data_dir", write_cases(tmp_path / "data"), "--variants",
                 "fp32,fast", "--shapes", "64x1", "--rounds", "2", "--steps", "1", "--warmup_steps", "1",
                 "--conv_side", "16", "--threads", "1", "--work", str(tmp_path / "work"))
-    assert row(out, "fp32")[2] == "1.00x" and row(out, "fp32")[5] == "float32"
+    assert row(out, "fp32")[2] == "1.00x" and row(out, "fp32")[7] == "float32"
     fast = row(out, "fast")
-    assert float(fast[1]) > 0 and fast[2].endswith("x") and "of float32_cl" in fast[4] or "of bfloat16_cl" in fast[4]
+    assert float(fast[1]) > 0 and fast[2].endswith("x") and ("of float32_cl" in fast[4] or "of bfloat16_cl" in fast[4])
+    for cells in (row(out, "fp32"), fast):   # the convolution floor: seconds (share of the step), ceiling
+        assert re.fullmatch(r"\d+\.\d\d \(\d+%\)", cells[5]) and float(cells[5].split()[0]) > 0, cells
+        assert cells[6].endswith("x") and float(cells[6][:-1]) > 0, cells
     assert "## native, threads 1: convolution rate" in out and "ISA:" in out.splitlines()[0]
+
+
+def test_convergence_comparison_known_answers():
+    """The exact Mann-Whitney U p-value: 3 seeds against 3 wholly apart is 2/20 (never below 5%),
+    4 against 4 wholly apart is 2/70; overlapping epochs are not told apart."""
+    def p_value(*pairs):
+        out = bench("benchmarks.bench_convergence", "--compare", *pairs)
+        return float(re.search(r"p = ([0-9.]+)", out).group(1)), out
+    assert p_value("a=1,2,3", "b=4,5,6")[0] == 0.1
+    p, out = p_value("a=1,2,3,4", "b=5,6,7,8")
+    assert p == 0.029 and "told apart at the 5% level" in out and "a: epochs [1, 2, 3, 4], mean 2.5" in out
+    p, out = p_value("fp32=16,52,16", "fast=34,40,42")
+    assert p > 0.05 and "not told apart" in out
 
 
 @pytest.mark.slow

@@ -99,3 +99,46 @@ def test_cpu_training_run_reuses_freed_memory_first(monkeypatch):
     monkeypatch.setattr(app, "reuse_freed_memory", reuse)
     with pytest.raises(Called):
         app.run(dataclasses.replace(Config(), exec_mode="train", device="cpu"))
+
+
+TRAIN = textwrap.dedent("""
+    import dataclasses, hashlib, sys, torch
+    from model.losses import DiceCELoss
+    from runtime import build
+    from runtime.arguments import Config
+    from runtime.host_memory import reuse_freed_memory
+    from runtime.optimizers import make_optimizer
+    if sys.argv[1] == "reuse":
+        assert reuse_freed_memory() is None
+    cpu = torch.device("cpu")
+    shape = (64, 128, 128)  # 4 channels x 2 samples: 34 MB activations, above glibc's mmap threshold
+    cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp=sys.argv[2] == "bf16",
+                              amp_dtype="bf16", filters=(4, 8, 8, 8, 8), input_shape=shape, batch_size=2)
+    torch.manual_seed(0)
+    cfg = build.cpu_training_precision(cfg, cpu, say=False)
+    model = build.build_model(cfg, cpu)
+    build.guard_bf16_training(model, cfg, cpu, say=False)
+    autocast, scaler = build.autocast_factory(cfg, cpu)
+    step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 0.1, 0.9),
+                                  scaler, autocast, 1)
+    g = torch.Generator().manual_seed(1)
+    image = torch.randn(2, 1, *shape, generator=g)
+    label = torch.randint(0, 3, (2, 1, *shape), generator=g, dtype=torch.uint8)
+    losses = [float(step(image, label)) for _ in range(2)]
+    digest = hashlib.sha256(b"".join(t.detach().float().numpy().tobytes() for t in model.state_dict().values()))
+    print(losses, digest.hexdigest())
+""")
+
+
+@pytest.mark.skipif(memory._glibc() is None, reason="not glibc: reuse_freed_memory does nothing")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_with_reused_memory_computes_the_same_weights(precision):
+    """The allocator's settings change where tensors live, not what is computed: two training
+    steps give bit-identical weights and losses with and without reuse (bf16: autocast where this
+    CPU has native bf16, float32 where not, as training decides)."""
+    def run(mode):
+        return subprocess.run([sys.executable, "-c", TRAIN, mode, precision], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, check=True).stdout.strip().splitlines()[-1]
+    system, reused = run("system"), run("reuse")
+    assert system == reused
+    assert "nan" not in system
