@@ -214,6 +214,9 @@ def main(argv=None) -> int:
     p.add_argument("--work", default="/tmp/bench_train_lockstep")
     p.add_argument("--conv_side", type=int, default=64, help="the convolution rate's volume side (64: 64³)")
     p.add_argument("--in_process", action="store_true", help="alternate the steps in one process instead (a capped --isa needs the cap on the whole command)")
+    p.add_argument("--reuse_memory", action="store_true",
+                   help="--in_process: both steps with freed host memory reused (runtime.host_memory), as the "
+                        "project trains on a CPU; without it both run as the reference does")
     p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mlcommons:
@@ -247,6 +250,9 @@ def main(argv=None) -> int:
                     raise SystemExit(f"--in_process --isa {isa}: set the cap on the whole command "
                                      f"(ONEDNN_MAX_CPU_ISA={isa} python -m benchmarks.bench_train_lockstep ...)")
                 torch.set_num_threads(args.threads or torch.get_num_threads())
+                if args.reuse_memory:
+                    from runtime.host_memory import reuse_freed_memory
+                    print(f"host memory reuse in this process: {reuse_freed_memory() or 'on'}")
                 times, keys = in_process(args, variants, side, batch)
                 lines, base = {}, "mlcommons"
             else:

@@ -289,7 +289,7 @@ def _train_outputs(config: Config) -> list[Output]:
 
 def _trains_on_cpu(config: Config) -> bool:
     """Training on the CPU reuses freed host memory: every step's activations and gradients are
-    the same large blocks again (docs/performance.md, "Host memory reuse in training")."""
+    the same large blocks again (docs/performance.md, "The fast CPU settings")."""
     return config.exec_mode == "train" and (
         config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()))
 

@@ -3,10 +3,10 @@
 
 PyTorch has no caching allocator for the CPU: every tensor comes from ``malloc``. glibc serves
 blocks above its mmap threshold (at most 32 MB) with a fresh ``mmap`` and returns them with
-``munmap`` when freed, so every 268 MB activation of a 128³ window (32 channels, float32), and every activation and
-gradient of a training step, is new memory whose pages the kernel faults in and zeroes on first
-touch: a large share of the CPU time goes to page faults (docs/performance.md, "Host memory
-reuse", "Host memory reuse in training").
+``munmap`` when freed, so every 268 MB activation of a 128³ window (32 channels, float32), and
+every activation and gradient of a training step, is new memory whose pages the kernel faults in
+and zeroes on first touch: a large share of the CPU time goes to page faults (inference:
+docs/performance.md, "Host memory reuse"; training: docs/performance.md, "The fast CPU settings").
 
 :func:`reuse_freed_memory` tells glibc to serve every block from its main heap (``M_MMAP_MAX``
 0), to give every thread that heap (``M_ARENA_MAX`` 1: a thread's own arena is a set of 64 MB
