@@ -20,6 +20,7 @@ DEMO = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "6
         "--optimizer", "adam", "--learning_rate", "0.003", "--init_learning_rate", "0.0003",
         "--lr_warmup_epochs", "2", "--start_eval_at", "4", "--evaluate_every", "2", "--oversampling", "0.7",
         "--num_workers", "0", "--sw_batch_size", "2"]
+NOT_REACHED = float("inf")  # a run that did not reach the target ranks after all that did
 RESULT = re.compile(r"RESULT,image_segmentation,\d+,([0-9.]+),(\w+),best_mean_dice=(-?[0-9.]+),epochs=(\d+)")
 
 
@@ -32,11 +33,13 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", default="60")
     p.add_argument("--work", default="/tmp/bench_convergence")
     p.add_argument("--compare", nargs=2, metavar="SETTING=E1,E2,...",
-                   help="only compare epochs already measured (runs of several sessions), e.g. fp32=16,52,16 fast=34,40,42")
+                   help="only compare epochs already measured (runs of several sessions; x: not reached), "
+                        "e.g. fp32=16,52,16,x fast=34,40,42,38")
     args = p.parse_args(argv)
     if args.compare:
         try:
-            print(compare({k: [int(e) for e in v.split(",")] for k, v in (c.split("=") for c in args.compare)}))
+            print(compare({k: [NOT_REACHED if e == "x" else int(e) for e in v.split(",")]
+                           for k, v in (c.split("=") for c in args.compare)}))
         except ValueError:
             p.error(f"--compare {' '.join(args.compare)}: give SETTING=E1,E2,... twice")
         return 0
@@ -56,21 +59,28 @@ def main(argv=None) -> int:
             found = RESULT.search(text)
             precision = re.search(r"^bf16: .*$", text, re.M)
             _, status, dice, epochs = found.groups() if found else (None, f"failed (see {log})", None, None)
-            rows.append([seed, setting, status, epochs, dice, f"{wall:.0f}",
-                         precision.group(0) if precision else "float32"])
+            rows.append([seed, setting, status, epochs if status == "success" else "not reached", dice,
+                         f"{wall:.0f}", precision.group(0) if precision else "float32"])
             print(f"seed {seed} {setting}: {status}, epochs {epochs}", flush=True)
     print(table(["seed", "setting", "status", "epochs to target", "best mean Dice", "seconds", "precision"], rows))
-    print(compare({setting: [int(r[3]) for r in rows if r[1] == setting and r[3]] for setting in args.settings}))
+    print(compare({setting: [int(r[3]) if r[2] == "success" else NOT_REACHED for r in rows if r[1] == setting]
+                   for setting in args.settings}))
     return 0
 
 
-def compare(epochs: dict[str, list[int]]) -> str:
-    """Each setting's epochs to the target (mean, range) and, for two settings with three seeds
-    or more each, the exact two-sided Mann-Whitney U p-value of their difference."""
+def compare(epochs: dict[str, list[float]]) -> str:
+    """Each setting's epochs to the target (mean and range of the runs that reached it) and, for two
+    settings with three runs or more each, the exact two-sided Mann-Whitney U p-value of their
+    difference; a run that never reached the target (aborted by the benchmark's divergence rule,
+    or out of epochs) ranks after every run that did."""
     from scipy.stats import mannwhitneyu
 
-    lines = [f"{name}: epochs {values}, mean {sum(values) / len(values):.1f}, range {min(values)}-{max(values)}"
-             for name, values in epochs.items() if values]
+    lines = []
+    for name, values in epochs.items():
+        reached = [int(v) for v in values if v != NOT_REACHED]
+        shown = ", ".join(str(int(v)) if v != NOT_REACHED else "x" for v in values)
+        lines.append(f"{name}: epochs [{shown}], {len(reached)} of {len(values)} reached the target"
+                     + (f", mean {sum(reached) / len(reached):.1f}, range {min(reached)}-{max(reached)}" if reached else ""))
     pairs = [values for values in epochs.values() if len(values) >= 3]
     if len(epochs) == 2 and len(pairs) == 2:
         p = mannwhitneyu(*pairs, alternative="two-sided", method="exact").pvalue

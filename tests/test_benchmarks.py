@@ -106,9 +106,11 @@ def test_convergence_comparison_known_answers():
         return float(re.search(r"p = ([0-9.]+)", out).group(1)), out
     assert p_value("a=1,2,3", "b=4,5,6")[0] == 0.1
     p, out = p_value("a=1,2,3,4", "b=5,6,7,8")
-    assert p == 0.029 and "told apart at the 5% level" in out and "a: epochs [1, 2, 3, 4], mean 2.5" in out
+    assert p == 0.029 and "told apart at the 5% level" in out and "a: epochs [1, 2, 3, 4], 4 of 4 reached the target, mean 2.5" in out
     p, out = p_value("fp32=16,52,16", "fast=34,40,42")
     assert p > 0.05 and "not told apart" in out
+    p, out = p_value("a=1,2,3,x", "b=5,6,7,8")         # a run that never reached ranks last
+    assert p == 0.343 and "a: epochs [1, 2, 3, x], 3 of 4 reached the target, mean 2.0" in out
 
 
 @pytest.mark.slow
