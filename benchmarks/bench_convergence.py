@@ -71,9 +71,10 @@ def main(argv=None) -> int:
 def compare(epochs: dict[str, list[float]]) -> str:
     """Each setting's epochs to the target (mean and range of the runs that reached it) and, for two
     settings with three runs or more each, the exact two-sided Mann-Whitney U p-value of their
-    difference; a run that never reached the target (aborted by the benchmark's divergence rule,
-    or out of epochs) ranks after every run that did."""
-    from scipy.stats import mannwhitneyu
+    difference; with the same seeds for both, the sign test over the seeds' pairs. A run that never
+    reached the target (aborted by the benchmark's divergence rule, or out of epochs) ranks after
+    every run that did; two such runs of one seed are a tie."""
+    from scipy.stats import binomtest, mannwhitneyu
 
     lines = []
     for name, values in epochs.items():
@@ -86,6 +87,14 @@ def compare(epochs: dict[str, list[float]]) -> str:
         p = mannwhitneyu(*pairs, alternative="two-sided", method="exact").pvalue
         lines.append(f"Mann-Whitney U (exact, two-sided) p = {p:.3f}: "
                      + ("told apart at the 5% level" if p < 0.05 else "not told apart from seed noise at the 5% level"))
+        (a, first), (b, second) = epochs.items()
+        if len(first) == len(second):  # the same seeds in the same order: each seed a pair
+            more = sum(y > x for x, y in zip(first, second))
+            fewer = sum(y < x for x, y in zip(first, second))
+            if more + fewer:
+                sign = binomtest(more, more + fewer).pvalue
+                lines.append(f"paired by seed: {b} needed more epochs than {a} for {more} seeds, fewer for {fewer}, "
+                             f"as many for {len(first) - more - fewer}; sign test (exact, two-sided) p = {sign:.3f}")
     return "\n".join(lines)
 
 

@@ -111,6 +111,9 @@ def test_convergence_comparison_known_answers():
     assert p > 0.05 and "not told apart" in out
     p, out = p_value("a=1,2,3,x", "b=5,6,7,8")         # a run that never reached ranks last
     assert p == 0.343 and "a: epochs [1, 2, 3, x], 3 of 4 reached the target, mean 2.0" in out
+    # paired by seed: b slower for 3 seeds, faster for 1, a tie (both not reached): 2 * 5/16
+    out = bench("benchmarks.bench_convergence", "--compare", "a=10,20,30,40,x", "b=11,21,31,39,x")
+    assert "b needed more epochs than a for 3 seeds, fewer for 1, as many for 1; sign test (exact, two-sided) p = 0.625" in out
 
 
 @pytest.mark.slow
