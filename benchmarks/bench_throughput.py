@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="", help="also write the tables as markdown to this file")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--rows", default=",".join(ROW_GROUPS), help="row groups besides plain, comma-separated")
+    p.add_argument("--levers", nargs="*", default=[], metavar="LEVER+LEVER[@BATCH]",
+                   help=f"rows of exactly these levers, after the groups' rows (levers: {', '.join(LEVERS)}), "
+                        "e.g. bf16+compile or bf16+compile+cuda_graphs@7")
     p.add_argument("--no_eval", action="store_true", help="skip the evaluation timing")
     p.add_argument("--batch_size", type=int, default=2)
     p.add_argument("--patch", type=int, nargs="+", default=[128], help="patch and window: 1 size (cubic) or 3")
@@ -143,7 +146,20 @@ def train_rows(groups: set[str], args) -> list[TrainRow]:
         rows += [TrainRow(f"all levers, batch {b}", LADDER, batch_size=b)
                  for b in args.sweep_batches if b != args.batch_size]
         rows.append(TrainRow("all levers, largest batch", LADDER, batch_size="max"))
-    return rows
+    return rows + [lever_row(text) for text in args.levers]
+
+
+def lever_row(text: str) -> TrainRow:
+    """A ``--levers`` row: ``bf16+compile`` or ``bf16+compile@7`` (a batch size of its own)."""
+    names, _, batch = text.partition("@")
+    levers = tuple(name for name in names.split("+") if name)
+    unknown = [name for name in levers if name not in LEVERS]
+    if unknown or (batch and not batch.isdigit()):
+        raise SystemExit(f"bench_throughput: --levers {text!r}: " + (f"unknown lever(s) {unknown}; choose from "
+                         f"{', '.join(LEVERS)}" if unknown else "the batch after @ is a whole number"))
+    levers = tuple(lever for lever in LADDER if lever in levers)   # the ladder's order, whatever the text's
+    return TrainRow(" + ".join(LABELS[lever] for lever in levers) + (f", batch {batch}" if batch else ""),
+                    levers, batch_size=int(batch) if batch else None)
 
 
 def synchronize(device: torch.device) -> None:
@@ -390,6 +406,8 @@ def main(argv=None) -> int:
     if len(args.patch) not in (1, 3):
         raise SystemExit(f"bench_throughput: --patch takes 1 or 3 sizes, got {args.patch}")
     args.patch = args.patch * 3 if len(args.patch) == 1 else args.patch
+    for text in args.levers:   # a wrong --levers stops here, before any volume is written
+        lever_row(text)
     patch = "x".join(map(str, args.patch))
     if args.threads > 0:
         torch.set_num_threads(args.threads)

@@ -24,7 +24,7 @@ def test_smoke_run_on_cpu(tmp_path):
     # the cores (10x slower); 64x32x32 keeps two instance-norm bottleneck voxels.
     cmd = [sys.executable, "-m", "benchmarks.bench_throughput", "--smoke", "--threads", "1",
            "--filters", "2", "4", "4", "8", "8", "--patch", "64", "32", "32", "--eval_shape", "64", "48", "48",
-           "--data_dir", str(tmp_path / "data"), "--out", str(out)]
+           "--data_dir", str(tmp_path / "data"), "--out", str(out), "--levers", "channels_last+bf16@2"]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -32,7 +32,7 @@ def test_smoke_run_on_cpu(tmp_path):
     assert table in proc.stdout                         # printed last, and written as markdown
     assert proc.stdout.rstrip().endswith(table.rstrip())
     for row in ("plain", "+ bf16", "+ channels_last", "+ device cache", "plain + channels_last only",
-                "all levers, --loader synthetic", "all levers, batch 2"):
+                "all levers, --loader synthetic", "all levers, batch 2", "bf16 + channels_last, batch 2"):
         cells = _cells(table, row)
         assert float(cells[2]) > 0 and float(cells[3]) > 0, row         # samples/s, ms/step
         assert float(cells[4]) > 0, row                                 # TFLOP/s
@@ -49,6 +49,13 @@ def test_smoke_run_on_cpu(tmp_path):
         cells = _cells(table, row)
         assert cells[1:3] == ["1", "4"] and float(cells[3]) > 0, row    # 1 volume, 4 windows, seconds
     assert re.search(r"torch 2\.\d+", table) and "python -m benchmarks.bench_throughput --smoke" in table
+
+
+def test_levers_rows_refuse_an_unknown_lever_before_any_work(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_throughput", "--smoke", "--levers", "bf16+fast",
+                           "--data_dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode != 0 and "--levers 'bf16+fast': unknown lever(s) ['fast']" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists()
 
 
 SEARCH = """

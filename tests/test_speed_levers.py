@@ -439,22 +439,29 @@ def test_fp16_with_scaler_close_to_fp32_on_cuda():
     scaler.scale(loss1).backward()
     scale = scaler.get_scale()
     assert rel_err(logits1.float(), logits0) < 1e-2
-    worst = max(rel_err(p.grad / scale, grads0[n]) for n, p in model.named_parameters())
-    assert worst < 0.1
+    # All gradients as one vector, as in the bf16 test: the transposed convolutions' biases feed a
+    # norm that nearly cancels them, so their own gradients are rounding noise (2.8x apart per
+    # tensor on an H100, 2026-11-26) without mattering for the update.
+    grads1 = {n: p.grad / scale for n, p in model.named_parameters()}
+    assert rel_err(flat(grads1), flat(grads0)) < 5e-2
 
 
 @cuda
 @pytest.mark.parametrize("name", ["sgd", "adam"])
 def test_fused_step_matches_foreach_on_cuda(name):
+    """The same gradients into both optimizers, so that only the update kernels differ (gradients
+    of two forward-backward passes differ by cuDNN's own rounding, which Adam turns into whole
+    steps where a gradient is near zero: 0.0096 apart at lr 0.01 on an H100, 2026-11-26)."""
     dev = torch.device("cuda")
-    image, label = batch(device=dev)
     models = [tiny_model(device=dev), tiny_model(device=dev)]
     opts = [make_optimizer(name, models[0].parameters(), 0.01, fused=False),
             make_optimizer(name, models[1].parameters(), 0.01, fused=True)]
     assert opts[1].param_groups[0]["fused"]
-    for _ in range(3):
+    for step in range(3):
         for model, opt in zip(models, opts):
-            forward_backward(model, image, label)
+            set_random_grads(model, step)
             opt.step()
+    moved = [float((p - q).abs().max()) for p, q in zip(models[0].parameters(), tiny_model(device=dev).parameters())]
+    assert min(moved) > 1e-4                           # every tensor was stepped
     for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
-        torch.testing.assert_close(p1, p0, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(p1, p0)             # float32's default tolerances
