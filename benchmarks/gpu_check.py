@@ -27,6 +27,9 @@ AFTER_LADDER_S = 240.0
 SMOKE_NOTE = "CPU smoke path (no CUDA GPU, or --smoke): tiny shapes; these numbers say nothing about a GPU"
 # one thread on a CPU: OpenMP threads of tiny convolutions on a shared CPU oversubscribe its cores
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# the fastest training settings measured on one H100 (docs/performance.md, GPU throughput); bf16
+# named, since fp16 (what --amp picks on CUDA) keeps CUDA graphs off
+FASTEST_GPU = ["--amp", "--amp_dtype", "bf16", "--channels_last", "--compile", "--cuda_graphs", "--cudnn_benchmark"]
 # tiny network and shapes of the smoke path (batch norm: instance norm needs a bigger bottleneck)
 TINY = ["--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32", "--val_input_shape", "32", "32",
         "32", "--normalization", "batchnorm", "--batch_size", "2", "--optimizer", "adam", "--learning_rate", "0.01",
@@ -184,7 +187,8 @@ def prediction(check: Check, smoke: bool, data_dir: Path) -> None:
                    "--benchmark_steps", "3", "--warmup_steps", "1"]
     else:
         data = ["--data_dir", str(data_dir)] if any(data_dir.glob("case_*_x.npy")) else ["--loader", "synthetic"]
-        command = [check.python, "main.py", *data, "--benchmark", "--amp", "--cudnn_benchmark",
+        # the fastest settings measured on an H100 (docs/performance.md, GPU throughput)
+        command = [check.python, "main.py", *data, "--benchmark", *FASTEST_GPU,
                    "--benchmark_seconds", "30", "--warmup_steps", "5", "--num_workers", "8"]
     step = Step("time_to_train", command + ["--log_dir", str(check.out / "benchmark")], 150 if smoke else 90,
                 env=ONE_THREAD if smoke else {})
