@@ -96,6 +96,7 @@ def project_step(side: int, batch: int, name: str):
     cfg = build.cpu_training_precision(cfg, cpu, say=True)
     model = build.build_model(cfg, cpu)
     build.fuse_channels_last_norms(model, cfg, cpu, say=True)
+    build.transposed_convolutions_as_gemm(model, cfg, cpu, say=True)
     build.guard_bf16_training(model, cfg, cpu, say=True)
     autocast, scaler = build.autocast_factory(cfg, cpu)
     step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 1e-4, 0.9),
@@ -144,6 +145,7 @@ print(json.dumps(out))
 CONV_FLOOR = r"""
 import collections, copy, json, sys, torch
 from benchmarks.harness import timed
+from model.layers import transposed_conv_as_gemm
 from model.unet3d import Unet3D
 from runtime.host_memory import reuse_freed_memory
 reuse_freed_memory()
@@ -169,8 +171,11 @@ for key in keys:
         layer = layer.to(dtype=dtype, memory_format=mf)
         x = torch.randn(shape, dtype=dtype).contiguous(memory_format=mf).requires_grad_(shape[1] > 1)
         wanted = ([x] if x.requires_grad else []) + list(layer.parameters())
-        g = torch.randn_like(layer(x))
-        f = lambda: torch.autograd.grad(layer(x), wanted, g)
+        # channels-last CPU training computes the transposed convolutions as one GEMM each
+        run = (lambda: transposed_conv_as_gemm(x, layer.weight, layer.bias)) if (
+            isinstance(layer, torch.nn.ConvTranspose3d) and key.endswith("_cl")) else (lambda: layer(x))
+        g = torch.randn_like(run())
+        f = lambda: torch.autograd.grad(run(), wanted, g)
         f()
         total += count * timed(f, 2)
     out[key] = total

@@ -136,8 +136,34 @@ class DownsampleBlock(nn.Module):
         return self.conv2(self.conv1(x))
 
 
+def transposed_conv_as_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``F.conv_transpose3d(x, weight, bias, stride=2)`` for a 2x2x2 kernel, as one matrix
+    product, returned channels-last.
+
+    With kernel = stride = 2 the output blocks do not overlap: each input voxel's ``Ci`` values
+    times the ``(Ci, 8 * Co)`` weight matrix are its 2x2x2 block of ``Co`` outputs, so the whole
+    layer is one GEMM over the channels-last rows of ``x`` (bias added in it) and one copy that
+    puts the blocks in place; autograd's backward is that copy back and two GEMMs. The same sums
+    as the convolution, in another order. PyTorch's float32 CPU kernel for this layer
+    (``slow_conv_transpose3d``) runs at about a third of that rate and returns NCDHW, which made
+    the next concatenation and convolution change layout (docs/performance.md)."""
+    n, ci, d, h, w = x.shape
+    co = weight.shape[1]
+    rows = x.permute(0, 2, 3, 4, 1).reshape(-1, ci)                   # a view for channels-last x
+    matrix = weight.permute(0, 2, 3, 4, 1).reshape(ci, 8 * co)        # columns (i, j, k, co)
+    blocks = torch.addmm(bias.repeat(8), rows, matrix)
+    y = blocks.view(n, d, h, w, 2, 2, 2, co).permute(0, 1, 4, 2, 5, 3, 6, 7).reshape(n, 2 * d, 2 * h, 2 * w, co)
+    return y.permute(0, 4, 1, 2, 3)                                   # NCDHW shape, channels-last strides
+
+
 class UpsampleBlock(nn.Module):
-    """Transposed convolution (x2), concatenation ``[upsampled, skip]``, two convolutions."""
+    """Transposed convolution (x2), concatenation ``[upsampled, skip]``, two convolutions.
+
+    With :attr:`transposed_as_gemm` set (``runtime.build`` sets it for channels-last CPU
+    training only) the transposed convolution is computed by :func:`transposed_conv_as_gemm`;
+    otherwise (the default, the reference's bit for bit) by its module."""
+
+    transposed_as_gemm = False
 
     def __init__(self, in_channels: int, out_channels: int, normalization: str, activation: str):
         super().__init__()
@@ -147,9 +173,24 @@ class UpsampleBlock(nn.Module):
         self.conv2 = conv_block(out_channels, out_channels, normalization, activation)
 
     def forward(self, x, skip):
-        x = self.upsample_conv(x)
+        if self.transposed_as_gemm:
+            transposed = self.upsample_conv[0]
+            x = transposed_conv_as_gemm(x, transposed.weight, transposed.bias)
+        else:
+            x = self.upsample_conv(x)
         x = torch.cat((x, skip), dim=1)
         return self.conv2(self.conv1(x))
+
+
+def set_transposed_as_gemm(model: nn.Module, enabled: bool) -> int:
+    """Switch every :class:`UpsampleBlock` of ``model`` to (or back from) the one-GEMM transposed
+    convolution; returns how many blocks."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, UpsampleBlock):
+            module.transposed_as_gemm = enabled
+            count += 1
+    return count
 
 
 class OutputLayer(nn.Module):

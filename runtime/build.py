@@ -11,7 +11,7 @@ import torch
 
 from runtime.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
 from runtime.isa import native_bf16
-from model.layers import instance_norm_activation, set_norm_activation
+from model.layers import instance_norm_activation, set_norm_activation, set_transposed_as_gemm
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
 from runtime import checkpoint as ckpt
@@ -107,6 +107,18 @@ def fuse_channels_last_norms(model: torch.nn.Module, config: Config, device: tor
     return count
 
 
+def transposed_convolutions_as_gemm(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
+    """Channels-last CPU training: every 2x2x2 transposed convolution as one matrix product with a
+    channels-last output (:func:`model.layers.transposed_conv_as_gemm`; PyTorch's float32 CPU
+    kernel is about 3x slower and returns NCDHW). Returns the blocks changed."""
+    if not (config.channels_last and device.type == "cpu"):
+        return 0
+    count = set_transposed_as_gemm(model, True)
+    if say:
+        print(f"channels-last: the {count} transposed convolutions as one matrix product each")
+    return count
+
+
 def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
     """bf16 training on a CPU whose oneDNN gets 2-deep convolutions' weight gradients wrong:
     those convolutions run in float32 (:mod:`runtime.bf16_guard`)."""
@@ -178,6 +190,7 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
     config = cpu_training_precision(config, device, dist_info.is_main)
     model = build_model(config, device, dist_info.distributed)
     fuse_channels_last_norms(model, config, device, dist_info.is_main)
+    transposed_convolutions_as_gemm(model, config, device, dist_info.is_main)
     guard_bf16_training(model, config, device, dist_info.is_main)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,

@@ -6,7 +6,10 @@
 - a :class:`model.layers.ConvBlock` is ``nn.Sequential`` bit for bit on NCDHW tensors, fused or
   not (the default fp32 path is the reference's: tests/test_mlcommons_reference.py checks it
   against the real code), with the same state_dict;
-- a channels-last network with fused norms gives the NCDHW network's logits and gradients;
+- the transposed convolution as one GEMM equals ``F.conv_transpose3d`` (float64: values and
+  gradients) and returns channels-last; only channels-last CPU training uses it;
+- a channels-last network with fused norms and GEMM transposed convolutions gives the NCDHW
+  network's logits and gradients;
 - ``--amp`` trains in bf16 only where the CPU has native bf16 dot products (the flags and
   ``ONEDNN_MAX_CPU_ISA``), else in float32, and says so;
 - the compiled norm (``RUN_SLOW=1``: torch.compile takes tens of seconds on two cores) equals
@@ -21,7 +24,8 @@ import torch
 from torch import nn
 
 from runtime.isa import native_bf16
-from model.layers import ConvBlock, conv_block, instance_norm_activation, set_norm_activation
+from model.layers import (ConvBlock, UpsampleBlock, conv_block, instance_norm_activation, set_norm_activation,
+                          set_transposed_as_gemm, transposed_conv_as_gemm)
 from model.losses import DiceCELoss
 from model.unet3d import Unet3D
 from runtime import build
@@ -164,6 +168,7 @@ def test_channels_last_network_with_fused_norms_equals_ncdhw_fp32():
     plain = Unet3D(1, 3, filters=FILTERS, activation="leaky_relu")
     fast = copy.deepcopy(plain).to(memory_format=CL)
     assert set_norm_activation(fast, instance_norm_activation) == 2 + 2 * 5 + 2 * 5
+    assert set_transposed_as_gemm(fast, True) == 5
     assert fast.state_dict().keys() == plain.state_dict().keys()
     g = torch.Generator().manual_seed(1)
     image = torch.randn(2, 1, 64, 64, 32, generator=g)
@@ -178,6 +183,50 @@ def test_channels_last_network_with_fused_norms_equals_ncdhw_fp32():
     flat0, flat1, flat64 = (torch.cat([g.flatten() for g in grads.values()]) for grads in (grads0, grads1, exact))
     assert rel_err(flat1, flat64) < 2 * rel_err(flat0, flat64) + 1e-6
     assert rel_err(flat1, flat0) < 1e-3
+
+
+@pytest.mark.parametrize("layout", [CL, torch.contiguous_format])
+def test_transposed_conv_as_gemm_equals_conv_transpose3d(layout):
+    """The oracle is PyTorch's own transposed convolution, in float64: values and the gradients of
+    input, weight and bias; the output is channels-last whatever the input's layout."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 6, 3, 4, 5, generator=g, dtype=torch.float64).contiguous(memory_format=layout)
+    weight = torch.randn(6, 5, 2, 2, 2, generator=g, dtype=torch.float64)
+    bias = torch.randn(5, generator=g, dtype=torch.float64)
+    grad = torch.randn(2, 5, 6, 8, 10, generator=g, dtype=torch.float64)
+    results = []
+    for function in (lambda *a: torch.nn.functional.conv_transpose3d(*a, stride=2), transposed_conv_as_gemm):
+        inputs = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        y = function(*inputs)
+        y.backward(grad)
+        results.append((y, *(t.grad for t in inputs)))
+    assert results[1][0].shape == (2, 5, 6, 8, 10) and results[1][0].is_contiguous(memory_format=CL)
+    for mine, oracle in zip(results[1], results[0]):
+        torch.testing.assert_close(mine, oracle, rtol=1e-12, atol=1e-12)
+    # a wrong block order (i and k swapped) is caught: the test can fail
+    swapped = transposed_conv_as_gemm(x, weight.transpose(2, 4), bias)
+    assert not torch.allclose(swapped, results[0][0])
+
+
+def test_transposed_conv_as_gemm_in_bf16_autocast():
+    g = torch.Generator().manual_seed(4)
+    block = UpsampleBlock(8, 4, "instancenorm", "relu")
+    x = torch.randn(1, 8, 4, 4, 4, generator=g).contiguous(memory_format=CL)
+    transposed = block.upsample_conv[0]
+    exact = transposed(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = transposed_conv_as_gemm(x, transposed.weight, transposed.bias)
+    assert y.dtype == torch.bfloat16 and rel_err(y, exact) < 2e-2
+
+
+def test_transposed_as_gemm_only_for_channels_last_cpu_training():
+    cpu = torch.device("cpu")
+    for cfg, device, count in ((train_config(), cpu, 0), (train_config(channels_last=True), torch.device("meta"), 0),
+                               (train_config(channels_last=True), cpu, 5),
+                               (train_config(channels_last=True, normalization="batchnorm"), cpu, 5)):
+        model = Unet3D(1, 3, normalization=cfg.normalization, filters=FILTERS)
+        assert build.transposed_convolutions_as_gemm(model, cfg, device, say=False) == count
+        assert [m.transposed_as_gemm for m in model.modules() if isinstance(m, UpsampleBlock)] == [bool(count)] * 5
 
 
 # ---------------------------------------------------------------------------- CPU precision
