@@ -62,7 +62,10 @@ def instance_norm_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     var, mean = torch.var_mean(xf, dim=(2, 3, 4), keepdim=True, correction=0)
     scale = torch.rsqrt(var + eps) * weight.float().view(1, -1, 1, 1, 1)
     y = (xf - mean) * scale + bias.float().view(1, -1, 1, 1, 1)
-    y = F.leaky_relu(y, slope) if slope else F.relu(y)
+    # ReLU written as where(y > 0, y, 0): F.relu's values and gradient (0 at and below 0) exactly;
+    # compiled for the CPU, F.relu here kept a boolean mask for its backward whose store made the
+    # whole norm 6-10x slower (docs/performance.md, "The fast CPU settings")
+    y = F.leaky_relu(y, slope) if slope else torch.where(y > 0, y, 0.0)
     return y.to(x.dtype).contiguous(memory_format=torch.channels_last_3d)
 
 

@@ -185,6 +185,34 @@ def test_channels_last_network_with_fused_norms_equals_ncdhw_fp32():
     assert rel_err(flat1, flat0) < 1e-3
 
 
+def test_fused_norm_relu_is_relu_exactly():
+    """The fused norm's ReLU (``where(y > 0, y, 0)``) gives F.relu's values (+0, not -0) and
+    gradient bit for bit, also where the normalised value is exactly 0 (a constant channel with no
+    bias: ReLU's gradient there is 0, where a clamp's would be 1)."""
+    norm, x = norm_and_input(shape=(1, 6, 4, 4, 4))
+    with torch.no_grad():
+        norm.bias[0] = 0.0
+        x[:, 0] = 1.5
+    grad = torch.randn_like(x)
+    results = []
+    for function in (lambda *a: instance_norm_activation(*a, 0.0), lambda *a: torch.relu(_plain_norm(*a))):
+        xi = x.clone().requires_grad_()
+        weight = norm.weight.detach().clone().requires_grad_()
+        y = function(xi, weight, norm.bias.detach(), norm.eps)
+        y.backward(grad)
+        results.append((y, xi.grad, weight.grad))
+    assert (results[0][0][:, 0] == 0).all() and (results[0][0] > 0).any()
+    assert results[1][2][0] == 0                      # no gradient through the exact zeros
+    for mine, relu in zip(*results):
+        assert torch.equal(mine, relu) and torch.equal(mine.signbit(), relu.signbit())
+
+
+def _plain_norm(x, weight, bias, eps):
+    """The fused function's normalisation before its activation, written out (float32)."""
+    var, mean = torch.var_mean(x.float(), dim=(2, 3, 4), keepdim=True, correction=0)
+    return (x.float() - mean) * (torch.rsqrt(var + eps) * weight.view(1, -1, 1, 1, 1)) + bias.view(1, -1, 1, 1, 1)
+
+
 @pytest.mark.parametrize("layout", [CL, torch.contiguous_format])
 def test_transposed_conv_as_gemm_equals_conv_transpose3d(layout):
     """The oracle is PyTorch's own transposed convolution, in float64: values and the gradients of
