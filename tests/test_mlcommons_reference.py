@@ -203,8 +203,9 @@ def test_mlcommons_child_runs_predict_with_the_reference_network(tmp_path):
 
 @pytest.mark.slow
 def test_mlcommons_variant_without_reference_code_is_one_line():
+    env = {k: v for k, v in os.environ.items() if k != "UNET3D_REFERENCE_CODE"}   # without it, even where set
     out = subprocess.run([sys.executable, "-m", "benchmarks.bench_predict", "--variants", "mlcommons"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode != 0 and "needs --reference_code" in out.stderr and "Traceback" not in out.stderr
 
 
