@@ -94,15 +94,18 @@ class ConvBlock(nn.Sequential):
         return activation(norm(x))
 
 
+def _set_in_every(model: nn.Module, kind: type, name: str, value) -> int:
+    """``module.<name> = value`` for every ``kind`` module of ``model``; returns how many."""
+    blocks = [module for module in model.modules() if isinstance(module, kind)]
+    for module in blocks:
+        setattr(module, name, value)
+    return len(blocks)
+
+
 def set_norm_activation(model: nn.Module, function) -> int:
     """Give every :class:`ConvBlock` of ``model`` the fused norm + activation ``function`` (None:
     the modules again); returns how many blocks."""
-    count = 0
-    for module in model.modules():
-        if isinstance(module, ConvBlock):
-            module.norm_activation = function
-            count += 1
-    return count
+    return _set_in_every(model, ConvBlock, "norm_activation", function)
 
 
 def conv_block(in_channels: int, out_channels: int, normalization: str, activation: str,
@@ -188,12 +191,7 @@ class UpsampleBlock(nn.Module):
 def set_transposed_as_gemm(model: nn.Module, enabled: bool) -> int:
     """Switch every :class:`UpsampleBlock` of ``model`` to (or back from) the one-GEMM transposed
     convolution; returns how many blocks."""
-    count = 0
-    for module in model.modules():
-        if isinstance(module, UpsampleBlock):
-            module.transposed_as_gemm = enabled
-            count += 1
-    return count
+    return _set_in_every(model, UpsampleBlock, "transposed_as_gemm", enabled)
 
 
 class OutputLayer(nn.Module):
