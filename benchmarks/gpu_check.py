@@ -3,7 +3,8 @@
 Each step with its own time limit: the CUDA tests (those skipped without CUDA; this module is their
 pytest plugin), the throughput ladder, the predicted MLPerf time to train (``main.py --benchmark``)
 and a short convergence run (``scripts/demo.sh``), in that order: the ladder gets what the others
-leave; without CUDA (or ``--smoke``) the same on tiny CPU shapes, which say so. Logs and ``summary.md``/``summary.json`` in ``--out``; exit 0: all ok.
+leave; without CUDA (or ``--smoke``) the same on tiny CPU shapes, which say so. Logs and
+``summary.md``/``summary.json`` in ``--out``; exit 0: all ok.
 """
 from __future__ import annotations
 

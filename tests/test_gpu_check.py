@@ -57,6 +57,17 @@ def test_without_cuda_it_runs_its_cpu_smoke_path_and_says_so(tmp_path):
         assert (out / f"{name}.log").is_file()
 
 
+def test_a_spent_deadline_skips_the_steps_and_says_so(tmp_path):
+    out = tmp_path / "check"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", str(out), "--deadline", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=NO_CUDA)
+    summary = json.loads((out / "summary.json").read_text())
+    assert proc.returncode == 1 and summary["deadline_s"] == 1
+    assert [s["status"] for s in summary["steps"]] == ["skipped"] * 4, summary["steps"]
+    assert all("1 s deadline" in s["note"] for s in summary["steps"])
+    assert "(deadline 1 s)" in (out / "summary.md").read_text()
+
+
 def test_the_cuda_tests_are_those_skipped_without_cuda(tmp_path):
     (tmp_path / "test_some.py").write_text(
         "import pytest\n"
