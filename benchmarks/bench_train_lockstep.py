@@ -6,8 +6,9 @@ the reference's own network, loss, optimizer and step (``--reference_code``) on 
 timer and loader; GFLOP/s beside each and its share of the convolution rate measured in the run,
 and the convolution floor: the network's own convolutions timed alone in each variant's type and
 layout, whose ratio to the baseline's step is the most a step on these kernels can gain.
-``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``; ``--in_process``: the reference and the variants
-alternating step by step.
+Beside the floor: its layers' rates and the floor if every layer ran at the best one's rate (the
+most a faster kernel for the weaker layers could give); ``--per_layer`` prints it layer by layer. ``--isa AVX2``: under
+``ONEDNN_MAX_CPU_ISA``; ``--in_process``: the reference and the variants alternating step by step.
 """
 from __future__ import annotations
 
@@ -161,9 +162,10 @@ for hook in hooks:
 convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d))]
 assert sum(layers.values()) == len(convolutions), "every convolution once per step"
 out = {}
+names = {m: name for name, m in model.named_modules()}
 for key in keys:
     dtype, mf = getattr(torch, key.split("_")[0]), torch.channels_last_3d if key.endswith("_cl") else torch.contiguous_format
-    total = 0.0
+    total, rows = 0.0, []
     for (m, shape), count in layers.items():
         layer = copy.deepcopy(m).to_empty(device="cpu")
         for t in layer.parameters():
@@ -177,16 +179,23 @@ for key in keys:
         g = torch.randn_like(run())
         f = lambda: torch.autograd.grad(run(), wanted, g)
         f()
-        total += count * timed(f, 2)
-    out[key] = total
+        seconds = timed(f, 2)
+        # multiply-adds of the forward x 2 FLOPs, x 3 with the input's gradient (x 2 without)
+        per = x if isinstance(layer, torch.nn.ConvTranspose3d) else g   # a kernel per input / output voxel
+        voxels = per.numel() // per.shape[1]
+        macs = layer.in_channels * layer.out_channels * layer.weight[0, 0].numel() * voxels // layer.groups
+        rows.append([names[m], list(shape), count, seconds, 2 * macs * (3 if x.requires_grad else 2) / 1e9])
+        total += count * seconds
+    out[key] = {"seconds": total, "layers": rows}
 print(json.dumps(out))
 """
 
 
-def conv_floor(env: dict, side: int, batch: int, keys: list[str]) -> dict[str, float]:
+def conv_floor(env: dict, side: int, batch: int, keys: list[str]) -> dict[str, dict]:
     """Seconds per step of the network's convolutions alone (every Conv3d and ConvTranspose3d at
     its shape in the step, forward and backward, timed one by one) in each of ``keys``'s type and
-    layout: the step these kernels allow when nothing else costs anything."""
+    layout: the step these kernels allow when nothing else costs anything. Per key ``seconds``
+    and ``layers``: [name, input shape, calls per step, seconds per call, GFLOP per call]."""
     done = subprocess.run([sys.executable, "-c", CONV_FLOOR, str(side), str(batch), *keys], env=env,
                           capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
@@ -222,6 +231,8 @@ def main(argv=None) -> int:
     p.add_argument("--reuse_memory", action="store_true",
                    help="--in_process: both steps with freed host memory reused (runtime.host_memory), as the "
                         "project trains on a CPU; without it both run as the reference does")
+    p.add_argument("--per_layer", action="store_true",
+                   help="print the convolution floor layer by layer: seconds, GFLOP/s, share of the best layer's rate")
     p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mlcommons:
@@ -283,7 +294,22 @@ def main(argv=None) -> int:
                 print(loads(runs))
             speed = ratios(times, base)
             floors = conv_floor(env, side, batch, sorted(set(keys.values())))
-            rows = []
+            rows, floor_lines = [], []
+            for key, floor in floors.items():
+                gflop = sum(count * work for _, _, count, _, work in floor["layers"])
+                best = max(work / seconds for _, _, _, seconds, work in floor["layers"])
+                floor_lines.append(
+                    f"convolution floor {key}: {floor['seconds']:.2f} s, {gflop / floor['seconds']:.0f} GFLOP/s; "
+                    f"its layers {min(w / t for *_, t, w in floor['layers']):.0f}-{best:.0f} GFLOP/s; every layer at "
+                    f"the best one's rate: {gflop / best:.2f} s ({base}'s step / that: "
+                    f"{statistics.median(times[base]) / (gflop / best):.2f}x)")
+                if args.per_layer:
+                    floor_lines.append(table(["layer", "input", "per step", "GFLOP", "ms (forward + backward)", "GFLOP/s",
+                                              "of the best layer's"],
+                                             [[name, "x".join(map(str, shape)), count, f"{work:.4f}", seconds * 1e3,
+                                               f"{work / seconds:.0f}", f"{work / seconds / best:.0%}"]
+                                              for name, shape, count, seconds, work in floor["layers"]]))
+            floors = {key: floor["seconds"] for key, floor in floors.items()}
             for v, t in times.items():
                 step = statistics.median(t)
                 gflops = flops / step / 1e9
@@ -293,7 +319,8 @@ def main(argv=None) -> int:
                              f"{statistics.median(times[base]) / floors[keys[v]]:.2f}x", lines.get(v) or keys[v]])
             print(f"\n{spec}, {isa}" + (", in one process" if args.in_process else "") + "\n" + table(
                 ["variant", "s/step (median)", f"vs {base} (median of rounds)", "GFLOP/s", "of the conv rate",
-                 "conv floor s/step (of the step)", f"{base}'s step / floor", "precision"], rows), flush=True)
+                 "conv floor s/step (of the step)", f"{base}'s step / floor", "precision"], rows) + "\n\n"
+                  + "\n".join(floor_lines), flush=True)
     return 0
 
 

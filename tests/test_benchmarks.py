@@ -88,7 +88,7 @@ def test_preprocess():
 def test_train_lockstep(tmp_path):
     out = bench("benchmarks.bench_train_lockstep", "--data_dir", write_cases(tmp_path / "data"), "--variants",
                 "fp32,fast", "--shapes", "64x1", "--rounds", "2", "--steps", "1", "--warmup_steps", "1",
-                "--conv_side", "16", "--threads", "1", "--work", str(tmp_path / "work"))
+                "--conv_side", "16", "--threads", "1", "--work", str(tmp_path / "work"), "--per_layer")
     assert row(out, "fp32")[2] == "1.00x" and row(out, "fp32")[7] == "float32"
     fast = row(out, "fast")
     assert float(fast[1]) > 0 and fast[2].endswith("x") and ("of float32_cl" in fast[4] or "of bfloat16_cl" in fast[4])
@@ -96,6 +96,16 @@ def test_train_lockstep(tmp_path):
         assert re.fullmatch(r"\d+\.\d\d \(\d+%\)", cells[5]) and float(cells[5].split()[0]) > 0, cells
         assert cells[6].endswith("x") and float(cells[6][:-1]) > 0, cells
     assert "## native, threads 1: convolution rate" in out and "ISA:" in out.splitlines()[0]
+    # the floor layer by layer: its FLOPs are the network's as torch's FlopCounterMode counts them
+    for key in ("float32", "float32_cl" if "of float32_cl" in fast[4] else "bfloat16_cl"):
+        line = re.search(rf"convolution floor {key}: (\d+\.\d\d) s, \d+ GFLOP/s; its layers (\d+)-(\d+) GFLOP/s; "
+                         rf"every layer at the best one's rate: (\d+\.\d\d) s \(fp32's step / that: \d+\.\d\dx\)", out)
+        assert line and int(line[2]) <= int(line[3]) and 0 < float(line[4]) <= float(line[1]), key
+    layers = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| (input_block|downsample|bottleneck|upsample|output)", line)]
+    assert len(layers) == 2 * 28   # 23 convolutions and 5 transposed ones, in each of the two types
+    counted = int(re.findall(r"(\d+) FLOP", bench("benchmarks.harness", "flops", "64", "64", "64"))[1]) / 1e9
+    for part in (layers[:28], layers[28:]):
+        assert sum(int(cells[2]) * float(cells[3]) for cells in part) == pytest.approx(counted, rel=1e-4)
 
 
 def test_convergence_comparison_known_answers():
