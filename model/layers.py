@@ -83,15 +83,37 @@ class ConvBlock(nn.Sequential):
 
     def forward(self, x):
         fused = self.norm_activation
-        if fused is None or len(self) != 3:   # the default (and a block rebuilt by inference code)
+        if isinstance(x, tuple):              # the parts of a channel concatenation (UpsampleBlock)
+            if len(self) != 3:
+                return super().forward(torch.cat(x, dim=1))
+            x = conv_of_concatenation(self[0], x)
+        elif fused is None or len(self) != 3:   # the default (and a block rebuilt by inference code)
             return super().forward(x)
-        conv, norm, activation = self[0], self[1], self[2]
-        x = conv(x)
-        if type(norm) is nn.InstanceNorm3d and norm.affine and x.dim() == 5:
+        else:
+            x = self[0](x)
+        norm, activation = self[1], self[2]
+        if fused is not None and type(norm) is nn.InstanceNorm3d and norm.affine and x.dim() == 5:
             slope = negative_slope(activation)
             if slope is not None:
                 return fused(x, norm.weight, norm.bias, norm.eps, slope)
         return activation(norm(x))
+
+
+def conv_of_concatenation(conv: nn.Conv3d, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``conv(torch.cat(parts, dim=1))`` as the sum of one convolution per part (each with the
+    weight's matching input channels, the bias in the first): no concatenated tensor, and each
+    part gets its gradient whole instead of as a slice of the concatenation's. The same sums in
+    another order. Through ``conv._conv_forward``, so a subclass's handling of its input (the bf16
+    guard's float32 for shallow inputs) applies to every part."""
+    out, start = None, 0
+    for part in parts:
+        width = part.shape[1]
+        y = conv._conv_forward(part, conv.weight[:, start:start + width], conv.bias if start == 0 else None)
+        out = y if out is None else out + y
+        start += width
+    if start != conv.in_channels:
+        raise ValueError(f"conv_of_concatenation: parts of {start} channels for a {conv.in_channels}-channel convolution")
+    return out
 
 
 def _set_in_every(model: nn.Module, kind: type, name: str, value) -> int:
@@ -167,9 +189,12 @@ class UpsampleBlock(nn.Module):
 
     With :attr:`transposed_as_gemm` set (``runtime.build`` sets it for channels-last CPU
     training only) the transposed convolution is computed by :func:`transposed_conv_as_gemm`;
-    otherwise (the default, the reference's bit for bit) by its module."""
+    with :attr:`split_concatenation` (float32 channels-last CPU training) the first convolution
+    by :func:`conv_of_concatenation` of the two parts; otherwise (the default, the reference's
+    bit for bit) by their modules on the concatenated tensor."""
 
     transposed_as_gemm = False
+    split_concatenation = False
 
     def __init__(self, in_channels: int, out_channels: int, normalization: str, activation: str):
         super().__init__()
@@ -184,7 +209,7 @@ class UpsampleBlock(nn.Module):
             x = transposed_conv_as_gemm(x, transposed.weight, transposed.bias)
         else:
             x = self.upsample_conv(x)
-        x = torch.cat((x, skip), dim=1)
+        x = (x, skip) if self.split_concatenation else torch.cat((x, skip), dim=1)
         return self.conv2(self.conv1(x))
 
 
@@ -192,6 +217,12 @@ def set_transposed_as_gemm(model: nn.Module, enabled: bool) -> int:
     """Switch every :class:`UpsampleBlock` of ``model`` to (or back from) the one-GEMM transposed
     convolution; returns how many blocks."""
     return _set_in_every(model, UpsampleBlock, "transposed_as_gemm", enabled)
+
+
+def set_split_concatenation(model: nn.Module, enabled: bool) -> int:
+    """Switch every :class:`UpsampleBlock` of ``model`` to (or back from) the convolution of its
+    concatenation as one convolution per part; returns how many blocks."""
+    return _set_in_every(model, UpsampleBlock, "split_concatenation", enabled)
 
 
 class OutputLayer(nn.Module):

@@ -45,15 +45,16 @@ def bf16_weight_grad_ok() -> bool:
 
 class ShallowFloatConv3d(nn.Conv3d):
     """A ``Conv3d`` that runs in float32, outside autocast, when its input is at most
-    :data:`SHALLOW_DEPTH` deep; otherwise exactly ``nn.Conv3d``."""
+    :data:`SHALLOW_DEPTH` deep; otherwise exactly ``nn.Conv3d``. In ``_conv_forward``, which
+    ``forward`` calls with the module's weight and ``model.layers.conv_of_concatenation`` with
+    slices of it."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _conv_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.device.type != "cpu" or x.shape[2] > SHALLOW_DEPTH:
-            return super().forward(x)
+            return super()._conv_forward(x, weight, bias)
         with torch.autocast("cpu", enabled=False):
-            bias = None if self.bias is None else self.bias.float()
-            return F.conv3d(x.float(), self.weight.float(), bias, self.stride, self.padding,
-                            self.dilation, self.groups)
+            return F.conv3d(x.float(), weight.float(), None if bias is None else bias.float(), self.stride,
+                            self.padding, self.dilation, self.groups)
 
 
 def protect_shallow_convolutions(model: nn.Module) -> int:

@@ -11,7 +11,7 @@ import torch
 
 from runtime.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
 from runtime.isa import native_bf16
-from model.layers import instance_norm_activation, set_norm_activation, set_transposed_as_gemm
+from model.layers import instance_norm_activation, set_norm_activation, set_split_concatenation, set_transposed_as_gemm
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
 from runtime import checkpoint as ckpt
@@ -119,6 +119,21 @@ def transposed_convolutions_as_gemm(model: torch.nn.Module, config: Config, devi
     return count
 
 
+def split_concatenations(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
+    """Float32 channels-last CPU training: the convolution after each concatenation as one
+    convolution per part, summed (:func:`model.layers.conv_of_concatenation`): oneDNN's float32
+    kernels ran the 64-to-32-channel convolution slower per FLOP than two 32-channel ones
+    (docs/performance.md). Not in bf16, where it gains nothing and would round the two parts'
+    sums to bf16 before adding them. Returns the blocks changed."""
+    if not (config.is_train and config.channels_last and device.type == "cpu" and not config.amp):
+        return 0
+    count = set_split_concatenation(model, True)
+    if say:
+        print(f"channels-last float32: the convolution after each of the {count} concatenations as one "
+              "convolution per part, summed")
+    return count
+
+
 def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
     """bf16 training on a CPU whose oneDNN gets 2-deep convolutions' weight gradients wrong:
     those convolutions run in float32 (:mod:`runtime.bf16_guard`)."""
@@ -191,6 +206,7 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
     model = build_model(config, device, dist_info.distributed)
     fuse_channels_last_norms(model, config, device, dist_info.is_main)
     transposed_convolutions_as_gemm(model, config, device, dist_info.is_main)
+    split_concatenations(model, config, device, dist_info.is_main)
     guard_bf16_training(model, config, device, dist_info.is_main)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,

@@ -24,8 +24,9 @@ import torch
 from torch import nn
 
 from runtime.isa import native_bf16
-from model.layers import (ConvBlock, UpsampleBlock, conv_block, instance_norm_activation, set_norm_activation,
-                          set_transposed_as_gemm, transposed_conv_as_gemm)
+from model.layers import (ConvBlock, UpsampleBlock, conv_block, conv_of_concatenation, instance_norm_activation,
+                          set_norm_activation, set_split_concatenation, set_transposed_as_gemm,
+                          transposed_conv_as_gemm)
 from model.losses import DiceCELoss
 from model.unet3d import Unet3D
 from runtime import build
@@ -255,6 +256,81 @@ def test_transposed_as_gemm_only_for_channels_last_cpu_training():
         model = Unet3D(1, 3, normalization=cfg.normalization, filters=FILTERS)
         assert build.transposed_convolutions_as_gemm(model, cfg, device, say=False) == count
         assert [m.transposed_as_gemm for m in model.modules() if isinstance(m, UpsampleBlock)] == [bool(count)] * 5
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_of_concatenation_equals_the_convolution_of_the_concatenated_tensor(bias):
+    """The oracle is ``conv3d`` of ``torch.cat`` in float64: values and the gradients of both
+    parts, the weight and the bias."""
+    g = torch.Generator().manual_seed(5)
+    conv = nn.Conv3d(8, 4, 3, padding=1, bias=bias).double()
+    parts = [torch.randn(2, c, 3, 4, 5, generator=g, dtype=torch.float64).contiguous(memory_format=CL) for c in (3, 5)]
+    grad = torch.randn(2, 4, 3, 4, 5, generator=g, dtype=torch.float64)
+    results = []
+    for function in (lambda a, b: conv(torch.cat((a, b), dim=1)), lambda a, b: conv_of_concatenation(conv, (a, b))):
+        conv.zero_grad()
+        inputs = [t.clone().requires_grad_() for t in parts]
+        function(*inputs).backward(grad)
+        results.append([function(*parts), *(t.grad for t in inputs)] + [p.grad.clone() for p in conv.parameters()])
+    for mine, oracle in zip(results[1], results[0]):
+        torch.testing.assert_close(mine, oracle, rtol=1e-12, atol=1e-12)
+    # the parts in the wrong order are caught (the test can fail); parts of the wrong width are refused
+    assert not torch.allclose(conv_of_concatenation(conv, parts[::-1]), results[0][0])
+    with pytest.raises(ValueError, match="parts of 6 channels for a 8-channel"):
+        conv_of_concatenation(conv, (parts[0], parts[0]))
+
+
+def test_upsample_block_with_split_concatenation_equals_the_module_path(monkeypatch):
+    """Float64, the whole block forward and backward (transposed convolution as GEMM, both
+    convolution blocks with their norms): the same values and gradients as the default path,
+    which concatenates and the split path does not."""
+    concatenations = []
+    real_cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda *a, **k: concatenations.append(1) or real_cat(*a, **k))
+    g = torch.Generator().manual_seed(6)
+    block = UpsampleBlock(8, 4, "instancenorm", "relu").double()
+    x = torch.randn(2, 8, 3, 3, 3, generator=g, dtype=torch.float64).contiguous(memory_format=CL)
+    skip = torch.randn(2, 4, 6, 6, 6, generator=g, dtype=torch.float64).contiguous(memory_format=CL)
+    grad = torch.randn(2, 4, 6, 6, 6, generator=g, dtype=torch.float64)
+    results = []
+    for split in (False, True):
+        set_split_concatenation(block, split)
+        set_transposed_as_gemm(block, split)
+        block.zero_grad()
+        inputs = [t.clone().requires_grad_() for t in (x, skip)]
+        concatenations.clear()
+        y = block(*inputs)
+        y.backward(grad)
+        assert len(concatenations) == (0 if split else 1)
+        results.append([y, *(t.grad for t in inputs)] + [p.grad.clone() for p in block.parameters()])
+    for mine, oracle in zip(results[1], results[0]):
+        torch.testing.assert_close(mine, oracle, rtol=1e-10, atol=1e-10)
+
+
+def test_conv_of_concatenation_keeps_the_bf16_guard():
+    """A guarded convolution over 2-deep parts runs each part in float32 outside autocast (the
+    faulty bf16 weight-gradient kernel avoided), deeper parts in bf16."""
+    from runtime.bf16_guard import protect_shallow_convolutions
+
+    conv = nn.Conv3d(8, 4, 3, padding=1, bias=False)
+    protect_shallow_convolutions(conv)
+    for depth, dtype in ((2, torch.float32), (4, torch.bfloat16)):
+        parts = (torch.randn(1, 4, depth, 4, 4), torch.randn(1, 4, depth, 4, 4))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert conv_of_concatenation(conv, parts).dtype == dtype
+            assert conv(torch.cat(parts, dim=1)).dtype == dtype
+
+
+def test_split_concatenation_only_for_float32_channels_last_cpu_training(capsys):
+    cpu = torch.device("cpu")
+    for cfg, device, count in ((train_config(), cpu, 0), (train_config(channels_last=True), torch.device("meta"), 0),
+                               (train_config(channels_last=True, amp=True, amp_dtype="bf16"), cpu, 0),
+                               (dataclasses.replace(train_config(channels_last=True), exec_mode="evaluate"), cpu, 0),
+                               (train_config(channels_last=True), cpu, 5)):
+        model = Unet3D(1, 3, filters=FILTERS)
+        assert build.split_concatenations(model, cfg, device, say=True) == count
+        assert [m.split_concatenation for m in model.modules() if isinstance(m, UpsampleBlock)] == [bool(count)] * 5
+    assert capsys.readouterr().out.count("\n") == 1
 
 
 # ---------------------------------------------------------------------------- CPU precision
