@@ -147,7 +147,7 @@ print(json.dumps(out))
 CONV_FLOOR = r"""
 import collections, copy, json, sys, torch
 from benchmarks.harness import timed
-from model.layers import transposed_conv_as_gemm
+from model.layers import UpsampleBlock, conv_of_concatenation, transposed_conv_as_gemm
 from model.unet3d import Unet3D
 from runtime.host_memory import reuse_freed_memory
 reuse_freed_memory()
@@ -164,6 +164,7 @@ convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv3d, to
 assert sum(layers.values()) == len(convolutions), "every convolution once per step"
 out = {}
 names = {m: name for name, m in model.named_modules()}
+after_concatenation = {block.conv1[0] for block in model.modules() if isinstance(block, UpsampleBlock)}
 for key in keys:
     dtype, mf = getattr(torch, key.split("_")[0]), torch.channels_last_3d if key.endswith("_cl") else torch.contiguous_format
     total, rows = 0.0, []
@@ -174,9 +175,16 @@ for key in keys:
         layer = layer.to(dtype=dtype, memory_format=mf)
         x = torch.randn(shape, dtype=dtype).contiguous(memory_format=mf).requires_grad_(shape[1] > 1)
         wanted = ([x] if x.requires_grad else []) + list(layer.parameters())
-        # channels-last CPU training computes the transposed convolutions as one GEMM each
-        run = (lambda: transposed_conv_as_gemm(x, layer.weight, layer.bias)) if (
-            isinstance(layer, torch.nn.ConvTranspose3d) and key.endswith("_cl")) else (lambda: layer(x))
+        # as channels-last CPU training computes them: the transposed convolutions as one GEMM each,
+        # in float32 the convolution after a concatenation as one per part (runtime.build)
+        if isinstance(layer, torch.nn.ConvTranspose3d) and key.endswith("_cl"):
+            run = lambda: transposed_conv_as_gemm(x, layer.weight, layer.bias)
+        elif m in after_concatenation and key == "float32_cl":
+            parts = [p.detach().contiguous(memory_format=mf).requires_grad_() for p in x.chunk(2, dim=1)]
+            wanted = parts + list(layer.parameters())
+            run = lambda: conv_of_concatenation(layer, tuple(parts))
+        else:
+            run = lambda: layer(x)
         g = torch.randn_like(run())
         f = lambda: torch.autograd.grad(run(), wanted, g)
         f()
