@@ -7,8 +7,9 @@ timer and loader; GFLOP/s beside each and its share of the convolution rate meas
 and the convolution floor: the network's own convolutions timed alone in each variant's type and
 layout, whose ratio to the baseline's step is the most a step on these kernels can gain.
 Beside the floor: its layers' rates and the floor if every layer ran at the best one's rate (the
-most a faster kernel for the weaker layers could give); ``--per_layer`` prints it layer by layer. ``--isa AVX2``: under
-``ONEDNN_MAX_CPU_ISA``; ``--in_process``: the reference and the variants alternating step by step.
+most a faster kernel for the weaker layers could give); ``--per_layer`` prints it layer by layer.
+``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``; ``--in_process``: the reference and the variants
+alternating step by step.
 """
 from __future__ import annotations
 
