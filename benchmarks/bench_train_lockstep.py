@@ -100,6 +100,7 @@ def project_step(side: int, batch: int, name: str):
     build.fuse_channels_last_norms(model, cfg, cpu, say=True)
     build.transposed_convolutions_as_gemm(model, cfg, cpu, say=True)
     build.split_concatenations(model, cfg, cpu, say=True)
+    build.widest_blocks_in_ncdhw(model, cfg, cpu, say=True)
     build.guard_bf16_training(model, cfg, cpu, say=True)
     autocast, scaler = build.autocast_factory(cfg, cpu)
     step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 1e-4, 0.9),
@@ -146,10 +147,12 @@ print(json.dumps(out))
 
 
 CONV_FLOOR = r"""
-import collections, copy, json, sys, torch
+import collections, copy, dataclasses, json, sys, torch
 from benchmarks.harness import timed
-from model.layers import UpsampleBlock, conv_of_concatenation, transposed_conv_as_gemm
+from model.layers import ConvBlock, UpsampleBlock, conv_of_concatenation, transposed_conv_as_gemm
 from model.unet3d import Unet3D
+from runtime import build
+from runtime.arguments import Config
 from runtime.host_memory import reuse_freed_memory
 reuse_freed_memory()
 side, batch, keys = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
@@ -165,19 +168,27 @@ convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv3d, to
 assert sum(layers.values()) == len(convolutions), "every convolution once per step"
 out = {}
 names = {m: name for name, m in model.named_modules()}
-after_concatenation = {block.conv1[0] for block in model.modules() if isinstance(block, UpsampleBlock)}
+# float32 channels-last training's choices, as runtime.build makes them for this model
+float32_cl = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", channels_last=True)
+build.split_concatenations(model, float32_cl, torch.device("cpu"), say=False)
+build.widest_blocks_in_ncdhw(model, float32_cl, torch.device("cpu"), say=False)
+in_ncdhw = {block[0] for block in model.modules() if isinstance(block, ConvBlock) and block.ncdhw}
+after_concatenation = {block.conv1[0] for block in model.modules()
+                       if isinstance(block, UpsampleBlock) and block.split_concatenation} - in_ncdhw
 for key in keys:
     dtype, mf = getattr(torch, key.split("_")[0]), torch.channels_last_3d if key.endswith("_cl") else torch.contiguous_format
     total, rows = 0.0, []
     for (m, shape), count in layers.items():
+        layer_mf = torch.contiguous_format if (m in in_ncdhw and key == "float32_cl") else mf
         layer = copy.deepcopy(m).to_empty(device="cpu")
         for t in layer.parameters():
             torch.nn.init.normal_(t, std=0.05)
-        layer = layer.to(dtype=dtype, memory_format=mf)
-        x = torch.randn(shape, dtype=dtype).contiguous(memory_format=mf).requires_grad_(shape[1] > 1)
+        layer = layer.to(dtype=dtype, memory_format=layer_mf)
+        x = torch.randn(shape, dtype=dtype).contiguous(memory_format=layer_mf).requires_grad_(shape[1] > 1)
         wanted = ([x] if x.requires_grad else []) + list(layer.parameters())
         # as channels-last CPU training computes them: the transposed convolutions as one GEMM each,
-        # in float32 the convolution after a concatenation as one per part (runtime.build)
+        # in float32 the convolution after a concatenation as one per part and the widest
+        # blocks' convolutions in NCDHW (runtime.build)
         if isinstance(layer, torch.nn.ConvTranspose3d) and key.endswith("_cl"):
             run = lambda: transposed_conv_as_gemm(x, layer.weight, layer.bias)
         elif m in after_concatenation and key == "float32_cl":

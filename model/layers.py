@@ -76,13 +76,17 @@ class ConvBlock(nn.Sequential):
     :func:`instance_norm_activation` for channels-last training only), an instance-norm block
     computes its norm and ReLU/LeakyReLU with it (channels-last output); otherwise (the default,
     and the NCDHW float32 path that is the reference's bit for bit) the forward is exactly
-    ``nn.Sequential``'s.
+    ``nn.Sequential``'s. With :attr:`ncdhw` (:func:`set_ncdhw`) its convolution reads its input
+    (the parts of a concatenation concatenated) in NCDHW.
     """
 
     norm_activation = None  # callable(x, weight, bias, eps, slope) or None
+    ncdhw = False           # the convolution in NCDHW in a channels-last network: set_ncdhw
 
     def forward(self, x):
         fused = self.norm_activation
+        if self.ncdhw:
+            x = (torch.cat(x, dim=1) if isinstance(x, tuple) else x).contiguous()
         if isinstance(x, tuple):              # the parts of a channel concatenation (UpsampleBlock)
             if len(self) != 3:
                 return super().forward(torch.cat(x, dim=1))
@@ -122,6 +126,17 @@ def _set_in_every(model: nn.Module, kind: type, name: str, value) -> int:
     for module in blocks:
         setattr(module, name, value)
     return len(blocks)
+
+
+def set_ncdhw(block: ConvBlock, enabled: bool) -> None:
+    """Compute ``block``'s convolution in NCDHW (its weight and input; the norm after it writes
+    channels-last again) or, ``enabled`` False, back in channels-last. In a channels-last
+    network this is for layers whose weight is large and activations small: PyTorch's
+    channels-last convolution backward copies the weight's gradient twice (to a dense tensor,
+    then to channels-last), the NCDHW one does not (docs/performance.md). The same convolution
+    in another memory layout."""
+    block.ncdhw = enabled
+    block[0].to(memory_format=torch.contiguous_format if enabled else torch.channels_last_3d)
 
 
 def set_norm_activation(model: nn.Module, function) -> int:

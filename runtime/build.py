@@ -11,7 +11,8 @@ import torch
 
 from runtime.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
 from runtime.isa import native_bf16
-from model.layers import instance_norm_activation, set_norm_activation, set_split_concatenation, set_transposed_as_gemm
+from model.layers import (ConvBlock, instance_norm_activation, set_ncdhw, set_norm_activation, set_split_concatenation,
+                          set_transposed_as_gemm)
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
 from runtime import checkpoint as ckpt
@@ -134,6 +135,24 @@ def split_concatenations(model: torch.nn.Module, config: Config, device: torch.d
     return count
 
 
+def widest_blocks_in_ncdhw(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
+    """Float32 channels-last CPU training: the convolution blocks at the network's widest filter
+    count (the deepest levels: the largest weights, the fewest voxels) in NCDHW
+    (:func:`model.layers.set_ncdhw`): PyTorch's channels-last convolution backward copies each
+    weight gradient twice, which costs more there than the NCDHW kernels lose
+    (docs/performance.md). Not in bf16, where it measured nothing. Returns the blocks changed."""
+    if not (config.is_train and config.channels_last and device.type == "cpu" and not config.amp):
+        return 0
+    blocks = [m for m in model.modules() if isinstance(m, ConvBlock)]
+    widest = max(block[0].out_channels for block in blocks)
+    chosen = [block for block in blocks if block[0].out_channels == widest]
+    for block in chosen:
+        set_ncdhw(block, True)
+    if say:
+        print(f"channels-last float32: the {len(chosen)} convolutions with {widest} filters (the deepest levels) in NCDHW")
+    return len(chosen)
+
+
 def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
     """bf16 training on a CPU whose oneDNN gets 2-deep convolutions' weight gradients wrong:
     those convolutions run in float32 (:mod:`runtime.bf16_guard`)."""
@@ -207,6 +226,7 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
     fuse_channels_last_norms(model, config, device, dist_info.is_main)
     transposed_convolutions_as_gemm(model, config, device, dist_info.is_main)
     split_concatenations(model, config, device, dist_info.is_main)
+    widest_blocks_in_ncdhw(model, config, device, dist_info.is_main)
     guard_bf16_training(model, config, device, dist_info.is_main)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,

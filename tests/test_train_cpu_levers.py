@@ -9,7 +9,8 @@
 - the transposed convolution as one GEMM equals ``F.conv_transpose3d`` (float64: values and
   gradients) and returns channels-last; only channels-last CPU training uses it;
 - a channels-last network with fused norms and GEMM transposed convolutions gives the NCDHW
-  network's logits and gradients;
+  network's logits and gradients; so does one with the concatenations split and the widest
+  blocks in NCDHW (float64), and float32 training puts exactly the 320-filter blocks there;
 - ``--amp`` trains in bf16 only where the CPU has native bf16 dot products (the flags and
   ``ONEDNN_MAX_CPU_ISA``), else in float32, and says so;
 - the compiled norm (``RUN_SLOW=1``: torch.compile takes tens of seconds on two cores) equals
@@ -25,7 +26,7 @@ from torch import nn
 
 from runtime.isa import native_bf16
 from model.layers import (ConvBlock, UpsampleBlock, conv_block, conv_of_concatenation, instance_norm_activation,
-                          set_norm_activation, set_split_concatenation, set_transposed_as_gemm,
+                          set_ncdhw, set_norm_activation, set_split_concatenation, set_transposed_as_gemm,
                           transposed_conv_as_gemm)
 from model.losses import DiceCELoss
 from model.unet3d import Unet3D
@@ -331,6 +332,81 @@ def test_split_concatenation_only_for_float32_channels_last_cpu_training(capsys)
         assert build.split_concatenations(model, cfg, device, say=True) == count
         assert [m.split_concatenation for m in model.modules() if isinstance(m, UpsampleBlock)] == [bool(count)] * 5
     assert capsys.readouterr().out.count("\n") == 1
+
+
+def test_channels_last_network_with_split_concatenations_and_widest_blocks_in_ncdhw_equals_ncdhw():
+    """Float64, the whole network forward and backward as float32 channels-last CPU training lays
+    it out (GEMM transposed convolutions, split concatenations, the widest blocks in NCDHW; the
+    norms as modules, since the fused one computes in float32): the NCDHW network's logits and
+    every gradient (float64 convolutions return NCDHW whatever they read: the layouts themselves
+    are checked in float32 below)."""
+    torch.manual_seed(0)
+    plain = Unet3D(1, 3, filters=FILTERS).double()
+    fast = copy.deepcopy(plain).to(memory_format=CL)
+    set_transposed_as_gemm(fast, True)
+    set_split_concatenation(fast, True)
+    config = train_config(channels_last=True)
+    chosen = build.widest_blocks_in_ncdhw(fast, config, torch.device("cpu"), say=False)
+    blocks = {name: m for name, m in fast.named_modules() if isinstance(m, ConvBlock)}
+    assert chosen == sum(b[0].out_channels == max(FILTERS) for b in blocks.values()) > 0
+    for name, block in blocks.items():
+        assert block[0].weight.is_contiguous(memory_format=torch.contiguous_format if block.ncdhw else CL), name
+    g = torch.Generator().manual_seed(1)
+    image = torch.randn(2, 1, 64, 64, 32, generator=g, dtype=torch.float64)
+    label = torch.randint(0, 3, (2, 1, 64, 64, 32), generator=g, dtype=torch.uint8)
+    logits0, loss0, grads0 = forward_backward(plain, image, label)
+    logits1, loss1, grads1 = forward_backward(fast, image.contiguous(memory_format=CL), label)
+    torch.testing.assert_close(logits1, logits0, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-12, atol=1e-12)
+    for name in grads0:
+        torch.testing.assert_close(grads1[name], grads0[name], rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_ncdhw_block_reads_ncdhw_in_a_channels_last_network():
+    """Float32: a block in NCDHW gives its convolution an NCDHW input and weight (the parts of a
+    concatenation concatenated) and computes what the channels-last block computes."""
+    g = torch.Generator().manual_seed(2)
+    block = conv_block(8, 4, "instancenorm", "relu").to(memory_format=CL)
+    parts = tuple(torch.randn(2, 4, 6, 5, 4, generator=g).contiguous(memory_format=CL) for _ in range(2))
+    seen = []
+    block[0].register_forward_hook(lambda m, i, o: seen.append(
+        (i[0].is_contiguous(), o.is_contiguous(memory_format=CL), m.weight.is_contiguous())))
+    expected = block(torch.cat(parts, dim=1))
+    set_ncdhw(block, True)
+    got = block(parts)
+    assert seen == [(False, True, False), (True, False, True)]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_set_ncdhw_moves_the_weight_and_back():
+    block = conv_block(4, 8, "instancenorm", "relu").to(memory_format=CL)
+    weight = block[0].weight
+    set_ncdhw(block, True)
+    assert block.ncdhw and block[0].weight is weight and weight.is_contiguous()
+    set_ncdhw(block, False)
+    assert not block.ncdhw and weight.is_contiguous(memory_format=CL) and not weight.is_contiguous()
+
+
+def test_widest_blocks_in_ncdhw_only_for_float32_channels_last_cpu_training(capsys):
+    """The known answer for the benchmark's network: the six convolutions with 320 filters (the
+    last downsampling level, the bottleneck, the first upsampling level), nothing else; only in
+    float32 channels-last CPU training."""
+    cpu = torch.device("cpu")
+    widest = ["downsample.3.conv1", "downsample.3.conv2", "bottleneck.conv1", "bottleneck.conv2",
+              "upsample.0.conv1", "upsample.0.conv2"]
+    for cfg, device, expected in ((train_config(), cpu, []), (train_config(channels_last=True), torch.device("meta"), []),
+                                  (train_config(channels_last=True, amp=True, amp_dtype="bf16"), cpu, []),
+                                  (dataclasses.replace(train_config(channels_last=True), exec_mode="evaluate"), cpu, []),
+                                  (train_config(channels_last=True), cpu, widest)):
+        with torch.device("meta"):
+            model = Unet3D().to(memory_format=CL)
+        assert build.widest_blocks_in_ncdhw(model, cfg, device, say=True) == len(expected)
+        assert [n for n, m in model.named_modules() if isinstance(m, ConvBlock) and m.ncdhw] == expected
+        for name, m in model.named_modules():
+            if isinstance(m, ConvBlock) and m[0].in_channels > 1:
+                assert m[0].weight.is_contiguous(memory_format=torch.contiguous_format if m.ncdhw else CL), name
+    assert capsys.readouterr().out == ("channels-last float32: the 6 convolutions with 320 filters (the deepest "
+                                       "levels) in NCDHW\n")
 
 
 # ---------------------------------------------------------------------------- CPU precision
