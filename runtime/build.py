@@ -120,13 +120,18 @@ def transposed_convolutions_as_gemm(model: torch.nn.Module, config: Config, devi
     return count
 
 
+def float32_channels_last_cpu_training(config: Config, device: torch.device) -> bool:
+    """Where the float32-only channels-last levers apply (bf16 gains nothing from them)."""
+    return config.is_train and config.channels_last and device.type == "cpu" and not config.amp
+
+
 def split_concatenations(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
     """Float32 channels-last CPU training: the convolution after each concatenation as one
     convolution per part, summed (:func:`model.layers.conv_of_concatenation`): oneDNN's float32
     kernels ran the 64-to-32-channel convolution slower per FLOP than two 32-channel ones
     (docs/performance.md). Not in bf16, where it gains nothing and would round the two parts'
     sums to bf16 before adding them. Returns the blocks changed."""
-    if not (config.is_train and config.channels_last and device.type == "cpu" and not config.amp):
+    if not float32_channels_last_cpu_training(config, device):
         return 0
     count = set_split_concatenation(model, True)
     if say:
@@ -141,7 +146,7 @@ def widest_blocks_in_ncdhw(model: torch.nn.Module, config: Config, device: torch
     (:func:`model.layers.set_ncdhw`): PyTorch's channels-last convolution backward copies each
     weight gradient twice, which costs more there than the NCDHW kernels lose
     (docs/performance.md). Not in bf16, where it measured nothing. Returns the blocks changed."""
-    if not (config.is_train and config.channels_last and device.type == "cpu" and not config.amp):
+    if not float32_channels_last_cpu_training(config, device):
         return 0
     blocks = [m for m in model.modules() if isinstance(m, ConvBlock)]
     widest = max(block[0].out_channels for block in blocks)
