@@ -97,11 +97,7 @@ def project_step(side: int, batch: int, name: str):
     torch.manual_seed(0)
     cfg = build.cpu_training_precision(cfg, cpu, say=True)
     model = build.build_model(cfg, cpu)
-    build.fuse_channels_last_norms(model, cfg, cpu, say=True)
-    build.transposed_convolutions_as_gemm(model, cfg, cpu, say=True)
-    build.split_concatenations(model, cfg, cpu, say=True)
-    build.widest_blocks_in_ncdhw(model, cfg, cpu, say=True)
-    build.guard_bf16_training(model, cfg, cpu, say=True)
+    build.apply_cpu_levers(model, cfg, cpu, say=True)
     autocast, scaler = build.autocast_factory(cfg, cpu)
     step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 1e-4, 0.9),
                                   scaler, autocast, 1)

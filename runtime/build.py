@@ -171,6 +171,16 @@ def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.de
               "inputs; those run in float32")
 
 
+def apply_cpu_levers(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
+    """Every layout and precision lever of :func:`build_components`, in its order; each decides
+    from ``config`` and ``device`` whether it applies (and says so when ``say``)."""
+    fuse_channels_last_norms(model, config, device, say)
+    transposed_convolutions_as_gemm(model, config, device, say)
+    split_concatenations(model, config, device, say)
+    widest_blocks_in_ncdhw(model, config, device, say)
+    guard_bf16_training(model, config, device, say)
+
+
 def wrap_model(model: torch.nn.Module, config: Config, dist_info: D.DistInfo) -> torch.nn.Module:
     if dist_info.distributed:
         ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
@@ -228,11 +238,7 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
     torch.manual_seed(D.rank_seed(config.seed, dist_info.rank))
     config = cpu_training_precision(config, device, dist_info.is_main)
     model = build_model(config, device, dist_info.distributed)
-    fuse_channels_last_norms(model, config, device, dist_info.is_main)
-    transposed_convolutions_as_gemm(model, config, device, dist_info.is_main)
-    split_concatenations(model, config, device, dist_info.is_main)
-    widest_blocks_in_ncdhw(model, config, device, dist_info.is_main)
-    guard_bf16_training(model, config, device, dist_info.is_main)
+    apply_cpu_levers(model, config, device, dist_info.is_main)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,
                                config.momentum, config.weight_decay, config.lamb_betas,
