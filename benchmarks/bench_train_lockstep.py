@@ -1,11 +1,12 @@
 """The CPU training step through the command users run, lock-step against the real MLCommons code.
 
 ``main.py --exec_mode train --benchmark`` per variant and round on ``--data_dir`` (training cases
-only): ``fp32``, ``bf16``, ``fast`` (``--amp --channels_last``) against the baseline ``mlcommons``,
-the reference's own network, loss, optimizer and step (``--reference_code``) on the project's step
-timer and loader; GFLOP/s beside each and its share of the convolution rate measured in the run,
-and the convolution floor: the network's own convolutions timed alone in each variant's type and
-layout, whose ratio to the baseline's step is the most a step on these kernels can gain.
+only): ``fp32``, ``bf16``, ``fast`` (``--amp --channels_last --fused_optimizer``) against the
+baseline ``mlcommons``, the reference's own network, loss, optimizer and step (``--reference_code``)
+on the project's step timer and loader; GFLOP/s beside each and its share of the convolution rate
+measured in the run, and the convolution floor: the network's own convolutions timed alone in each
+variant's type and layout, whose ratio to the baseline's step is the most a step on these kernels
+can gain.
 Beside the floor: its layers' rates and the floor if every layer ran at the best one's rate (the
 most a faster kernel for the weaker layers could give); ``--per_layer`` prints it layer by layer.
 ``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``; ``--in_process``: the reference and the variants
@@ -30,7 +31,7 @@ import torch
 
 from benchmarks.harness import ROOT, alternate, flop_count_per_sample, header, lockstep, loads, ratios, table
 
-VARIANTS = {"mlcommons": [], "fp32": [], "bf16": ["--amp", "--amp_dtype", "bf16"], "fast": ["--amp", "--channels_last"]}
+VARIANTS = {"mlcommons": [], "fp32": [], "bf16": ["--amp", "--amp_dtype", "bf16"], "fast": ["--amp", "--channels_last", "--fused_optimizer"]}
 TIMED = re.compile(r"timed step \d+: ([0-9.]+) ms")
 PRECISION = re.compile(r"^bf16: .*$", re.M)
 
@@ -80,7 +81,7 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     return 0
 
 
-IN_PROCESS = {"fp32": {}, "bf16": {"amp": True}, "fast": {"amp": True, "channels_last": True}}
+IN_PROCESS = {"fp32": {}, "bf16": {"amp": True}, "fast": {"amp": True, "channels_last": True, "fused_optimizer": True}}
 
 
 def project_step(side: int, batch: int, name: str):
@@ -99,7 +100,7 @@ def project_step(side: int, batch: int, name: str):
     model = build.build_model(cfg, cpu)
     build.apply_cpu_levers(model, cfg, cpu, say=True)
     autocast, scaler = build.autocast_factory(cfg, cpu)
-    step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 1e-4, 0.9),
+    step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 1e-4, 0.9, fused=cfg.fused_optimizer),
                                   scaler, autocast, 1)
     return model, step, ("bfloat16" if cfg.amp else "float32") + ("_cl" if cfg.channels_last else ""), cfg.channels_last
 

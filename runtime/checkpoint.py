@@ -282,8 +282,13 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: dict, pat
         saved = saved or "another optimizer"
         raise CheckpointError(f"optimizer state in {path!r} ({saved}) does not fit --optimizer "
                               f"{mine or type(optimizer).__name__}; resume with the run's own --optimizer")
+    # load_state_dict takes the saved groups' kernel choice too: keep this run's (--fused_optimizer
+    # resumes as asked; a fused step saved on one device or torch need not exist on another)
+    kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
     try:
         optimizer.load_state_dict(state)
+        for group, own in zip(optimizer.param_groups, kernels):
+            group.update(own)
     except (ValueError, KeyError) as exc:
         raise CheckpointError(f"optimizer state in {path!r} does not fit this model and optimizer: "
                               f"{type(exc).__name__} {exc}") from None

@@ -50,11 +50,14 @@ class Lamb(torch.optim.Optimizer):
 
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                    betas=(0.9, 0.999), fused: bool = False) -> torch.optim.Optimizer:
-    """The optimizer named by ``--optimizer``. ``fused`` asks for a fused (CUDA) step and
-    falls back to the multi-tensor (foreach) step where torch or the device has none."""
+    """The optimizer named by ``--optimizer``. ``fused`` asks for the fused step: on CUDA, and on
+    the CPU where torch has the kernel (one pass over weights, gradients and momentum instead of
+    one per operation; docs/performance.md, "The fast CPU settings"); it falls back to the
+    default step (multi-tensor on CUDA, one tensor at a time on the CPU) where torch or the
+    device has none."""
     params = list(params)
     on_cuda = all(p.is_cuda for p in params)
-    speed = {"fused": True} if fused and on_cuda else {"foreach": True} if on_cuda else {}
+    speed = {"fused": True} if fused else {"foreach": True} if on_cuda else {}
     if name == "sgd":
         return _with_fallback(torch.optim.SGD, params, speed, lr=lr, momentum=momentum, nesterov=True,
                               weight_decay=weight_decay)

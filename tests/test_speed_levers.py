@@ -145,10 +145,53 @@ def test_bf16_autocast_close_to_fp32_on_cpu():
 # --------------------------------------------------------------------------------------------
 # optimizer steps
 
-def test_make_optimizer_fused_falls_back_on_cpu():
-    model = tiny_model()
-    opt = make_optimizer("sgd", model.parameters(), 0.1, fused=True)
-    assert not opt.param_groups[0].get("fused")
+def torch_has_cpu_fused_sgd() -> bool:
+    """Asked of torch itself, not of its version: one fused step on a CPU tensor."""
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    try:
+        torch.optim.SGD([p], lr=0.5, momentum=0.9, nesterov=True, fused=True).step()
+    except (TypeError, RuntimeError):
+        return False
+    return bool(torch.allclose(p.detach(), torch.full((3,), 0.05)))   # 1 - 0.5·(1 + 0.9·1)
+
+
+def test_make_optimizer_fused_on_cpu_where_torch_has_it():
+    """--fused_optimizer on the CPU: torch's fused SGD where it exists (else the default step,
+    as on torch 2.3), the same updates as the default one-tensor-at-a-time step."""
+    models = [tiny_model(), tiny_model()]
+    opts = [make_optimizer("sgd", models[0].parameters(), 0.01, momentum=0.9),
+            make_optimizer("sgd", models[1].parameters(), 0.01, momentum=0.9, fused=True)]
+    assert not opts[0].param_groups[0].get("fused")
+    assert bool(opts[1].param_groups[0].get("fused")) == torch_has_cpu_fused_sgd()
+    start = [p.detach().clone() for p in models[0].parameters()]
+    for step in range(3):
+        for model, opt in zip(models, opts):
+            set_random_grads(model, step)
+            opt.step()
+    assert min(float((p - q).abs().max()) for p, q in zip(models[0].parameters(), start)) > 1e-3
+    for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(p1, p0)             # float32's default tolerances
+
+
+@pytest.mark.parametrize("saved_fused, fused", [(True, False), (False, True)])
+def test_a_resumed_optimizer_keeps_this_runs_kernel(saved_fused, fused):
+    """load_state_dict would take the saved run's fused/foreach choice: the resumed run keeps
+    its own --fused_optimizer (the state itself is the saved one)."""
+    from runtime.checkpoint import load_optimizer_state
+
+    if not torch_has_cpu_fused_sgd():
+        pytest.skip(f"torch {torch.__version__} has no fused SGD on the CPU")
+    saved_model, model = tiny_model(), tiny_model()
+    saved = make_optimizer("sgd", saved_model.parameters(), 0.01, fused=saved_fused)
+    set_random_grads(saved_model, 0)
+    saved.step()
+    opt = make_optimizer("sgd", model.parameters(), 0.01, fused=fused)
+    load_optimizer_state(opt, {"optimizer_state_dict": saved.state_dict()}, "ckpt.pt")
+    assert bool(opt.param_groups[0]["fused"]) == fused
+    buffers = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
+    for b, p in zip(buffers, saved_model.parameters()):
+        torch.testing.assert_close(b, saved.state[p]["momentum_buffer"], rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------------------------
