@@ -69,6 +69,108 @@ def instance_norm_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     return y.to(x.dtype).contiguous(memory_format=torch.channels_last_3d)
 
 
+def _voxel_rows(t: torch.Tensor) -> torch.Tensor:
+    """A 5-D ``(N, C, D, H, W)`` tensor as its ``(N, D, H·W, C)`` view (a view in either layout):
+    sums over its third dimension are partial sums per depth slice, computed in parallel over
+    N·D."""
+    n, c, d, h, w = t.shape
+    return t.permute(0, 2, 3, 4, 1).reshape(n, d, h * w, c)
+
+
+def _from_rows(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``(N, D, H·W, C)`` rows back to ``like``'s 5-D shape, channels-last, in ``like``'s dtype."""
+    n, c, d, h, w = like.shape
+    t = rows.to(like.dtype).reshape(n, d, h, w, c).permute(0, 4, 1, 2, 3)
+    return t.contiguous(memory_format=torch.channels_last_3d)   # a no-op but for eager NCDHW input
+
+
+def norm_activation_forward(x, weight, bias, eps: float, slope: float):
+    """:func:`instance_norm_activation`'s output (channels-last), with the per-sample, per-channel
+    mean and 1/std its backward needs (``(N, 1, 1, C)``, float32). The statistics per depth slice,
+    then combined (Chan et al.: the mean of the slices' variances plus the variance of their
+    means; equal slice sizes)."""
+    rows = _voxel_rows(x).float()
+    var_d, mean_d = torch.var_mean(rows, dim=2, correction=0, keepdim=True)
+    mean = mean_d.mean(dim=1, keepdim=True)
+    var = var_d.mean(dim=1, keepdim=True) + ((mean_d - mean) ** 2).mean(dim=1, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    y = (rows - mean) * (rstd * weight.float()) + bias.float()
+    y = F.leaky_relu(y, slope) if slope else torch.where(y > 0, y, 0.0)
+    return _from_rows(y, x), mean, rstd
+
+
+def _masked_gradient(x, grad, mean, rstd, weight, bias, slope: float):
+    """The gradient at the norm's output (the activation's mask recomputed from ``x``: nothing
+    stored) and the normalised input, as rows."""
+    xhat = (_voxel_rows(x).float() - mean) * rstd
+    y = xhat * weight.float() + bias.float()
+    return _voxel_rows(grad).float() * torch.where(y > 0, 1.0, slope), xhat
+
+
+def norm_activation_grad_sum(x, grad, mean, rstd, weight, bias, slope: float):
+    """Σ over the volume of the gradient at the norm's output, ``(N, 1, 1, C)``."""
+    g, _ = _masked_gradient(x, grad, mean, rstd, weight, bias, slope)
+    return g.sum(dim=2, keepdim=True).sum(dim=1, keepdim=True)
+
+
+def norm_activation_grad_xhat_sum(x, grad, mean, rstd, weight, bias, slope: float):
+    """Σ over the volume of that gradient times the normalised input, ``(N, 1, 1, C)``. Its own
+    pass: compiled together with :func:`norm_activation_grad_sum`, the masked gradient was
+    written out in float32 and read back (docs/performance.md)."""
+    g, xhat = _masked_gradient(x, grad, mean, rstd, weight, bias, slope)
+    return (g * xhat).sum(dim=2, keepdim=True).sum(dim=1, keepdim=True)
+
+
+def norm_activation_grad_input(x, grad, mean, rstd, weight, bias, slope: float, g_sum, gx_sum):
+    """The input's gradient (channels-last): ``rstd·w·(g - mean(g) - x̂·mean(g·x̂))``."""
+    n, c, d, h, w = x.shape
+    voxels = d * h * w
+    g, xhat = _masked_gradient(x, grad, mean, rstd, weight, bias, slope)
+    return _from_rows((rstd * weight.float()) * (g - g_sum / voxels - xhat * (gx_sum / voxels)), x)
+
+
+NORM_ACTIVATION_KERNELS = (norm_activation_forward, norm_activation_grad_sum, norm_activation_grad_xhat_sum,
+                           norm_activation_grad_input)
+
+
+class _NormActivation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, slope, kernels):
+        forward, ctx.grad_sum, ctx.grad_xhat_sum, ctx.grad_input = kernels
+        y, mean, rstd = forward(x, weight, bias, eps, slope)
+        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        ctx.slope = slope
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, mean, rstd, weight, bias = ctx.saved_tensors
+        grad = grad.contiguous(memory_format=torch.channels_last_3d)
+        args = (x, grad, mean, rstd, weight, bias, ctx.slope)
+        g_sum, gx_sum = ctx.grad_sum(*args), ctx.grad_xhat_sum(*args)
+        grad_x = ctx.grad_input(*args, g_sum, gx_sum)
+        reduce = (0, 1, 2)
+        return grad_x, gx_sum.sum(reduce).to(weight.dtype), g_sum.sum(reduce).to(bias.dtype), None, None, None
+
+
+class FusedNormActivation:
+    """:func:`instance_norm_activation` (its values and gradients, float32 arithmetic) with its own
+    backward. Forward: one reading pass for the statistics (partial sums per depth slice, so that
+    both threads work: over the whole volume the reduction runs in parallel over the channels
+    only), one for the output. Backward: two reading passes of the input and the output's gradient
+    for the two sums over the volume, one for the input's gradient, the activation's mask
+    recomputed in each; the compiled formula's own backward wrote the masked gradient out in
+    float32 and read it back twice (docs/performance.md, "The fast CPU settings").
+    ``kernels``: :data:`NORM_ACTIVATION_KERNELS`, each compiled on its own (``runtime.build``) or
+    eager."""
+
+    def __init__(self, kernels=NORM_ACTIVATION_KERNELS):
+        self.kernels = tuple(kernels)
+
+    def __call__(self, x, weight, bias, eps: float, slope: float) -> torch.Tensor:
+        return _NormActivation.apply(x, weight, bias, eps, slope, self.kernels)
+
+
 class ConvBlock(nn.Sequential):
     """``nn.Sequential(conv, norm, activation)`` (the reference's modules and state_dict keys).
 

@@ -11,8 +11,8 @@ import torch
 
 from runtime.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
 from runtime.isa import native_bf16
-from model.layers import (ConvBlock, instance_norm_activation, set_ncdhw, set_norm_activation, set_split_concatenation,
-                          set_transposed_as_gemm)
+from model.layers import (NORM_ACTIVATION_KERNELS, ConvBlock, FusedNormActivation, instance_norm_activation,
+                          set_ncdhw, set_norm_activation, set_split_concatenation, set_transposed_as_gemm)
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
 from runtime import checkpoint as ckpt
@@ -87,17 +87,20 @@ def cpu_training_precision(config: Config, device: torch.device, say: bool) -> C
 
 def fuse_channels_last_norms(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
     """Channels-last CPU training: every instance norm + activation computed by one
-    layout-preserving function (:func:`model.layers.instance_norm_activation`), compiled on its
-    own (one graph for all shapes; tens of seconds at the first steps) unless the whole model is
-    compiled (``--compile`` fuses it in the model's graph). Where this torch cannot compile, the
-    modules stay (the eager function is slower than them). Returns the blocks changed."""
+    layout-preserving function: :class:`model.layers.FusedNormActivation`, its forward and
+    three backward kernels each compiled on their own (one graph each for all shapes; tens of
+    seconds at the first steps), or, when the whole model is compiled (``--compile``), the plain
+    :func:`model.layers.instance_norm_activation` fused in the model's graph. Where this torch
+    cannot compile, the modules stay (the eager function is slower than them). Returns the blocks
+    changed."""
     if not (config.channels_last and device.type == "cpu" and config.normalization == "instancenorm"):
         return 0
     if config.compile:
         function = instance_norm_activation
     else:
-        function = compile_function(instance_norm_activation, dynamic=True, recompile_limit=64)
-        if function is instance_norm_activation:
+        kernels = [compile_function(k, dynamic=True, recompile_limit=64) for k in NORM_ACTIVATION_KERNELS]
+        function = FusedNormActivation(kernels)
+        if kernels[0] is NORM_ACTIVATION_KERNELS[0]:
             if say:
                 print("channels-last: torch.compile is unavailable, instance norm and activation stay modules")
             return 0
