@@ -1,6 +1,8 @@
 """Optimizers: SGD (Nesterov), Adam and a pure-PyTorch LAMB (no apex)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -57,6 +59,8 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_d
     device has none."""
     params = list(params)
     on_cuda = all(p.is_cuda for p in params)
+    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}.get(name)
+    fused = fused and cls is not None and (on_cuda or fused_step_runs_on_cpu(cls))
     speed = {"fused": True} if fused else {"foreach": True} if on_cuda else {}
     if name == "sgd":
         return _with_fallback(torch.optim.SGD, params, speed, lr=lr, momentum=momentum, nesterov=True,
@@ -66,6 +70,19 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_d
     if name == "lamb":
         return Lamb(params, lr=lr, betas=betas, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def fused_step_runs_on_cpu(cls) -> bool:
+    """Whether torch's fused ``cls`` step runs on the CPU, asked with one step on one element:
+    torch 2.3 takes ``fused=True`` for CPU tensors and fails at the first step."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    p.grad = torch.zeros(1)
+    try:
+        cls([p], lr=0.1, fused=True).step()
+    except (TypeError, RuntimeError, ValueError):   # NotImplementedError is a RuntimeError
+        return False
+    return True
 
 
 def _with_fallback(cls, params, speed: dict, **kwargs):
