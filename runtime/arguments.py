@@ -283,7 +283,7 @@ def _speed_flags(g, d: Config) -> None:
                         "activation (compiled once; docs/performance.md, \"CPU training step\")")
     g.add_argument("--compile", action="store_true", help="(new) torch.compile the model and loss")
     g.add_argument("--cuda_graphs", action="store_true", help="(new) capture the training step in a CUDA graph")
-    g.add_argument("--fused_optimizer", action="store_true", help="(new) fused optimizer step where supported")
+    g.add_argument("--fused_optimizer", action="store_true", help="(new) fused optimizer step where torch has one for the device (CUDA; the CPU's fused SGD and Adam in recent torch), else the default step")
     g.add_argument("--cudnn_benchmark", action="store_true", help="let cuDNN pick the fastest kernels")
     g.add_argument("--cudnn_deterministic", action="store_true", help="deterministic cuDNN kernels")
 

@@ -1,5 +1,6 @@
 """``--benchmark``'s step and time budget, training's evaluation pass and the predicted time to
 train it prints (tiny network, fake data, CPU)."""
+import math
 import re
 
 import pytest
@@ -72,8 +73,29 @@ def test_the_printed_prediction_follows_from_the_printed_measurements(tmp_path, 
     throughput = float(re.search(r"global batch 2 on 1 rank\(s\), ([\d.e+-]+) samples/s", out).group(1))
     eval_seconds = float(re.search(r"samples/s, ([\d.e+-]+) s per evaluation", out).group(1))
     assert "evaluations from epoch 500 every 10" in out
-    p = T.predict(throughput, eval_seconds, 2, T.Schedule(168, 500, 10))
-    assert f"{T.duration_text(p.score_s)} expected" in out and f"mean {T.duration_text(p.run_mean_s)}" in out
+    # both inputs are printed to 4 significant digits: the prediction from the true values lies
+    # between those from the printed ones' ends (more throughput and less evaluation is faster)
+    schedule = T.Schedule(168, 500, 10)
+    fast = T.predict(throughput + half_digit(throughput), eval_seconds - half_digit(eval_seconds), 2, schedule)
+    slow = T.predict(throughput - half_digit(throughput), eval_seconds + half_digit(eval_seconds), 2, schedule)
+    score = re.search(r"\): ([\d.]+ (?:min|h|days)) expected", out).group(1)
+    mean = re.search(r"one run: mean ([\d.]+ (?:min|h|days))", out).group(1)
+    for printed, lo, hi in ((score, fast.score_s, slow.score_s), (mean, fast.run_mean_s, slow.run_mean_s)):
+        seconds, half = duration_seconds(printed)
+        assert lo - half <= seconds <= hi + half, (printed, lo, hi)
+
+
+def half_digit(x: float) -> float:
+    """Half a unit in the last place of x printed with 4 significant digits."""
+    return 0.5 * 10.0 ** (math.floor(math.log10(abs(x))) - 3)
+
+
+def duration_seconds(text: str) -> tuple[float, float]:
+    """duration_text's seconds back, and half a unit in its last printed place."""
+    value, unit = text.split()
+    scale = {"min": 60.0, "h": 3600.0, "days": 86400.0}[unit]
+    decimals = len(value.split(".")[1]) if "." in value else 0
+    return float(value) * scale, 0.5 * 10.0 ** -decimals * scale
 
 
 def test_evaluate_benchmark_budget_and_evaluation_share(tmp_path, capsys):
