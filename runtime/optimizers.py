@@ -58,18 +58,18 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_d
     default step (multi-tensor on CUDA, one tensor at a time on the CPU) where torch or the
     device has none."""
     params = list(params)
-    on_cuda = all(p.is_cuda for p in params)
-    cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}.get(name)
-    fused = fused and cls is not None and (on_cuda or fused_step_runs_on_cpu(cls))
-    speed = {"fused": True} if fused else {"foreach": True} if on_cuda else {}
-    if name == "sgd":
-        return _with_fallback(torch.optim.SGD, params, speed, lr=lr, momentum=momentum, nesterov=True,
-                              weight_decay=weight_decay)
-    if name == "adam":
-        return _with_fallback(torch.optim.Adam, params, speed, lr=lr, weight_decay=weight_decay)
     if name == "lamb":
         return Lamb(params, lr=lr, betas=betas, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}")
+    if name == "sgd":
+        cls, kwargs = torch.optim.SGD, {"momentum": momentum, "nesterov": True}
+    elif name == "adam":
+        cls, kwargs = torch.optim.Adam, {}
+    else:
+        raise ValueError(f"unknown optimizer {name!r}")
+    on_cuda = all(p.is_cuda for p in params)
+    fused = fused and (on_cuda or fused_step_runs_on_cpu(cls))
+    speed = {"fused": True} if fused else {"foreach": True} if on_cuda else {}
+    return _with_fallback(cls, params, speed, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
 @functools.lru_cache(maxsize=None)
