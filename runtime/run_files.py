@@ -52,6 +52,14 @@ SAMPLES_PER_EPOCH = "samples_per_epoch"
 TRAIN_SAMPLES = "train_samples"
 EVAL_START = "eval_start"
 EVAL_STOP = "eval_stop"
+# Events of this project's own (not mlperf_logging's) that make an attempt not a result: the
+# report, the score and the submission package leave out a log that holds either.
+# value: the checkpoint's path; metadata {"epoch_num": the epoch it resumed after}
+RESUMED_FROM_CHECKPOINT = "resumed_from_checkpoint"
+# value: the --save_ckpt_path written between run_start and run_stop (the reference's timed run
+# writes none); logged before run_start by a run that will save checkpoints on the clock
+CHECKPOINTS_ON_THE_CLOCK = "checkpoints_on_the_clock"
+NOT_A_RESULT_EVENTS = (RESUMED_FROM_CHECKPOINT, CHECKPOINTS_ON_THE_CLOCK)
 
 # -- log.json ---------------------------------------------------------------------------------
 
