@@ -10,8 +10,11 @@
   released on every exit path. The same lock guards predict's ``--output_dir``
   and (:func:`checkpoint_lock`) the ``--save_ckpt_path`` file of a training run.
 * :func:`remove_if_empty`: a run refused after its output folders were created removes them.
-* :func:`keep_previous`: an existing ``unet3d.log`` is renamed before a run writes its own, so
-  each MLPerf log holds exactly one run.
+* :func:`keep_previous`: an existing file renamed to a dated name beside it.
+* :func:`move_previous_run`: a new training run in a used ``--log_dir`` moves every file of the
+  last run (``run_files.run_file_names``: its MLPerf logs, resumed attempts' included, log.json,
+  eval_cases.csv, curves.png) and the last run's ``--save_ckpt_path`` into one folder of their
+  own, ``<log_dir>/previous-<time>``; nothing is deleted or overwritten.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
+
+from runtime.run_files import PREVIOUS_RUN_PREFIX, RESUMED_TIME_FORMAT, run_file_names
 
 LOCK_NAME = ".unet3d.lock"
 
@@ -343,3 +348,54 @@ def keep_previous(path: str) -> str | None:
         target, n = f"{stem}.{stamp}.{n}{ext}", n + 1
     os.replace(path, target)
     return target
+
+
+def _free_name(path: str, suffix: str = "") -> str:
+    """``path + suffix``, or ``path.N + suffix`` for the first N that does not exist."""
+    target, n = path + suffix, 1
+    while os.path.lexists(target):
+        target, n = f"{path}.{n}{suffix}", n + 1
+    return target
+
+
+def move_previous_run(log_dir: str, checkpoint: str = "") -> list[str]:
+    """Move the last run's files out of the way of a new run in ``log_dir``: every file
+    ``run_files.run_file_names`` names, and the file at ``checkpoint`` (``--save_ckpt_path``,
+    '' for none), go into ``<log_dir>/previous-<time>`` (the time of the newest of them; a
+    checkpoint outside ``log_dir`` is renamed beside itself, ``<stem>.previous-<time><ext>``).
+    Renames only (one filesystem): nothing is deleted, nothing overwritten. Returns one line per
+    place something went, for the user; [] when there was nothing to move. :class:`OutputError`
+    (one line) when a rename fails."""
+    log_dir = os.path.abspath(log_dir)
+    try:
+        names = [n for n in run_file_names(os.listdir(log_dir)) if os.path.isfile(os.path.join(log_dir, n))]
+    except FileNotFoundError:
+        names = []
+    except OSError as err:
+        raise OutputError(f"--log_dir {log_dir!r} cannot be listed: {_reason(err)}") from None
+    paths = [os.path.join(log_dir, n) for n in names]
+    old_ckpt = os.path.abspath(checkpoint) if checkpoint and os.path.isfile(checkpoint) else ""
+    if not paths and not old_ckpt:
+        return []
+    stamp = time.strftime(RESUMED_TIME_FORMAT, time.localtime(max(
+        os.path.getmtime(p) for p in paths + ([old_ckpt] if old_ckpt else []))))
+    lines = []
+    try:
+        if old_ckpt and os.path.dirname(old_ckpt) != log_dir:
+            stem, ext = os.path.splitext(old_ckpt)
+            target = _free_name(f"{stem}.{PREVIOUS_RUN_PREFIX}{stamp}", ext)
+            os.rename(old_ckpt, target)
+            lines.append(f"--save_ckpt_path: kept the previous run's checkpoint as {target}")
+        elif old_ckpt:
+            paths.append(old_ckpt)
+        if paths:
+            folder = _free_name(os.path.join(log_dir, PREVIOUS_RUN_PREFIX + stamp))
+            os.mkdir(folder)
+            for path in paths:
+                os.rename(path, os.path.join(folder, os.path.basename(path)))
+            lines.append(f"--log_dir: moved the previous run's files ({', '.join(os.path.basename(p) for p in paths)}) "
+                         f"to {folder}")
+    except OSError as err:
+        raise OutputError(f"cannot move the previous run's files in {log_dir!r} out of the way: "
+                          f"{_reason(err)} ({err.filename})") from None
+    return lines

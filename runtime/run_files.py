@@ -19,6 +19,7 @@ A report's ``--output`` holds ``summary.md``, ``summary.json`` and ``curves.png`
 """
 from __future__ import annotations
 
+import fnmatch
 import time
 from typing import Iterable
 
@@ -39,6 +40,17 @@ def resumed_log_name(stamp: str | None = None) -> str:
 
 
 RESUMED_LOG_GLOB = resumed_log_name("*")
+
+# A new training run in a used --log_dir moves every file of the last run (these names, and the
+# resumed attempts' logs) into a folder of its own, ``previous-<time of the last run's newest
+# file>[.n]``, so that a folder holds one run; the report does not search those folders.
+PREVIOUS_RUN_PREFIX = "previous-"
+
+
+def run_file_names(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` (a folder's entries) that are files of a training run."""
+    own = (MLPERF_LOG, METRICS_LOG, EVAL_CASES_CSV, CURVES_PNG)
+    return sorted(name for name in names if name in own or fnmatch.fnmatchcase(name, RESUMED_LOG_GLOB))
 
 # -- the MLPerf log: the lines and keys the report reads (mlperf_logging's names) ----------------
 

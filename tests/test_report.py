@@ -274,8 +274,12 @@ def test_resumed_run(tmp_path):
     assert "resumed: 2 MLPerf logs" in notes and "epochs 3-3 trained again" in notes
     minutes = elapsed_minutes([p.time for p in run.train], run.attempts)
     assert minutes[-1] == pytest.approx((100 + 20) / 60)
+    # Not an MLPerf result ("The clock may not be paused during the run"): left out of the score,
+    # the score says which and why (this log predates the resumed_from_checkpoint event).
+    assert summary.not_a_result == ("2 attempts (a resumed run: the clock was paused)",)
     score = score_runs([summary, summary, summary])
-    assert score.minutes == 2.5 and "3 resumed run(s)" in score.text
+    assert score.minutes is None and score.successful == 0 and score.failed == 0
+    assert "3 run(s) left out, not MLPerf results" in score.text and "clock was paused" in score.text
 
 
 def test_reused_folder_shows_the_last_run(tmp_path):

@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in result["runs"]:
         print(f"{s.label}: {s.status}, {s.epochs or 0} epochs, time to target {time_text(s.time_to_target_s)}, "
               f"best mean Dice {number_text(s.best_mean_dice, '.4f')} (epoch {number_text(s.best_epoch, 'd')})"
-              + (f"; predicted time to train at its speed {predicted_text(s.predicted)}" if s.predicted else ""))
+              + (f"; predicted time to train at its speed {predicted_text(s.predicted)}" if s.predicted else "")
+              + ("" if s.is_result else f"; not an MLPerf result: {s.not_a_result[0]}"))
     print(result["score"].text)
     print(f"report: {result['summary_md']}" + (f" and {result['curves']}" if result["curves"] else ""))
     return 0

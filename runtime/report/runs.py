@@ -19,8 +19,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from runtime.run_files import (EVAL, EVAL_START, EVAL_STOP, GLOBAL_BATCH_SIZE, METRICS_LOG, MLLOG_PREFIX, MLPERF_LOG,
-                               RECORD_HEADER, RESULT, RESUMED_LOG_GLOB, RUN_START, RUN_STOP, SAMPLES_PER_EPOCH, SEED,
+from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, EVAL, EVAL_START, EVAL_STOP, GLOBAL_BATCH_SIZE, METRICS_LOG,
+                               MLLOG_PREFIX, MLPERF_LOG, PREVIOUS_RUN_PREFIX, RECORD_HEADER, RESULT,
+                               RESUMED_FROM_CHECKPOINT, RESUMED_LOG_GLOB, RUN_START, RUN_STOP, SAMPLES_PER_EPOCH, SEED,
                                TRAIN, TRAIN_SAMPLES)
 
 SEARCH_DEPTH = 4  # how deep a sweep's parent folder is searched for runs
@@ -64,6 +65,9 @@ class Attempt:
     samples_per_epoch: int | None = None
     train_samples: int | None = None
     evals: tuple[tuple[int, float], ...] = ()
+    # why this attempt is not an MLPerf result, from its own log (runtime/run_files.py's events):
+    # it started from a checkpoint, or wrote checkpoints between run_start and run_stop
+    not_a_result: tuple[str, ...] = ()
 
     @property
     def seconds(self) -> float | None:
@@ -184,7 +188,8 @@ def evaluation_times(events: Sequence[dict]) -> tuple[tuple[int, float], ...]:
     starts: dict[int, float] = {}
     done = []
     for e in events:
-        epoch = (e.get("metadata") or {}).get("epoch_num")
+        metadata = e.get("metadata") or {}
+        epoch = metadata.get("epoch", metadata.get("epoch_num"))  # epoch_num: samples since issue 41
         if not isinstance(epoch, int) or not isinstance(e.get("time_ms"), (int, float)):
             continue
         if e.get("key") == EVAL_START:
@@ -192,6 +197,22 @@ def evaluation_times(events: Sequence[dict]) -> tuple[tuple[int, float], ...]:
         elif e.get("key") == EVAL_STOP and epoch in starts:
             done.append((epoch, (e["time_ms"] - starts.pop(epoch)) / 1000.0))
     return tuple(done)
+
+
+def not_a_result(events: Sequence[dict]) -> tuple[str, ...]:
+    """Why the attempt of ``events`` is not an MLPerf result: the events this project logs
+    before ``run_start`` when the attempt resumed from a checkpoint or writes checkpoints on the
+    clock (``runtime.run_log.MLPerfLogger.not_a_result``); () for a result."""
+    reasons = []
+    for e in events:
+        if e.get("key") == RESUMED_FROM_CHECKPOINT:
+            epoch = (e.get("metadata") or {}).get("epoch")
+            reasons.append(f"resumed from the checkpoint {e.get('value')}"
+                           + (f" after epoch {epoch}" if epoch is not None else "") + " (the clock was paused)")
+        elif e.get("key") == CHECKPOINTS_ON_THE_CLOCK:
+            reasons.append(f"wrote checkpoints between run_start and run_stop ({e.get('value')}; "
+                           "--ckpt_during_run), which the reference's timed run does not")
+    return tuple(reasons)
 
 
 def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, list[str]]:
@@ -216,12 +237,13 @@ def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, li
     elif stop is None:
         notes.append(f"{name}: no run_stop (the run is still going, or it crashed)")
     status = (stop.get("metadata") or {}).get("status") if stop else None
+    own = events[starts[-2] + 1:] if len(starts) > 1 else events  # the last run's lines, before and after run_start
     return Attempt(path=path, start_ms=start_ms, stop_ms=stop.get("time_ms") if stop else None,
                    status=status, last_ms=max(times) if times else None,
                    seed=seeds[-1] if seeds and isinstance(seeds[-1], int) else None,
                    notes=tuple(notes), global_batch=_last_int(head, GLOBAL_BATCH_SIZE),
                    samples_per_epoch=_last_int(head, SAMPLES_PER_EPOCH), train_samples=_last_int(head, TRAIN_SAMPLES),
-                   evals=evaluation_times(body)), notes
+                   evals=evaluation_times(body), not_a_result=not_a_result(own)), notes
 
 
 def mlperf_logs(folder: str) -> list[str]:
@@ -257,7 +279,7 @@ def _read_attempts(folder: str) -> tuple[list[Attempt], list[str]]:
         notes.append(f"no {MLPERF_LOG}: no time to target or compliance verdict")
     elif len(attempts) > 1:
         notes.append(f"resumed: {len(attempts)} MLPerf logs (attempts); run time is their sum, gaps "
-                     "between them left out (each log is an attempt of its own: the sum is no MLPerf result)")
+                     "between them left out (the clock was paused: the sum is no MLPerf result)")
     return attempts, notes
 
 
@@ -284,7 +306,8 @@ def find_runs(path: str, depth: int = SEARCH_DEPTH) -> list[str]:
     found = []
     for name in sorted(os.listdir(path)):
         child = os.path.join(path, name)
-        if not name.startswith(".") and os.path.isdir(child):
+        # previous-*: an earlier run moved out of the way of a new one (give it by name to see it)
+        if not name.startswith((".", PREVIOUS_RUN_PREFIX)) and os.path.isdir(child):
             found += find_runs(child, depth - 1)
     return found
 

@@ -3,6 +3,7 @@ Dice, the time axis of the curves, and the MLPerf-style olympic score."""
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -31,6 +32,13 @@ class RunSummary:
     compliance: tuple[Compliance, ...] = field(default_factory=tuple)
     # the MLPerf time to train predicted at this run's speed (time_to_train.Prediction.as_dict)
     predicted: dict | None = None
+    # why the run is not an MLPerf result (left out of the score): an attempt resumed from a
+    # checkpoint, checkpoints written on the clock, several attempts; () for a result
+    not_a_result: tuple[str, ...] = ()
+
+    @property
+    def is_result(self) -> bool:
+        return not self.not_a_result
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,16 @@ def predict_run(run: Run, throughput: float | None) -> tuple[dict | None, str | 
         return None, str(error)
 
 
+def run_not_a_result(run: Run) -> tuple[str, ...]:
+    """Why ``run`` is not an MLPerf result, each reason naming its MLPerf log: its attempts'
+    own events (``Attempt.not_a_result``) and, for logs written before those events existed, a
+    run of several attempts (the clock may not be paused)."""
+    reasons = [f"{os.path.basename(a.path)}: {why}" for a in run.attempts for why in a.not_a_result]
+    if len(run.attempts) > 1 and not any(a.not_a_result for a in run.attempts[1:]):
+        reasons.append(f"{len(run.attempts)} attempts (a resumed run: the clock was paused)")
+    return tuple(reasons)
+
+
 def summarize_run(run: Run, threshold: float) -> RunSummary:
     best = best_eval(run.evals)
     status = run_outcome(run)
@@ -176,17 +194,24 @@ def summarize_run(run: Run, threshold: float) -> RunSummary:
     if why_not:
         notes.append(why_not)
     seeds = [a.seed for a in run.attempts if a.seed is not None]
+    reasons = run_not_a_result(run)
+    notes += [f"not an MLPerf result, left out of the score: {why}" for why in reasons]
     return RunSummary(
         folder=run.folder, label=run.label, status=status,
         epochs=run.train[-1].epoch if run.train else None, seed=seeds[0] if seeds else None,
         time_to_target_s=seconds if status == "success" else None, run_time_s=seconds,
         best_mean_dice=best.mean_dice if best else None, best_epoch=best.epoch if best else None,
         reached_epoch=reached_epoch(run.evals, threshold),
-        mean_throughput=mean_throughput, attempts=len(run.attempts), notes=tuple(notes), predicted=predicted)
+        mean_throughput=mean_throughput, attempts=len(run.attempts), notes=tuple(notes), predicted=predicted,
+        not_a_result=reasons)
 
 
 def score_runs(summaries: Sequence[RunSummary], drop: int = 1) -> Score:
-    """The olympic score over the runs that have an MLPerf log, in minutes (MLPerf's unit)."""
+    """The olympic score over the runs that have an MLPerf log and are MLPerf results, in
+    minutes (MLPerf's unit); a run that is not a result (``RunSummary.not_a_result``) is left
+    out, and the text says which and why."""
+    left_out = [s for s in summaries if s.attempts and not s.is_result]
+    summaries = [s for s in summaries if s.is_result]
     times = [s.time_to_target_s / 60.0 for s in summaries if s.time_to_target_s is not None]
     failed = sum(1 for s in summaries if s.attempts and s.time_to_target_s is None)
     minutes = olympic_score(times, failed, drop)
@@ -201,7 +226,7 @@ def score_runs(summaries: Sequence[RunSummary], drop: int = 1) -> Score:
         text = (f"score {minutes:.2f} min: mean of {len(times) + failed - 2 * drop} of {len(times) + failed} "
                 f"runs after dropping the {drop} fastest and {drop} slowest"
                 + (f" ({failed} failed run(s) counted as the slowest)" if failed else ""))
-    resumed = sum(1 for s in summaries if s.attempts > 1 and s.time_to_target_s is not None)
-    if resumed and minutes is not None:
-        text += f"; includes {resumed} resumed run(s), timed over all their attempts"
+    if left_out:
+        text += (f"; {len(left_out)} run(s) left out, not MLPerf results: "
+                 + "; ".join(f"{s.label} ({s.not_a_result[0]})" for s in left_out))
     return Score(minutes, len(times), failed, drop, text)

@@ -36,6 +36,8 @@ def _run_row(s: RunSummary) -> str:
     time_cell = time_text(s.time_to_target_s)
     if s.time_to_target_s is None and s.run_time_s is not None:
         time_cell = f"- (ran {time_text(s.run_time_s)})"
+    if not s.is_result:
+        time_cell += " (not a result)"
     return (f"| {s.label} | {s.status} | {number_text(s.epochs, 'd')} | {time_cell} | {predicted_text(s.predicted)} "
             f"| {best} "
             f"| {number_text(s.reached_epoch, 'd')} | {number_text(s.mean_throughput, '.2f', ' samples/s')} "
@@ -96,7 +98,9 @@ def summary_json(summaries: Sequence[RunSummary], empty: Sequence[str], score: S
     for s in summaries:
         entry = {k: getattr(s, k) for k in ("folder", "label", "status", "epochs", "seed", "time_to_target_s",
                                             "run_time_s", "best_mean_dice", "best_epoch", "reached_epoch",
-                                            "mean_throughput", "attempts", "notes", "predicted")}
+                                            "mean_throughput", "attempts", "notes", "predicted",
+                                            "not_a_result")}
+        entry["is_result"] = s.is_result
         entry["compliance"] = [{"log": c.log, "checked": c.checked, "passed": c.passed,
                                 "problems": list(c.problems)} for c in s.compliance]
         runs.append(entry)
