@@ -1,0 +1,365 @@
+"""Assemble an MLPerf Training submission package from run folders and check it with the
+official tools.
+
+    OUT/<org>/results/<system>/unet3d/result_<i>.txt   the counted runs' MLPerf logs (unet3d.log)
+    OUT/<org>/systems/<system>.json                    the system description
+    OUT/<org>/benchmarks/unet3d/implementations/<impl> this project's code (its tracked files)
+    OUT/report.md, OUT/report.json                     what was packed, left out and why; the
+                                                       checkers' verdicts; the score
+    OUT/checkers/                                      the checkers' own logs
+
+<org>, <system>, the division and the status are the ones the runs logged
+(``--submission_org``, ``--submission_platform``, ``--submission_division``,
+``--submission_status``); every counted run must agree on them. A run is counted or left out
+by :mod:`runtime.submission.validity`; the counted runs are packed in the order they started,
+the first ``--expected_runs`` of them (never chosen by their outcome).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from runtime.report.compliance import check_compliance
+from runtime.report.runs import find_runs, mlperf_logs
+from runtime.report.scoring import olympic_score
+from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP
+from runtime.submission import system as S
+from runtime.submission.validity import NOT_A_RESULT, NOT_CONVERGED, RESULT, Validity, judge_events, read_events
+
+RULESET = "4.0.0"  # the only ruleset whose checkers still know unet3d (retired after v4.0)
+USAGE = "training"
+BENCHMARK = "unet3d"
+EXPECTED_RUNS = 40  # mlperf_logging.benchmark_meta: unet3d's result file count
+DROPPED_EACH_END = 4  # olympic scoring of unet3d: the 4 fastest and the 4 slowest
+IMPLEMENTATION = "pytorch-unet3d-kits19"
+PACKAGE_CHECKER_SUCCESS = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS"
+# the flags of main.py whose logged values name the package's folders and system description
+METADATA_KEYS = {"submission_org": "--submission_org", "submission_platform": "--submission_platform",
+                 "submission_division": "--submission_division", "submission_status": "--submission_status"}
+
+
+class PackageError(Exception):
+    """A user-facing problem: one line, exit code 1."""
+
+
+@dataclass
+class RunEntry:
+    folder: str
+    log: str | None
+    validity: Validity
+    start_ms: int | None = None
+    stop_ms: int | None = None
+    seed: int | None = None
+    metadata: dict = field(default_factory=dict)
+    global_batch: int | None = None
+    packed_as: str | None = None
+    note: str = ""
+
+    @property
+    def minutes(self) -> float | None:
+        if self.validity.kind != RESULT or self.start_ms is None or self.stop_ms is None:
+            return None
+        return (self.stop_ms - self.start_ms) / 60000.0
+
+
+def _last(events: Sequence[dict], key: str):
+    values = [e.get("value") for e in events if e.get("key") == key]
+    return values[-1] if values else None
+
+
+def _time(events: Sequence[dict], key: str) -> int | None:
+    times = [e.get("time_ms") for e in events if e.get("key") == key]
+    return times[-1] if times and isinstance(times[-1], (int, float)) else None
+
+
+def judge_folder(folder: str, check: bool = True, ruleset: str = RULESET) -> RunEntry:
+    """One run folder: its MLPerf log judged (with the official compliance checker's verdict
+    when ``check``). A folder with resumed attempts' logs holds no result."""
+    logs = mlperf_logs(folder)
+    main_log = os.path.join(folder, MLPERF_LOG)
+    if not logs or logs[0] != main_log:
+        return RunEntry(folder, None, Validity(NOT_A_RESULT, f"no {MLPERF_LOG}"))
+    events = read_events(main_log)
+    entry = RunEntry(folder, main_log, Validity(RESULT), start_ms=_time(events, RUN_START),
+                     stop_ms=_time(events, RUN_STOP), seed=_last(events, "seed"),
+                     metadata={k: _last(events, k) for k in METADATA_KEYS},
+                     global_batch=_last(events, "global_batch_size"))
+    if len(logs) > 1:
+        entry.validity = Validity(NOT_A_RESULT, f"resumed: {len(logs) - 1} later attempt(s) in "
+                                                f"{', '.join(os.path.basename(p) for p in logs[1:])} (the clock "
+                                                "may not be paused during a run)")
+        return entry
+    problems = None
+    if check:
+        verdict = check_compliance(main_log, ruleset)
+        if not verdict.checked:
+            raise PackageError(f"the compliance checker could not check {main_log}: {'; '.join(verdict.problems)}")
+        problems = verdict.problems
+    entry.validity = judge_events(events, problems)
+    return entry
+
+
+def _start_order(entry: RunEntry):
+    return (entry.start_ms is None, entry.start_ms or 0, entry.folder)
+
+
+def _agreed(entries: Sequence[RunEntry], key: str) -> str:
+    values = {}
+    for entry in entries:
+        values.setdefault(entry.metadata.get(key), entry.folder)
+    if len(values) > 1:
+        (a, fa), (b, fb) = list(values.items())[:2]
+        raise PackageError(f"the runs disagree on {key}: {a!r} in {fa}, {b!r} in {fb} (one package holds one "
+                           f"system's runs of one division; {METADATA_KEYS[key]} sets it)")
+    value = next(iter(values))
+    if not isinstance(value, str) or not value or "/" in value or value in (".", ".."):
+        raise PackageError(f"{key} {value!r} (logged by {next(iter(values.values()))}) cannot name a folder of the "
+                           f"package: run with {METADATA_KEYS[key]} NAME")
+    return value
+
+
+def _empty_output(output: str) -> None:
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise PackageError(f"--output {output} exists and is not an empty folder: the package is written into a "
+                           "new one (nothing already there is replaced)")
+    try:
+        os.makedirs(output, exist_ok=True)
+    except OSError as error:
+        raise PackageError(f"cannot create --output {output}: {error.strerror or type(error).__name__}") from None
+
+
+def _code_files(repo: str) -> list[str]:
+    """The checkout's tracked files (``git ls-files``), else every file of the project's folders."""
+    try:
+        proc = subprocess.run(["git", "-C", repo, "ls-files", "-z"], capture_output=True, timeout=30)
+        if proc.returncode == 0 and proc.stdout:
+            return [name for name in proc.stdout.decode().split("\0") if name and
+                    os.path.isfile(os.path.join(repo, name))]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    files = []
+    for top in ("main.py", "preprocess_dataset.py", "run_and_time.sh", "requirements.txt", "LICENSE", "README.md",
+                "data_loading", "model", "runtime", "scripts"):
+        path = os.path.join(repo, top)
+        if os.path.isfile(path):
+            files.append(top)
+        for root, dirs, names in os.walk(path):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            files += [os.path.relpath(os.path.join(root, n), repo) for n in names]
+    return files
+
+
+def copy_code(destination: str) -> int:
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    files = _code_files(repo)
+    for name in files:
+        target = os.path.join(destination, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy2(os.path.join(repo, name), target)
+    return len(files)
+
+
+def _python(code_or_module: list[str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, *code_or_module], cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(code_or_module, -1, "", f"timed out after {timeout:.0f} s")
+
+
+def _lines(text: str, level: str) -> list[str]:
+    return [line.split(" - ", 1)[1].strip() for line in text.splitlines()
+            if line.startswith(f"{level} - ") and line.split(" - ", 1)[1].strip()]
+
+
+SEED_CHECKER = """
+import logging, sys, warnings
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(levelname)s - %(message)s")
+warnings.simplefilter("always")
+logging.captureWarnings(True)
+from mlperf_logging.package_checker.seed_checker import SeedChecker
+sys.exit(0 if SeedChecker(sys.argv[1]).check_seeds(sys.argv[2:]) else 1)
+"""
+
+
+def run_checkers(output: str, org_folder: str, results: str, ruleset: str, timeout: float = 1800) -> dict:
+    """The official package, RCP and seed checkers on the package: {name: {"passed", "summary",
+    "errors", "log"}}; each in a process of its own (they configure the root logger)."""
+    logs = os.path.join(output, "checkers")
+    os.makedirs(logs, exist_ok=True)
+    verdicts = {}
+    log = os.path.join(logs, "package_checker.log")
+    proc = _python(["-m", "mlperf_logging.package_checker", os.path.abspath(org_folder), USAGE, ruleset,
+                    "--log_output", log], logs, timeout)
+    text = open(log, encoding="utf-8", errors="replace").read() if os.path.isfile(log) else proc.stderr
+    passed = proc.returncode == 0 and PACKAGE_CHECKER_SUCCESS in text
+    verdicts["package_checker"] = {
+        "passed": passed, "log": log,
+        "summary": "no errors, SUCCESS" if passed else "found errors",
+        "errors": _lines(text, "ERROR") or ([] if passed else [(proc.stderr.strip().splitlines() or ["no output"])[-1]]),
+        "warnings": _lines(text, "WARNING")}
+    log = os.path.join(logs, "rcp_checker.log")
+    proc = _python(["-m", "mlperf_logging.rcp_checker", os.path.abspath(results), "--rcp_usage", USAGE,
+                    "--rcp_version", ruleset, "--log_output", log], logs, timeout)
+    text = open(log, encoding="utf-8", errors="replace").read() if os.path.isfile(log) else proc.stderr
+    verdicts["rcp_checker"] = {
+        "passed": proc.returncode == 0, "log": log,
+        "summary": ((_lines(text, "INFO") + _lines(text, "ERROR")) or [proc.stderr.strip() or "no output"])[-1],
+        "errors": _lines(text, "ERROR"), "warnings": _lines(text, "WARNING"),
+        "details": [line for line in _lines(text, "INFO") if "RCP Record" in line or "Submission mean" in line]}
+    files = sorted(os.path.join(results, name) for name in os.listdir(results) if name.startswith("result_"))
+    proc = _python(["-c", SEED_CHECKER, ruleset, *files], logs, timeout)
+    log = os.path.join(logs, "seed_checker.log")
+    with open(log, "w", encoding="utf-8") as handle:
+        handle.write(proc.stdout + proc.stderr)
+    verdicts["seed_checker"] = {
+        "passed": proc.returncode == 0, "log": log,
+        "summary": "every run logs its own seed" if proc.returncode == 0 else "failed",
+        "errors": _lines(proc.stdout, "ERROR") or ([] if proc.returncode == 0 else
+                                                   [(proc.stderr.strip().splitlines() or ["no output"])[-1]]),
+        "warnings": _lines(proc.stdout, "WARNING")}
+    return verdicts
+
+
+def not_checked(division: str, verdicts: dict) -> list[str]:
+    """What the official checkers do not check for this package (said in the report)."""
+    items = []
+    if division == "open":
+        items.append("the package checker runs the seed and RCP checks on closed-division packages only: both were "
+                     "run here on their own, and their verdicts do not decide an open package")
+    items += [
+        "the compliance checker (ruleset 4.0.0) checks that keys exist, not what they mean: that a closed run used "
+        "the reference's model, loss, data and fixed hyper-parameters is this project's division rule, in resolve()",
+        "when the clock started: that no dataset file was opened before run_start, that the clock was not paused "
+        "(a resumed attempt) and that nothing was written on it (this project logs resumed_from_checkpoint and "
+        "checkpoints_on_the_clock, and this command leaves such runs out)",
+        "that the runs are consecutive and not chosen by outcome (this command packs the first counted runs in the "
+        "order they started)",
+        "the system description's values: only that every field exists and the status is one of four; fields this "
+        "machine could not tell are listed below",
+        "that the code in benchmarks/ is the code that ran (the checker only lists its source files)",
+        "that the logs' submission_org and submission_platform match the package's folders (this command names "
+        "the folders after them)",
+    ]
+    return items
+
+
+def _score(entries: Sequence[RunEntry]) -> tuple[float | None, str]:
+    times = [e.minutes for e in entries if e.minutes is not None]
+    failed = sum(1 for e in entries if e.validity.kind == NOT_CONVERGED)
+    minutes = olympic_score(times, failed, DROPPED_EACH_END)
+    if minutes is None:
+        return None, (f"no score: {len(times)} converged and {failed} not converged run(s) packed; unet3d's score "
+                      f"needs {EXPECTED_RUNS} runs with at most {DROPPED_EACH_END} not converged")
+    return minutes, (f"score {minutes:.2f} min: mean of the {len(times) + failed - 2 * DROPPED_EACH_END} runs left "
+                     f"after dropping the {DROPPED_EACH_END} fastest and {DROPPED_EACH_END} slowest of "
+                     f"{len(times) + failed}" + (f" ({failed} not converged, counted as the slowest)" if failed else "")
+                     + "; not normalised by the RCP checker's factor")
+
+
+def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected: int = EXPECTED_RUNS,
+             system_fields: dict | None = None, nodes: int = 1, check: bool = True, code: bool = True,
+             say: Callable[[str], None] = print) -> dict:
+    """Judge the runs under ``paths``, write the package into the new folder ``output``, run
+    the official checkers (``check``) and write the report. Returns the report's dict."""
+    folders = sorted({os.path.abspath(f) for path in paths for f in find_runs(path)})
+    missing = [p for p in paths if not find_runs(p)]
+    if not folders:
+        raise PackageError("no run folder (one with unet3d.log or log.json) in or below " + ", ".join(paths))
+    entries = sorted((judge_folder(f, check, ruleset) for f in folders), key=_start_order)
+    counted = [e for e in entries if e.validity.counts]
+    if not counted:
+        raise PackageError(f"none of the {len(entries)} run(s) is a result: " + "; ".join(
+            f"{os.path.basename(e.folder)}: {e.validity.reason}" for e in entries[:3]))
+    org = _agreed(counted, "submission_org")
+    system_name = _agreed(counted, "submission_platform")
+    division = _agreed(counted, "submission_division")
+    status = _agreed(counted, "submission_status")
+    _empty_output(output)
+    results = os.path.join(output, org, "results", system_name, BENCHMARK)
+    os.makedirs(results)
+    for index, entry in enumerate(counted):
+        if index >= expected:
+            entry.note = f"not packed: beyond the first {expected} counted runs in start order"
+            continue
+        entry.packed_as = f"result_{index}.txt"
+        shutil.copyfile(entry.log, os.path.join(results, entry.packed_as))
+    packed = [e for e in counted if e.packed_as]
+    description_path = os.path.join(output, org, "systems", f"{system_name}.json")
+    os.makedirs(os.path.dirname(description_path))
+    description = S.describe(org, system_name, division, status, nodes, storage_path=folders[0])
+    unknown = sorted(set(system_fields or {}) - set(S.REQUIRED_FIELDS))
+    description.update(system_fields or {})
+    with open(description_path, "w", encoding="utf-8") as handle:
+        json.dump(description, handle, indent=2)
+        handle.write("\n")
+    code_files = copy_code(os.path.join(output, org, "benchmarks", BENCHMARK, "implementations", IMPLEMENTATION)) \
+        if code else 0
+    verdicts = run_checkers(output, os.path.join(output, org), results, ruleset) if check else {}
+    minutes, score_text = _score(packed)
+    batches = sorted({e.global_batch for e in packed if e.global_batch is not None})
+    report = {
+        "output": output, "package": os.path.join(output, org), "ruleset": ruleset, "org": org,
+        "system": system_name, "division": division, "status": status, "expected_runs": expected,
+        "global_batch_sizes": batches, "system_description": description_path,
+        "system_fields_to_fill": S.unfilled(description), "unknown_system_fields": unknown,
+        "code_files": code_files, "score_minutes": minutes, "score": score_text, "checkers": verdicts,
+        "not_checked": not_checked(division, verdicts), "paths_without_runs": missing,
+        "runs": [{"folder": e.folder, "kind": e.validity.kind, "reason": e.validity.reason, "seed": e.seed,
+                  "minutes": e.minutes, "packed_as": e.packed_as, "note": e.note} for e in entries],
+    }
+    report["accepted"] = bool(verdicts) and verdicts["package_checker"]["passed"]
+    write_report(report)
+    return report
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def report_markdown(report: dict) -> str:
+    runs = report["runs"]
+    packed = [r for r in runs if r["packed_as"]]
+    left = [r for r in runs if not r["packed_as"]]
+    lines = [f"# MLPerf Training {report['ruleset']} submission package: {report['org']} / {report['system']} / "
+             f"{BENCHMARK}", "",
+             f"Package: `{report['package']}` ({report['division']} division, status {report['status']}). "
+             f"{len(packed)} run(s) packed of the {report['expected_runs']} unet3d needs; "
+             f"{len(left)} left out. Global batch size(s): {', '.join(map(str, report['global_batch_sizes'])) or '?'}.",
+             "", f"**{report['score']}**", "", "## The official checkers", ""]
+    if not report["checkers"]:
+        lines.append("Not run (`--no_check`).")
+    for name, verdict in report["checkers"].items():
+        lines.append(f"- **{name}**: {'PASS' if verdict['passed'] else 'FAIL'} ({_cell(verdict['summary'])}); "
+                     f"log `{verdict['log']}`")
+        lines += [f"  - error: {_cell(e)}" for e in verdict["errors"][:10]]
+        lines += [f"  - {_cell(d)}" for d in verdict.get("details", [])[:4]]
+    lines += ["", "## What the checkers could not check", ""] + [f"- {item}" for item in report["not_checked"]]
+    if report["system_fields_to_fill"]:
+        lines += ["", f"System description fields this machine could not tell, left empty in "
+                      f"`{report['system_description']}` (give them with `--system_fields FILE.json`): "
+                      + ", ".join(f"`{f}`" for f in report["system_fields_to_fill"]) + "."]
+    lines += ["", "## Runs", "", "| run | seed | outcome | minutes | packed as | why |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        minutes = f"{r['minutes']:.2f}" if r["minutes"] is not None else ""
+        lines.append(f"| {_cell(os.path.basename(r['folder']))} | {r['seed'] if r['seed'] is not None else ''} | "
+                     f"{r['kind']} | {minutes} | {r['packed_as'] or ''} | {_cell(r['reason'] or r['note'])} |")
+    if report["paths_without_runs"]:
+        lines += ["", "Paths without any run: " + ", ".join(report["paths_without_runs"])]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict) -> tuple[str, str]:
+    md = os.path.join(report["output"], "report.md")
+    js = os.path.join(report["output"], "report.json")
+    for path, text in ((md, report_markdown(report)), (js, json.dumps(report, indent=2) + "\n")):
+        with tempfile.NamedTemporaryFile("w", dir=report["output"], delete=False, encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(handle.name, path)
+    return md, js
