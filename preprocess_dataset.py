@@ -108,8 +108,7 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
     labelled, unlabelled = pp.find_cases(cfg.data_dir)
     pp.prepare_results_dir(cfg.results_dir)
     if unlabelled:
-        print(f"skipping {len(unlabelled)} cases with id >= {pp.FIRST_UNLABELLED_ID} "
-              "(KiTS19 has no labels for them)")
+        print(pp.skipped_line(unlabelled))
     if pp.remove_stale_temporaries(cfg.results_dir):
         print("removed temporary files left by an interrupted run")
     todo = labelled if cfg.force else [

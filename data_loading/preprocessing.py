@@ -42,7 +42,7 @@ TARGET_SPACING = [1.6, 1.2, 1.2]  # (slices, height, width) in mm; a list, compa
 MIN_SHAPE = (128, 128, 128)
 CLIP_MIN, CLIP_MAX = -79, 304
 MEAN, STD = 101.0, 76.9
-FIRST_UNLABELLED_ID = 210  # KiTS19 has labels for cases 0-209 only
+FIRST_UNLABELLED_ID = 210  # KiTS19 has labels for cases 0-209 only: the benchmark's 210 cases
 LABEL_VALUES = (0, 1, 2)  # model.unet3d.N_CLASSES classes (not imported: no torch at start-up)
 IMAGE_FILE, LABEL_FILE = "imaging.nii.gz", "segmentation.nii.gz"
 DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checksum.json")
@@ -56,7 +56,8 @@ class PreprocessError(Exception):
 
 @dataclass(frozen=True)
 class RawCase:
-    """One raw KiTS19 case. ``label_path`` is None for the unlabelled ids >= 210."""
+    """One raw KiTS19 case. For ids >= 210 (outside the benchmark) ``label_path`` is the
+    ``segmentation.nii.gz`` a later KiTS (21, 23) puts there, or None where there is none."""
 
     case_id: int
     image_path: str
@@ -86,8 +87,10 @@ class CaseStats:
 def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
     """Raw cases under ``data_dir`` (or ``data_dir/data``), as (labelled, unlabelled), sorted.
 
-    Labelled cases (id < 210) must have both NIfTI files; unlabelled ones are returned only to
-    be counted and skipped.
+    Labelled cases (id < 210) must have both NIfTI files; the cases with ids >= 210 are
+    returned only to be counted and skipped: KiTS19 has no labels for them, and where a later
+    KiTS (21, 23) does, those labels are not KiTS19's (other cases, other label values: KiTS21
+    adds 3 for cysts), so they stay out of the benchmark's data (:func:`skipped_line`).
     """
     if not os.path.isdir(data_dir):
         raise PreprocessError(f"--data_dir {data_dir}: not a directory")
@@ -105,7 +108,8 @@ def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
         folder = os.path.join(root, name)
         image_path = os.path.join(folder, IMAGE_FILE)
         if case_id >= FIRST_UNLABELLED_ID:
-            unlabelled.append(RawCase(case_id, image_path, None))
+            label_path = os.path.join(folder, LABEL_FILE)
+            unlabelled.append(RawCase(case_id, image_path, label_path if os.path.isfile(label_path) else None))
             continue
         label_path = os.path.join(folder, LABEL_FILE)
         for path in (image_path, label_path):
@@ -113,6 +117,17 @@ def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
                 raise PreprocessError(f"{path}: missing (case {name} is in the labelled range)")
         labelled.append(RawCase(case_id, image_path, label_path))
     return labelled, unlabelled
+
+
+def skipped_line(skipped: Sequence[RawCase]) -> str:
+    """The one line saying why the cases with ids >= 210 are not preprocessed (and how many of
+    them carry labels)."""
+    labelled = sum(case.label_path is not None for case in skipped)
+    if not labelled:
+        return (f"skipping {len(skipped)} cases with id >= {FIRST_UNLABELLED_ID} (KiTS19 has no labels for them)")
+    return (f"skipping {len(skipped)} cases with id >= {FIRST_UNLABELLED_ID}, {labelled} of them with a "
+            f"{LABEL_FILE} (KiTS21/KiTS23's): the benchmark trains and evaluates on KiTS19's cases "
+            f"0-{FIRST_UNLABELLED_ID - 1} only, and later KiTS labels are not KiTS19's (KiTS21 adds 3, cysts)")
 
 
 def _case_dirs(root: str) -> list[str]:
@@ -183,16 +198,31 @@ def load_image(path: str) -> tuple[np.ndarray, list[float], object]:
 def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """Image float32 (1, D, H, W), label uint8 (1, D, H, W) and the spacing (3 floats).
 
-    Raises :class:`PreprocessError` for unreadable files, shapes that differ, NaN or infinite
-    intensities and label values outside {0, 1, 2} (checked before the uint8 cast would wrap
-    them).
+    Raises :class:`PreprocessError` for unreadable files, NaN or infinite intensities, label
+    values outside {0, 1, 2} (checked before the uint8 cast would wrap them), an image whose
+    ``pixdim[1:4]`` disagrees with its own affine (the spacing is ``pixdim``, the reference's
+    reading; the orientation is the affine's: two spacings for one file) and a label not on
+    the image's voxel grid. A label stored in another axis order or with axes flipped (the same
+    voxels in space, as its affine says) is brought to the image's axes exactly
+    (:func:`data_loading.scan_io.label_on_scan_grid`); a label on the image's grid is used as
+    read, so KiTS19's outputs stay byte-identical.
     """
-    image, spacing, _ = load_image(case.image_path)
-    raw_label = read_voxels(_read_nifti(case.label_path), case.label_path)
-    if raw_label.shape != image.shape[1:]:
-        raise PreprocessError(f"{case.name}: image shape {image.shape[1:]} and label shape "
-                              f"{raw_label.shape} differ")
-    label = validated_label(raw_label, case.name)
+    from data_loading import scan_io
+
+    image, spacing, image_nifti = load_image(case.image_path)
+    image_affine = scan_io.file_affine(image_nifti)
+    if scan_io.spacing_disagrees(spacing, image_affine):
+        sizes = [float(f"{s:.6g}") for s in scan_io.voxel_sizes(image_affine)]
+        raise PreprocessError(f"{case.image_path}: pixdim[1:4] {[float(f'{p:.6g}') for p in spacing]} mm "
+                              f"disagrees with the affine's voxel sizes {sizes} mm (case {case.name}: "
+                              "which spacing is the scan's?)")
+    label_nifti = _read_nifti(case.label_path)
+    label = validated_label(read_voxels(label_nifti, case.label_path), case.name)
+    try:
+        label = scan_io.label_on_scan_grid(label, scan_io.file_affine(label_nifti), image_affine, image.shape[1:],
+                                           case.label_path, case.image_path)
+    except scan_io.ScanError as exc:
+        raise PreprocessError(str(exc)) from None
     return image, np.expand_dims(label, 0), spacing
 
 

@@ -111,12 +111,18 @@ def check_header(path: str, limit: int | None = None) -> ScanHeader:
     problem = spacing_problem(header.spacing)
     if problem:
         raise ScanError(f"{path}: {problem}")
-    orientation = (scan_io.header_geometry(path)[2] if affine is None
-                   else scan_io.orientation_from_affine(affine, header.shape, path, "direction"))
-    shape, spacing = orientation.kits_shape, orientation.spacing_to_kits(list(header.spacing))
+    if affine is None:  # NIfTI: the spacing the scan is read with (the affine's where pixdim disagrees)
+        _, file_spacing, orientation = scan_io.header_geometry(path)
+        problem = spacing_problem(file_spacing)
+        if problem:
+            raise ScanError(f"{path}: {problem.replace('(pixdim[1:4])', '(the affine voxel sizes)')}")
+    else:
+        orientation = scan_io.orientation_from_affine(affine, header.shape, path, "direction")
+        file_spacing = header.spacing
+    shape, spacing = orientation.kits_shape, orientation.spacing_to_kits(list(file_spacing))
     need, limit = predict_bytes(shape, spacing), limit or memory_limit_bytes()
     if limit is not None and need > limit:
-        raise ScanError(f"{path}: shape {header.shape} at spacing {list(header.spacing)} mm needs about "
+        raise ScanError(f"{path}: shape {header.shape} at spacing {list(file_spacing)} mm needs about "
                         f"{need / 2**30:.3g} GiB to segment at {TARGET_SPACING} mm, more than the "
                         f"{limit / 2**30:.3g} GiB of memory here")
     return header

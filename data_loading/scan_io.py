@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -46,6 +46,8 @@ from data_loading.preprocessing import PreprocessError, load_image
 KITS_CODES = ("I", "P", "L")  # KiTS19's array axes as preprocessing reads them: slices, height, width
 SHEAR_TOLERANCE = 1e-3  # |cos| between two affine columns above this (about 0.06 degrees): sheared
 SLICE_SPACING_TOLERANCE = 1e-2  # relative: a DICOM slice step further than this from the mean is uneven
+SPACING_TOLERANCE = 1e-3  # relative: pixdim[1:4] further than this from the affine's voxel sizes disagrees
+GRID_TOLERANCE = 1e-2  # voxels: a label's voxel centres further than this from its scan's are another grid
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 SIMPLEITK_SUFFIXES = (".nrrd", ".nhdr", ".mha", ".mhd")
 SCAN_SUFFIXES = NIFTI_SUFFIXES + SIMPLEITK_SUFFIXES
@@ -80,6 +82,7 @@ class Orientation:
     to_kits_ornt: np.ndarray
     to_file_ornt: np.ndarray
     file_shape: tuple[int, ...]
+    affine: np.ndarray | None = field(default=None, compare=False)  # the file's affine it was read from
 
     @property
     def identity(self) -> bool:
@@ -158,7 +161,8 @@ def orientation_from_affine(affine: np.ndarray, shape: Sequence[int], path: str,
     ornt = io_orientation(affine)
     kits = _kits_ornt()
     return Orientation(tuple(aff2axcodes(affine)), ornt_transform(ornt, kits).astype(int),
-                       ornt_transform(kits, ornt).astype(int), tuple(int(s) for s in shape))
+                       ornt_transform(kits, ornt).astype(int), tuple(int(s) for s in shape),
+                       np.asarray(affine, dtype=np.float64))
 
 
 def nifti_affine(header, path: str) -> tuple[np.ndarray, str]:
@@ -190,6 +194,95 @@ def nifti_orientation(nifti, path: str) -> Orientation:
     """The :class:`Orientation` of a loaded nibabel image."""
     affine, form = nifti_affine(nifti.header, path)
     return orientation_from_affine(affine, nifti.shape, path, form)
+
+
+# ----------------------------------------------------------------------------- one spacing, one grid
+
+
+def voxel_sizes(affine: np.ndarray) -> list[float]:
+    """mm per array axis of ``affine``: the norms of its first three columns (nibabel's
+    ``voxel_sizes``)."""
+    return [float(s) for s in np.linalg.norm(np.asarray(affine, dtype=np.float64)[:3, :3], axis=0)]
+
+
+def spacing_disagrees(pixdim: Sequence[float], affine: np.ndarray) -> bool:
+    """``pixdim[1:4]`` and the affine's voxel sizes further apart than :data:`SPACING_TOLERANCE`
+    (relative) on some axis."""
+    sizes = voxel_sizes(affine)
+    return any(not np.isfinite(p) or abs(float(p) - s) > SPACING_TOLERANCE * s for p, s in zip(pixdim, sizes))
+
+
+def nifti_spacing(pixdim: list[float], affine: np.ndarray, form: str, path: str) -> tuple[list[float], str]:
+    """The one spacing of a NIfTI scan (file axis order) and a note, empty unless the header
+    disagrees with itself: ``pixdim`` (the very list, the benchmark's reading bit for bit) when
+    it agrees with the voxel sizes of ``affine`` (the ``form`` the orientation is read from)
+    within :data:`SPACING_TOLERANCE`, else those voxel sizes, with one line saying so."""
+    if not spacing_disagrees(pixdim, affine):
+        return pixdim, ""
+    sizes = voxel_sizes(affine)
+    shown = [float(f"{s:.6g}") for s in sizes]
+    return sizes, (f"{path}: pixdim[1:4] {[float(f'{p:.6g}') for p in pixdim]} mm disagrees with the {form}'s "
+                   f"voxel sizes {shown} mm; the {form}'s are used (the orientation is read from it)")
+
+
+def file_affine(nifti) -> np.ndarray:
+    """The affine nibabel gives a NIfTI file (``nifti.affine``: the sform when its code is
+    non-zero, else the qform likewise, else one from ``pixdim``): what a label's grid and a
+    KiTS case's image are compared with."""
+    return np.asarray(nifti.affine, dtype=np.float64)
+
+
+def grid_distance(affine: np.ndarray, reference: np.ndarray, shape: Sequence[int]) -> float:
+    """How far (in voxels of ``reference``) the voxel centres of a grid of ``shape`` placed by
+    ``affine`` lie from the same indices placed by ``reference``: the largest over the grid's
+    corners (the map between the two is affine, so its largest displacement is at one)."""
+    to_reference = np.linalg.inv(np.asarray(reference, dtype=np.float64)) @ np.asarray(affine, dtype=np.float64)
+    corners = np.array([[i, j, k, 1.0] for i in (0, shape[0] - 1) for j in (0, shape[1] - 1)
+                        for k in (0, shape[2] - 1)]).T
+    return float(np.abs(to_reference @ corners - corners)[:3].max())
+
+
+def label_on_scan_grid(label: np.ndarray, label_affine: np.ndarray, scan_affine: np.ndarray,
+                       scan_shape: Sequence[int], label_path: str, scan_path: str) -> np.ndarray:
+    """``label`` (the array of ``label_path``, whose affine is ``label_affine``) on the voxel
+    grid of its scan (``scan_shape``, ``scan_affine``): itself when the two grids are one (same
+    shape, voxel centres within :data:`GRID_TOLERANCE` voxels); moved by the axis permutation
+    and flips that the two affines imply (nibabel's ``io_orientation``/``ornt_transform``/
+    ``apply_orientation``: every value kept, none interpolated) when the label is the same grid
+    stored in another axis order; else :class:`ScanError`, one line naming both files."""
+    from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation, ornt_transform
+
+    scan_shape = tuple(int(s) for s in scan_shape)
+    if label.ndim != 3:
+        raise ScanError(f"{label_path}: shape {tuple(label.shape)} is not 3-D: it cannot be a label of its scan "
+                        f"{scan_path}")
+    for path, affine in ((label_path, label_affine), (scan_path, scan_affine)):
+        problem = affine_problem(affine)
+        if problem and not problem.startswith("sheared"):
+            raise ScanError(f"{path}: the affine is {problem}: the label {label_path} cannot be placed on its scan "
+                            f"{scan_path}")
+    if tuple(label.shape) == scan_shape and grid_distance(label_affine, scan_affine, scan_shape) <= GRID_TOLERANCE:
+        return label
+    transform = ornt_transform(io_orientation(label_affine), io_orientation(scan_affine))
+    moved_affine = np.asarray(label_affine, dtype=np.float64) @ inv_ornt_aff(transform, label.shape)
+    moved_shape = [0, 0, 0]
+    for size, (axis, _) in zip(label.shape, transform):
+        moved_shape[int(axis)] = int(size)
+    if tuple(moved_shape) == scan_shape:
+        distance = grid_distance(moved_affine, scan_affine, scan_shape)
+        if distance <= GRID_TOLERANCE:
+            return np.ascontiguousarray(apply_orientation(label, transform))
+        where = f"its voxels lie up to {distance:.3g} voxels off the scan's"
+    else:
+        where = f"shape {tuple(label.shape)}, {tuple(moved_shape)} in the scan's axis order, differs from the scan's {scan_shape}"
+    raise ScanError(f"{label_path}: not on the voxel grid of its scan {scan_path} ({where}; "
+                    f"label axes {''.join(aff2codes(label_affine))}, scan axes {''.join(aff2codes(scan_affine))})")
+
+
+def aff2codes(affine: np.ndarray) -> tuple[str, ...]:
+    from nibabel.orientations import aff2axcodes
+
+    return tuple(str(c) for c in aff2axcodes(affine))
 
 
 # ----------------------------------------------------------------------------- formats
@@ -473,14 +566,17 @@ class Volume:
     """A scan as read, in the KiTS19 layout: ``image`` float32 (1, D, H, W) in the file's units
     (HU for CT), ``spacing`` its mm per axis (D, H, W; for NIfTI ``pixdim`` permuted with the
     axes, the very list ``pixdim[1:4].tolist()`` when nothing moves); ``orientation`` the way
-    back to the file's axes; ``file_spacing`` the file's own (``pixdim[1:4]`` for NIfTI);
-    ``nifti`` the NIfTI image (header, affine, file's shape) the segmentation is written with."""
+    back to the file's axes; ``file_spacing`` the file's own (for NIfTI :func:`nifti_spacing`'s:
+    ``pixdim[1:4]``, or the affine's voxel sizes where the two disagree); ``nifti`` the NIfTI
+    image (header, affine, file's shape) the segmentation is written with; ``note`` the one line
+    saying which spacing was used where the header disagrees with itself, else empty."""
 
     image: np.ndarray
     spacing: list[float]
     orientation: Orientation
     file_spacing: list[float]
     nifti: object
+    note: str = ""
 
 
 def _finite_float32(array: np.ndarray, path: str) -> np.ndarray:
@@ -496,11 +592,13 @@ def read_nifti_volume(path: str) -> Volume:
         image, spacing, nifti = load_image(path)  # exactly preprocessing's reading
     except PreprocessError as exc:
         raise ScanError(str(exc)) from None
-    orientation = nifti_orientation(nifti, path)
+    affine, form = nifti_affine(nifti.header, path)
+    orientation = orientation_from_affine(affine, nifti.shape, path, form)
+    spacing, note = nifti_spacing(spacing, affine, form, path)  # pixdim, the very list, unless it disagrees
     if orientation.identity:
-        return Volume(image, spacing, orientation, spacing, nifti)
+        return Volume(image, spacing, orientation, spacing, nifti, note)
     return Volume(orientation.to_kits(image[0])[None], orientation.spacing_to_kits(spacing), orientation,
-                  spacing, nifti)
+                  spacing, nifti, note)
 
 
 def read_sitk_volume(path: str) -> Volume:
@@ -530,9 +628,9 @@ def read_volume(path: str) -> Volume:
 
 
 def header_geometry(path: str) -> tuple[tuple[int, ...], tuple[float, ...], Orientation]:
-    """Shape and spacing in the file's axis order (``pixdim[1:4]`` for NIfTI), and the
-    orientation, from the header only (no voxel is read); :class:`ScanError` naming ``path``
-    for an unusable one."""
+    """Shape and spacing in the file's axis order (for NIfTI :func:`nifti_spacing`'s: the
+    spacing the scan is read with), and the orientation, from the header only (no voxel is
+    read); :class:`ScanError` naming ``path`` for an unusable one."""
     if os.path.isfile(path) and is_nifti_name(path):
         import nibabel
 
@@ -541,8 +639,10 @@ def header_geometry(path: str) -> tuple[tuple[int, ...], tuple[float, ...], Orie
         except Exception as exc:  # noqa: BLE001 - nibabel's many header errors: one line
             raise ScanError(f"{path}: unreadable or corrupt NIfTI ({type(exc).__name__})") from None
         shape = tuple(int(s) for s in nifti.shape)
-        spacing = tuple(float(s) for s in nifti.header["pixdim"][1:4])
-        return shape, spacing, nifti_orientation(nifti, path)
+        orientation = nifti_orientation(nifti, path)
+        pixdim = [float(s) for s in nifti.header["pixdim"][1:4]]
+        spacing = tuple(nifti_spacing(pixdim, orientation.affine, "affine", path)[0])
+        return shape, spacing, orientation
     shape, spacing, affine = sitk_header(path)
     return shape, spacing, orientation_from_affine(affine, shape, path, "direction")
 

@@ -54,13 +54,15 @@ class RawScan:
     (HU for CT), ``spacing`` mm per axis in that order (``pixdim[1:4]`` permuted with the axes),
     ``nifti`` the NIfTI image (header, affine, the file's shape) the segmentation is written
     with, ``orientation`` the way back to the file's axes, ``file_spacing`` the file's own
-    spacing (``pixdim[1:4]``) in its own axis order."""
+    spacing in its own axis order (``pixdim[1:4]``, or the affine's voxel sizes where the two
+    disagree: :func:`data_loading.scan_io.nifti_spacing`), ``note`` the line saying so."""
 
     image: np.ndarray
     spacing: list[float]
     nifti: object
     orientation: Orientation | None = None
     file_spacing: list[float] | None = None
+    note: str = ""
 
     def to_file(self, labels: np.ndarray) -> np.ndarray:
         """Labels (D, H, W) of the KiTS19 layout on the file's own axes (itself when unmoved)."""
@@ -174,28 +176,47 @@ def read_scan(path: str) -> RawScan:
     volume = scan_io.read_volume(path)
     if any(not np.isfinite(s) or s <= 0 for s in volume.spacing):
         raise ScanError(f"{path}: spacing (pixdim[1:4]) {volume.file_spacing} is not positive")
-    return RawScan(volume.image, volume.spacing, volume.nifti, volume.orientation, volume.file_spacing)
+    return RawScan(volume.image, volume.spacing, volume.nifti, volume.orientation, volume.file_spacing,
+                   volume.note)
 
 
-def read_label(path: str, shape: Sequence[int]) -> np.ndarray:
-    """Ground truth uint8 (D, H, W) of the scan of spatial ``shape``; :class:`ScanError` on
-    a file that is unreadable, of another shape or with values outside {0, 1, 2}."""
+def read_label(path: str, shape: Sequence[int], scan: Orientation | None = None, scan_path: str = "") -> np.ndarray:
+    """Ground truth uint8 (D, H, W) on the grid of its scan of spatial ``shape`` (the file's
+    own axes); ``scan`` the scan's :class:`Orientation` (its affine) or None to read the scan
+    ``scan_path``'s header for it. A label stored in another axis order or with axes flipped
+    (the same voxels in space: its affine says so) is brought to the scan's axes exactly; one
+    on another grid, of another shape, unreadable or with values outside {0, 1, 2} is a
+    :class:`ScanError` naming it (and the scan): :func:`data_loading.scan_io.label_on_scan_grid`."""
     try:
-        raw = read_voxels(_read_nifti(path), path)
-        if tuple(raw.shape) != tuple(shape):
-            raise ScanError(f"{path}: shape {tuple(raw.shape)} differs from the scan's {tuple(shape)}")
-        return validated_label(raw, path)
+        nifti = _read_nifti(path)
+        raw = read_voxels(nifti, path)
+        if scan is None and scan_path:
+            scan = scan_io.header_geometry(scan_path)[2]
+        if scan is None or scan.affine is None:
+            if tuple(raw.shape) != tuple(shape):
+                raise ScanError(f"{path}: shape {tuple(raw.shape)} differs from the scan's {tuple(shape)}")
+            return validated_label(raw, path)
+        label = validated_label(raw, path)
+        return scan_io.label_on_scan_grid(label, scan_io.file_affine(nifti), scan.affine, shape, path,
+                                          scan_path or "the scan")
     except PreprocessError as exc:
         raise ScanError(str(exc)) from None
 
 
 def read_labels_file(path: str) -> tuple[np.ndarray, list[float]]:
-    """A segmentation written earlier: labels uint8 (D, H, W) and its spacing (mm)."""
+    """A segmentation written earlier: labels uint8 (D, H, W) and its spacing (mm: the scan's,
+    :func:`data_loading.scan_io.nifti_spacing`'s rule on its header, which is the scan's)."""
     try:
         nifti = _read_nifti(path)
-        return validated_label(read_voxels(nifti, path), path), nifti.header["pixdim"][1:4].tolist()
+        labels = validated_label(read_voxels(nifti, path), path)
     except PreprocessError as exc:
         raise ScanError(f"{exc} (an earlier output; --force rewrites it)") from None
+    pixdim = nifti.header["pixdim"][1:4].tolist()
+    try:
+        affine, form = scan_io.nifti_affine(nifti.header, path)
+    except ScanError:
+        return labels, pixdim
+    return labels, scan_io.nifti_spacing(pixdim, affine, form, path)[0]
 
 
 # ----------------------------------------------------------------------------- preprocessing

@@ -262,7 +262,9 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
     start = time.perf_counter()
     with timer("read"):
         raw = read_scan(scan.image_path)  # in the KiTS19 layout the network was trained in
-        truth = read_label(scan.label_path, raw.file_shape) if scan.label_path else None
+        truth = read_label(scan.label_path, raw.file_shape, raw.orientation, scan.image_path) if scan.label_path else None
+    if raw.note:  # the header's pixdim disagrees with its affine: which spacing was used
+        print(raw.note, flush=True)
     # a Segmenter segments the volume itself (the Python entry point's path); a bare callable here
     segment = getattr(infer, "segment_raw", None)
     segmentation = (segment(raw, probabilities, scan.image_path, timer) if segment is not None
@@ -311,5 +313,5 @@ def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.nd
 def summarise_existing(scan: Scan, path: str) -> CaseResult:
     """The summary of a scan whose segmentation ``path`` exists already (skipped, no --force)."""
     labels, spacing = read_labels_file(path)
-    truth = read_label(scan.label_path, labels.shape) if scan.label_path else None
+    truth = read_label(scan.label_path, labels.shape, scan_path=scan.image_path) if scan.label_path else None
     return scored_result(scan, "skipped", labels, truth, spacing)
