@@ -20,6 +20,7 @@ Problems with an input file raise :class:`ScanError`, one line naming the file.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 from dataclasses import dataclass
 from math import prod
@@ -36,6 +37,7 @@ from data_loading.scan_io import NIFTI_SUFFIXES, Orientation, ScanError, is_nift
 
 __all__ = ["NIFTI_SUFFIXES", "ScanError", "is_nifti_name", "is_scan_name", "scan_name"]  # re-exported
 OUTPUT_SUFFIX = ".nii.gz"
+RECORD_SUFFIX = ".provenance.json"  # predict's record beside each segmentation (runtime.predict.provenance)
 GZIP_LEVEL = 1  # nibabel's own default: labels compress well even at the fastest level
 
 
@@ -110,6 +112,43 @@ def _dicom_scan(path: str) -> Scan:
     return Scan(name, path)
 
 
+def is_record(stored) -> bool:
+    """Whether ``stored`` (a JSON value read back) is a record of predict
+    (:mod:`runtime.predict.provenance`)."""
+    return isinstance(stored, dict) and isinstance(stored.get("version"), str) and "input_sha256" in stored
+
+
+def recorded_files(stored, output: str) -> set[str]:
+    """The names (in the output folder) of the files the record ``stored`` says its segmentation
+    ``output`` made: its ``files``; a record from before they were listed vouches for
+    ``output`` and its ``probabilities``. Nothing for what is no record of predict."""
+    if not is_record(stored):
+        return set()
+    files = stored.get("files")
+    if isinstance(files, list):
+        return {f for f in files if isinstance(f, str) and f and os.path.basename(f) == f}
+    legacy = {os.path.basename(output)}
+    if isinstance(stored.get("probabilities"), str) and stored["probabilities"]:
+        legacy.add(os.path.basename(stored["probabilities"]))
+    return legacy
+
+
+def predict_outputs_in(folder: str, names: Sequence[str]) -> set[str]:
+    """The names among ``names`` (files of ``folder``) that a record of predict there says it
+    wrote: segmentations of an earlier run into the scans' own folder, which are no scans."""
+    made: set[str] = set()
+    for name in names:
+        if not name.endswith(RECORD_SUFFIX):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                stored = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        made |= recorded_files(stored, name[: -len(RECORD_SUFFIX)] + OUTPUT_SUFFIX)
+    return made
+
+
 def _needs_simpleitk(names: Sequence[str], where: str) -> None:
     others = [n for n in names if not is_nifti_name(n)]
     if others:
@@ -123,8 +162,9 @@ def find_scans(input_path: str) -> list[Scan]:
     file, which names its series, through SimpleITK); a KiTS19 case folder (``imaging.nii.gz``
     inside); a KiTS19 tree (``case_XXXXX/`` folders, or its parent with ``data/``), named by case
     folder with ``segmentation.nii.gz`` as ground truth where present; a folder of scan files,
-    named by file; or a folder holding one DICOM series (several are named and refused: one
-    file of the series to segment chooses it), named by the folder.
+    named by file (but the segmentations a record of predict there says it wrote); or a folder
+    holding one DICOM series (several are named and refused: one file of the series to segment
+    chooses it), named by the folder.
     """
     if os.path.isfile(input_path):
         if is_scan_name(input_path):
@@ -147,7 +187,8 @@ def find_scans(input_path: str) -> list[Scan]:
         return [_kits_case(os.path.join(root, name), name) for name in cases]
     entries = sorted(f for f in os.listdir(input_path)
                      if not f.startswith(".") and os.path.isfile(os.path.join(input_path, f)))
-    files = [f for f in entries if is_scan_name(f)]
+    made = predict_outputs_in(input_path, entries)
+    files = [f for f in entries if is_scan_name(f) and f not in made]
     if not files:
         if any(scan_io.looks_like_dicom(os.path.join(input_path, f)) for f in entries):
             return [_dicom_scan(input_path)]

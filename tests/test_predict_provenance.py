@@ -217,8 +217,8 @@ def test_a_record_that_differs_in_any_one_field_is_segmented_again(tmp_path, cap
 def test_what_this_run_changes_is_what_its_record_says(tmp_path, capsys, two_checkpoints, monkeypatch,
                                                         cheap_network):
     """Real changes of the run, one after the other in one folder, each segmented again and
-    recorded: a flag, the project's version, the input scan, an output from before records
-    existed (none beside it), and --force (the same record again)."""
+    recorded: a flag, the project's version, the input scan, and --force (the same record
+    again); an output with no record beside it is refused, never replaced."""
     import runtime.predict.provenance as provenance
 
     first, _ = two_checkpoints
@@ -242,8 +242,14 @@ def test_what_this_run_changes_is_what_its_record_says(tmp_path, capsys, two_che
     changed_input = again()[0]
     assert changed_input["input_sha256"] not in ("", made["input_sha256"])
     assert dict(changed_input, input_sha256=None) == dict(made, input_sha256=None)
-    os.remove(out / "scan.provenance.json")
-    assert again()[1].count("no record of what made it") == 1
+    os.remove(out / "scan.provenance.json")  # an output no record vouches for is never replaced
+    kept = (out / "scan.nii.gz").read_bytes()
+    for flags in ([], ["--force"]):
+        code, _, stderr = predict(capsys, folder, out, first, *flags)
+        assert code == 1 and "scan.nii.gz exists and no record" in stderr and stderr.count("\n") == 1, stderr
+        assert (out / "scan.nii.gz").read_bytes() == kept
+    os.remove(out / "scan.nii.gz")
+    assert again()[0] == changed_input
     assert again("--force")[0] == changed_input
 
 

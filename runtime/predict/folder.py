@@ -7,7 +7,14 @@ output exists and the record beside it says it was made the way this run would m
 (:mod:`runtime.predict.provenance`: the same version, weights, backend, int8, AMP, TTA, window,
 overlap and input; with ``--save_probabilities``, its probabilities saved too); an output made
 otherwise is removed, with its record, preview and probabilities, and the scan segmented again
-through the run's :class:`runtime.predict.api.Segmenter`. Any failure
+through the run's :class:`runtime.predict.api.Segmenter`.
+
+Predict writes only what it owns: before any work, an output name that is a file of an input
+scan (``os.path.samefile``: ``--output_dir`` the scans' own folder, or a single scan's folder)
+or a summary of someone else refuses the run in one line naming the clash
+(:func:`check_outputs`); per scan, a file it would write or replace that no record of this
+project says predict wrote (an output with no record, the user's ``<case>.png``/``.npz``) fails
+that scan in one line and stays as it was, with ``--force`` too. Any failure
 inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
 summary row with its status, never the folder's end; once the output disk is full, the
 remaining scans are "not run" and the summary names them. Rank 0 writes the summary
@@ -16,20 +23,23 @@ output folder checked and locked, the process group, signals) is :mod:`runtime.a
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Callable, Sequence
 
 from data_loading.scan_checks import check_header
-from data_loading.scan_io import input_digest
+from data_loading.scan_io import input_digest, input_files
 from data_loading.scans import Scan, ScanError, find_scans, output_path
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.checkpoint import Saved
-from runtime.predict.provenance import PendingRecord, difference, read_record, record_path, run_fields
+from runtime.outputs import OutputError
+from runtime.predict.provenance import (PendingRecord, difference, is_record, read_record, record_path,
+                                        recorded_files, run_fields)
 from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
-from runtime.predict.summary import CaseResult, print_outcome, save_summary
+from runtime.predict.summary import SUMMARY_FIELDS, CaseResult, print_outcome, save_summary
 from runtime.resolve import window_line
 from runtime.signals import Stopped
 
@@ -39,6 +49,8 @@ ALLOCATOR_SIGNS = ("can't allocate memory", "out of memory", "DefaultCPUAllocato
 
 def failure_message(scan: Scan, exc: BaseException) -> str:
     """One line naming the scan (or the output file) and what went wrong."""
+    if isinstance(exc, NotOurs):
+        return str(exc)
     if isinstance(exc, OutputWriteError):
         return f"{exc}" + ("; the remaining scans are not run (the output disk is full)" if exc.full else "")
     if isinstance(exc, ScanError):
@@ -66,6 +78,19 @@ def pending_record(path: str, record: dict, output: str) -> PendingRecord:
         path, f"{reason} (the record of {output})", is_full_disk(exc)))
 
 
+class NotOurs(OutputError):
+    """A file predict would write or remove that no record of this project says it wrote."""
+
+
+def not_ours(path: str, why: str = "no record of this project says predict wrote it") -> NotOurs:
+    return NotOurs(f"{path} exists and {why}: predict never replaces or removes it (move it away, or "
+                   "choose another --output_dir)")
+
+
+def preview_path(output_dir: str, scan: Scan) -> str:
+    return os.path.join(output_dir, f"{scan.name}.png")
+
+
 def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
     """Segment (or reuse) one scan, its header checked before any voxel is read; every failure
     inside it (bad input, out of memory, an allocator error, a full output disk) is its result.
@@ -73,17 +98,25 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
     An existing output is reused when its record matches this run (never with ``--force``);
     one made otherwise is removed first, with its record and preview, so that a failure of this
     run never leaves another run's segmentation behind. The new record is written before the
-    scan is segmented and takes its place only after the segmentation has taken its own."""
+    scan is segmented and takes its place only after the segmentation has taken its own.
+    Only files a record says predict wrote are replaced or removed (:class:`NotOurs`)."""
     path = output_path(config.output_dir, scan)
     record = record_path(path)
+    png, npz = preview_path(config.output_dir, scan), probabilities_path(config.output_dir, scan)
     try:
         current = dict(run_fields(config))
+        stored, why_none = read_record(record)
+        if os.path.lexists(record) and stored is None:  # unreadable, or someone else's file
+            raise not_ours(record, "is no record of this project")
+        owned = recorded_files(stored, path)
+        writes = [path] + ([png] if config.preview else []) + ([npz] if config.save_probabilities else [])
+        for target in writes:
+            if os.path.lexists(target) and os.path.basename(target) not in owned:
+                raise not_ours(target)
         replaced = ""
         if os.path.exists(path) and not config.force:
             current["input_sha256"] = input_digest(scan.image_path)
-            stored, why_none = read_record(record)
             replaced = difference(stored, why_none, current)
-            npz = probabilities_path(config.output_dir, scan)
             if replaced is None and config.save_probabilities and not (stored.get("probabilities")
                                                                        and os.path.exists(npz)):
                 replaced = "without saved probabilities"
@@ -91,16 +124,16 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
                 result = summarise_existing(scan, path)
                 result.provenance = stored
                 return result
-        # what claims or shows an earlier output goes first; with --force the output itself is
-        # kept until the new one replaces it
-        for stale in (record, os.path.join(config.output_dir, f"{scan.name}.png"),
-                      probabilities_path(config.output_dir, scan)) + ((path,) if replaced else ()):
-            remove_output(stale)
+        # what claims or shows an earlier output goes first (only what its record says predict
+        # wrote); with --force the output itself is kept until the new one replaces it
+        for stale in (record, png, npz) + ((path,) if replaced else ()):
+            if stale == record or os.path.basename(stale) in owned:
+                remove_output(stale)
         check_header(scan.image_path)
         if "input_sha256" not in current:
             current["input_sha256"] = input_digest(scan.image_path)
-        current["probabilities"] = os.path.basename(probabilities_path(config.output_dir, scan)) \
-            if config.save_probabilities else ""
+        current["probabilities"] = os.path.basename(npz) if config.save_probabilities else ""
+        current["files"] = [os.path.basename(f) for f in writes]
         pending = pending_record(record, current, path)
         try:
             result = segment_scan(scan, infer, config.output_dir, config.preview,
@@ -143,9 +176,69 @@ def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_p
     return results
 
 
+SUMMARY_FILES = ("summary.csv", "summary.jsonl")
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def is_summary(path: str) -> bool:
+    """Whether ``path`` (``summary.csv`` or ``summary.jsonl``) is a summary predict wrote: its
+    first line is predict's CSV header (or a JSON row with a case and a status)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            first = handle.readline().strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if path.endswith(".csv"):
+        return first.startswith(",".join(SUMMARY_FIELDS[:2]) + ",")
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(row, dict) and "case" in row and "status" in row
+
+
+def check_outputs(config: Config, scans: Sequence[Scan]) -> None:
+    """Before any work: no name predict may write in ``--output_dir`` is a file of an input scan
+    (every file of each scan, its ground truth too: ``os.path.samefile``), and a summary there
+    is predict's own; else one :class:`UsageError` line naming the clash."""
+    inputs: dict[tuple[int, int], str] = {}
+    for scan in scans:
+        try:
+            files = input_files(scan.image_path)
+        except ScanError:  # a scan that cannot be read fails on its own, later
+            files = [scan.image_path]
+        for name in files + ([scan.label_path] if scan.label_path else []):
+            key = _file_id(name)
+            if key is not None:
+                inputs.setdefault(key, name)
+    names = [os.path.join(config.output_dir, n) for n in SUMMARY_FILES]
+    for scan in scans:
+        path = output_path(config.output_dir, scan)
+        names += [path, record_path(path), preview_path(config.output_dir, scan),
+                  probabilities_path(config.output_dir, scan)]
+    for name in names:
+        key = _file_id(name)
+        if key is not None and key in inputs:
+            raise UsageError(f"--output_dir {config.output_dir}: {name} would be written over the input "
+                             f"{inputs[key]}; predict never replaces an input (choose another --output_dir)")
+    for name in names[:len(SUMMARY_FILES)]:
+        if os.path.lexists(name) and not is_summary(name):
+            raise UsageError(f"--output_dir {config.output_dir}: {name} exists and is no summary of predict; "
+                             "predict never replaces it (move it away, or choose another --output_dir)")
+
+
 def scans_to_predict(config: Config) -> list[Scan]:
-    """The scans of ``--input``; ``--preview`` needs matplotlib (both checked before any work)."""
+    """The scans of ``--input``, none of whose files (nor a file of someone else) would be written
+    over (:func:`check_outputs`); ``--preview`` needs matplotlib (all checked before any work)."""
     scans = find_scans(config.input)
+    check_outputs(config, scans)
     if config.preview:
         from runtime.predict.preview import matplotlib_missing
 

@@ -16,6 +16,10 @@ anything else is done to a scan's outputs; the new one is written and fsynced un
 temporary name before the scan is segmented (:class:`PendingRecord`: a disk that fills up during
 the segmentation cannot keep it from being written), and renamed into place only once the
 segmentation itself was renamed into place (:meth:`PendingRecord.commit`).
+
+Predict replaces or removes only what a record says it wrote (:func:`recorded_files`): a file of
+the output folder that no record vouches for (the user's own ``<case>.png``, a scan copied there
+as ``<case>.nii.gz``, a JSON file that is no record of this project) is never touched.
 """
 from __future__ import annotations
 
@@ -23,9 +27,9 @@ import json
 import os
 
 
+from data_loading.scans import RECORD_SUFFIX, is_record, recorded_files  # noqa: F401 - re-exported
 from runtime import __version__
 
-RECORD_SUFFIX = ".provenance.json"
 # What made a segmentation: an output is reused only when its record has this run's values.
 MADE_BY = ("version", "weights_sha256", "backend", "int8", "int8_calibration", "amp", "tta", "window_shape", "overlap",
            "input_sha256")
@@ -72,7 +76,7 @@ def read_record(path: str) -> tuple[dict | None, str]:
         return None, "with no record of what made it"
     except (OSError, ValueError) as exc:
         return None, f"whose record {path} cannot be read ({type(exc).__name__})"
-    if not isinstance(record, dict):
+    if not is_record(record):
         return None, f"whose record {path} holds no record"
     return record, ""
 
