@@ -22,7 +22,7 @@ from mlperf_logging.mllog import constants as C
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
-from runtime.build import Components, build_components
+from runtime.build import Components, build_components, with_loaders
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.run_files import BACKEND, EVAL, METRICS_LOG, MLPERF_LOG, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
@@ -30,9 +30,9 @@ from runtime.host_memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
                              keep_previous, remove_if_empty)
 from runtime.progress import make_progress
-from runtime.resolve import resolve, window_line
+from runtime.resolve import resolve, resolve_data, window_line
 from runtime.signals import PreemptionFlag
-from runtime.training.loop import Reporters, run_evaluation, run_training
+from runtime.training.loop import (Reporters, abort_clock_on_error, run_evaluation, run_training, start_clock)
 
 
 @dataclass(frozen=True)
@@ -184,23 +184,33 @@ def close_reporters(out: Reporters) -> None:
 
 
 def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Components]:
-    """Read the data, resolve, open the reporters, build the components from ``saved`` (the
-    checkpoint started from, or None): ``(reporters, components)``."""
+    """The run up to its first step, around the MLPerf clock: ``(reporters, components)``.
+
+    Before ``run_start`` nothing lists, opens, maps or uploads a file of the data: the config
+    resolved without it, the reporters opened, ``init_start``, the model, optimizer and train
+    step built from ``saved`` (the checkpoint started from, or None), ``init_stop``. After
+    ``run_start``: the data listed and checked (``summary``), the values that need it resolved
+    (``resolve_data``), this rank's loaders built (labels read, volumes checked, the device
+    cache filled). An error from then on ends the MLPerf log with ``run_stop`` aborted."""
     from data_loading.data_loader import data_source
 
-    data = session.source if session.source is not None else data_source(session.config)
-    config = resolve(session.config, session.dist, data, saved)
+    config = resolve(session.config, session.dist, None, saved)
     out = make_reporters(config, session.dist, saved is not None and saved.resume, session.preempt)
     session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(config)
     out.mlperf.start(C.INIT_START)
-    components = build_components(config, session.dist, data, saved)
+    components = build_components(config, session.dist, None, saved)
     out.mlperf.weights_initialization(config)
     if saved is not None and saved.resume:
         state = components.state
         out.say(f"resuming {saved.path} after epoch {state.epoch}"
                 + (f" + {state.step_in_epoch} batches" if state.step_in_epoch else ""))
-    return out, components
+    session.on_exit.push(abort_clock_on_error(out, components.state))
+    start_clock(out)
+    # -- the clock runs: the data from here on
+    data = session.source if session.source is not None else data_source(session.config)
+    config = resolve_data(components.config, session.dist, data.summary(components.config))
+    return out, with_loaders(components, data, config)
 
 
 def started(session: Session) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:

@@ -1,5 +1,9 @@
 """``build_components(config, dist_info, data)``: everything a run computes with, built once from
 a resolved config. Used by ``runtime.app.run``, the benchmarks and the tests alike.
+
+``runtime.app`` builds in two parts around the MLPerf ``run_start``: the model, optimizer and
+train step before it (``data`` None: no loaders, nothing of ``--data_dir`` touched), this
+rank's loaders after it (:func:`with_loaders`).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ class Components:
     score_fn: Callable
     autocast: Callable[[], object]
     step: TrainStep
-    train_loader: object
+    train_loader: object  # None until with_loaders
     val_loader: object
     # Evaluation bypasses DDP: its forward would broadcast buffers (batch norm) on every call,
     # and ranks slide different numbers of windows.
@@ -227,10 +231,11 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
     return lambda image, label, last_micro_batch=True: graphed(image, label)
 
 
-def build_components(config: Config, dist_info: D.DistInfo, data,
+def build_components(config: Config, dist_info: D.DistInfo, data=None,
                      saved: ckpt.Saved | None = None) -> Components:
     """Model, loss, optimizer, scaler, train step and this rank's loaders for a resolved
-    ``config``. ``data``: the data source (``loaders(config, world, rank, device)``).
+    ``config``. ``data``: the data source (``loaders(config, world, rank, device)``; ``config``
+    resolved with its data), or None: no loaders yet (:func:`with_loaders` adds them).
 
     ``saved``: a resumed run (weights, optimizer, scaler, RNG and training state restored) or
     a checkpoint whose (best) weights are loaded (``--load_ckpt_path``).
@@ -258,9 +263,20 @@ def build_components(config: Config, dist_info: D.DistInfo, data,
         step = graphed_train_step(wrapped, loss_fn, optimizer, scaler, autocast, config, device)
     else:
         step = eager_train_step(wrapped, loss_fn, optimizer, scaler, autocast, config.ga_steps)
-    train_loader, val_loader = data.loaders(config, dist_info.world_size, dist_info.rank, device)
-    return Components(config=config, dist=dist_info, model=wrapped, optimizer=optimizer, scaler=scaler,
-                      loss_fn=loss_fn, score_fn=score_fn, autocast=autocast, step=step,
-                      train_loader=train_loader, val_loader=val_loader,
-                      eval_model=compile_model(model, config.compile) if dist_info.distributed else wrapped,
-                      state=state)
+    components = Components(config=config, dist=dist_info, model=wrapped, optimizer=optimizer, scaler=scaler,
+                            loss_fn=loss_fn, score_fn=score_fn, autocast=autocast, step=step,
+                            train_loader=None, val_loader=None,
+                            eval_model=compile_model(model, config.compile) if dist_info.distributed else wrapped,
+                            state=state)
+    return components if data is None else with_loaders(components, data)
+
+
+def with_loaders(components: Components, data, config: Config | None = None) -> Components:
+    """``components`` with this rank's loaders of ``data`` (``data.loaders``: the cases listed,
+    the training labels read, the volumes checked and, with ``--cache device``, uploaded) and
+    ``config`` (default ``components.config``), resolved with the data
+    (``runtime.resolve.resolve_data``)."""
+    dist_info = components.dist
+    config = components.config if config is None else config
+    train_loader, val_loader = data.loaders(config, dist_info.world_size, dist_info.rank, dist_info.device)
+    return replace(components, config=config, train_loader=train_loader, val_loader=val_loader)

@@ -1,8 +1,16 @@
-"""``resolve(config, dist_info, data, checkpoint)``: every "auto" and every derived value of a run,
-decided once, right after the process group starts and before any MLPerf event.
+"""Every "auto" and every derived value of a run, decided once, in two stages:
 
-Everything after reads the resolved :class:`~runtime.arguments.Config`; nothing derives these
-values again. A flag combination that cannot run here raises :class:`UsageError` (one line).
+* ``resolve(config, dist_info, None, checkpoint)``: everything that needs no data, right after
+  the process group starts and before any MLPerf event (nothing here lists, opens or maps a
+  file of ``--data_dir``: the MLPerf clock has not started);
+* ``resolve_data(config, dist_info, summary)``: the values that need the data (case counts,
+  samples per epoch and the evaluation schedule, the cache mode), right after ``run_start``,
+  from the data source's ``summary(config)``.
+
+Tools with no MLPerf clock (the benchmarks) pass the data source to ``resolve`` and get both
+stages at once. Everything after reads the resolved :class:`~runtime.arguments.Config`; nothing
+derives these values again. A flag combination that cannot run here raises :class:`UsageError`
+(one line).
 """
 from __future__ import annotations
 
@@ -202,17 +210,18 @@ def check_benchmark_budget(config: Config) -> None:
             raise UsageError(f"--{name} is the budget of --benchmark (train or evaluate); add --benchmark or drop it")
 
 
-def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = None, ensemble=()) -> Config:
-    """The run's config with every derived value decided.
+def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | None = None, ensemble=()) -> Config:
+    """The run's config with every value decided that needs no data (the first stage).
 
-    ``data``: the data source (``summary(config)``; see ``data_loading.data_loader``; None for
-    predict); ``saved``: the checkpoint the run starts from (its network flags fill those not
-    given, its training patch predict's window: :func:`window_from`; a resumed run also keeps
-    its master seed), or None; ``ensemble``: predict's further checkpoints (:func:`ensemble_from`).
-    The seed is drawn on rank 0 and broadcast, so this is a collective: call it on every rank.
+    ``data``: None for a run with an MLPerf clock (train, evaluate, benchmark: the data stage,
+    :func:`resolve_data`, runs after ``run_start``) and for predict; a data source
+    (``summary(config)``; see ``data_loading.data_loader``) for a tool with no clock, which
+    then gets both stages. ``saved``: the checkpoint the run starts from (its network flags fill
+    those not given, its training patch predict's window: :func:`window_from`; a resumed run
+    also keeps its master seed), or None; ``ensemble``: predict's further checkpoints
+    (:func:`ensemble_from`). The seed is drawn on rank 0 and broadcast, so this is a
+    collective: call it on every rank.
     """
-    from data_loading.data_loader import resolve_cache
-
     device = dist_info.device
     check_benchmark_budget(config)
     if saved is not None:
@@ -225,13 +234,23 @@ def resolve(config: Config, dist_info: D.DistInfo, data, saved: Saved | None = N
     check_device_support(config, dist_info)
     if config.amp:
         config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
-    summary = data.summary(config)
     seed = saved_seed(saved.checkpoint) if saved is not None and saved.resume else None
     if seed is None:
         seed = D.resolve_master_seed(config.seed, device)
     config = decide_backend(config, device)
-    return replace(config, device=device.type, seed=seed,
-                   cache=resolve_cache(config.cache, device, summary.train_bytes),
-                   cuda_graphs=cuda_graphs_decision(config, dist_info),
+    config = replace(config, device=device.type, seed=seed, cuda_graphs=cuda_graphs_decision(config, dist_info))
+    return config if data is None else resolve_data(config, dist_info, data.summary(config))
+
+
+def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
+    """The second stage: the values that need the data, from its ``summary`` (a
+    ``data_loading.source.DataSummary``; the source's ``summary(config)`` lists and checks the
+    cases, so it runs after the MLPerf ``run_start``): the case counts, samples per epoch and the
+    evaluation schedule (training), and the cache mode (``auto``: on the device when the
+    training set fits). ``config``: resolved by :func:`resolve`. The same on every rank (no
+    collective)."""
+    from data_loading.data_loader import resolve_cache
+
+    return replace(config, cache=resolve_cache(config.cache, dist_info.device, summary.train_bytes),
                    num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
                    **schedule_fields(config, summary.num_train, dist_info.world_size))

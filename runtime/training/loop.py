@@ -39,6 +39,8 @@ class Reporters:
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
     is_main: bool = True
     curves: object | None = None  # a runtime.report.plotter.CurvePlotter with --plot (rank 0)
+    run_start: float | None = None  # time.time() at the MLPerf run_start (start_clock)
+    run_stopped: bool = False  # run_stop logged (stop_clock): never twice
 
     def say(self, *args, **kwargs) -> None:
         if self.is_main:
@@ -316,21 +318,57 @@ def train(components: Components, out: Reporters) -> RunResult:
     return RunResult(status or "finished", state.epoch, state.best_mean_dice)
 
 
-def run_training(components: Components, out: Reporters) -> int:
-    """The timed MLPerf run of a built ``components``: init stop, run start, the epochs, run stop,
-    the RESULT line; returns the exit code."""
-    cfg = components.config
-    out.mlperf.hyperparameters(cfg, components.dist.world_size)
+def start_clock(out: Reporters) -> None:
+    """``init_stop``, every rank waits, ``run_start``: the MLPerf clock starts. Called before
+    anything lists, opens, maps or uploads the data (the rules: "The clock must start before
+    any part of the system touches the dataset")."""
     out.mlperf.end(C.INIT_STOP)
     D.barrier()
     out.mlperf.start(C.RUN_START)
-    run_start = time.time()
+    out.run_start = time.time()
+
+
+def stop_clock(out: Reporters, status: str, epoch: int) -> None:
+    """``run_stop`` with MLPerf's ``status`` (success or aborted), once, and only after
+    ``run_start``."""
+    if out.run_start is None or out.run_stopped:
+        return
+    out.run_stopped = True
+    out.mlperf.end(C.RUN_STOP, metadata={"status": status, "epoch_num": epoch})
+
+
+def abort_clock_on_error(out: Reporters, state: ckpt.TrainState):
+    """An ``ExitStack.push`` callback: an error after ``run_start`` (bad data found by the
+    loaders, a failed write, a bug) ends the MLPerf log with ``run_stop`` status aborted, then
+    goes on (the one-line error and the exit code are the caller's). A failure to write that
+    line gives way to the original error."""
+
+    def on_exit(exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            try:
+                stop_clock(out, "aborted", state.epoch)
+            except Exception:  # noqa: BLE001 - the log itself failing: the first error is the one to tell
+                pass
+        return False
+
+    return on_exit
+
+
+def run_training(components: Components, out: Reporters) -> int:
+    """The timed MLPerf run of a built ``components`` (the clock started, the loaders built:
+    ``runtime.app.start_run``): the hyper-parameters, the epochs, run stop, the RESULT line;
+    returns the exit code."""
+    cfg = components.config
+    if out.run_start is None:  # a caller that built its loaders itself
+        start_clock(out)
+    out.mlperf.hyperparameters(cfg, components.dist.world_size)
+    run_start = out.run_start
     out.say(f"training: {cfg.num_train_cases} cases, {cfg.samples_per_epoch} samples/epoch, first eval at epoch "
             f"{cfg.start_eval_at}, then every {cfg.evaluate_every}; seed {cfg.seed}")
     result = train(components, out)
     D.barrier()
     mlperf_status = "success" if result.status == "success" else "aborted"
-    out.mlperf.end(C.RUN_STOP, metadata={"status": mlperf_status, "epoch_num": result.epoch})
+    stop_clock(out, mlperf_status, result.epoch)
     # MLPerf knows success and aborted only; the report tells a run that ran its --epochs apart
     out.metrics.write(RESULT, status=result.status, epoch=result.epoch, epochs=cfg.epochs)
     out.say(f"RESULT,image_segmentation,{cfg.seed},{time.time() - run_start:.1f},{result.status},"
