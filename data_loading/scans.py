@@ -211,12 +211,37 @@ def output_path(output_dir: str, scan: Scan) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
+LABEL_MAP_MAX = 9  # a volume of whole numbers in 0..9 only (two of them at least) is a label map, not CT
+
+
+def label_map_values(image: np.ndarray) -> list[int] | None:
+    """The values of ``image`` when they look like a label map's (whole numbers from 0 to
+    :data:`LABEL_MAP_MAX` only, at least two of them: a segmentation given as a scan), else None.
+    A CT in HU has negative values (air), or values far above 9."""
+    low, high = float(np.min(image)), float(np.max(image))
+    if low < 0 or high > LABEL_MAP_MAX or low == high:
+        return None
+    whole = image.astype(np.uint8)
+    if not np.array_equal(whole, image):
+        return None
+    return [int(v) for v in np.flatnonzero(np.bincount(whole.ravel(), minlength=LABEL_MAP_MAX + 1))]
+
+
+def refuse_label_map(image: np.ndarray, path: str) -> None:
+    """:class:`ScanError` naming ``path`` when ``image`` looks like a label map (:func:`label_map_values`)."""
+    values = label_map_values(image)
+    if values is not None:
+        raise ScanError(f"{path}: every voxel is one of {values}: this looks like a label map (a segmentation), "
+                        "not a CT scan in HU; give the CT scan itself")
+
+
 def read_scan(path: str) -> RawScan:
     """Read one CT scan into the KiTS19 layout (see :class:`RawScan`); :class:`ScanError`
-    naming ``path`` on failure."""
+    naming ``path`` on failure (a label map given as a scan too: :func:`refuse_label_map`)."""
     volume = scan_io.read_volume(path)
     if any(not np.isfinite(s) or s <= 0 for s in volume.spacing):
         raise ScanError(f"{path}: spacing (pixdim[1:4]) {volume.file_spacing} is not positive")
+    refuse_label_map(volume.image, path)
     return RawScan(volume.image, volume.spacing, volume.nifti, volume.orientation, volume.file_spacing,
                    volume.note)
 

@@ -34,6 +34,7 @@ def raw_from_array(array: np.ndarray, affine: np.ndarray, spacing: Sequence[floa
     from nibabel.affines import voxel_sizes
 
     from data_loading.scan_io import ScanError, orientation_from_affine
+    from data_loading.scans import refuse_label_map
 
     array = np.asarray(array)
     affine = np.asarray(affine, dtype=np.float64)
@@ -46,6 +47,7 @@ def raw_from_array(array: np.ndarray, affine: np.ndarray, spacing: Sequence[floa
     image = array.astype(np.float32, copy=False)
     if not np.isfinite(image).all():
         raise ScanError("array: NaN or infinite intensities")
+    refuse_label_map(image, "array")
     kits = image if orientation.identity else orientation.to_kits(image)
     return RawScan(kits[None], orientation.spacing_to_kits(file_spacing), None, orientation, file_spacing)
 
