@@ -12,6 +12,7 @@ from runtime.report import time_to_train as T
 from runtime.report.compliance import Compliance
 from runtime.report.runs import Attempt, EvalPoint, Run
 from runtime.run_files import DIVERGED_DICE
+from runtime.submission.validity import Validity, classify
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class RunSummary:
     # why the run is not an MLPerf result (left out of the score): an attempt resumed from a
     # checkpoint, checkpoints written on the clock, several attempts; () for a result
     not_a_result: tuple[str, ...] = ()
+    # the last MLPerf log's run_stop status (success | aborted; None: no run_stop); "" unknown
+    mlperf_status: str | None = ""
 
     @property
     def is_result(self) -> bool:
@@ -203,15 +206,28 @@ def summarize_run(run: Run, threshold: float) -> RunSummary:
         best_mean_dice=best.mean_dice if best else None, best_epoch=best.epoch if best else None,
         reached_epoch=reached_epoch(run.evals, threshold),
         mean_throughput=mean_throughput, attempts=len(run.attempts), notes=tuple(notes), predicted=predicted,
-        not_a_result=reasons)
+        not_a_result=reasons, mlperf_status=run.attempts[-1].status if run.attempts else None)
+
+
+def run_validity(summary: RunSummary) -> Validity:
+    """Whether ``summary``'s run counts in the score, and why not (``validity.classify`` on its
+    outcome, its reasons for not being a result and its compliance verdict when checked)."""
+    status = summary.mlperf_status
+    if status == "":  # a summary made without it: from the outcome
+        status = {"success": "success", "incomplete": None, "no MLPerf log": None}.get(summary.status, "aborted")
+    checked = [c for c in summary.compliance if c.checked]
+    problems = [p for c in checked for p in c.problems] if checked else None
+    return classify(status, summary.not_a_result, problems)
 
 
 def score_runs(summaries: Sequence[RunSummary], drop: int = 1) -> Score:
     """The olympic score over the runs that have an MLPerf log and are MLPerf results, in
     minutes (MLPerf's unit); a run that is not a result (``RunSummary.not_a_result``) is left
-    out, and the text says which and why."""
-    left_out = [s for s in summaries if s.attempts and not s.is_result]
-    summaries = [s for s in summaries if s.is_result]
+    out, and the text says which and why. Which runs count is ``run_validity``'s, the rule the
+    submission package applies too (``runtime.submission.validity``)."""
+    judged = [(s, run_validity(s)) for s in summaries if s.attempts]
+    left_out = [(s, v) for s, v in judged if not v.counts]
+    summaries = [s for s, v in judged if v.counts]
     times = [s.time_to_target_s / 60.0 for s in summaries if s.time_to_target_s is not None]
     failed = sum(1 for s in summaries if s.attempts and s.time_to_target_s is None)
     minutes = olympic_score(times, failed, drop)
@@ -228,5 +244,5 @@ def score_runs(summaries: Sequence[RunSummary], drop: int = 1) -> Score:
                 + (f" ({failed} failed run(s) counted as the slowest)" if failed else ""))
     if left_out:
         text += (f"; {len(left_out)} run(s) left out, not MLPerf results: "
-                 + "; ".join(f"{s.label} ({s.not_a_result[0]})" for s in left_out))
+                 + "; ".join(f"{s.label} ({v.reason})" for s, v in left_out))
     return Score(minutes, len(times), failed, drop, text)

@@ -12,9 +12,10 @@ A log is one of three kinds:
   outcome.
 * ``not a result``: anything else, left out of the score and of the package, with the reason:
   no MLPerf line, no or several ``run_start`` (stopped during initialisation, a reused log), no
-  ``run_stop`` (crashed, killed, still running), an attempt resumed from a checkpoint or one that
-  wrote checkpoints on the clock (``runtime/run_files.py``'s ``NOT_A_RESULT_EVENTS``: "The clock
-  may not be paused during the run"; the reference's timed run writes none), a log of another
+  ``run_stop`` (crashed, killed, still running), a run of several attempts, an attempt resumed
+  from a checkpoint or one that wrote checkpoints on the clock (``runtime/run_files.py``'s
+  ``NOT_A_RESULT_EVENTS``, read by ``runtime.report.runs.not_a_result``: "The clock may not be
+  paused during the run"; the reference's timed run writes none), a log of another
   benchmark, or one the official compliance checker rejects for anything but the target (a
   ``not converged`` run fails the closed checker's ``eval_accuracy >= 0.908`` test by definition).
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from runtime import run_files as F
+from runtime.report.runs import not_a_result
 
 RESULT = "result"
 NOT_CONVERGED = "not converged"
@@ -75,34 +77,25 @@ def _values(events: Sequence[dict], key: str) -> list:
     return [e.get("value") for e in events if e.get("key") == key]
 
 
-def judge_events(events: Sequence[dict], compliance_problems: Iterable[str] | None = None) -> Validity:
-    """The kind of the run that ``events`` (one MLPerf log's, in order) record.
+def classify(status: str | None, not_a_result: Sequence[str] = (), compliance_problems: Iterable[str] | None = None,
+             starts: int = 1, attempts: int = 1) -> Validity:
+    """The rule itself, on a run's facts: ``status`` its ``run_stop`` status (None: no
+    run_stop), ``not_a_result`` the reasons its log gives (``runtime.report.runs.not_a_result``:
+    resumed from a checkpoint, checkpoints written on the clock), ``compliance_problems`` the
+    official compliance checker's problems (empty: passed; None: not run), ``starts`` its
+    run_starts in one log, ``attempts`` its MLPerf logs (a resumed run has several).
 
-    ``compliance_problems``: the official compliance checker's problems for this log (empty: it
-    passed), or None when it was not run (then only the log's own events are judged)."""
-    if not events:
-        return Validity(NOT_A_RESULT, "no MLPerf log line")
-    benchmarks = _values(events, "submission_benchmark")
-    if benchmarks and benchmarks[-1] != BENCHMARK:
-        return Validity(NOT_A_RESULT, f"a log of benchmark {benchmarks[-1]!r}, not {BENCHMARK}")
-    for key in F.NOT_A_RESULT_EVENTS:
-        found = [e for e in events if e.get("key") == key]
-        if found:
-            value = found[0].get("value")
-            what = ("resumed from checkpoint" if key == F.RESUMED_FROM_CHECKPOINT
-                    else "wrote checkpoints between run_start and run_stop")
-            return Validity(NOT_A_RESULT, f"{what}{f' {value}' if value not in (None, '') else ''} "
-                                          f"(MLLOG {key!r}: the clock may not be paused, and the reference's "
-                                          "timed run writes no checkpoint)")
-    starts = [e for e in events if e.get("key") == F.RUN_START]
-    if not starts:
+    The report's score (``runtime.report.scoring.score_runs``) and the package apply it."""
+    if not_a_result:
+        return Validity(NOT_A_RESULT, "; ".join(not_a_result))
+    if attempts > 1:
+        return Validity(NOT_A_RESULT, f"{attempts} attempts (a resumed run: the clock may not be paused)")
+    if starts == 0:
         return Validity(NOT_A_RESULT, "no run_start (the run stopped during initialisation)")
-    if len(starts) > 1:
-        return Validity(NOT_A_RESULT, f"{len(starts)} run_starts in one log (several runs in one file)")
-    stops = [e for e in events if e.get("key") == F.RUN_STOP]
-    if not stops:
+    if starts > 1:
+        return Validity(NOT_A_RESULT, f"{starts} run_starts in one log (several runs in one file)")
+    if status is None:
         return Validity(NOT_A_RESULT, "no run_stop (the run crashed, was stopped, or is still running)")
-    status = (stops[-1].get("metadata") or {}).get("status")
     problems = list(compliance_problems) if compliance_problems is not None else []
     if status == "success":
         if problems:
@@ -115,6 +108,22 @@ def judge_events(events: Sequence[dict], compliance_problems: Iterable[str] | No
         return Validity(NOT_CONVERGED, "run_stop status aborted: the target was not reached "
                                        "(counted as a failed run, as MLPerf counts it)")
     return Validity(NOT_A_RESULT, f"run_stop status {status!r} (MLPerf knows success and aborted)")
+
+
+def judge_events(events: Sequence[dict], compliance_problems: Iterable[str] | None = None) -> Validity:
+    """The kind of the run that ``events`` (one MLPerf log's, in order) record (:func:`classify`).
+
+    ``compliance_problems``: the official compliance checker's problems for this log (empty: it
+    passed), or None when it was not run (then only the log's own events are judged)."""
+    if not events:
+        return Validity(NOT_A_RESULT, "no MLPerf log line")
+    benchmarks = _values(events, "submission_benchmark")
+    if benchmarks and benchmarks[-1] != BENCHMARK:
+        return Validity(NOT_A_RESULT, f"a log of benchmark {benchmarks[-1]!r}, not {BENCHMARK}")
+    stops = [e for e in events if e.get("key") == F.RUN_STOP]
+    status = (stops[-1].get("metadata") or {}).get("status") if stops else None
+    return classify(status, not_a_result(events), compliance_problems,
+                    starts=sum(1 for e in events if e.get("key") == F.RUN_START))
 
 
 def judge_log(path: str, compliance_problems: Iterable[str] | None = None) -> Validity:

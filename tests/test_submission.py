@@ -1,0 +1,236 @@
+"""python -m runtime.submission: the runs, the package the official checkers judge, and the one
+rule of which runs count (in the package and in the report's score).
+
+Oracles: mlperf_logging's own package_checker, system_desc_checker and compliance checker (run
+as their command lines, or their functions); the runs are this project's own tiny open-division
+runs (main.py's code in this process, or main.py as a subprocess)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import easy_data
+from runtime.app import run as run_main
+from runtime.arguments import parse_args
+from runtime.report.cli import make_report
+from runtime.submission import validity as V
+from runtime.submission.cli import main as submission_main
+from runtime.submission.driver import run_names, run_sweep
+from runtime.submission.package import assemble
+from runtime.submission.system import REQUIRED_FIELDS, describe
+
+ROOT = Path(__file__).resolve().parent.parent
+# ids 0..3: evaluation ids 00000 and 00003, training 00001 and 00002; 32³ patches, filters 2-8:
+# one epoch of one step and one evaluation, a third of a second in this process
+TINY = ["--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32", "--val_input_shape", "32", "32", "32",
+        "--normalization", "batchnorm", "--batch_size", "2", "--optimizer", "adam", "--learning_rate", "0.01",
+        "--device", "cpu", "--num_workers", "0", "--epochs", "1", "--start_eval_at", "1", "--evaluate_every", "1",
+        "--quality_threshold", "0.001", "--submission_division", "open", "--submission_org", "TinyOrg",
+        "--submission_platform", "cpu-tiny"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return easy_data.write_dataset(str(tmp_path_factory.mktemp("easy") / "data"), range(4))
+
+
+def tiny_run(data: str, log_dir: Path, seed: int, *more: str) -> int:
+    """One tiny training run of main.py's code in this process, its console swallowed."""
+    argv = ["--data_dir", data, "--log_dir", str(log_dir), "--seed", str(seed), *TINY, *more]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return run_main(parse_args(argv))
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def without(path: Path, key: str) -> None:
+    """``path`` (an MLPerf log) with its ``key`` events removed: a run that crashed before it."""
+    path.write_text("\n".join(line for line in lines(path) if f'"key": "{key}"' not in line) + "\n")
+
+
+@pytest.fixture(scope="module")
+def one_run(data, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("one") / "run"
+    assert tiny_run(data, folder, 5) in (0, 3)  # 3: diverged (a Dice of 0 after one step), still a timed run
+    return folder
+
+
+# -- the rule ---------------------------------------------------------------------------------------------------
+
+
+def test_a_complete_run_counts_and_a_crashed_or_resumed_one_is_not_a_result(one_run, tmp_path):
+    events = V.read_events(str(one_run / "unet3d.log"))
+    verdict = V.judge_events(events)
+    assert verdict.counts and verdict.kind in (V.RESULT, V.NOT_CONVERGED)
+    no_stop = [e for e in events if e["key"] != "run_stop"]
+    assert V.judge_events(no_stop) == V.Validity(V.NOT_A_RESULT, V.classify(None).reason)
+    assert "no run_stop" in V.judge_events(no_stop).reason
+    assert "no run_start" in V.judge_events([e for e in events if e["key"] not in ("run_start", "run_stop")]).reason
+    start = next(i for i, e in enumerate(events) if e["key"] == "run_start")
+    resumed = events[:start] + [{"key": "resumed_from_checkpoint", "value": "/c.pt", "metadata": {"epoch": 3}}] \
+        + events[start:]
+    assert V.judge_events(resumed).kind == V.NOT_A_RESULT and "/c.pt" in V.judge_events(resumed).reason
+    on_clock = events[:start] + [{"key": "checkpoints_on_the_clock", "value": "/r/c.pt"}] + events[start:]
+    assert V.judge_events(on_clock).kind == V.NOT_A_RESULT and "checkpoints" in V.judge_events(on_clock).reason
+
+
+def test_a_run_that_missed_the_target_counts_as_failed_unless_the_checker_finds_more():
+    assert V.classify("aborted").kind == V.NOT_CONVERGED
+    # the closed checker's target test, which such a run fails by definition (closed_unet3d.yaml)
+    target = "Failed checks for eval_accuracy : v['value'] >= 0.908"
+    assert V.classify("aborted", compliance_problems=[target]).kind == V.NOT_CONVERGED
+    other = "CHECK for 'init_stop' failed in line 57"
+    assert V.classify("aborted", compliance_problems=[target, other]).kind == V.NOT_A_RESULT
+    assert V.classify("success", compliance_problems=[other]).kind == V.NOT_A_RESULT
+    assert V.classify("success", compliance_problems=[]).kind == V.RESULT
+    assert V.classify("success", attempts=2).kind == V.NOT_A_RESULT
+
+
+def test_the_reports_score_leaves_out_a_run_without_run_stop(one_run, tmp_path):
+    """The report's score applies the package's rule: a run that crashed (no run_stop) is left
+    out, with why, where it used to count as a failed run."""
+    sweep = tmp_path / "sweep"
+    for name in ("a", "b", "c", "crashed"):
+        shutil.copytree(one_run, sweep / name)
+    without(sweep / "crashed" / "unet3d.log", "run_stop")
+    report = make_report([str(sweep)], str(tmp_path / "report"), check=False, draw=False, say=lambda _: None)
+    score = report["score"]
+    assert score.successful + score.failed == 3, score.text
+    assert "crashed" in score.text and "no run_stop" in score.text
+
+
+# -- the system description ----------------------------------------------------------------------------------
+
+
+def test_the_system_description_passes_the_official_checker(tmp_path):
+    from mlperf_logging.system_desc_checker.system_desc_checker import check_system_desc
+
+    description = describe("TinyOrg", "cpu-tiny", "open", "onprem")
+    assert set(REQUIRED_FIELDS) <= set(description)
+    assert description["host_processor_vcpu_count"] == str(os.cpu_count())
+    path = tmp_path / "cpu-tiny.json"
+    path.write_text(json.dumps(description))
+    valid, name, _, _ = check_system_desc(str(path), "training", "4.0.0")
+    assert valid and name == "cpu-tiny"
+    description["status"] = "onprem"  # the log's word, not the description's: the checker refuses it
+    path.write_text(json.dumps(description))
+    assert not check_system_desc(str(path), "training", "4.0.0")[0]
+
+
+# -- the driver ------------------------------------------------------------------------------------------------
+
+
+def test_dry_run_gives_every_run_its_folder_and_seed(tmp_path, capsys):
+    assert submission_main(["runs", "--output", str(tmp_path / "runs"), "--runs", "3", "--dry_run",
+                            "--", "--data_dir", "/d"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and not (tmp_path / "runs").exists()
+    for name, line in zip(run_names(3), printed):
+        assert f"RESULTS_DIR={tmp_path / 'runs' / name} " in line and "run_and_time.sh" in line
+        assert line.endswith("--data_dir /d")
+    seeds = [line.split("run_and_time.sh ")[1].split()[0] for line in printed]
+    assert len(set(seeds)) == 3
+
+
+def test_slurm_submits_one_job_per_run_with_its_seed_and_folder(tmp_path, monkeypatch):
+    """A stand-in sbatch records its arguments: one job per run, each with SEED and RESULTS_DIR
+    of its own; a second call submits nothing again."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "sbatch.txt"
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {record}\necho "Submitted batch job 7"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    out = tmp_path / "runs"
+    said = []
+    assert run_sweep(str(out), 2, ["--epochs", "9"], slurm=True, first_seed=11, sbatch_args=["-p", "gpu"],
+                     say=said.append) == 0
+    jobs = lines(record)
+    assert len(jobs) == 2
+    for name, seed, job in zip(run_names(2), (11, 12), jobs):
+        assert f"--export ALL,SEED={seed},RESULTS_DIR={out / name} -p gpu " in job
+        assert job.endswith("single_node.sbatch --epochs 9")
+    assert json.loads((out / "seeds.json").read_text()) == {"run_00": 11, "run_01": 12}
+    run_sweep(str(out), 2, slurm=True, say=said.append)
+    assert len(lines(record)) == 2 and sum("not run again" in s for s in said) == 2
+
+
+def test_local_runs_each_in_its_folder_with_its_seed(data, tmp_path):
+    """Two runs of main.py as subprocesses: two folders, two MLPerf logs, the seeds planned."""
+    out = tmp_path / "runs"
+    code = submission_main(["runs", "--output", str(out), "--runs", "2", "--launcher", "main", "--",
+                            "--data_dir", data, *TINY])
+    assert code in (0, 4)
+    seeds = json.loads((out / "seeds.json").read_text())
+    assert len(set(seeds.values())) == 2
+    for name in run_names(2):
+        logged = [e["value"] for e in V.read_events(str(out / name / "unet3d.log")) if e["key"] == "seed"]
+        assert logged == [seeds[name]], (out / f"{name}.console.txt").read_text()[-2000:]
+    assert set(REQUIRED_FIELDS) - set(json.loads((out / "system-fields.json").read_text())) == {
+        "submitter", "system_name", "division", "status"}
+
+
+# -- the package ------------------------------------------------------------------------------------------------
+
+
+def test_package_refuses_a_used_output_folder_and_runs_of_two_systems(one_run, tmp_path, capsys):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "mine.txt").write_text("keep")
+    assert submission_main(["package", str(one_run), "--output", str(used), "--no_check"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(used) in err and (used / "mine.txt").read_text() == "keep"
+    other = tmp_path / "other"
+    shutil.copytree(one_run, other)
+    log = other / "unet3d.log"
+    log.write_text(log.read_text().replace('"cpu-tiny"', '"cpu-big"'))
+    assert submission_main(["package", str(one_run), str(other), "--output", str(tmp_path / "p"), "--no_check"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "submission_platform" in err and "cpu-big" in err
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.slow
+def test_the_official_package_checker_accepts_a_package_of_the_projects_own_runs(data, tmp_path):
+    """40 tiny open-division runs (each in its own folder, its own seed), plus a run that wrote
+    checkpoints on the clock and one that crashed (no run_stop): the package holds the 40,
+    the report names the two left out and why, and mlperf_logging's package checker, run as
+    its command line on the package, finds no error."""
+    sweep = tmp_path / "sweep"
+    for index in range(40):
+        tiny_run(data, sweep / f"run_{index:02d}", 100 + index)
+    tiny_run(data, sweep / "on_the_clock", 200, "--save_ckpt_path", str(tmp_path / "c.pt"), "--ckpt_during_run")
+    shutil.copytree(sweep / "run_00", sweep / "crashed")
+    without(sweep / "crashed" / "unet3d.log", "run_stop")
+    out = tmp_path / "package"
+    report = assemble([str(sweep)], str(out), say=lambda _: None)
+
+    results = out / "TinyOrg" / "results" / "cpu-tiny" / "unet3d"
+    assert sorted(os.listdir(results)) == sorted(f"result_{i}.txt" for i in range(40))
+    runs = {Path(r["folder"]).name: r for r in report["runs"]}
+    assert runs["on_the_clock"]["packed_as"] is None and "checkpoints" in runs["on_the_clock"]["reason"]
+    assert runs["crashed"]["packed_as"] is None and "no run_stop" in runs["crashed"]["reason"]
+    assert (results / runs["run_07"]["packed_as"]).read_bytes() == (sweep / "run_07" / "unet3d.log").read_bytes()
+
+    # the oracle, independently: the official package checker's command line on the package
+    log = tmp_path / "checker.log"
+    subprocess.run([sys.executable, "-m", "mlperf_logging.package_checker", str(out / "TinyOrg"), "training",
+                    "4.0.0", "--log_output", str(log)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    text = log.read_text()
+    assert "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS" in text, text[-3000:]
+    assert "System description checker passed for cpu-tiny" in text and text.count("Running compliance on file") == 40
+    assert report["accepted"] and report["checkers"]["package_checker"]["passed"]
+    # what the checker could not check is said; for an open package the seed and RCP checks are not its
+    markdown = (out / "report.md").read_text()
+    assert "## What the checkers could not check" in markdown and "closed-division packages only" in markdown
+    assert "on_the_clock" in markdown and "crashed" in markdown
