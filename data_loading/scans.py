@@ -149,6 +149,40 @@ def predict_outputs_in(folder: str, names: Sequence[str]) -> set[str]:
     return made
 
 
+SERIES_DEPTH = 4  # patient / study / series folders below --input (and a PACS export's DICOM/ above them)
+
+
+def _has_dicom(folder: str, names: Sequence[str]) -> bool:
+    return any(scan_io.looks_like_dicom(os.path.join(folder, n)) for n in names
+               if os.path.isfile(os.path.join(folder, n)))
+
+
+def dicom_series_below(root: str) -> list[Scan]:
+    """Every DICOM series in the folders below ``root`` (up to :data:`SERIES_DEPTH` levels: a
+    folder per patient, and the study and series folders under it, as TCIA downloads and PACS
+    exports lay them out), one scan each, named by its folder's path below ``root`` with ``_``
+    between the parts (``patient1_study_series``), sorted by name. A folder holding several
+    series is refused (the one-folder rule), and so are two folders whose names would collide;
+    :class:`ScanError` naming them."""
+    scans: dict[str, Scan] = {}
+    for folder, subfolders, names in os.walk(root):
+        depth = os.path.relpath(folder, root).count(os.sep) + 1 if folder != root else 0
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".")) if depth < SERIES_DEPTH else []
+        if folder == root or not _has_dicom(folder, [n for n in names if not n.startswith(".")]):
+            continue
+        series = [one for one in scan_io.dicom_series_in(folder) if one.files]
+        if len(series) > 1:
+            raise ScanError(scan_io.several_series_message(folder, series))
+        if not series:
+            continue  # a DICOMDIR, a report: DICOM files that hold no image series
+        name = "_".join(os.path.relpath(folder, root).split(os.sep))
+        if name in scans:
+            raise ScanError(f"--input {root}: the DICOM series in {scans[name].image_path} and {folder} would both "
+                            f"be written as {name}{OUTPUT_SUFFIX}")
+        scans[name] = Scan(name, folder)
+    return [scans[name] for name in sorted(scans)]
+
+
 def _needs_simpleitk(names: Sequence[str], where: str) -> None:
     others = [n for n in names if not is_nifti_name(n)]
     if others:
@@ -162,9 +196,10 @@ def find_scans(input_path: str) -> list[Scan]:
     file, which names its series, through SimpleITK); a KiTS19 case folder (``imaging.nii.gz``
     inside); a KiTS19 tree (``case_XXXXX/`` folders, or its parent with ``data/``), named by case
     folder with ``segmentation.nii.gz`` as ground truth where present; a folder of scan files,
-    named by file (but the segmentations a record of predict there says it wrote); or a folder
+    named by file (but the segmentations a record of predict there says it wrote); a folder
     holding one DICOM series (several are named and refused: one file of the series to segment
-    chooses it), named by the folder.
+    chooses it), named by the folder; or a folder of folders of DICOM series (patients, their
+    studies and series: :func:`dicom_series_below`), each series a scan named by its path.
     """
     if os.path.isfile(input_path):
         if is_scan_name(input_path):
@@ -190,7 +225,14 @@ def find_scans(input_path: str) -> list[Scan]:
     made = predict_outputs_in(input_path, entries)
     files = [f for f in entries if is_scan_name(f) and f not in made]
     if not files:
-        if any(scan_io.looks_like_dicom(os.path.join(input_path, f)) for f in entries):
+        top = any(scan_io.looks_like_dicom(os.path.join(input_path, f)) for f in entries)
+        if top and scan_io.dicom_series_in(input_path):
+            return [_dicom_scan(input_path)]
+        below = dicom_series_below(input_path) if any(
+            os.path.isdir(os.path.join(input_path, d)) and not d.startswith(".") for d in os.listdir(input_path)) else []
+        if below:
+            return below
+        if top:
             return [_dicom_scan(input_path)]
         raise ScanError(f"--input {input_path}: no scan files (.nii, .nii.gz, .nrrd, .nhdr, .mha, .mhd), no "
                         "DICOM series and no case_XXXXX folders in it")

@@ -56,3 +56,43 @@ def test_a_label_map_given_as_a_scan_is_refused_in_one_line(tmp_path, capsys, ch
 
     with pytest.raises(ScanError, match="array: .*label map"):
         raw_from_array(blob_label((20, 24, 22)), np.diag([*SPACING, 1.0]))
+
+
+# ----------------------------------------------------------------------------- a folder of DICOM series
+
+
+SERIES = {"patient1/study1/series1": 0, "patient1/study1/series2": 5, "patient2/CT": 11}  # folder: roll of the volume
+
+
+def test_a_folder_of_patients_dicom_series_is_segmented_series_by_series(tmp_path, capsys, checkpoint, cheap_network):
+    """Patients' folders, with study and series folders under them (and a non-DICOM file at the
+    top): each series is a scan named by its path, its segmentation (mapped to the KiTS19 layout
+    by nibabel) equal to that of the same volume given as NIfTI; the volumes differ, so a series
+    matched with another's volume would show."""
+    sitk = pytest.importorskip("SimpleITK")
+    from test_orientation import kits_labels
+    from test_scan_formats import kits_volume, write_dicom_series
+
+    base = kits_volume()
+    root, nifti = tmp_path / "patients", tmp_path / "nifti"
+    os.makedirs(nifti)
+    for i, (folder, shift) in enumerate(SERIES.items()):
+        image = nibabel.Nifti1Image(np.roll(np.asarray(base.dataobj), shift, axis=2), base.affine, base.header)
+        write_dicom_series(sitk, root / folder, image, f"1.2.826.0.1.3680043.9.7.2.{i + 1}", seed=i)
+        nibabel.save(image, str(nifti / (folder.replace("/", "_") + ".nii.gz")))
+    (root / "README.txt").write_text("exported from the PACS")
+    code, stdout, stderr = predict(capsys, root, tmp_path / "out", checkpoint)
+    assert code == 0 and "3 segmented" in stdout, stderr
+    names = sorted(folder.replace("/", "_") for folder in SERIES)
+    assert sorted(rows(tmp_path / "out")) == names
+    assert predict(capsys, nifti, tmp_path / "ref", checkpoint)[0] == 0
+    labels = {name: kits_labels(str(tmp_path / "out" / f"{name}.nii.gz")) for name in names}
+    for name in names:
+        assert np.array_equal(labels[name], kits_labels(str(tmp_path / "ref" / f"{name}.nii.gz"))), name
+    assert not np.array_equal(labels[names[0]], labels[names[1]])
+    # the one-folder rule stays: a second series in a patient's folder refuses the batch, naming it
+    write_dicom_series(sitk, root / "patient2" / "CT", base, "1.2.826.0.1.3680043.9.7.2.9", names=[
+        f"X{i}.dcm" for i in range(base.shape[0])])
+    code, _, stderr = predict(capsys, root, tmp_path / "again", checkpoint)
+    assert code == 1 and stderr.count("\n") == 1 and str(root / "patient2" / "CT") in stderr, stderr
+    assert "2 DICOM series" in stderr
