@@ -293,7 +293,6 @@ def main(argv=None) -> int:
                 def command(v, r):
                     flags = ["--exec_mode", "train", "--benchmark", "--benchmark_steps", str(args.steps),
                              "--warmup_steps", str(args.warmup_steps), "--data_dir", args.data_dir,
-                             "--log_dir", str(Path(args.work) / f"logs-{isa}-{spec}-{v}-{r}"),
                              "--input_shape", *[str(side)] * 3, "--batch_size", str(batch), "--num_workers", "0",
                              "--seed", "1", *VARIANTS[v]]
                     if v == "mlcommons":

@@ -243,7 +243,8 @@ class PreprocessedData:
         if not config.benchmark and not eval_cases:
             raise DataError(f"no evaluation case in {self.data_dir}: none of the ids in "
                             "evaluation_cases.txt has a case_XXXXX_x.npy / _y.npy pair there")
-        check_patch_fits(train_cases, config.input_shape)
+        if config.is_train:  # evaluate samples no patch (--input_shape is a training flag)
+            check_patch_fits(train_cases, config.input_shape)
         nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)
         return DataSummary(len(train_cases), len(eval_cases), nbytes)
 

@@ -324,10 +324,10 @@ def _predict_flags(g, d: Config) -> None:
 
 def _backend_flags(g, d: Config) -> None:
     g.add_argument("--backend", default=d.backend, choices=["auto", "torch", "openvino"],
-                   help="(new) predict and evaluate: who runs the network's windows. auto: OpenVINO on the "
-                        "CPU when installed (pip install -r requirements-openvino.txt) and no PyTorch lever "
-                        "(--amp, --compile, --channels_last) is given, else PyTorch; both fp32. Training "
-                        "is PyTorch")
+                   help="(new) predict and evaluate: who runs the network's windows. auto: predict takes "
+                        "OpenVINO on the CPU when installed (pip install -r requirements-openvino.txt) and no "
+                        "PyTorch lever (--amp, --compile, --channels_last) is given, else PyTorch (both fp32); "
+                        "evaluate takes PyTorch, the network as trained. Training is PyTorch")
     g.add_argument("--max_memory_gb", type=float, default=d.max_memory_gb,
                    help="(new) predict: lower the window batch so the estimated peak memory fits this "
                         "many GB (0: the memory available at start)")
@@ -499,14 +499,143 @@ def _benchmark_errors(cfg: Config) -> list[str]:
 MODE_ERRORS = {"train": _train_errors, "evaluate": _evaluate_errors, "predict": _predict_errors}
 
 
+# Which run modes each flag means something in (issue 42): a flag given on the command line in a
+# mode that does not use it is refused in one line naming the flag and the mode (a default is never
+# refused). Every flag of the parser has an entry (tests/test_mode_flags.py checks it against
+# --help): a new flag needs one.
+TRAIN, TRAIN_BENCHMARK, EVALUATE, EVALUATE_BENCHMARK, PREDICT = (
+    "train", "train --benchmark", "evaluate", "evaluate --benchmark", "predict")
+RUN_MODES = (TRAIN, TRAIN_BENCHMARK, EVALUATE, EVALUATE_BENCHMARK, PREDICT)
+_ALL = frozenset(RUN_MODES)
+_TRAINING = frozenset({TRAIN, TRAIN_BENCHMARK})  # a training step runs
+_BENCHMARKS = frozenset({TRAIN_BENCHMARK, EVALUATE_BENCHMARK})
+_DATASET = _ALL - {PREDICT}  # read the preprocessed dataset, build the network from the flags
+_SCORED = frozenset({TRAIN, TRAIN_BENCHMARK, EVALUATE, EVALUATE_BENCHMARK})  # the benchmark's evaluation
+_SCHEDULE = _TRAINING | {EVALUATE_BENCHMARK}  # --benchmark predicts a time to train from the schedule
+
+FLAG_MODES: dict[str, frozenset[str]] = {
+    # data and files
+    "data_dir": _DATASET,
+    "log_dir": frozenset({TRAIN, EVALUATE}),  # --benchmark writes nothing; predict writes to --output_dir
+    "save_ckpt_path": frozenset({TRAIN}),
+    "load_ckpt_path": _ALL,
+    "resume": frozenset({TRAIN}),
+    "ckpt_during_run": frozenset({TRAIN}),
+    "ckpt_every_epochs": frozenset({TRAIN}),
+    "ckpt_every_minutes": frozenset({TRAIN}),
+    "loader": _DATASET,
+    "cache": _TRAINING,  # where training volumes live
+    "num_workers": _TRAINING,  # the training loader's workers (evaluation reads in the process)
+    "prefetch": _DATASET,
+    "brightness": _TRAINING,
+    # process
+    "local_rank": _ALL,
+    "device": _ALL,
+    "exec_mode": _ALL,
+    "benchmark": _BENCHMARKS,
+    "benchmark_steps": _BENCHMARKS,
+    "benchmark_seconds": _BENCHMARKS,
+    "seed": _DATASET,  # weights, sampling, augmentation, the synthetic loader's volumes
+    "verbose": _ALL,
+    "plot": frozenset({TRAIN}),
+    # schedule
+    "epochs": _TRAINING | {EVALUATE_BENCHMARK},  # evaluate --benchmark: passes over the evaluation set
+    "quality_threshold": frozenset({TRAIN}),
+    "ga_steps": _SCHEDULE,
+    "warmup_steps": _BENCHMARKS,
+    "batch_size": _SCHEDULE,
+    "evaluate_every": _SCHEDULE,
+    "start_eval_at": _SCHEDULE,
+    # shapes
+    "layout": _ALL,  # one choice, NCDHW, which every mode runs
+    "input_shape": _TRAINING,
+    "val_input_shape": _ALL,
+    # optimisation
+    **{name: _TRAINING for name in ("optimizer", "learning_rate", "init_learning_rate", "lr_warmup_epochs",
+                                     "lr_decay_epochs", "lr_decay_factor", "lamb_betas", "momentum", "weight_decay")},
+    # model: given with a checkpoint, checked against the one it was trained with
+    "normalization": _ALL,
+    "activation": _ALL,
+    "filters": _ALL,
+    "include_background": _SCORED,  # the Dice loss (the benchmark's Dice stays kidney and tumour)
+    # augmentation and evaluation
+    "oversampling": _TRAINING,
+    "semantics": _SCHEDULE,  # the crop sampler and accumulation tail, the evaluation epochs
+    "overlap": _ALL,
+    "sw_batch_size": _ALL,
+    # speed
+    "amp": _ALL,
+    "amp_dtype": _ALL,
+    "channels_last": _ALL,
+    "compile": _ALL,
+    "cuda_graphs": _TRAINING,  # captures the training step
+    "fused_optimizer": _TRAINING,
+    "cudnn_benchmark": _DATASET,
+    "cudnn_deterministic": _DATASET,
+    # MLPerf submission metadata: the MLPerf log, which only training writes
+    **{name: frozenset({TRAIN}) for name in ("submission_org", "submission_platform", "submission_division",
+                                               "submission_status")},
+    # predict
+    **{name: frozenset({PREDICT}) for name in ("input", "output_dir", "tta", "preview", "force",
+                                                 "save_probabilities", "int8", "int8_calibration")},
+    # inference backend
+    "backend": frozenset({EVALUATE, PREDICT}),
+    "max_memory_gb": frozenset({PREDICT}),
+    "cache_dir": frozenset({EVALUATE, PREDICT}),  # OpenVINO's converted networks
+}
+
+
+def run_mode(cfg: Config) -> str:
+    """``cfg``'s mode as :data:`FLAG_MODES` names it ("evaluate --benchmark"; predict refuses
+    --benchmark on its own)."""
+    return f"{cfg.exec_mode} --benchmark" if cfg.benchmark and cfg.exec_mode != "predict" else cfg.exec_mode
+
+
+def _mode_names(modes) -> str:
+    return ", ".join(mode for mode in RUN_MODES if mode in modes)
+
+
+def unused_flag_errors(cfg: Config) -> list[str]:
+    """One message naming every flag given explicitly (``cfg.explicit``) that does nothing in
+    this run's mode, and the mode; none when every given flag is used (defaults never count)."""
+    mode = run_mode(cfg)
+    unused = [name for name in FLAG_MODES if name in cfg.explicit and mode not in FLAG_MODES[name]]
+    if not unused:
+        return []
+    groups: dict[str, list[str]] = {}  # the modes that use them -> the flags
+    for name in unused:
+        groups.setdefault(_mode_names(FLAG_MODES[name]), []).append(f"--{name}")
+    flags = ", ".join(f"--{name}" for name in unused)
+    verb, pronoun = ("does", "it") if len(unused) == 1 else ("do", "them")
+    if len(groups) == 1:
+        where = f"{'it applies' if len(unused) == 1 else 'they apply'} to {next(iter(groups))}"
+    else:
+        where = "; ".join(f"{', '.join(names)}: {modes}" for modes, names in groups.items())
+    return [f"{flags} {verb} nothing in --exec_mode {mode} ({where}); drop {pronoun}"]
+
+
+def used_in(mode: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` (main.py's flags) without the flags, and their values, that do nothing in ``mode``
+    (one of :data:`RUN_MODES`): one set of flags for runs of several modes (a tool's, a test's)."""
+    dests = {option: action.dest for action in build_parser()._actions for option in action.option_strings}
+    kept, keep = [], True
+    for token in argv:
+        if token.startswith("--"):
+            keep = mode in FLAG_MODES.get(dests.get(token.split("=")[0], ""), _ALL)
+        if keep:
+            kept.append(token)
+    return kept
+
+
 def validate(cfg: Config) -> list[str]:
     """Every problem with ``cfg``, as one message each naming the flag: the checks every mode
-    shares, then those of ``cfg.exec_mode``, then those of ``--benchmark``."""
+    shares, then those of ``cfg.exec_mode``, then those of ``--benchmark``, then the flags given
+    that do nothing in this mode (:data:`FLAG_MODES`)."""
     errors = _count_errors(cfg) + _shape_errors(cfg) + _range_errors(cfg) + _file_and_device_errors(cfg)
     errors += MODE_ERRORS[cfg.exec_mode](cfg)
     if cfg.benchmark:
         errors += _benchmark_errors(cfg)
-    return errors
+    return errors + unused_flag_errors(cfg)
 
 
 def config_from_namespace(ns: argparse.Namespace, explicit: frozenset = frozenset()) -> Config:

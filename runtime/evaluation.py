@@ -33,15 +33,15 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
             shape = tuple(image.shape[2:])
             logits = sliding_window_inference(predict, image, roi, overlap, sw_batch_size)
             label = trim_like_window(label, roi, overlap)
-            loss, scores = loss_fn(logits, label).double(), score_fn(logits, label).double()
+            loss, scores = loss_fn(logits, label).double(), foreground(score_fn(logits, label)).double()
             sums[0] += loss
             sums[1:3] += scores
             sums[3] += 1
             if cases is not None:
                 region = scan_region(case_id, shape) if scan_region is not None else None
                 inside = region and region_in_trimmed(region, shape, roi, overlap)
-                cases.append(case_scores(case_id, loss, scores, inside and score_fn(
-                    logits[(..., *inside)], label[(..., *inside)])))
+                cases.append(case_scores(case_id, loss, scores, inside and foreground(score_fn(
+                    logits[(..., *inside)], label[(..., *inside)]))))
     all_reduce_sum(sums)
     loss, kidney, tumour, count = sums.tolist()
     if count == 0:
@@ -49,6 +49,14 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
     kidney, tumour = kidney / count, tumour / count
     return {"eval_loss": loss / count, "l1_dice": kidney, "l2_dice": tumour,
             "mean_dice": (kidney + tumour) / 2, "eval_cases": int(count)}
+
+
+def foreground(scores: torch.Tensor) -> torch.Tensor:
+    """The benchmark's two scores, kidney and tumour, of the metric's per-class scores: the last
+    two, as the MLCommons reference reads them (``scores[-2]``, ``scores[-1]``). With
+    ``--include_background`` the metric also scores the background, first; it counts in the
+    loss, never in the Dice the benchmark compares."""
+    return scores[-2:]
 
 
 def case_scores(case_id: str, loss: torch.Tensor, scores: torch.Tensor, inside: torch.Tensor | None) -> dict:

@@ -27,7 +27,7 @@ echo "== 3/4 train a small UNet3D until mean_dice >= $TARGET (at most $EPOCHS ep
 
 echo "== 4/4 evaluate the best checkpoint"
 "$PY" main.py --exec_mode evaluate --data_dir "$WORK/data" --log_dir "$WORK/results" \
-    --load_ckpt_path "$WORK/results/checkpoint.pt" --filters 4 8 16 32 32 --num_workers 0
+    --load_ckpt_path "$WORK/results/checkpoint.pt" --filters 4 8 16 32 32
 
 echo "== report: curves, summary and MLPerf compliance verdict in $WORK/report"
 "$PY" -m runtime.report "$WORK/results" --output "$WORK/report" --quality_threshold "$TARGET"

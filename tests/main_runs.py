@@ -4,13 +4,19 @@ from __future__ import annotations
 import re
 
 import main as main_module
-from runtime.arguments import parse_args
+from runtime.arguments import parse_args, used_in  # noqa: F401 (used_in: for the tests)
 
 SMALL = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "32", "32", "64",
          "--val_input_shape", "32", "32", "64", "--num_workers", "0", "--seed", "3"]
 TINY = ["--loader", "synthetic", "--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32",
         "--val_input_shape", "32", "32", "32", "--normalization", "batchnorm", "--batch_size", "2",
         "--optimizer", "adam", "--learning_rate", "0.01", "--seed", "7", "--device", "cpu", "--num_workers", "0"]
+
+
+# used_in(mode, argv): argv without the flags that do nothing in mode, which mode refuses: the
+# training flags of TINY and SMALL, for an evaluate run of the same network.
+EVAL_SMALL = used_in("evaluate", SMALL)  # the network, its window and the seed
+EVAL_TINY = used_in("evaluate", TINY)
 
 
 def call(argv, capsys, data_source=None):

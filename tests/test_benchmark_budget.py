@@ -6,7 +6,7 @@ import re
 import pytest
 
 import fake_data
-from main_runs import TINY, call, call_main, one_line_error
+from main_runs import TINY, call, one_line_error, used_in
 from runtime.report import time_to_train as T
 from runtime.training.benchmark import Budget, share_seconds
 
@@ -15,7 +15,8 @@ from runtime.training.benchmark import Budget, share_seconds
 
 
 def bench(tmp_path, capsys, *extra):
-    return call(TINY + ["--log_dir", str(tmp_path / "b"), "--benchmark", *extra], capsys, fake_data.FakeData())
+    mode = "evaluate --benchmark" if "evaluate" in extra else "train --benchmark"  # --benchmark writes no log
+    return call(used_in(mode, TINY) + ["--benchmark", *extra], capsys, fake_data.FakeData())
 
 
 def timed(out: str) -> int:
@@ -111,8 +112,9 @@ def test_evaluate_benchmark_budget_and_evaluation_share(tmp_path, capsys):
 
 def test_a_budget_without_benchmark_is_refused_in_one_line(tmp_path, capsys):
     for flag in ("--benchmark_steps", "--benchmark_seconds"):
-        code, _, err = call_main(TINY + ["--log_dir", str(tmp_path / "t"), flag, "3"], capsys, fake_data.FakeData())
-        one_line_error(code, err, flag, "--benchmark")
+        code, _, err = call(TINY + ["--log_dir", str(tmp_path / "t"), flag, "3"], capsys)  # refused by the parser
+        assert code == 2
+        one_line_error(code, err, flag, "--benchmark", "--exec_mode train")
 
 
 @pytest.mark.parametrize("flag, value", [("--benchmark_seconds", "0"), ("--benchmark_seconds", "inf"),
@@ -145,8 +147,7 @@ def test_two_ranks_stop_at_the_same_step_and_share_the_evaluation(tmp_path):
     (DDP would hang on a rank that stepped alone); the evaluation pass is each rank's share."""
     from test_end_to_end import torchrun
 
-    proc = torchrun(*TINY, "--benchmark", "--benchmark_seconds", "0.5", "--warmup_steps", "1",
-                    "--log_dir", str(tmp_path / "b"))
+    proc = torchrun(*TINY, "--benchmark", "--benchmark_seconds", "0.5", "--warmup_steps", "1")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("throughput_train:") == 1                       # rank 0 speaks
     assert "(--benchmark_seconds 0.5" in proc.stdout

@@ -148,7 +148,7 @@ def test_a_missing_record_is_written_from_the_header_on_the_next_run(preprocesse
 def test_evaluate_says_what_it_scored_and_writes_each_case(preprocessed, tmp_path, capsys):
     write_checkpoint(tmp_path / "w.pt", architecture((2, 4, 4, 8, 8)))
     argv = ["--exec_mode", "evaluate", "--data_dir", str(preprocessed / "data"), "--load_ckpt_path",
-            str(tmp_path / "w.pt"), "--filters", "2", "4", "4", "8", "8", "--num_workers", "0"]
+            str(tmp_path / "w.pt"), "--filters", "2", "4", "4", "8", "8"]
     code, out, _ = call(argv + ["--log_dir", str(tmp_path / "with")], capsys)
     assert code == 0
     lines = out.splitlines()

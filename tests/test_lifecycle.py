@@ -74,8 +74,8 @@ def test_every_exec_mode_is_one_table_entry(tmp_path):
     (tmp_path / "c.pt").touch()
     d = str(tmp_path)
     for name in modes:
-        argv = ["--exec_mode", name, "--data_dir", d, "--input", d, "--output_dir", d + "/o", "--load_ckpt_path",
-                d + "/c.pt"]
+        argv = ["--exec_mode", name, "--load_ckpt_path", d + "/c.pt",
+                *(["--input", d, "--output_dir", d + "/o"] if name == "predict" else ["--data_dir", d])]
         assert app.mode_name(parse_args(argv)) == name
     assert app.mode_name(parse_args(["--data_dir", d, "--benchmark"])) == "benchmark"
     assert isinstance(app.take_lock(RunLock("unused", enabled=False), app.D.DistInfo(0, 0, 1, None)), RunLock)

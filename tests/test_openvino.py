@@ -472,8 +472,8 @@ def test_split_decoder_inputs_computes_the_same_function():
 def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     """``evaluation_components`` swaps in the OpenVINO window predictor as ``eval_model``: the
     benchmark's evaluation of two random volumes gives PyTorch's loss and Dice up to float32
-    rounding; the choice is a log.json record, and a stderr line with --verbose only (evaluate's
-    stdout is its result, its stderr one line on an error)."""
+    rounding; the conversion's lines go to stderr with --verbose only (evaluate's stdout is its
+    result, with the backend's line; its stderr one line on an error)."""
     import dataclasses
 
     from model.losses import DiceCELoss, DiceScore
@@ -492,14 +492,14 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     ckpt = str(tmp_path / "tiny.pt")
     model = save_tiny(ckpt, 2)
     config = parse_args(["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", ckpt,
-                         "--val_input_shape", "32", "32", "64", "--filters", *map(str, TINY)])
+                         "--val_input_shape", "32", "32", "64", "--filters", *map(str, TINY), "--backend", "openvino"])
     out = Reporters(metrics=MetricsWriter(str(tmp_path), enabled=True))
     config = decide_backend(config, CPU)
     assert config.backend == "openvino"  # run_evaluate writes it to log.json after the scores
     parts = evaluation_components(Parts(config, type("D", (), {"device": CPU})(), model, model), out)
     assert parts.eval_model is not model and capsys.readouterr().err == ""  # quiet without --verbose
     evaluation_components(Parts(replace(config, verbose=True), type("D", (), {"device": CPU})(), model, model), out)
-    assert "backend: --backend auto: OpenVINO" in capsys.readouterr().err
+    assert "openvino: " in capsys.readouterr().err
     rng = np.random.default_rng(4)
     volumes = [(torch.from_numpy(rng.normal(size=(1, 1, 40, 50, 70)).astype(np.float32)),
                 torch.from_numpy(rng.integers(0, 3, (1, 1, 40, 50, 70)).astype(np.uint8)), str(i)) for i in range(2)]

@@ -536,11 +536,11 @@ def test_predict_dice_agrees_with_evaluate(tmp_path):
     prep = subprocess.run([sys.executable, "preprocess_dataset.py", "--data_dir", raw, "--results_dir",
                            str(tmp_path / "data"), "--num_workers", "1"], cwd=ROOT, capture_output=True, text=True)
     assert prep.returncode == 0, prep.stderr
-    common = [*TINY, "--num_workers", "0", "--seed", "0", "--val_input_shape", "128", "128", "128"]
+    common = [*TINY, "--seed", "0", "--val_input_shape", "128", "128", "128"]
     train = main_py("--exec_mode", "train", "--data_dir", str(tmp_path / "data"), "--log_dir", str(tmp_path / "log"),
                     "--save_ckpt_path", str(tmp_path / "c.pt"), "--epochs", "12", "--start_eval_at", "1000",
                     "--batch_size", "2", "--input_shape", "64", "64", "64", "--optimizer", "adam",
-                    "--learning_rate", "0.003", "--oversampling", "0.7", *common, timeout=3600)
+                    "--learning_rate", "0.003", "--oversampling", "0.7", "--num_workers", "0", *common, timeout=3600)
     assert train.returncode == 0, train.stderr[-2000:]
     evaluate = main_py("--exec_mode", "evaluate", "--data_dir", str(tmp_path / "data"), "--log_dir",
                        str(tmp_path / "eval"), "--load_ckpt_path", str(tmp_path / "c.pt"), *common)

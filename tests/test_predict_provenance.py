@@ -122,7 +122,7 @@ def test_evaluate_keeps_the_benchmarks_window_and_says_which(tmp_path, capsys):
     --val_input_shape is given; the line names the window either way."""
     checkpoint = trained_on(tmp_path / "c.pt", (32, 32, 32), filters=SMALL, normalization="batchnorm")
     common = ["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", checkpoint,
-              "--device", "cpu", "--num_workers", "0"]
+              "--device", "cpu"]
     code, out, err = call([*common, "--log_dir", str(tmp_path / "default")], capsys, fake_data.FakeData(2, 1))
     assert code == 0, err
     assert "window 128x128x128 (the default, the benchmark's; the checkpoint was trained on 32x32x32 patches)" in out

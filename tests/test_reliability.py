@@ -15,7 +15,7 @@ import easy_data
 import fake_data
 from checkpoints import (architecture, broken_checkpoint, format_1, reference_format, reference_format_checkpoint,
                          unet, write_checkpoint)
-from main_runs import SMALL, TINY, call, one_line_error
+from main_runs import EVAL_SMALL, SMALL, TINY, call, one_line_error, used_in
 from runtime.checkpoint import load_checkpoint
 from runtime.outputs import LOCK_NAME, RunLock, keep_previous
 
@@ -52,7 +52,7 @@ def test_bad_output_paths_fail_before_anything_runs(data, tmp_path, capsys, kind
 def test_evaluate_with_unwritable_log_dir_fails_before_evaluating(data, tmp_path, capsys):
     write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
     code, out, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--load_ckpt_path", str(tmp_path / "w.pt"),
-                           "--log_dir", "/proc/unet3d-logs", *SMALL], capsys)
+                           "--log_dir", "/proc/unet3d-logs", *EVAL_SMALL], capsys)
     one_line_error(code, err, "--log_dir", "/proc/unet3d-logs")
     assert "mean_dice" not in out
 
@@ -161,7 +161,7 @@ def test_non_finite_volume_is_named(data, tmp_path, capsys, case, mode):
             "--start_eval_at", "1", "--batch_size", "8"]
     if mode == "evaluate":
         write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
-        argv += ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "w.pt")]
+        argv = used_in("evaluate", argv) + ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "w.pt")]
     code, out, err = call(argv, capsys)
     one_line_error(code, err, f"case_{case:05d}_x.npy", "NaN")
 
@@ -173,7 +173,7 @@ def test_checkpoint_with_non_finite_weights_is_refused(data, tmp_path, capsys):
         diverged.output.conv.bias[0] = float("nan")
     write_checkpoint(tmp_path / "nan.pt", config, diverged)
     code, out, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--load_ckpt_path", str(tmp_path / "nan.pt"),
-                           "--log_dir", str(tmp_path / "l"), *SMALL], capsys)
+                           "--log_dir", str(tmp_path / "l"), *EVAL_SMALL], capsys)
     one_line_error(code, err, "nan.pt", "non-finite", "output.conv.bias")
 
 
@@ -195,10 +195,11 @@ def _wait_for(path, proc, seconds=300):
 @pytest.mark.parametrize("mode", ["evaluate", "benchmark"])
 def test_sigterm_stops_evaluate_and_benchmark(data, tmp_path, mode):
     write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
-    flags = (["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "w.pt"), "--overlap", "0.9"]
+    flags = (["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "w.pt"), "--overlap", "0.9",
+              "--log_dir", str(tmp_path / "l"), *EVAL_SMALL]
              if mode == "evaluate"
-             else ["--benchmark", "--epochs", "1000", "--warmup_steps", "1"])
-    proc = _popen("--data_dir", data, "--log_dir", str(tmp_path / "l"), *SMALL, *flags, "--sw_batch_size", "1")
+             else ["--benchmark", "--epochs", "1000", "--warmup_steps", "1", *SMALL])  # --benchmark writes no log
+    proc = _popen("--data_dir", data, *flags, "--sw_batch_size", "1")
     marker = tmp_path / "l" / LOCK_NAME if mode == "evaluate" else None
     if marker is not None:
         _wait_for(marker, proc)
@@ -284,7 +285,7 @@ def test_evaluate_on_a_folder_without_evaluation_cases(tmp_path, capsys):
     easy_data.write_dataset(str(tmp_path / "d"), [1, 2])            # neither is an evaluation id
     write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
     code, _, err = call(["--exec_mode", "evaluate", "--data_dir", str(tmp_path / "d"), "--log_dir", str(tmp_path / "l"),
-                         "--load_ckpt_path", str(tmp_path / "w.pt"), *SMALL], capsys)
+                         "--load_ckpt_path", str(tmp_path / "w.pt"), *EVAL_SMALL], capsys)
     one_line_error(code, err, "no evaluation case", tmp_path / "d")
 
 
@@ -311,7 +312,7 @@ def test_resume_with_another_optimizer_is_one_line(tmp_path, capsys):
 def test_checkpoint_holding_a_list_is_one_line(data, tmp_path, capsys):
     broken_checkpoint(tmp_path / "list.pt", "not_a_dict")
     code, _, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--log_dir", str(tmp_path / "l"),
-                         "--load_ckpt_path", str(tmp_path / "list.pt"), *SMALL], capsys)
+                         "--load_ckpt_path", str(tmp_path / "list.pt"), *EVAL_SMALL], capsys)
     one_line_error(code, err, "list.pt", "list")
 
 
@@ -321,7 +322,7 @@ def test_evaluate_reads_the_architecture_from_the_checkpoint(tmp_path, capsys):
     argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "l"),
                    "--save_ckpt_path", str(tmp_path / "c.pt")]
     assert call(argv, capsys, fake_data.FakeData())[0] == 0
-    no_arch = [a for a in TINY]
+    no_arch = used_in("evaluate", TINY)
     i = no_arch.index("--filters")
     del no_arch[i:i + 6]
     i = no_arch.index("--normalization")
@@ -339,7 +340,7 @@ def test_evaluate_reads_the_architecture_from_the_checkpoint(tmp_path, capsys):
 def test_evaluation_prints_a_line_per_case_in_logs(data, tmp_path):
     write_checkpoint(tmp_path / "w.pt", architecture(SMALL_FILTERS))
     proc = subprocess.run([sys.executable, "main.py", "--exec_mode", "evaluate", "--data_dir", data, "--log_dir",
-                           str(tmp_path / "l"), "--load_ckpt_path", str(tmp_path / "w.pt"), *SMALL],
+                           str(tmp_path / "l"), "--load_ckpt_path", str(tmp_path / "w.pt"), *EVAL_SMALL],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("eval 0 cases:")]
@@ -424,7 +425,7 @@ def test_kill_before_the_first_evaluation_then_resume_evaluates_like_an_uninterr
         assert all(torch.equal(a[key][k], b[key][k]) for k in a[key]), key
     scores = []
     for name in ("whole", "part"):
-        code, out, _ = call(["--exec_mode", "evaluate", "--data_dir", data, *SMALL, "--log_dir",
+        code, out, _ = call(["--exec_mode", "evaluate", "--data_dir", data, *EVAL_SMALL, "--log_dir",
                              str(tmp_path / f"eval-{name}"), "--load_ckpt_path", str(tmp_path / f"{name}.pt")], capsys)
         assert code == 0 and "weights: the last weights (epoch 4; no evaluation yet, so no best)" in out, out
         scores.append(out.splitlines()[:2])
@@ -518,7 +519,7 @@ def test_sliding_window_on_20_slices_returns_20_slices():
 
 def test_evaluate_benchmark_with_fewer_volumes_than_warmup_steps_is_refused_first(data, tmp_path, capsys):
     start = time.time()
-    code, out, err = call(["--exec_mode", "evaluate", "--benchmark", "--data_dir", data, *SMALL,
+    code, out, err = call(["--exec_mode", "evaluate", "--benchmark", "--data_dir", data, *EVAL_SMALL,
                            "--warmup_steps", "100"], capsys)
     one_line_error(code, err, "--warmup_steps 100", "evaluation volumes")
     assert "benchmark eval volumes" not in err and time.time() - start < 60
@@ -536,7 +537,7 @@ def test_a_run_refused_for_a_bad_checkpoint_leaves_no_empty_log_dir(data, tmp_pa
     broken_checkpoint(tmp_path / "list.pt", "not_a_dict")
     log_dir = tmp_path / "new" / "logs"
     code, _, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--log_dir", str(log_dir),
-                         "--load_ckpt_path", str(tmp_path / "list.pt"), *SMALL], capsys)
+                         "--load_ckpt_path", str(tmp_path / "list.pt"), *EVAL_SMALL], capsys)
     one_line_error(code, err, "list.pt")
     assert not (tmp_path / "new").exists()
 

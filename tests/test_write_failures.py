@@ -12,7 +12,7 @@ import fake_data
 from checkpoints import architecture, write_checkpoint
 from data_loading.atomic import atomic_write
 from disks import fill, read_only, small_disk
-from main_runs import TINY, call, call_main, one_line_error
+from main_runs import TINY, call, call_main, one_line_error, used_in
 from runtime.checkpoint import atomic_save, load_checkpoint, model_state_from
 from runtime.outputs import OutputError, RunLock
 
@@ -157,7 +157,8 @@ def test_log_json_on_a_full_disk_is_one_line_and_the_scores_are_printed(tmp_path
                         "--save_ckpt_path", str(tmp_path / "c.pt")]
         assert call(train, capsys, fake_data.FakeData())[0] == 0
         _fill_after_reporters(monkeypatch, disk)
-        argv = TINY + ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "c.pt"), "--log_dir", disk]
+        argv = used_in("evaluate", TINY) + ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "c.pt"),
+                                            "--log_dir", disk]
         code, out, err = call_main(argv, capsys, fake_data.FakeData())
         one_line_error(code, err, os.path.join(disk, "log.json"), NO_SPACE)
         assert out.startswith("mean_dice ")                          # nothing computed is lost

@@ -14,11 +14,13 @@ code:
   post-training quantisation, calibrated on the scans being predicted (no training data needed).
 
 :func:`decide_backend` runs once, in ``resolve()``, and stores the backend and why in the
-``Config``. ``--backend auto`` takes OpenVINO on the CPU when it is installed and no PyTorch-only
-lever (``--amp``, ``--compile``, ``--channels_last``) is asked for, else PyTorch: both compute
-fp32, the same logits up to float32 rounding, so ``auto`` never changes the algorithm. ``--int8``
-is always OpenVINO's int8; where it cannot run, the run stops with one line. Training and
-``--benchmark`` run PyTorch (the MLPerf timed run).
+``Config``. In predict, ``--backend auto`` takes OpenVINO on the CPU when it is installed and no
+PyTorch-only lever (``--amp``, ``--compile``, ``--channels_last``) is asked for, else PyTorch:
+both compute fp32, the same logits up to float32 rounding, so ``auto`` never changes the
+algorithm. Evaluate's ``auto`` is PyTorch, the network as trained, whatever is installed (the
+benchmark's Dice must not depend on an installed package); ``--backend openvino`` asks for
+OpenVINO there. ``--int8`` is always OpenVINO's int8; where it cannot run, the run stops with one
+line. Training (and its evaluations) and ``--benchmark`` run PyTorch (the MLPerf timed run).
 
 OpenVINO is optional (``requirements-openvino.txt``); nothing here imports it at import time.
 """
@@ -107,6 +109,9 @@ def decide_backend(config: Config, device: torch.device) -> Config:
         if config.int8 and "int8" not in BACKENDS["torch"].precisions:
             raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
         return replace(config, backend="torch", backend_why="--backend torch: PyTorch")
+    if asked == "auto" and config.exec_mode == "evaluate":
+        return replace(config, backend="torch", backend_why="--backend auto: PyTorch, the network as trained "
+                       "(evaluate computes the benchmark's Dice; --backend openvino asks for OpenVINO)")
     levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]
     problems = []
     if device.type != "cpu":
@@ -148,15 +153,15 @@ def say_on(is_main: bool, stream=None) -> Say:
 def evaluation_components(components, out):
     """``components`` for ``--exec_mode evaluate`` with the resolved backend's model as
     ``eval_model`` (unchanged with PyTorch). Evaluate scores the trained network in fp32 (int8 is
-    refused by the flag checks). ``out`` (``runtime.training.Reporters``): the backend's line goes
-    to stderr with ``--verbose`` only, since evaluate's stdout is its result."""
+    refused by the flag checks). ``out`` (``runtime.training.Reporters``): the conversion's lines go
+    to stderr with ``--verbose`` only, since evaluate's stdout is its result (evaluate prints the
+    backend's line there, with its scores)."""
     import dataclasses
 
     from runtime.checkpoint import unwrap
 
     config = components.config
     say = say_on(out.is_main and config.verbose, sys.stderr)
-    say(f"backend: {config.backend_why}")
     if config.backend == "torch":
         return components
     module = BACKENDS[config.backend].convert(unwrap(components.model).eval(), config, say)

@@ -1,0 +1,164 @@
+"""Every flag means something where it is accepted (issue 42): the parser's table of the modes
+each flag is used in (``runtime.arguments.FLAG_MODES``), checked against ``main.py --help``; a
+flag given in a mode that does not use it is refused in one line naming it and the mode; and
+evaluate scores the network as trained (PyTorch) unless a backend is asked for, and says so."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fake_data
+from main_runs import TINY, call, used_in
+from runtime.arguments import (FLAG_MODES, PREDICT, RUN_MODES, Config, build_parser, parse_args,
+                               unused_flag_errors)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU = torch.device("cpu")
+
+
+def options_in_help(text: str) -> set[str]:
+    """Every ``--option`` the help text lists (the usage line and the groups' rows)."""
+    return set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9_]*)", text))
+
+
+def missing_entries(help_text: str, parser: argparse.ArgumentParser) -> list[str]:
+    """The options of ``help_text`` whose flag has no entry in the table."""
+    dests = {option: action.dest for action in parser._actions for option in action.option_strings}
+    return sorted(option for option in options_in_help(help_text)
+                  if dests.get(option) not in FLAG_MODES and option not in ("--help", "--version"))
+
+
+def test_every_flag_of_help_has_an_entry_and_every_entry_is_a_flag():
+    text = subprocess.run([sys.executable, "main.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    parser = build_parser()
+    assert len(options_in_help(text)) > 60  # the test reads the real help
+    assert missing_entries(text, parser) == []
+    dests = {action.dest for action in parser._actions if action.option_strings}
+    assert set(FLAG_MODES) <= dests
+    assert all(FLAG_MODES[name] and FLAG_MODES[name] <= set(RUN_MODES) for name in FLAG_MODES)
+
+
+def test_a_flag_added_without_an_entry_is_found():
+    parser = build_parser()
+    parser.add_argument("--brand_new_flag", action="store_true", help="(new) added without a table entry")
+    assert missing_entries(parser.format_help(), parser) == ["--brand_new_flag"]
+
+
+def mode_config(mode: str, **changes) -> Config:
+    exec_mode, _, benchmark = mode.partition(" ")
+    return Config(exec_mode=exec_mode, benchmark=bool(benchmark), **changes)
+
+
+@pytest.mark.parametrize("mode", RUN_MODES)
+def test_every_flag_is_refused_exactly_in_the_modes_that_do_not_use_it(mode):
+    """Given explicitly: refused (one message naming the flag and the mode) where the table says
+    the mode does not use it, accepted where it does; not given (its default): never refused."""
+    for name, modes in FLAG_MODES.items():
+        errors = unused_flag_errors(mode_config(mode, explicit=frozenset({name})))
+        if mode in modes:
+            assert errors == [], (name, mode)
+        else:
+            assert len(errors) == 1 and f"--{name} does nothing in --exec_mode {mode} (" in errors[0], (name, errors)
+    assert unused_flag_errors(mode_config(mode)) == []
+
+
+def test_the_predict_flags_are_predict_only_as_their_help_says():
+    """An oracle apart from the table: a flag whose help starts "(new) predict:" is used by
+    predict alone."""
+    helps = {action.dest: action.help or "" for action in build_parser()._actions}
+    predict_only = {name for name, text in helps.items() if text.startswith("(new) predict:")}
+    assert {"input", "output_dir", "tta", "preview", "force", "save_probabilities"} <= predict_only
+    assert all(FLAG_MODES[name] == {PREDICT} for name in predict_only)
+
+
+def refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_predict_flags_in_evaluate_are_refused_naming_each_and_the_mode(tmp_path, capsys):
+    """evaluate --tta --save_probabilities --output_dir X used to give the same score and write
+    nothing: now one line naming the three flags and the mode, and nothing made."""
+    (tmp_path / "c.pt").touch()
+    out = tmp_path / "X"
+    proc = subprocess.run([sys.executable, "main.py", "--exec_mode", "evaluate", "--data_dir", str(tmp_path),
+                           "--load_ckpt_path", str(tmp_path / "c.pt"), "--tta", "--save_probabilities",
+                           "--output_dir", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    for flag in ("--output_dir", "--tta", "--save_probabilities", "--exec_mode evaluate", "predict"):
+        assert flag in proc.stderr, (flag, proc.stderr)
+    assert not out.exists() and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--benchmark_steps", "3"], ["--benchmark_steps", "--exec_mode train", "train --benchmark"]),
+    (["--benchmark_seconds"], ["--benchmark_seconds", "--exec_mode train"]),
+    (["--preview", "--force"], ["--preview", "--force", "--exec_mode train", "predict"]),
+    (["--exec_mode", "evaluate", "--optimizer", "adam"], ["--optimizer", "--exec_mode evaluate"]),
+    (["--exec_mode", "evaluate", "--eval_every", "3"], ["--evaluate_every", "--exec_mode evaluate"]),
+    (["--benchmark", "--save_ckpt_path", "c.pt"], ["--save_ckpt_path", "--exec_mode train --benchmark"]),
+    (["--exec_mode", "predict", "--input", ".", "--output_dir", "o", "--data_dir", "."],
+     ["--data_dir", "--exec_mode predict"]),
+])
+def test_flags_that_do_nothing_are_refused_in_one_line(tmp_path, capsys, flags, named):
+    (tmp_path / "c.pt").touch()
+    err = refused(["--load_ckpt_path", str(tmp_path / "c.pt"), *flags], capsys) if "--data_dir" in flags else \
+        refused(["--data_dir", str(tmp_path), "--load_ckpt_path", str(tmp_path / "c.pt"), *flags], capsys)
+    for name in named:
+        assert name in err, (name, err)
+
+
+def test_a_flag_given_with_its_default_value_is_refused_a_default_never(tmp_path, capsys):
+    err = refused(["--data_dir", str(tmp_path), "--overlap", "0.5", "--tta", "--backend", "auto"], capsys)
+    assert "--tta, --backend do nothing in --exec_mode train" in err
+    assert parse_args(["--data_dir", str(tmp_path)]).backend == "auto"
+
+
+def test_used_in_keeps_what_a_mode_uses():
+    evaluate = used_in("evaluate", TINY)
+    assert "--optimizer" not in evaluate and "--num_workers" not in evaluate and "--input_shape" not in evaluate
+    assert evaluate[evaluate.index("--filters"):][:6] == ["--filters", "2", "4", "4", "8", "8"]
+    assert "--batch_size" in used_in("evaluate --benchmark", TINY)  # the time-to-train prediction's batch
+    assert used_in("train", TINY) == TINY
+
+
+# ------------------------------------------------------------------ evaluate's backend
+
+
+def test_evaluates_auto_is_pytorch_even_with_openvino_installed(tmp_path, monkeypatch):
+    """The benchmark's Dice must not depend on an installed package: evaluate's --backend auto is
+    PyTorch (the network as trained); --backend openvino asks for OpenVINO; predict's auto keeps
+    taking OpenVINO where it can run."""
+    import runtime.inference.backends as backend
+
+    monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: None)  # as if installed
+    monkeypatch.setattr(backend, "_openvino_version", lambda: "X")
+    (tmp_path / "c.pt").touch()
+    evaluate = ["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", str(tmp_path / "c.pt")]
+    auto = backend.decide_backend(parse_args(evaluate), CPU)
+    assert auto.backend == "torch" and auto.backend_why.startswith("--backend auto: PyTorch, the network as trained")
+    assert backend.decide_backend(parse_args(evaluate + ["--backend", "openvino"]), CPU).backend == "openvino"
+    predict = ["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+               "--load_ckpt_path", str(tmp_path / "c.pt")]
+    assert backend.decide_backend(parse_args(predict), CPU).backend == "openvino"
+
+
+def test_evaluate_prints_the_backend_it_used(tmp_path, capsys):
+    train = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "t"),
+                    "--save_ckpt_path", str(tmp_path / "c.pt")]
+    assert call(train, capsys, fake_data.FakeData())[0] == 0
+    code, out, _ = call(used_in("evaluate", TINY) + ["--exec_mode", "evaluate", "--load_ckpt_path",
+                                                      str(tmp_path / "c.pt"), "--log_dir", str(tmp_path / "e")],
+                        capsys, fake_data.FakeData())
+    assert code == 0 and out.startswith("mean_dice ")
+    lines = [line for line in out.splitlines() if line.startswith("backend: ")]
+    assert lines == ["backend: --backend auto: PyTorch, the network as trained (evaluate computes the "
+                     "benchmark's Dice; --backend openvino asks for OpenVINO)"]
