@@ -200,6 +200,23 @@ def test_package_refuses_a_used_output_folder_and_runs_of_two_systems(one_run, t
     assert not (tmp_path / "p").exists()
 
 
+def test_two_runs_with_one_seed_fail_the_official_seed_checker(one_run, tmp_path, capsys):
+    """The same run twice (one seed logged on the same line by both): mlperf_logging's seed
+    checker fails the package, and the report says so; the package checker, which wants 40
+    result files, refuses 2: exit code 4."""
+    for name in ("a", "b"):
+        shutil.copytree(one_run, tmp_path / "sweep" / name)
+    assert submission_main(["package", str(tmp_path / "sweep"), "--output", str(tmp_path / "package"),
+                            "--expected_runs", "2", "--no_code"]) == 4
+    assert "seed_checker**: FAIL" in capsys.readouterr().out
+    report = json.loads((tmp_path / "package" / "report.json").read_text())
+    seeds = report["checkers"]["seed_checker"]
+    assert not seeds["passed"] and "already logs the same seed on the same line" in " ".join(seeds["errors"])
+    package = report["checkers"]["package_checker"]
+    assert not package["passed"] and any("expected 40" in e for e in package["errors"])
+    assert not report["accepted"] and "seed_checker**: FAIL" in (tmp_path / "package" / "report.md").read_text()
+
+
 @pytest.mark.slow
 def test_the_official_package_checker_accepts_a_package_of_the_projects_own_runs(data, tmp_path):
     """40 tiny open-division runs (each in its own folder, its own seed), plus a run that wrote

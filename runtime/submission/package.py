@@ -173,6 +173,10 @@ def _python(code_or_module: list[str], cwd: str, timeout: float) -> subprocess.C
         return subprocess.CompletedProcess(code_or_module, -1, "", f"timed out after {timeout:.0f} s")
 
 
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no output"])[-1]
+
+
 def _lines(text: str, level: str) -> list[str]:
     return [line.split(" - ", 1)[1].strip() for line in text.splitlines()
             if line.startswith(f"{level} - ") and line.split(" - ", 1)[1].strip()]
@@ -202,7 +206,7 @@ def run_checkers(output: str, org_folder: str, results: str, ruleset: str, timeo
     verdicts["package_checker"] = {
         "passed": passed, "log": log,
         "summary": "no errors, SUCCESS" if passed else "found errors",
-        "errors": _lines(text, "ERROR") or ([] if passed else [(proc.stderr.strip().splitlines() or ["no output"])[-1]]),
+        "errors": _lines(text, "ERROR") or ([] if passed else [_last_line(proc.stderr)]),
         "warnings": _lines(text, "WARNING")}
     log = os.path.join(logs, "rcp_checker.log")
     proc = _python(["-m", "mlperf_logging.rcp_checker", os.path.abspath(results), "--rcp_usage", USAGE,
@@ -221,8 +225,7 @@ def run_checkers(output: str, org_folder: str, results: str, ruleset: str, timeo
     verdicts["seed_checker"] = {
         "passed": proc.returncode == 0, "log": log,
         "summary": "every run logs its own seed" if proc.returncode == 0 else "failed",
-        "errors": _lines(proc.stdout, "ERROR") or ([] if proc.returncode == 0 else
-                                                   [(proc.stderr.strip().splitlines() or ["no output"])[-1]]),
+        "errors": _lines(proc.stdout, "ERROR") or ([] if proc.returncode == 0 else [_last_line(proc.stderr)]),
         "warnings": _lines(proc.stdout, "WARNING")}
     return verdicts
 
@@ -345,7 +348,8 @@ def report_markdown(report: dict) -> str:
         lines += ["", f"System description fields this machine could not tell, left empty in "
                       f"`{report['system_description']}` (give them with `--system_fields FILE.json`): "
                       + ", ".join(f"`{f}`" for f in report["system_fields_to_fill"]) + "."]
-    lines += ["", "## Runs", "", "| run | seed | outcome | minutes | packed as | why |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "## Runs", "", "| run | seed | outcome | minutes | packed as | why |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         minutes = f"{r['minutes']:.2f}" if r["minutes"] is not None else ""
         lines.append(f"| {_cell(os.path.basename(r['folder']))} | {r['seed'] if r['seed'] is not None else ''} | "
