@@ -127,6 +127,24 @@ def test_the_system_description_passes_the_official_checker(tmp_path):
     assert not check_system_desc(str(path), "training", "4.0.0")[0]
 
 
+def test_the_accelerators_are_described_from_torch(monkeypatch):
+    """On a GPU machine (torch.cuda stood in for here): count, name and memory from torch, and
+    the accelerator fields the machine cannot tell left to fill, not "N/A"."""
+    import torch
+
+    class Props:
+        total_memory = 141 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: Props())
+    description = describe("TinyOrg", "gpu-box", "closed", "cloud")
+    assert (description["accelerators_per_node"], description["accelerator_model_name"],
+            description["accelerator_memory_capacity"]) == ("8", "NVIDIA H200", "141 GiB")
+    assert description["status"] == "Available cloud" and description["accelerator_interconnect"] == ""
+
+
 # -- the driver ------------------------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Sequence
 
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return run_sweep(args.output, args.runs, _flags(args.flags), args.launcher, args.first_seed, args.slurm,
-                             args.job_script, args.sbatch_args.split(), args.dry_run)
+                             args.job_script, shlex.split(args.sbatch_args), args.dry_run)
         except (DriverError, OSError) as error:
             return _error(error)
     if args.command == "describe":
