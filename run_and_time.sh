@@ -9,7 +9,15 @@
 # Settings (environment variables, defaults = the reference's timed run):
 #   DATASET_DIR     preprocessed dataset; unset = an embedded synthetic dataset is generated
 #                   and preprocessed first (SYNTHETIC_DIR, SYNTHETIC_CASES, SYNTHETIC_SEED)
-#   RESULTS_DIR     for the logs (LOG_DIR) and the checkpoint (SAVE_CKPT_PATH)
+#   RESULTS_DIR     for the logs (LOG_DIR) and the checkpoint (SAVE_CKPT_PATH); default
+#                   results/run_and_time-seed<SEED> in the working directory, with -2, -3, ...
+#                   added when that folder holds anything already: one folder per run
+#   SEED            the master seed (or the first argument); -1 (default): drawn here from the
+#                   OS, so that the folder's name and the log say which seed the run used
+#   SAVE_CKPT_PATH  the final weights, written once after run_stop (as the reference: nothing
+#                   is written on the clock); CKPT_DURING_RUN=1 also writes it at every
+#                   evaluation and on a signal (--ckpt_during_run: resumable, but then the run
+#                   is not an MLPerf result and its log says so)
 #   MAX_EPOCHS QUALITY_THRESHOLD START_EVAL_AT EVALUATE_EVERY OPTIMIZER LEARNING_RATE
 #   INIT_LEARNING_RATE LR_WARMUP_EPOCHS MOMENTUM BATCH_SIZE GA_STEPS NUM_WORKERS
 #   NPROC_PER_NODE  more than 1: torchrun --standalone on this node's GPUs
@@ -20,6 +28,12 @@ set -euo pipefail
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SEED=${1:-${SEED:--1}}
 if (( $# > 0 )); then shift; fi
+if [[ $SEED == -1 ]]; then
+    # main.py would draw it too (31 bits from the OS, as resolve_master_seed): drawn here, the
+    # run's folder is named after the seed it really uses.
+    read -r SEED < <(od -An -N4 -tu4 /dev/urandom)
+    SEED=$(( SEED & 0x7FFFFFFF ))
+fi
 
 PYTHON=${PYTHON:-$(command -v python || command -v python3 || echo python)}
 MAX_EPOCHS=${MAX_EPOCHS:-4000}
@@ -35,7 +49,16 @@ BATCH_SIZE=${BATCH_SIZE:-2}
 GA_STEPS=${GA_STEPS:-1}
 NUM_WORKERS=${NUM_WORKERS:-8}
 NPROC_PER_NODE=${NPROC_PER_NODE:-1}
-RESULTS_DIR=${RESULTS_DIR:-$PWD/results/run_and_time-seed$SEED}
+CKPT_DURING_RUN=${CKPT_DURING_RUN:-0}
+if [[ -z ${RESULTS_DIR:-} ]]; then
+    # Never a folder that holds a run already (the same seed given twice): the next free name.
+    RESULTS_DIR=$PWD/results/run_and_time-seed$SEED
+    n=1
+    while [[ -e $RESULTS_DIR && -n $(ls -A "$RESULTS_DIR" 2>/dev/null) ]]; do
+        n=$(( n + 1 ))
+        RESULTS_DIR=$PWD/results/run_and_time-seed$SEED-$n
+    done
+fi
 LOG_DIR=${LOG_DIR:-$RESULTS_DIR}
 SAVE_CKPT_PATH=${SAVE_CKPT_PATH:-$RESULTS_DIR/checkpoint.pt}
 SYNTHETIC_DIR=${SYNTHETIC_DIR:-$PWD/results/synthetic-kits19}
@@ -92,6 +115,11 @@ elif [[ ! -d $DATASET_DIR ]]; then
 fi
 run mkdir -p "$LOG_DIR" "$(dirname "$SAVE_CKPT_PATH")"
 
+during_run=()
+if [[ $CKPT_DURING_RUN == 1 ]]; then
+    during_run=(--ckpt_during_run)
+fi
+
 launcher=("$PYTHON")
 if (( NPROC_PER_NODE > 1 )); then
     launcher=(torchrun --standalone --nproc_per_node "$NPROC_PER_NODE")
@@ -107,6 +135,7 @@ run "${launcher[@]}" "$REPO_DIR/main.py" \
     --data_dir "$DATASET_DIR" \
     --log_dir "$LOG_DIR" \
     --save_ckpt_path "$SAVE_CKPT_PATH" \
+    ${during_run[@]+"${during_run[@]}"} \
     --seed "$SEED" \
     --epochs "$MAX_EPOCHS" \
     --quality_threshold "$QUALITY_THRESHOLD" \

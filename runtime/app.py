@@ -24,11 +24,11 @@ from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.build import Components, build_components, with_loaders
 from runtime.evaluation_report import explain_scores, write_case_scores
-from runtime.run_files import BACKEND, EVAL, METRICS_LOG, MLPERF_LOG, resumed_log_name
+from runtime.run_files import BACKEND, EVAL, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.host_memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
-                             keep_previous, remove_if_empty)
+                             move_previous_run, remove_if_empty)
 from runtime.progress import make_progress
 from runtime.resolve import resolve, resolve_data, window_line
 from runtime.signals import PreemptionFlag
@@ -155,24 +155,37 @@ def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
     return saved
 
 
-def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preempt: PreemptionFlag) -> Reporters:
+def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preempt: PreemptionFlag,
+                   saved: ckpt.Saved | None = None) -> Reporters:
+    """The run's reporters (rank 0 writes). A new training run first moves the last run's files in
+    ``--log_dir`` and its ``--save_ckpt_path`` out of the way (``move_previous_run``: one folder
+    holds one run; nothing deleted, said in one line each); a resumed attempt (``saved``, the
+    checkpoint it starts from) writes an MLPerf log of its own. The attempt's log then says when
+    it is not an MLPerf result: resumed from a checkpoint, or checkpoints written on the clock."""
     main = dist_info.is_main
     mlperf_on = main and config.is_train and not config.benchmark
-    # One MLPerf log holds one run: a resumed run (a new attempt) writes a file of its own, and
-    # a new run keeps the previous log under another name.
     name = resumed_log_name() if resuming else None
-    if mlperf_on and not resuming:
-        for log_name in (MLPERF_LOG, METRICS_LOG):
-            kept = keep_previous(os.path.join(config.log_dir, log_name))
-            if kept:
-                print(f"kept the previous run's {log_name} as {kept}")
+    if config.is_train and not config.benchmark and not resuming:
+        if config.load_ckpt_path:  # every rank has read it (it may be --save_ckpt_path) before it moves
+            D.barrier()
+        if main:
+            for line in move_previous_run(config.log_dir, config.save_ckpt_path):
+                print(line)
     curves = None
     if config.plot and mlperf_on:
         from runtime.report.plotter import CurvePlotter
 
         curves = CurvePlotter(config.log_dir, config.quality_threshold)
+    mlperf = MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name)
+    resumed_from = None
+    if resuming and saved is not None:
+        resumed_from = (saved.path, int(saved.checkpoint.get("epoch", 0)), int(saved.checkpoint.get("step_in_epoch", 0)))
+    mlperf.not_a_result(resumed_from, config.save_ckpt_path if config.checkpoints_on_the_clock else "")
+    if main and config.checkpoints_on_the_clock:
+        print(f"checkpoints on the clock: {config.save_ckpt_path} is written during the run "
+              "(--ckpt_during_run or --ckpt_every_epochs), so this run is not an MLPerf result")
     return Reporters(
-        mlperf=MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name),
+        mlperf=mlperf,
         metrics=MetricsWriter(config.log_dir, enabled=main and not config.benchmark),
         progress=make_progress(config, main), preempt=preempt, is_main=main, curves=curves)
 
@@ -195,7 +208,7 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
     from data_loading.data_loader import data_source
 
     config = resolve(session.config, session.dist, None, saved)
-    out = make_reporters(config, session.dist, saved is not None and saved.resume, session.preempt)
+    out = make_reporters(config, session.dist, saved is not None and saved.resume, session.preempt, saved=saved)
     session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(config)
     out.mlperf.start(C.INIT_START)

@@ -29,6 +29,7 @@ class Config:
     save_ckpt_path: str = ""
     ckpt_every_epochs: int = 0
     ckpt_every_minutes: float = 30.0
+    ckpt_during_run: bool = False  # (new) --save_ckpt_path also written between run_start and run_stop
     load_ckpt_path: str = ""  # the (first) checkpoint
     load_ckpt_paths: tuple[str, ...] = ()  # (new) every --load_ckpt_path given: predict's ensemble
     resume: bool = False
@@ -77,6 +78,7 @@ class Config:
     # augmentation and evaluation
     oversampling: float = 0.4
     overlap: float = 0.5
+    semantics: str = "reference"  # (new) the reference's crop sampler, GA tail and evaluation epochs, or the project's
     sw_batch_size: int = 2
     # speed
     amp: bool = False
@@ -90,13 +92,15 @@ class Config:
     # MLPerf submission metadata
     submission_org: str = "reference_implementation"
     submission_platform: str = "unknown"
-    submission_division: str = "closed"
+    submission_division: str = "auto"  # decided by runtime.division in runtime.resolve: closed or open
     submission_status: str = "onprem"
     # Derived once by runtime.resolve.resolve (None until then); read everywhere else.
     num_train_cases: int | None = None
     num_eval_cases: int | None = None
     samples_per_epoch: int | None = None  # global samples trained per epoch, after dropping
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
+    division_why: str = ""  # why the run is open (one line; runtime.division), "" when closed
+    division_asked: str = ""  # --submission_division as given (auto, closed, open), kept by runtime.resolve
     # The flags given on the command line (field names), so that values saved in a checkpoint
     # can fill the others (runtime.resolve).
     explicit: frozenset = frozenset()
@@ -107,10 +111,12 @@ class Config:
     preview: bool = False
     force: bool = False
     int8: bool = False
+    int8_calibration: str = ""  # predict --int8: the scans (a file or folder) it calibrates on; "": each scan alone
     save_probabilities: bool = False
     # inference backend and memory (new): predict and evaluate
     backend: str = "auto"
     max_memory_gb: float = 0.0
+    cache_dir: str = ""  # OpenVINO's converted networks; "": $XDG_CACHE_HOME/unet3d-kits19 (runtime.resolve)
     # Derived once by runtime.resolve.resolve for evaluate and predict: where the sliding
     # window's size comes from (a phrase: "from the checkpoint's training patch"), and for
     # predict the sha256 of the weights it loads (recorded beside each segmentation).
@@ -129,6 +135,15 @@ class Config:
     @property
     def is_train(self) -> bool:
         return self.exec_mode == "train"
+
+    @property
+    def checkpoints_on_the_clock(self) -> bool:
+        """A training run that writes --save_ckpt_path between run_start and run_stop (at its
+        evaluations, periodically, on a signal): asked for with --ckpt_during_run or a
+        --ckpt_every_epochs; such a run is not an MLPerf result (its log says so). Otherwise the
+        checkpoint is written once, after run_stop, as the reference writes it."""
+        return (self.is_train and not self.benchmark and bool(self.save_ckpt_path)
+                and (self.ckpt_during_run or self.ckpt_every_epochs > 0))
 
 
 class UsageError(RuntimeError):
@@ -151,11 +166,17 @@ def _data_flags(g, d: Config) -> None:
                    help="checkpoint to load (evaluate, or warm start); predict takes several (new): an ensemble "
                         "averaging their softmax probabilities (docs/predict.md)")
     g.add_argument("--resume", action="store_true", help="(new) continue the run saved at --save_ckpt_path")
+    g.add_argument("--ckpt_during_run", action="store_true",
+                   help="(new) also write --save_ckpt_path during the run: at every evaluation, every "
+                        "--ckpt_every_epochs / --ckpt_every_minutes, on SIGTERM/SIGUSR1; these writes are on "
+                        "the MLPerf clock, so the run is not a result (its log says checkpoints_on_the_clock). "
+                        "Without it the checkpoint is written once, after run_stop (a signal's too)")
     g.add_argument("--ckpt_every_epochs", type=int, default=d.ckpt_every_epochs,
-                   help="(new) also save --save_ckpt_path every N epochs between evaluations (0 = off)")
+                   help="(new) with --ckpt_during_run (N > 0 implies it), also save --save_ckpt_path every N "
+                        "epochs between evaluations (0 = off)")
     g.add_argument("--ckpt_every_minutes", type=float, default=d.ckpt_every_minutes,
-                   help="(new) also save --save_ckpt_path when this many minutes of training passed "
-                        "since the last save (0 = off)")
+                   help="(new) with --ckpt_during_run, also save --save_ckpt_path when this many minutes of "
+                        "training passed since the last save (0 = off)")
     g.add_argument("--loader", default=d.loader, choices=["pytorch", "synthetic"],
                    help="real data pipeline, or random tensors for pure compute benchmarks")
     g.add_argument("--cache", default=d.cache, choices=["auto", "none", "memory", "device"],
@@ -269,6 +290,12 @@ def _augmentation_and_evaluation_flags(g, d: Config) -> None:
     g.add_argument("--oversampling", type=float, default=d.oversampling,
                    help="probability of a foreground-centred crop")
     g.add_argument("--overlap", type=float, default=d.overlap, help="sliding-window overlap in [0, 1)")
+    g.add_argument("--semantics", default=d.semantics, choices=["reference", "project"],
+                   help="(new) reference: the MLCommons code's crop sampler (its randrange never draws the last "
+                        "position; its foreground rule), the epoch's last partial gradient accumulation dropped, "
+                        "evaluation when epoch %% every == 0 from --start_eval_at (a closed run needs it); project: "
+                        "this project's fixes (every crop position; a long foreground box's patch kept over the "
+                        "component; the partial accumulation stepped; evaluation at start + k*every): an open run")
     g.add_argument("--sw_batch_size", type=positive_int, default=d.sw_batch_size,
                    help="(new) sliding windows per forward pass (same result, faster)")
 
@@ -291,8 +318,10 @@ def _speed_flags(g, d: Config) -> None:
 def _submission_flags(g, d: Config) -> None:
     g.add_argument("--submission_org", default=d.submission_org, help="MLPerf submitter")
     g.add_argument("--submission_platform", default=d.submission_platform, help="MLPerf system name")
-    g.add_argument("--submission_division", default=d.submission_division, choices=["closed", "open"],
-                   help="MLPerf division")
+    g.add_argument("--submission_division", default=d.submission_division, choices=["auto", "closed", "open"],
+                   help="MLPerf division; auto (new): closed when the run is the reference's benchmark (model, loss, "
+                        "SGD, the fixed values, --semantics reference, KiTS19's 168/42 cases), else open with one "
+                        "line saying why; closed on any other run is refused")
     g.add_argument("--submission_status", default=d.submission_status,
                    choices=["onprem", "cloud", "preview", "research"], help="MLPerf system status")
 
@@ -317,9 +346,12 @@ def _predict_flags(g, d: Config) -> None:
                    help="(new) predict: also write <case>.npz, the softmax (key 'probabilities', float16, classes "
                         "first) in the scan's own grid and axis order, whose argmax is the segmentation")
     g.add_argument("--int8", action="store_true",
-                   help="(new) predict on a CPU: int8 windows on the OpenVINO backend (NNCF, calibrated on the "
-                        "scans being predicted; needs requirements-openvino.txt): faster, with int8 rounding "
-                        "(docs/predict.md)")
+                   help="(new) predict on a CPU: int8 windows on the OpenVINO backend (NNCF, calibrated on each "
+                        "scan alone unless --int8_calibration names a set; needs requirements-openvino.txt): faster, "
+                        "with int8 rounding (docs/predict.md)")
+    g.add_argument("--int8_calibration", default=d.int8_calibration, metavar="PATH",
+                   help="(new) predict --int8: calibrate once on these scans (a scan file or a folder, as --input "
+                        "takes) instead of on each scan alone; the record names them (docs/predict.md)")
 
 
 def _backend_flags(g, d: Config) -> None:
@@ -331,6 +363,9 @@ def _backend_flags(g, d: Config) -> None:
     g.add_argument("--max_memory_gb", type=float, default=d.max_memory_gb,
                    help="(new) predict: lower the window batch so the estimated peak memory fits this "
                         "many GB (0: the memory available at start)")
+    g.add_argument("--cache_dir", default=d.cache_dir,
+                   help="(new) predict and evaluate with OpenVINO: the folder for its converted networks (default: "
+                        "$XDG_CACHE_HOME/unet3d-kits19, else ~/.cache/unet3d-kits19); never beside an input")
 
 
 # The command line, one argparse group per entry, in the order ``--help`` shows them.
@@ -487,7 +522,11 @@ def _predict_errors(cfg: Config) -> list[str]:
         (not cfg.benchmark, "--benchmark does not apply to --exec_mode predict "
                             "(its summary times every stage; docs/performance.md)"),
         (not (cfg.int8 and cfg.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu"),
-        (not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them"))
+        (not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them"),
+        (not cfg.int8_calibration or cfg.int8,
+         "--int8_calibration names the scans --int8 calibrates on: add --int8 or drop it"),
+        (not cfg.int8_calibration or os.path.exists(cfg.int8_calibration),
+         f"--int8_calibration {cfg.int8_calibration!r} does not exist"))
 
 
 def _benchmark_errors(cfg: Config) -> list[str]:

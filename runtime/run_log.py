@@ -19,7 +19,8 @@ from data_loading.write_errors import append_bytes, write_failure
 from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
 from runtime.outputs import OutputError
-from runtime.run_files import METRICS_LOG, MLPERF_LOG, check_record
+from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, METRICS_LOG, MLPERF_LOG, RESUMED_FROM_CHECKPOINT,
+                               check_record)
 
 
 CACHE_CLEARED_ENV = "UNET3D_CACHE_CLEARED"
@@ -92,26 +93,50 @@ class MLPerfLogger:
         self._handlers = []
         self._logger = None
 
+    def not_a_result(self, resumed_from: tuple[str, int, int] | None, checkpoints_to: str) -> None:
+        """This project's own events (runtime/run_files.py) that make this attempt not an MLPerf
+        result: ``resumed_from`` (checkpoint path, epoch and batches trained before it) when the
+        attempt started from a checkpoint, ``checkpoints_to`` (the --save_ckpt_path) when it
+        writes checkpoints between run_start and run_stop. The report and the package leave
+        such an attempt out."""
+        if resumed_from is not None:
+            path, epoch, step = resumed_from
+            self.event(RESUMED_FROM_CHECKPOINT, value=path, metadata={"epoch": epoch, "step_in_epoch": step})
+        if checkpoints_to:
+            self.event(CHECKPOINTS_ON_THE_CLOCK, value=checkpoints_to)
+
     # -- the benchmark's fixed records ---------------------------------------------------------
     def submission_info(self, config: Config) -> None:
+        """The submission's records and the master seed (``config`` resolved by
+        ``runtime.resolve.resolve``: the seed drawn, the division decided from the flags), before
+        ``init_start``. The division cannot wait for the data's case counts (known after
+        ``run_start``): the 4.0.0 checker sets the initialisation time limit it checks at
+        ``init_stop`` from it (no division logged before ``init_stop`` fails every log). A
+        closed log whose data then is not KiTS19's 168/42 fails its ``train_samples`` /
+        ``eval_samples`` checks; ``resolve_data`` says so in one line."""
         self.event(C.CACHE_CLEAR, value=cache_cleared())
         self.event(C.SUBMISSION_BENCHMARK, value=C.UNET3D)
         self.event(C.SUBMISSION_ORG, value=config.submission_org)
         self.event(C.SUBMISSION_DIVISION, value=config.submission_division)
         self.event(C.SUBMISSION_STATUS, value=config.submission_status)
         self.event(C.SUBMISSION_PLATFORM, value=config.submission_platform)
+        # The one seed every other is derived from (per rank, per epoch's shuffle, per sample:
+        # data_loading/sampler.py, runtime/distributed.py); the checker wants exactly one.
+        self.event(C.SEED, value=config.seed)
 
     def weights_initialization(self, config: Config) -> None:
         for name in weight_init_tensor_names(len(config.filters), config.normalization):
             self.event(C.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
 
     def hyperparameters(self, config: Config, world_size: int) -> None:
-        """The run's hyper-parameters; ``config`` resolved (seed, case and sample counts)."""
-        self.event(C.SEED, value=config.seed)
+        """The run's hyper-parameters, every one the rules list for unet3d (closed: global batch
+        size, base and initial learning rate, momentum, warm-up and decay epochs, decay factor,
+        weight decay); ``config`` resolved with its data (case and sample counts)."""
         self.event(C.GLOBAL_BATCH_SIZE, value=config.batch_size * world_size * config.ga_steps)
         self.event(C.GRADIENT_ACCUMULATION_STEPS, value=config.ga_steps)
         self.event(C.OPT_NAME, value=config.optimizer)
         self.event(C.OPT_BASE_LR, value=config.learning_rate)
+        self.event("opt_initial_learning_rate", value=config.init_learning_rate)
         self.event(C.OPT_LR_WARMUP_EPOCHS, value=config.lr_warmup_epochs)
         self.event(C.OPT_LR_DECAY_BOUNDARY_EPOCHS, value=list(config.lr_decay_epochs))
         self.event(C.OPT_LR_DECAY_FACTOR, value=config.lr_decay_factor)

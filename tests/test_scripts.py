@@ -406,6 +406,100 @@ def test_run_and_time_refuses_a_missing_dataset(tmp_path):
     assert proc.returncode != 0 and "nowhere" in proc.stderr
 
 
+# A small network that learns tests/easy_data.py's cases (no "diverged" stop at a Dice of 0),
+# evaluated every epoch, never reaching the target (so the run ends at MAX_EPOCHS, exit 0).
+TINY_TIMED_RUN = {"MAX_EPOCHS": "2", "START_EVAL_AT": "1", "EVALUATE_EVERY": "1", "QUALITY_THRESHOLD": "1.0",
+                  "NUM_WORKERS": "0", "CLEAR_CACHES": "0", "OMP_NUM_THREADS": "1", "OPTIMIZER": "adam",
+                  "LEARNING_RATE": "0.01", "LR_WARMUP_EPOCHS": "0"}
+TINY_TIMED_FLAGS = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "32", "32", "64",
+                    "--val_input_shape", "32", "32", "64", "--device", "cpu"]
+
+
+def mllog_records(path: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines()
+            if line.startswith(":::MLLOG ")]
+
+
+def timed_run_watching(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """run_and_time.sh for real, its results folder watched every 10 ms: each path's first
+    sighting (time.time()) under tmp_path/results."""
+    import threading
+
+    seen: dict[str, float] = {}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            now = time.time()
+            for folder, _, files in os.walk(tmp_path / "results"):
+                for name in files:
+                    seen.setdefault(os.path.join(folder, name), now)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        proc = subprocess.run(["bash", str(RUN_AND_TIME), *args], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        done.set()
+        watcher.join()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, seen
+
+
+def test_run_and_time_writes_no_checkpoint_on_the_clock_and_two_default_seed_runs_get_two_folders(tmp_path):
+    """The reference's timed run writes nothing between run_start and run_stop: the checkpoint
+    (the final weights) appears after run_stop, although the run evaluates every epoch; and two
+    runs with the default seed (-1) land in two folders, each named after its own logged seed."""
+    import easy_data
+
+    data = easy_data.write_dataset(str(tmp_path / "data"), range(13))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHON": sys.executable,
+           "DATASET_DIR": str(data), **TINY_TIMED_RUN}
+    folders = []
+    for _ in range(2):
+        _, seen = timed_run_watching(tmp_path, env, "-1", *TINY_TIMED_FLAGS)  # -1: the default seed
+        logs = [Path(p) for p in seen if p.endswith("unet3d.log")]
+        (log,) = [p for p in logs if p.parent not in folders]
+        folders.append(log.parent)
+        records = mllog_records(log)
+        stop_ms = next(r["time_ms"] for r in records if r["key"] == "run_stop")
+        assert sum(r["key"] == "eval_accuracy" for r in records) == 2  # an evaluation every epoch
+        # the checkpoint and its temporary files (.checkpoint.pt.<random>.tmp); not its lock
+        # (.checkpoint.pt.lock, written whole through .checkpoint.pt.lock.<random>)
+        written = {p: t for p, t in seen.items() if Path(p).parent == log.parent and "checkpoint" in Path(p).name
+                   and not Path(p).name.startswith(".checkpoint.pt.lock")}
+        assert written and all(t * 1000 >= stop_ms for t in written.values()), (written, stop_ms)
+        assert (log.parent / "checkpoint.pt").stat().st_mtime * 1000 >= stop_ms  # the final weights
+        seed = next(r["value"] for r in records if r["key"] == "seed")
+        assert log.parent.name.startswith(f"run_and_time-seed{seed}") and seed >= 0
+        assert not any(r["key"] == "checkpoints_on_the_clock" for r in records)
+    assert folders[0] != folders[1]
+    assert all(not p.startswith("previous-") for f in folders for p in os.listdir(f))  # no run moved aside
+
+
+def test_run_and_time_never_reuses_a_folder_that_holds_a_run(tmp_path):
+    """The same seed twice: the second run gets the next free folder name (a dry run: the
+    folders are decided before anything runs)."""
+    used = tmp_path / "results" / "run_and_time-seed5"
+    used.mkdir(parents=True)
+    (used / "unet3d.log").write_text("a run\n")
+    env = slurm_env(tmp_path, DRY_RUN="1", DATASET_DIR=str(tmp_path), PYTHON="python3")
+    del env["RESULTS_DIR"]
+    flags = main_py_args(the_command(commands(run_script(RUN_AND_TIME, env, "5", cwd=tmp_path).stdout),
+                                     str(ROOT / "main.py"))[1])
+    assert option(flags, "--log_dir") == str(tmp_path / "results" / "run_and_time-seed5-2")
+    assert option(flags, "--save_ckpt_path") == str(tmp_path / "results" / "run_and_time-seed5-2" / "checkpoint.pt")
+    assert "--ckpt_during_run" not in flags
+    env["CKPT_DURING_RUN"] = "1"  # resumable, and then not a result
+    flags = main_py_args(the_command(commands(run_script(RUN_AND_TIME, env, "5", cwd=tmp_path).stdout),
+                                     str(ROOT / "main.py"))[1])
+    assert "--ckpt_during_run" in flags
+
+
 # --------------------------------------------------------------------------- requirements
 
 def _packaging():
