@@ -339,7 +339,9 @@ def report_markdown(report: dict) -> str:
     if not report["checkers"]:
         lines.append("Not run (`--no_check`).")
     for name, verdict in report["checkers"].items():
-        lines.append(f"- **{name}**: {'PASS' if verdict['passed'] else 'FAIL'} ({_cell(verdict['summary'])}); "
+        aside = " (informational: the package checker applies it to closed packages only)" \
+            if report["division"] == "open" and name != "package_checker" else ""
+        lines.append(f"- **{name}**: {'PASS' if verdict['passed'] else 'FAIL'}{aside} ({_cell(verdict['summary'])}); "
                      f"log `{verdict['log']}`")
         lines += [f"  - error: {_cell(e)}" for e in verdict["errors"][:10]]
         lines += [f"  - {_cell(d)}" for d in verdict.get("details", [])[:4]]
