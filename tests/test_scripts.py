@@ -344,6 +344,24 @@ def test_swept_variables_become_main_py_flags(tmp_path):
     assert option(flags, "--learning_rate") == "0.25" and option(flags, "--seed") == "9"
 
 
+def test_slurm_jobs_write_no_checkpoint_on_the_clock_unless_asked(tmp_path):
+    """The timed mode (default) passes no --ckpt_during_run: main.py writes the checkpoint once,
+    after run_stop (tests/test_attempts.py); CKPT_DURING_RUN=1 asks for checkpoints during the
+    run (and the run is then not a result); anything else is refused in one line."""
+    env = slurm_env(tmp_path, DRY_RUN="1")
+    flags = main_py_args(the_command(commands(run_script(SINGLE_NODE, env).stdout), LAUNCHER)[1])
+    assert "--ckpt_during_run" not in flags and option(flags, "--save_ckpt_path").endswith("/checkpoint.pt")
+    env["CKPT_DURING_RUN"] = "1"
+    flags = main_py_args(the_command(commands(run_script(SINGLE_NODE, env).stdout), LAUNCHER)[1])
+    assert flags.count("--ckpt_during_run") == 1
+    from runtime.arguments import parse_args
+    assert parse_args(flags[:flags.index("--data_dir")] + ["--loader", "synthetic"]
+                      + flags[flags.index("--data_dir") + 2:]).checkpoints_on_the_clock
+    env["CKPT_DURING_RUN"] = "yes"
+    proc = run_script(SINGLE_NODE, env, check=False)
+    assert proc.returncode != 0 and "CKPT_DURING_RUN must be 0 or 1" in proc.stderr
+
+
 # --------------------------------------------------------------------------- run_and_time.sh
 
 REFERENCE_TIMED_RUN = {

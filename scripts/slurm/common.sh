@@ -16,6 +16,12 @@
 #   STAGE=0       use DATA_DIR in place, never copy it
 #   CLEAR_CACHES  1 (default): drop each node's page cache before the run (root or sudo -n)
 #   RESULTS_DIR   where the MLPerf log, log.json and the checkpoint go
+#   CKPT_DURING_RUN  0 (default, the timed mode): the checkpoint is written once, after
+#                 run_stop, as the reference writes it (a stop by the scheduler saves it too,
+#                 after run_stop, and a requeued attempt resumes from it); 1: also at every
+#                 evaluation and every --ckpt_every_minutes (--ckpt_during_run), so that a lost
+#                 node or an OOM kill loses little; those writes are on the clock, so such a
+#                 run is not an MLPerf result (its log says checkpoints_on_the_clock)
 #   CODE_DIR      checkout that holds main.py, as seen in the container (Apptainer mounts
 #                 $HOME; a checkout elsewhere is bound at the same path; /opt/unet3d is the
 #                 copy inside an image built from apptainer.def)
@@ -126,6 +132,11 @@ training_args() {
         --batch_size "${BATCH_SIZE:-2}"
         --num_workers "$NUM_WORKERS"
     )
+    case ${CKPT_DURING_RUN:-0} in
+        0) ;;
+        1) TRAIN_ARGS+=(--ckpt_during_run) ;;
+        *) die "CKPT_DURING_RUN must be 0 or 1, got '$CKPT_DURING_RUN'" ;;
+    esac
     local extra=()
     if [[ -n ${EXTRA_ARGS:-} ]]; then
         read -r -a extra <<< "$EXTRA_ARGS"

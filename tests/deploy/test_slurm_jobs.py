@@ -29,6 +29,11 @@ def mlperf_value(log: Path, key: str):
     raise AssertionError(f"{key} not in {log}")
 
 
+def mllog(log: Path) -> list[dict]:
+    return [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()
+            if line.startswith(":::MLLOG ")]
+
+
 def trained_epochs(results: Path) -> list[int]:
     return [r["epoch"] for r in log_records(results, "train")] if (results / "log.json").exists() else []
 
@@ -79,9 +84,14 @@ def one_node_two_processes(cluster, dataset, tmp_path_factory):
 def test_single_node_job_with_two_processes_completes(one_node_two_processes):
     tmp, job, info, output = one_node_two_processes
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output
-    assert "RESULT,image_segmentation,3," in output and "8 cases, 8 samples/epoch" in output
+    assert "RUN_SUMMARY,image_segmentation,3," in output and "8 cases, 8 samples/epoch" in output
     assert mlperf_value(tmp / "results" / "unet3d.log", "global_batch_size") == 4  # 2 ranks x 2
     assert load_checkpoint(str(tmp / "results" / "checkpoint.pt"))["epoch"] == 2
+    # the timed mode: the checkpoint written after run_stop, nothing on the clock
+    records = mllog(tmp / "results" / "unet3d.log")
+    run_stop = next(r["time_ms"] for r in records if r["key"] == "run_stop")
+    assert (tmp / "results" / "checkpoint.pt").stat().st_mtime * 1000 >= run_stop
+    assert not any(r["key"] == "checkpoints_on_the_clock" for r in records)
     assert os.listdir(tmp / "scratch") == []                 # the job's staged copy is removed
     assert_clean(output)
 
@@ -103,7 +113,7 @@ def test_two_node_job_is_one_world_and_evaluates_as_one_node(cluster, dataset, t
     assert {copied[0].split(":")[0], reused[0].split(":")[0]} == set(cluster.nodes)
     results = tmp_path / "results"
     assert mlperf_value(results / "unet3d.log", "global_batch_size") == 4   # world size 2 x batch 2
-    assert "8 cases, 8 samples/epoch" in output and output.count("RESULT,image_segmentation") == 1
+    assert "8 cases, 8 samples/epoch" in output and output.count("RUN_SUMMARY,image_segmentation") == 1
     one_tmp = one_node_two_processes[0] / "results"
     for kind, keys in (("train", ("loss",)), ("eval", ("mean_dice", "l1_dice", "l2_dice", "eval_loss"))):
         two_nodes, one_node = log_records(results, kind), log_records(one_tmp, kind)
@@ -137,6 +147,10 @@ def test_requeue_of_a_running_job_resumes_from_its_checkpoint(cluster, dataset, 
     assert output.count(f"job {job}: 1 node(s)") == 2                  # both attempts, appended
     assert trained_epochs(results) == list(range(1, 9))               # no epoch twice
     assert (results / "unet3d.log").exists() and len(list(results.glob("unet3d.resumed-*.log"))) == 1
+    # the resumed attempt says so (not a result); the first one does not
+    (resumed,) = [r for r in mllog(next(results.glob("unet3d.resumed-*.log"))) if r["key"] == "resumed_from_checkpoint"]
+    assert resumed["value"] == f"{results}/checkpoint.pt" and resumed["metadata"]["epoch"] >= 0
+    assert not any(r["key"] == "resumed_from_checkpoint" for r in mllog(results / "unet3d.log"))
     assert_clean(output)
 
 
