@@ -1,6 +1,6 @@
 """Convergence with the fast CPU settings against float32 (the baseline): the demo's small network
 (``scripts/demo.sh``'s training command) trained to its target per setting and seed, on the demo's
-preprocessed data (``--data_dir``); the epoch each run reached the target at (its RESULT line).
+preprocessed data (``--data_dir``); the epoch each run reached the target at (its RUN_SUMMARY line).
 ``fast``: ``--amp --channels_last`` (bf16 where the CPU has native bf16 dot products; the run says).
 Then, per setting, the epochs over the seeds and whether the two settings' epochs can be told
 apart: the exact two-sided Mann-Whitney U test (scipy), no assumption on how epochs spread.
@@ -21,7 +21,7 @@ DEMO = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "6
         "--lr_warmup_epochs", "2", "--start_eval_at", "4", "--evaluate_every", "2", "--oversampling", "0.7",
         "--num_workers", "0", "--sw_batch_size", "2"]
 NOT_REACHED = float("inf")  # a run that did not reach the target ranks after all that did
-RESULT = re.compile(r"RESULT,image_segmentation,\d+,([0-9.]+),(\w+),best_mean_dice=(-?[0-9.]+),epochs=(\d+)")
+RESULT = re.compile(r"RUN_SUMMARY,image_segmentation,\d+,([0-9.]+),(\w+),best_mean_dice=(-?[0-9.]+),epochs=(\d+)")
 
 
 def main(argv=None) -> int:

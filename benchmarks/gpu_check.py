@@ -77,8 +77,8 @@ def prediction_numbers(output: str) -> dict:
 
 
 def result_numbers(output: str) -> dict:
-    """The training run's ``RESULT,image_segmentation,seed,seconds,status,best_mean_dice=..,epochs=..`` line."""
-    match = re.search(r"^RESULT,image_segmentation,(\d+),([\d.]+),(\w+),best_mean_dice=([\d.nan]+),epochs=(\d+)",
+    """The training run's ``RUN_SUMMARY,image_segmentation,seed,seconds,status,best_mean_dice=..,epochs=..`` line."""
+    match = re.search(r"^RUN_SUMMARY,image_segmentation,(\d+),([\d.]+),(\w+),best_mean_dice=([\d.nan]+),epochs=(\d+)",
                       output, re.MULTILINE)
     if not match:
         return {}

@@ -84,11 +84,11 @@ class TrainLoader:
     def __init__(self, cases: Sequence[Case], *, patch: Sequence[int], oversampling: float,
                  brightness: str, seed: int, num_shards: int, rank: int, batch_size: int,
                  cache: str, device: torch.device | None, num_workers: int, prefetch_depth: int,
-                 eager: bool = True):
+                 eager: bool = True, crop: str = "reference"):
         if cache not in ("none", "memory", "device"):
             raise ValueError(f"TrainLoader cache must be none, memory or device, got {cache!r}")
         self.cases, self.patch, self.seed = list(cases), tuple(patch), seed
-        self.oversampling, self.brightness = oversampling, brightness
+        self.oversampling, self.brightness, self.crop = oversampling, brightness, crop
         self.batch_size, self.num_shards, self.rank = batch_size, num_shards, rank
         self.cache, self.device = cache, device
         self.num_workers = 0 if cache == "device" else num_workers
@@ -110,7 +110,7 @@ class TrainLoader:
         boxes = compute_boxes(self.cases, self._prepare_threads)
         self.dataset = TrainingSet(self.cases, boxes, self.patch, self.oversampling,
                                    self.brightness, self.seed,
-                                   cache="memory" if self.cache == "device" else self.cache)
+                                   cache="memory" if self.cache == "device" else self.cache, crop=self.crop)
         if self.cache == "device":
             self._volumes = DeviceVolumes(self.cases, self.device or torch.device("cpu"))
             return
@@ -264,7 +264,8 @@ class PreprocessedData:
             train_cases, patch=config.input_shape, oversampling=config.oversampling,
             brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
             batch_size=config.batch_size, cache=config.cache, device=device,
-            num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.is_train)
+            num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.is_train,
+            crop=config.semantics)
         if config.is_train and len(train_loader) == 0:
             raise DataError(f"{len(train_cases)} training cases in {self.data_dir} make no full "
                             f"batch of {config.batch_size} on each of {num_shards} ranks")

@@ -201,9 +201,13 @@ def foreground_boxes(label: np.ndarray, classes: Sequence[int] = FOREGROUND_CLAS
         components, _ = scipy.ndimage.label(mask[region])
         found = [(idx + 1, sl) for idx, sl in enumerate(scipy.ndimage.find_objects(components))
                  if sl is not None]
-        found.sort(key=lambda item: (-int(np.prod([s.stop - s.start for s in item[1]])), item[0]))
+        # The reference's choice, ties included: np.argsort of the box volumes in component order,
+        # its last ``keep`` (components are numbered in raster order, in the class's bounding
+        # box as in the whole volume).
+        volumes = [np.prod([s.stop - s.start for s in sl]) for _, sl in found]
+        chosen = [found[i] for i in np.argsort(volumes)[-keep:]][::-1] if keep > 0 else []
         boxes = []
-        for component, sl in found[:keep]:
+        for component, sl in chosen:
             voxels = np.argwhere(components[sl] == component)      # raster order
             pick = np.unique(np.linspace(0, len(voxels) - 1, MAX_ANCHORS).round().astype(int))
             corner = origin + [s.start for s in sl]
@@ -238,12 +242,13 @@ class TrainingSet(torch.utils.data.Dataset):
 
     def __init__(self, cases: Sequence[Case], boxes: Sequence[ForegroundBoxes],
                  patch: Sequence[int], oversampling: float, brightness: str, seed: int,
-                 cache: str = "memory"):
+                 cache: str = "memory", crop: str = "reference"):
         if cache not in ("none", "memory"):
             raise ValueError(f"TrainingSet cache must be 'none' or 'memory', got {cache!r}")
         self.cases, self.boxes = list(cases), list(boxes)
         self.patch, self.oversampling = tuple(patch), oversampling
         self.brightness, self.seed, self.cache = brightness, seed, cache
+        self.crop = crop  # the crop placement (data_loading.transforms.CROP_MODES; --semantics)
         self._maps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
@@ -268,7 +273,7 @@ class TrainingSet(torch.utils.data.Dataset):
         epoch, position, index = key
         rng = sample_rng(self.seed, epoch, position)
         return draw_augmentation(rng, self.cases[index].shape, self.patch, self.boxes[index],
-                                 self.oversampling, self.brightness)
+                                 self.oversampling, self.brightness, self.crop)
 
     def __getitem__(self, key: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = self.__getitems__([key])

@@ -28,6 +28,8 @@ BRIGHTNESS_RANGE = (0.7, 1.3)
 NOISE_PROBABILITY = 0.1
 NOISE_MAX_STD = 0.1
 BRIGHTNESS_MODES = ("reference", "centered")
+# The crop placement: the MLCommons code's (closed runs) or the project's fixes (open runs).
+CROP_MODES = ("reference", "project")
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,23 +76,47 @@ class Augmentation:
 # Crop placement (pure, integers only)
 
 def random_patch_start(rng: np.random.Generator, shape: Sequence[int],
-                       patch: Sequence[int]) -> tuple[int, ...]:
-    """Uniform corner of a ``patch`` inside a volume of spatial ``shape`` (every position,
-    including the last one, which the reference's ``randrange(size - patch)`` never draws)."""
-    return tuple(int(rng.integers(0, size - p + 1)) for size, p in zip(shape, patch))
+                       patch: Sequence[int], crop: str = "reference") -> tuple[int, ...]:
+    """Uniform corner of a ``patch`` inside a volume of spatial ``shape``.
+
+    ``crop="reference"`` draws what the MLCommons code's ``randrange(size - patch)`` draws: every
+    position but the last one (0 where the patch fills the axis); ``crop="project"`` every
+    position, the last one included.
+    """
+    if crop == "project":
+        return tuple(int(rng.integers(0, size - p + 1)) for size, p in zip(shape, patch))
+    return tuple(_randrange(rng, size - p) for size, p in zip(shape, patch))
+
+
+def _randrange(rng: np.random.Generator, count: int) -> int:
+    """The reference's ``randrange``: uniform in ``[0, count)``, 0 when ``count`` is 0."""
+    return int(rng.integers(0, count)) if count > 0 else 0
 
 
 def foreground_patch_start(rng: np.random.Generator, box: Box, shape: Sequence[int],
-                           patch: Sequence[int]) -> tuple[int, ...]:
+                           patch: Sequence[int], crop: str = "reference") -> tuple[int, ...]:
     """Corner of a ``patch`` placed around ``box`` inside a volume of spatial ``shape``.
 
-    Per axis, as the reference: where the box is shorter than the patch, the size difference is
-    split at random between the two sides (the whole box extent lies in the patch), then the
-    patch is shifted back inside the volume. Where the box is at least as long as the patch,
-    the patch lies inside the box; the reference places it anywhere there, which can miss a
-    non-convex component entirely, so here it is also kept over one of the box's anchor voxels.
-    The result always fits the volume and overlaps the component.
+    ``crop="reference"``, the MLCommons code's rule per axis: the difference between patch and
+    box lengths is split by ``randrange(difference)`` (so the side before the box gets 0 to
+    difference - 1 voxels); where the box is shorter the patch then is shifted back inside
+    the volume, where it is longer the patch lies inside the box, anywhere but flush with its
+    far end (which can miss a non-convex component entirely).
+
+    ``crop="project"``: where the box is shorter, 0 to difference voxels before it (the whole box
+    extent lies in the patch), shifted back inside the volume; where it is at least as long,
+    inside the box and kept over one of the box's anchor voxels, so the patch always overlaps
+    the component.
     """
+    if crop == "reference":
+        start = []
+        for lo, hi, size, p in zip(box.start, box.stop, shape, patch):
+            difference = p - (hi - lo)
+            if difference >= 0:
+                start.append(min(max(lo - _randrange(rng, difference), 0), size - p))
+            else:
+                start.append(lo + _randrange(rng, -difference))
+        return tuple(start)
     long_axes = [hi - lo >= p for lo, hi, p in zip(box.start, box.stop, patch)]
     anchor = box.anchors[int(rng.integers(len(box.anchors)))] if any(long_axes) else None
     start = []
@@ -107,26 +133,29 @@ def foreground_patch_start(rng: np.random.Generator, box: Box, shape: Sequence[i
 
 def draw_augmentation(rng: np.random.Generator, shape: Sequence[int], patch: Sequence[int],
                       boxes: ForegroundBoxes, oversampling: float,
-                      brightness: str = "reference") -> Augmentation:
+                      brightness: str = "reference", crop: str = "reference") -> Augmentation:
     """Draw all random choices for one sample of a volume of spatial ``shape``.
 
     With probability ``oversampling`` the patch is centred on the box of one of the two largest
     components of a foreground class present in the case (class and box chosen uniformly);
     otherwise, or without foreground, it is uniform. ``brightness`` chooses the factor:
     ``reference`` multiplies by ``1 + U(0.7, 1.3)`` as the MLCommons code, ``centered`` by
-    ``U(0.7, 1.3)``.
+    ``U(0.7, 1.3)``. ``crop`` chooses the crop placement (:data:`CROP_MODES`:
+    :func:`random_patch_start`, :func:`foreground_patch_start`).
     """
     if brightness not in BRIGHTNESS_MODES:
         raise ValueError(f"brightness must be one of {BRIGHTNESS_MODES}, got {brightness!r}")
+    if crop not in CROP_MODES:
+        raise ValueError(f"crop must be one of {CROP_MODES}, got {crop!r}")
     classes = sorted(c for c, found in boxes.items() if len(found) > 0)
     foreground_class = 0
     if rng.random() < oversampling and classes:
         foreground_class = classes[int(rng.integers(len(classes)))]
         found = boxes[foreground_class]
         box = found[int(rng.integers(len(found)))]
-        start = foreground_patch_start(rng, box, shape, patch)
+        start = foreground_patch_start(rng, box, shape, patch, crop)
     else:
-        start = random_patch_start(rng, shape, patch)
+        start = random_patch_start(rng, shape, patch, crop)
     flips = tuple(bool(f) for f in rng.random(len(patch)) < FLIP_PROBABILITY)
     factor = None
     if rng.random() < BRIGHTNESS_PROBABILITY:

@@ -3,7 +3,7 @@
 ``progress(iterable, desc=..., total=..., always=False)``: training batches show progress only
 with ``--verbose``; evaluation cases and benchmark iterations (``always=True``) always do, since
 each can take minutes on a CPU. Only rank 0 reports. Progress goes to stderr (as tqdm's bars
-do), so that stdout carries only results (``mean_dice ...``, ``RESULT,...``).
+do), so that stdout carries only results (``mean_dice ...``, ``RUN_SUMMARY,...``).
 """
 from __future__ import annotations
 

@@ -14,11 +14,14 @@ derives these values again. A flag combination that cannot run here raises :clas
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, replace
 from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed, weights_digest
+from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
 from runtime.schedule import eval_schedule, samples_per_epoch
@@ -187,6 +190,14 @@ def ensemble_from(config: Config, saved: Saved, ensemble) -> Config:
     return replace(config, ensemble_sha256=tuple(weights_sha256(s) for s in (saved, *ensemble)))
 
 
+def with_cache_dir(config: Config) -> Config:
+    """``config`` with ``cache_dir`` decided: ``--cache_dir``, else the user's cache folder
+    (:func:`runtime.inference.openvino.cache.default_cache_dir`), never beside an input."""
+    from runtime.inference.openvino.cache import default_cache_dir
+
+    return replace(config, cache_dir=os.path.abspath(config.cache_dir) if config.cache_dir else default_cache_dir())
+
+
 def resolve_predict(config: Config, device: torch.device) -> Config:
     """Predict's values: batch norm for a sync-batch-norm network (the same weights; inference
     needs no cross-rank statistics), the AMP type, the device, the backend and the window batch
@@ -197,7 +208,7 @@ def resolve_predict(config: Config, device: torch.device) -> Config:
         raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
     if config.amp:
         config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
-    config = decide_backend(replace(config, device=device.type), device)
+    config = with_cache_dir(decide_backend(replace(config, device=device.type), device))
     notes: list[str] = []
     config = bounded_window_batch(config, config.backend, say=notes.append)
     return replace(config, sw_batch_note=" ".join(notes))
@@ -237,9 +248,32 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     seed = saved_seed(saved.checkpoint) if saved is not None and saved.resume else None
     if seed is None:
         seed = D.resolve_master_seed(config.seed, device)
-    config = decide_backend(config, device)
+    config = with_cache_dir(decide_backend(config, device))
     config = replace(config, device=device.type, seed=seed, cuda_graphs=cuda_graphs_decision(config, dist_info))
+    config = division_from(config, flag_reasons(config), dist_info)
     return config if data is None else resolve_data(config, dist_info, data.summary(config))
+
+
+def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: bool = False) -> Config:
+    """``config`` with its MLPerf division decided (``runtime.division``) from ``reasons`` (the
+    stage's reasons the run is open): closed, or open with one line saying why (rank 0,
+    training, once); ``--submission_division closed`` on an open run is a :class:`UsageError`.
+    The flag as given is kept in ``division_asked`` for the data stage. ``logged``: the MLPerf
+    log already holds the division (the data stage: it must precede ``init_stop``), so a run
+    found open only now says that its log's "closed" is no result."""
+    asked = config.division_asked or config.submission_division
+    if config.division_why:  # already open by the flags: the data adds nothing to say
+        return config
+    try:
+        division, why = decide(asked, reasons)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if why and logged and config.submission_division == "closed":
+        why += ("; the MLPerf log, whose division precedes init_stop, says closed, and the compliance "
+                "checker rejects it for these counts: no result")
+    if why and dist_info.is_main and config.is_train and not config.benchmark:
+        print(why)
+    return replace(config, submission_division=division, division_why=why, division_asked=asked)
 
 
 def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
@@ -251,6 +285,8 @@ def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
     collective)."""
     from data_loading.data_loader import resolve_cache
 
-    return replace(config, cache=resolve_cache(config.cache, dist_info.device, summary.train_bytes),
-                   num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
-                   **schedule_fields(config, summary.num_train, dist_info.world_size))
+    config = replace(config, cache=resolve_cache(config.cache, dist_info.device, summary.train_bytes),
+                     num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
+                     **schedule_fields(config, summary.num_train, dist_info.world_size))
+    # The division's data part: a closed run needs KiTS19's 168/42 split (runtime.division).
+    return division_from(config, data_reasons(summary.num_train, summary.num_eval), dist_info, logged=True)

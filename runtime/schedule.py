@@ -28,14 +28,36 @@ def samples_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int
     return world_size * batch_size * batches_per_epoch(num_samples, world_size, batch_size)
 
 
+SEMANTICS = ("reference", "project")  # --semantics: the MLCommons code's rules, or the project's fixes
+
+
 @dataclass(frozen=True)
 class EvalSchedule:
+    """Which epochs evaluate. ``semantics`` "reference": the MLCommons code's rule, every epoch
+    with ``epoch % evaluate_every == 0`` and ``epoch >= start_eval_at``; "project": ``start_eval_at``
+    and every ``evaluate_every`` epochs after it. The two agree when ``evaluate_every`` divides
+    ``start_eval_at`` (the MLPerf defaults at batch 2: 1000 and 20)."""
+
     start_eval_at: int
     evaluate_every: int
     fail_epoch: int  # a run not converged by this epoch has failed (MLPerf)
+    semantics: str = "reference"
 
     def is_eval_epoch(self, epoch: int) -> bool:
-        return epoch >= self.start_eval_at and (epoch - self.start_eval_at) % self.evaluate_every == 0
+        if epoch < self.start_eval_at:
+            return False
+        if self.semantics == "project":
+            return (epoch - self.start_eval_at) % self.evaluate_every == 0
+        return epoch % self.evaluate_every == 0
+
+    def next_eval_epoch(self, epoch: int) -> int:
+        """The first evaluation epoch at or after ``epoch``."""
+        if self.semantics == "project":
+            if epoch <= self.start_eval_at:
+                return self.start_eval_at
+            return self.start_eval_at + -(-(epoch - self.start_eval_at) // self.evaluate_every) * self.evaluate_every
+        first = max(epoch, self.start_eval_at)
+        return -(-first // self.evaluate_every) * self.evaluate_every
 
 
 def eval_schedule(samples_per_epoch_: int, num_train_cases: int = 168, start_eval_at: int | None = None,

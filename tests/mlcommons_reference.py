@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/inference.py", "runtime/distributed_utils.py",
                    "runtime/logging.py")
 TRAINING_FILES = ("model/losses.py", "runtime/training.py")  # also read by load_reference_training
-PACKAGES = ("model", "runtime")  # the reference's package names, which are also this project's
+PACKAGES = ("model", "runtime", "data_loading")  # the reference's package names, which are also this project's
 
 
 class ReferenceCodeError(SystemExit):
@@ -58,9 +58,64 @@ def _is_project_path(entry: str) -> bool:
     return os.path.realpath(entry or os.getcwd()) == str(ROOT)
 
 
-def _import_reference(code_dir: str, names: Sequence[str]) -> list[types.ModuleType]:
-    """The reference's modules ``names`` imported from ``code_dir`` (see :func:`load_reference`)."""
-    code_dir = check_reference_code(code_dir)
+def torchvision_stand_in() -> types.ModuleType:
+    """A ``torchvision`` with ``transforms.Compose`` only: the reference's data loader builds its
+    augmentation chain with it (the crop the tests call does not use it)."""
+    module = types.ModuleType("torchvision", "stand-in: torchvision is not installed")
+    transforms = types.ModuleType("torchvision.transforms")
+
+    class Compose:
+        def __init__(self, steps):
+            self.steps = list(steps)
+
+        def __call__(self, data):
+            for step in self.steps:
+                data = step(data)
+            return data
+
+    transforms.Compose = Compose
+    module.transforms = transforms
+    return module
+
+
+def _require(code_dir: str, files: Sequence[str]) -> None:
+    missing = [f for f in files if not os.path.isfile(os.path.join(code_dir, f))]
+    if missing:
+        raise ReferenceCodeError(f"--reference_code {code_dir}: no {missing[0]} there (give the "
+                                 "image_segmentation/pytorch folder of a mlcommons/training checkout)")
+
+
+def load_reference_crop(code_dir: str) -> type:
+    """The reference's ``RandBalancedCrop`` (``data_loading/pytorch_loader.py``): its uniform and
+    foreground crop, drawn from Python's ``random`` and NumPy's global generator."""
+    _require(code_dir, ("data_loading/pytorch_loader.py",))
+    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None:
+        sys.modules["torchvision"] = torchvision_stand_in()
+        sys.modules["torchvision.transforms"] = sys.modules["torchvision"].transforms
+    (loader,) = _import_reference(code_dir, ("data_loading.pytorch_loader",), required=())
+    return loader.RandBalancedCrop
+
+
+def load_reference_train_loop(code_dir: str) -> types.ModuleType:
+    """The reference's ``runtime/training.py`` module (its ``train`` loop: the gradient-accumulation
+    tail and the evaluation epochs; a test replaces its ``evaluate`` and logging globals)."""
+    _require(code_dir, ("runtime/training.py", "runtime/inference.py", "runtime/logging.py",
+                        "runtime/distributed_utils.py"))
+    if "dllogger" not in sys.modules and importlib.util.find_spec("dllogger") is None:
+        sys.modules["dllogger"] = dllogger_stand_in()
+    (training,) = _import_reference(code_dir, ("runtime.training",), required=())
+    return training
+
+
+def _import_reference(code_dir: str, names: Sequence[str],
+                      required: Sequence[str] | None = None) -> list[types.ModuleType]:
+    """The reference's modules ``names`` imported from ``code_dir`` (see :func:`load_reference`);
+    ``required``: the files checked first (default: :data:`REFERENCE_FILES`)."""
+    if required is None:
+        code_dir = check_reference_code(code_dir)
+    else:
+        _require(code_dir, required)
+        code_dir = os.path.realpath(code_dir)
     import scipy.signal
 
     if not hasattr(scipy.signal, "gaussian"):

@@ -43,8 +43,10 @@ def test_random_crop_inside_volume_and_patch_sized():
 
 def test_random_crop_reaches_every_position():
     rng = np.random.default_rng(1)
-    starts = {random_patch_start(rng, (18,), (16,))[0] for _ in range(200)}
+    starts = {random_patch_start(rng, (18,), (16,), "project")[0] for _ in range(200)}
     assert starts == {0, 1, 2}
+    # the reference's randrange(18 - 16): never the last position
+    assert {random_patch_start(rng, (18,), (16,))[0] for _ in range(200)} == {0, 1}
 
 
 def test_foreground_crops_fit_and_contain_the_chosen_class():
@@ -56,7 +58,7 @@ def test_foreground_crops_fit_and_contain_the_chosen_class():
         label = _random_label(rng, shape)
         boxes = foreground_boxes(label)
         for _ in range(25):
-            aug = draw_augmentation(rng, shape, patch, boxes, oversampling=1.0)
+            aug = draw_augmentation(rng, shape, patch, boxes, oversampling=1.0, crop="project")
             assert all(0 <= s and s + p <= n for s, p, n in zip(aug.start, patch, shape))
             crop = crop_and_flip(label[None], aug.start, patch, aug.flips, np.uint8)
             assert crop.shape == (1, *patch)
@@ -73,7 +75,7 @@ def test_foreground_placement_of_a_box_longer_than_the_patch_stays_in_the_box():
     anchors = np.array([[10, 30, 5], [40, 31, 6]])
     box = Box(start=(5, 28, 0), stop=(50, 34, 40), anchors=anchors)
     for _ in range(300):
-        start = foreground_patch_start(rng, box, (60, 60, 60), (16, 16, 16))
+        start = foreground_patch_start(rng, box, (60, 60, 60), (16, 16, 16), "project")
         # axis 1: box (6) shorter than the patch -> the whole box extent is inside the patch
         assert start[1] <= 28 and start[1] + 16 >= 34
         # axes 0 and 2: box longer -> patch inside the box and over one anchor
@@ -85,11 +87,15 @@ def test_foreground_placement_of_a_box_longer_than_the_patch_stays_in_the_box():
 def test_foreground_placement_splits_the_difference_at_random():
     rng = np.random.default_rng(4)
     box = Box(start=(20, 20, 20), stop=(24, 24, 24), anchors=np.array([[21, 21, 21]]))
-    starts = np.array([foreground_patch_start(rng, box, (64, 64, 64), PATCH) for _ in range(2000)])
+    starts = np.array([foreground_patch_start(rng, box, (64, 64, 64), PATCH, "project") for _ in range(2000)])
     # difference 12 split at random: start uniform over 20-12..20
     assert starts.min() == 8 and starts.max() == 20
     counts = np.bincount(starts[:, 0] - 8)
     assert counts.min() > 2000 / 13 * 0.6
+    # the reference: 20 - randrange(12), uniform over 9..20
+    starts = np.array([foreground_patch_start(rng, box, (64, 64, 64), PATCH) for _ in range(2000)])
+    assert starts.min() == 9 and starts.max() == 20
+    assert np.bincount(starts[:, 0] - 9).min() > 2000 / 12 * 0.6
 
 
 def test_foreground_placement_near_the_border_shifts_inside():

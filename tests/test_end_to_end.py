@@ -143,7 +143,7 @@ def test_torchrun_two_process_training(small_data, tmp_path):
     # two epochs of a tiny model may still score 0 (stopped as diverged, exit 3): this test is
     # about DDP completing in step on both ranks, not about learning
     assert proc.returncode in (0, 3), proc.stderr[-3000:]
-    assert proc.stdout.count("RESULT,image_segmentation") == 1
+    assert proc.stdout.count("RUN_SUMMARY,image_segmentation") == 1
     assert "8 cases, 8 samples/epoch" in proc.stdout  # 2 ranks x 2 batches of 2
     state = load_checkpoint(str(tmp_path / "c.pt"))
     assert state["epoch"] == 2 and state["last_eval"]["eval_cases"] == 5
@@ -255,7 +255,7 @@ def test_converging_run_passes_both_compliance_rulesets(tmp_path):
                    "--epochs", "12", "--start_eval_at", "5", "--evaluate_every", "1", "--num_workers", "0",
                    "--sw_batch_size", "4", "--seed", "1", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT,")]
+    result = [line for line in proc.stdout.splitlines() if line.startswith("RUN_SUMMARY,")]
     assert result and ",success," in result[0], proc.stdout[-2000:]
     for ruleset in ("4.0.0", "2.1.0"):
         check = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",

@@ -104,7 +104,7 @@ def test_the_prediction_is_read_from_the_benchmarks_output():
 
 
 def test_the_result_line_and_junit_counts():
-    line = "epoch 9/60 ...\nRESULT,image_segmentation,0,83.2,success,best_mean_dice=0.6123,epochs=14\n"
+    line = "epoch 9/60 ...\nRUN_SUMMARY,image_segmentation,0,83.2,success,best_mean_dice=0.6123,epochs=14\n"
     assert result_numbers(line) == {"status": "success", "seconds": 83.2, "best_mean_dice": 0.6123, "epochs": 14}
     assert result_numbers("no result") == {}
 

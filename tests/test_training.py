@@ -41,7 +41,7 @@ def test_train_writes_logs_and_checkpoint(tmp_path, fake_loaders, capsys):
                                    "--evaluate_every", "1")
     assert code == 0
     out = capsys.readouterr().out
-    assert "RESULT,image_segmentation,7," in out and "eval epoch 2: mean_dice" in out
+    assert "RUN_SUMMARY,image_segmentation,7," in out and "eval epoch 2: mean_dice" in out
     records = [json.loads(line) for line in (log_dir / "log.json").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["kind"] == "train"] == [1, 2, 3]
     assert [r["epoch"] for r in records if r["kind"] == "eval"] == [2, 3]

@@ -66,7 +66,7 @@ def test_two_jobs_on_one_scratch_the_short_one_ending_first_both_complete(cluste
     outputs = {name: (tmp_path / f"{name}.out").read_text() for name in jobs}
     for name in jobs:
         assert infos[name]["JobState"] == "COMPLETED", outputs[name]
-        assert "RESULT,image_segmentation" in outputs[name]
+        assert "RUN_SUMMARY,image_segmentation" in outputs[name]
         assert_clean(outputs[name])
     assert infos["short"]["EndTime"] <= infos["long"]["EndTime"], infos
     assert digest_tree(own) == before and os.listdir(scratch) == ["kits19"]

@@ -1,0 +1,91 @@
+"""The MLPerf division a training run belongs to, decided by what the run does.
+
+A run is closed only when it is the reference's benchmark (the rules, ``training_rules.adoc``,
+and ../shared/docs/benchmark-spec.md, "What makes a run a result"): the reference's model and
+loss, SGD with only the rules' tunables changed (global batch size, base and initial learning
+rate, momentum, warm-up and decay epochs, decay factor, weight decay), every value the rules fix
+to the reference's (training patch 128³, evaluation window 128³, overlap 0.5, oversampling 0.4,
+the target 0.908), the reference's data semantics (its crop sampler, gradient-accumulation
+tail and evaluation epochs: ``--semantics reference``; no project-only augmentation or
+synthetic data) and the 168/42 split of KiTS19. Anything else makes it open.
+
+Two pure functions, one per stage of ``runtime.resolve``: :func:`flag_reasons` over the flags
+(``resolve``, before any MLPerf event) and :func:`data_reasons` over the case counts
+(``resolve_data``, after ``run_start``, where the data is first listed). Each returns the
+reasons the run is open, in words, empty when nothing makes it so; :func:`decide` turns them
+into the division and the one line that says why.
+"""
+from __future__ import annotations
+
+from model.unet3d import DEFAULT_FILTERS
+from runtime.run_files import QUALITY_THRESHOLD
+
+# The values the rules fix to the reference's, and the reference's model and loss.
+REFERENCE_PATCH = (128, 128, 128)
+REFERENCE_WINDOW = (128, 128, 128)
+REFERENCE_OVERLAP = 0.5
+REFERENCE_OVERSAMPLING = 0.4
+REFERENCE_TRAIN_CASES = 168
+REFERENCE_EVAL_CASES = 42
+DIVISIONS = ("auto", "closed", "open")
+
+
+def _shape(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def flag_reasons(config) -> list[str]:
+    """Why the flags of ``config`` make the run open (empty: they allow closed)."""
+    reasons = []
+    if tuple(config.filters) != tuple(DEFAULT_FILTERS):
+        reasons.append(f"--filters {' '.join(map(str, config.filters))} is not the reference's model")
+    if config.normalization != "instancenorm":
+        reasons.append(f"--normalization {config.normalization} is not the reference's model (instancenorm)")
+    if config.activation != "relu":
+        reasons.append(f"--activation {config.activation} is not the reference's model (relu)")
+    if config.include_background:
+        reasons.append("--include_background is not the reference's loss")
+    if config.optimizer != "sgd":
+        reasons.append(f"--optimizer {config.optimizer} is not the reference's optimizer (sgd)")
+    if tuple(config.input_shape) != REFERENCE_PATCH:
+        reasons.append(f"--input_shape {_shape(config.input_shape)} is not the fixed {_shape(REFERENCE_PATCH)}")
+    if tuple(config.val_input_shape) != REFERENCE_WINDOW:
+        reasons.append(f"--val_input_shape {_shape(config.val_input_shape)} is not the fixed "
+                       f"{_shape(REFERENCE_WINDOW)}")
+    if config.overlap != REFERENCE_OVERLAP:
+        reasons.append(f"--overlap {config.overlap:g} is not the fixed {REFERENCE_OVERLAP:g}")
+    if config.oversampling != REFERENCE_OVERSAMPLING:
+        reasons.append(f"--oversampling {config.oversampling:g} is not the fixed {REFERENCE_OVERSAMPLING:g}")
+    if config.quality_threshold != QUALITY_THRESHOLD:
+        reasons.append(f"--quality_threshold {config.quality_threshold:g} is not the target {QUALITY_THRESHOLD:g}")
+    if config.semantics != "reference":
+        reasons.append(f"--semantics {config.semantics} is not the reference's crop sampler, "
+                       "gradient-accumulation tail and evaluation epochs")
+    if config.brightness != "reference":
+        reasons.append(f"--brightness {config.brightness} is not the reference's augmentation")
+    if config.loader != "pytorch":
+        reasons.append(f"--loader {config.loader} is not the KiTS19 data")
+    return reasons
+
+
+def data_reasons(num_train: int, num_eval: int) -> list[str]:
+    """Why the data's case counts make the run open (empty: KiTS19's 168/42 split)."""
+    if (num_train, num_eval) == (REFERENCE_TRAIN_CASES, REFERENCE_EVAL_CASES):
+        return []
+    return [f"{num_train} training and {num_eval} evaluation cases are not KiTS19's "
+            f"{REFERENCE_TRAIN_CASES} and {REFERENCE_EVAL_CASES}"]
+
+
+def decide(asked: str, reasons: list[str]) -> tuple[str, str]:
+    """``(division, why)`` for ``--submission_division asked`` given the ``reasons`` the run is
+    open: ``("closed", "")``, or ``("open", one line naming the first reason and how many more)``.
+    ``asked`` "closed" with a reason raises ``ValueError`` with the line to tell the user."""
+    if asked not in DIVISIONS:
+        raise ValueError(f"division must be one of {DIVISIONS}, got {asked!r}")
+    if not reasons:
+        return ("open", "") if asked == "open" else ("closed", "")
+    more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    if asked == "closed":
+        raise ValueError(f"--submission_division closed: this run cannot be closed: {reasons[0]}{more}; "
+                         "drop the flag (auto) to log it open")
+    return "open", f"MLPerf division: open, because {reasons[0]}{more}"
