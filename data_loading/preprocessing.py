@@ -219,8 +219,8 @@ def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
     label_nifti = _read_nifti(case.label_path)
     label = validated_label(read_voxels(label_nifti, case.label_path), case.name)
     try:
-        label = scan_io.label_on_scan_grid(label, scan_io.file_affine(label_nifti), image_affine, image.shape[1:],
-                                           case.label_path, case.image_path)
+        label = scan_io.label_file_on_scan_grid(label, label_nifti, image_affine, image.shape[1:], case.label_path,
+                                                case.image_path, scan_io.states_orientation(image_nifti))
     except scan_io.ScanError as exc:
         raise PreprocessError(str(exc)) from None
     return image, np.expand_dims(label, 0), spacing

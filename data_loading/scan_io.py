@@ -279,6 +279,30 @@ def label_on_scan_grid(label: np.ndarray, label_affine: np.ndarray, scan_affine:
                     f"label axes {''.join(aff2codes(label_affine))}, scan axes {''.join(aff2codes(scan_affine))})")
 
 
+def states_orientation(nifti) -> bool:
+    """Whether a NIfTI file states where its voxels are (a non-zero ``sform_code`` or
+    ``qform_code``); without, nibabel's affine is only ``pixdim`` about the array's centre."""
+    return int(nifti.header["sform_code"]) != 0 or int(nifti.header["qform_code"]) != 0
+
+
+def label_file_on_scan_grid(label: np.ndarray, nifti, scan_affine: np.ndarray, scan_shape: Sequence[int],
+                            label_path: str, scan_path: str, scan_states: bool = True) -> np.ndarray:
+    """:func:`label_on_scan_grid` for the label file ``nifti`` (its array ``label``). Where the
+    label or the scan (``scan_states`` False) states no orientation (:func:`states_orientation`)
+    there is no pair of affines to compare: the label is taken as stored on its scan's grid when
+    its shape and voxel sizes are the scan's, else refused (one line naming both files)."""
+    if states_orientation(nifti) and scan_states:
+        return label_on_scan_grid(label, file_affine(nifti), scan_affine, scan_shape, label_path, scan_path)
+    sizes = voxel_sizes(file_affine(nifti))  # pixdim's, for a label that states no orientation
+    if tuple(label.shape) == tuple(int(s) for s in scan_shape) and not spacing_disagrees(sizes, scan_affine):
+        return label
+    who = "it" if not states_orientation(nifti) else f"its scan {scan_path}"
+    raise ScanError(f"{label_path}: {who} states no orientation (sform_code and qform_code 0) and its shape "
+                    f"{tuple(label.shape)} and voxel sizes {[float(f'{v:.6g}') for v in sizes]} mm are not those of "
+                    f"its scan {scan_path} ({tuple(int(s) for s in scan_shape)}, "
+                    f"{[float(f'{v:.6g}') for v in voxel_sizes(scan_affine)]} mm): it cannot be placed on that grid")
+
+
 def aff2codes(affine: np.ndarray) -> tuple[str, ...]:
     from nibabel.orientations import aff2axcodes
 

@@ -305,8 +305,7 @@ def read_label(path: str, shape: Sequence[int], scan: Orientation | None = None,
                 raise ScanError(f"{path}: shape {tuple(raw.shape)} differs from the scan's {tuple(shape)}")
             return validated_label(raw, path)
         label = validated_label(raw, path)
-        return scan_io.label_on_scan_grid(label, scan_io.file_affine(nifti), scan.affine, shape, path,
-                                          scan_path or "the scan")
+        return scan_io.label_file_on_scan_grid(label, nifti, scan.affine, shape, path, scan_path or "the scan")
     except PreprocessError as exc:
         raise ScanError(str(exc)) from None
 

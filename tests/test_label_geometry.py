@@ -242,3 +242,36 @@ def test_labelled_cases_beyond_kits19_are_skipped_with_the_true_reason(tmp_path,
     assert "skipping 2 cases" in said[0] and "1 of them with a segmentation.nii.gz" in said[0]
     assert sorted(f for f in os.listdir(tmp_path / "out") if f.endswith(".npy")) == [
         "case_00003_x.npy", "case_00003_y.npy"]
+
+
+def no_orientation(image):
+    """``image``'s array and pixdim in a file that states no orientation (sform and qform codes 0)."""
+    bare = nibabel.Nifti1Image(np.asarray(image.dataobj), None)
+    bare.header.set_zooms(image.header.get_zooms())
+    assert int(bare.header["sform_code"]) == 0 and int(bare.header["qform_code"]) == 0
+    return bare
+
+
+def test_a_file_that_states_no_orientation_is_compared_by_shape_and_voxel_size(tmp_path):
+    """No pair of affines to compare: same shape and voxel sizes is the scan's grid (preprocessing
+    writes the same bytes); another voxel size is refused naming both files."""
+    write_kits_case(tmp_path / "a", 0)
+    write_kits_case(tmp_path / "b", 0, no_orientation)                 # a bare label
+    write_kits_case(tmp_path / "c", 0)                                  # a bare image
+    image_path = str(tmp_path / "c" / "case_00000" / "imaging.nii.gz")
+    save(no_orientation(nibabel.load(image_path)), image_path)
+    for name in "abc":
+        assert preprocess_dataset.main(["--data_dir", str(tmp_path / name), "--results_dir",
+                                        str(tmp_path / f"out_{name}"), "--num_workers", "1"]) == 0
+    y = [(tmp_path / f"out_{n}" / "case_00000_y.npy").read_bytes() for n in "abc"]
+    assert y[0] == y[1] == y[2]
+    label = blob_label(SHAPE)
+    scan = save(kits_nifti(ct_of(label)), tmp_path / "scan.nii.gz")
+    other = no_orientation(kits_nifti(label, spacing=(2.5, 1.5, 1.5)))
+    path = save(other, tmp_path / "bare.nii.gz")
+    raw = read_scan(scan)
+    assert np.array_equal(read_label(save(no_orientation(kits_nifti(label)), tmp_path / "ok.nii.gz"),
+                                     raw.file_shape, raw.orientation, scan), label)
+    with pytest.raises(ScanError) as info:
+        read_label(path, raw.file_shape, raw.orientation, scan)
+    assert "\n" not in str(info.value) and path in str(info.value) and scan in str(info.value)
