@@ -190,3 +190,24 @@ def test_the_markers_keep_the_official_checker_reading_the_log(tmp_path, capsys)
 
     assert with_marker.checked and problems(with_marker) == problems(without)
     assert not any("parse error" in problem for problem in with_marker.problems)
+
+
+def test_the_report_never_stitches_an_earlier_runs_resumed_log_onto_a_later_run(tmp_path, capsys):
+    """A folder reused by an older version (nothing moved): the earlier run's resumed attempt
+    (a success) started before the folder's unet3d.log, so it is not this run's."""
+    log_dir = tmp_path / "l"
+    argv = TINY + ["--log_dir", str(log_dir), "--start_eval_at", "10", "--epochs", "1"]
+    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    lines = (log_dir / "unet3d.log").read_text().splitlines()
+    earlier = []
+    for line in lines:  # the same run 100 s earlier, ending in success
+        record = json.loads(line.split(":::MLLOG ", 1)[1])
+        record["time_ms"] -= 100_000
+        if record["key"] == "run_stop":
+            record["metadata"]["status"] = "success"
+        earlier.append(":::MLLOG " + json.dumps(record))
+    (log_dir / "unet3d.resumed-20200101-000000.log").write_text("\n".join(earlier) + "\n")
+    report = make_report([str(log_dir)], str(tmp_path / "report"), check=False, draw=False, say=lambda _: None)
+    (summary,) = report["runs"]
+    assert summary.attempts == 1 and summary.status != "success" and summary.time_to_target_s is None
+    assert any("an earlier run's attempt, left out" in note for note in summary.notes)

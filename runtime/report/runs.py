@@ -273,6 +273,13 @@ def _read_attempts(folder: str) -> tuple[list[Attempt], list[str]]:
     for path in mlperf_logs(folder):
         events, read_notes = read_json_lines(path, prefix=MLLOG_PREFIX)
         attempt, attempt_notes = attempts_from_events(events, path)
+        first = attempts[0].start_ms if attempts else None
+        if first is not None and attempt.start_ms is not None and attempt.start_ms < first:
+            # a folder reused by an older version of the program: an earlier run's resumed
+            # attempt, not this run's (today a new run moves it into previous-<time>)
+            notes.append(f"{os.path.basename(path)} started before {MLPERF_LOG}: an earlier run's attempt, "
+                         "left out")
+            continue
         attempts.append(attempt)
         notes += read_notes + attempt_notes
     if not attempts:
