@@ -14,6 +14,11 @@ A ``--log_dir`` holds:
   every key of an ``eval`` record (``EvalPoint.metrics``).
 * ``eval_cases.csv`` (``--exec_mode evaluate``): one row per case, :data:`EVAL_CASES_COLUMNS`.
 * ``curves.png`` (``--plot``).
+* ``previous-<time>/``: a new training run in a used folder moves the last run's files (and its
+  checkpoint) there first (:func:`run_file_names`, ``runtime.outputs.move_previous_run``).
+
+An attempt's MLPerf log holds :data:`RESUMED_FROM_CHECKPOINT` or :data:`CHECKPOINTS_ON_THE_CLOCK`
+(this project's own keys, before ``run_start``) when it is not an MLPerf result.
 
 A report's ``--output`` holds ``summary.md``, ``summary.json`` and ``curves.png``.
 """
