@@ -274,7 +274,8 @@ def label_on_scan_grid(label: np.ndarray, label_affine: np.ndarray, scan_affine:
             return np.ascontiguousarray(apply_orientation(label, transform))
         where = f"its voxels lie up to {distance:.3g} voxels off the scan's"
     else:
-        where = f"shape {tuple(label.shape)}, {tuple(moved_shape)} in the scan's axis order, differs from the scan's {scan_shape}"
+        where = (f"shape {tuple(label.shape)}, {tuple(moved_shape)} in the scan's axis order, differs from the "
+                 f"scan's {scan_shape}")
     raise ScanError(f"{label_path}: not on the voxel grid of its scan {scan_path} ({where}; "
                     f"label axes {''.join(aff2codes(label_affine))}, scan axes {''.join(aff2codes(scan_affine))})")
 

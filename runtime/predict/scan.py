@@ -262,7 +262,8 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
     start = time.perf_counter()
     with timer("read"):
         raw = read_scan(scan.image_path)  # in the KiTS19 layout the network was trained in
-        truth = read_label(scan.label_path, raw.file_shape, raw.orientation, scan.image_path) if scan.label_path else None
+        truth = (read_label(scan.label_path, raw.file_shape, raw.orientation, scan.image_path) if scan.label_path
+                 else None)
     if raw.note:  # the header's pixdim disagrees with its affine: which spacing was used
         print(raw.note, flush=True)
     # a Segmenter segments the volume itself (the Python entry point's path); a bare callable here
