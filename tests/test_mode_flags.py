@@ -76,6 +76,17 @@ def test_the_predict_flags_are_predict_only_as_their_help_says():
     assert all(FLAG_MODES[name] == {PREDICT} for name in predict_only)
 
 
+def test_the_benchmark_budget_and_the_backend_flags_are_where_their_help_says():
+    """The same oracle for "(new) --benchmark:" (the budget: both --benchmark modes only) and
+    "(new) predict and evaluate" (the inference backend)."""
+    helps = {action.dest: action.help or "" for action in build_parser()._actions}
+    budget = {name for name, text in helps.items() if text.startswith("(new) --benchmark:")}
+    backend = {name for name, text in helps.items() if text.startswith("(new) predict and evaluate")}
+    assert {"benchmark_steps", "benchmark_seconds"} <= budget and "backend" in backend
+    assert all(FLAG_MODES[name] == {"train --benchmark", "evaluate --benchmark"} for name in budget)
+    assert all(FLAG_MODES[name] == {"evaluate", PREDICT} for name in backend)
+
+
 def refused(argv, capsys) -> str:
     with pytest.raises(SystemExit) as stop:
         parse_args(argv)
