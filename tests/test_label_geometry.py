@@ -275,3 +275,22 @@ def test_a_file_that_states_no_orientation_is_compared_by_shape_and_voxel_size(t
     with pytest.raises(ScanError) as info:
         read_label(path, raw.file_shape, raw.orientation, scan)
     assert "\n" not in str(info.value) and path in str(info.value) and scan in str(info.value)
+
+
+@pytest.mark.parametrize("orient", ["LPS", "RAS", "SRA"])
+def test_a_label_rewritten_by_simpleitk_in_another_orientation_is_the_original_on_the_scans_grid(tmp_path, orient):
+    """SimpleITK's own geometry as the oracle: the label reoriented by ITK (``DICOMOrient``) and
+    written by ITK; ITK's nearest-neighbour resampling of it onto the scan's grid, and ours."""
+    sitk = pytest.importorskip("SimpleITK")
+    label = blob_label(SHAPE)
+    scan = save(kits_nifti(ct_of(label)), tmp_path / "scan.nii.gz")
+    source = save(kits_nifti(label), tmp_path / "label.nii.gz")
+    moved = str(tmp_path / "moved.nii.gz")
+    sitk.WriteImage(sitk.DICOMOrient(sitk.ReadImage(source), orient), moved)
+    stored = np.asarray(nibabel.load(moved).dataobj)
+    assert stored.shape != label.shape or not np.array_equal(stored, label)        # not stored as the scan's
+    on_grid = sitk.Resample(sitk.ReadImage(moved), sitk.ReadImage(scan), sitk.Transform(), sitk.sitkNearestNeighbor)
+    itk_labels = sitk.GetArrayFromImage(on_grid).T                                 # (k, j, i) -> (i, j, k)
+    raw = read_scan(scan)
+    ours = read_label(moved, raw.file_shape, raw.orientation, scan)
+    assert np.array_equal(itk_labels, label) and np.array_equal(ours, itk_labels)
