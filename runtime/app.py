@@ -22,7 +22,7 @@ from mlperf_logging.mllog import constants as C
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
-from runtime.build import Components, build_components, warm_up, with_loaders
+from runtime.build import Components, build_components, with_loaders
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.run_files import BACKEND, EVAL, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
@@ -218,7 +218,6 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
         state = components.state
         out.say(f"resuming {saved.path} after epoch {state.epoch}"
                 + (f" + {state.step_in_epoch} batches" if state.step_in_epoch else ""))
-    warm_up(components)  # compiled before the clock, on zeros (build.compiles_lazily)
     session.on_exit.push(abort_clock_on_error(out, components.state))
     start_clock(out)
     # -- the clock runs: the data from here on

@@ -38,6 +38,13 @@ needs_openvino = pytest.mark.skipif(openvino_missing() is not None, reason=f"{op
 needs_nncf = pytest.mark.skipif(openvino_missing(int8=True) is not None, reason=f"{openvino_missing(int8=True)}")
 
 
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path, monkeypatch):
+    """OpenVINO's converted networks in this test's own cache folder (subprocesses inherit it)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg"
+
+
 def predict_config(tmp_path, *flags, roi=(32, 32, 64)):
     return parse_args(["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "out"),
                        "--load_ckpt_path", __file__, "--val_input_shape", *map(str, roi), "--sw_batch_size", "3",
@@ -203,7 +210,7 @@ def test_calibration_set_spreads_over_the_scans_being_predicted(tmp_path, monkey
     windows = chosen.arrays()
     assert len(windows) == 4 and all(w.shape == (1, 1, 32, 32, 32) for w in windows)
     assert all(np.array_equal(w, e) for w, e in zip(windows, expected))
-    assert "3 scans being predicted (s0, s2, s4)" in chosen.describe()
+    assert "3 scans (s0, s2, s4)" in chosen.describe()
     other = calibration.scan_calibration(config, scans[:4])  # another folder: another set and key
     assert other.digest() != chosen.digest() and other.fields() != chosen.fields()
     assert calibration.scan_calibration(config, scans).digest() == chosen.digest()
@@ -271,6 +278,7 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
     """The first run converts, the second reads the cache; new weights in the same file (same
     size, same time stamp) convert again and give the new weights' logits, never the old
     ones; the old entry is removed; a damaged entry is rebuilt."""
+    from runtime.inference.openvino.cache import cache_folder
     from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     ckpt = str(tmp_path / "tiny.pt")
@@ -292,7 +300,8 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
     os.utime(ckpt, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     assert os.stat(ckpt).st_size == stamp.st_size and os.stat(ckpt).st_mtime_ns == stamp.st_mtime_ns
     assert "converting" in run(second)
-    folder = ckpt + ".openvino"
+    folder = cache_folder(ckpt, config.cache_dir)  # the user's cache folder, never beside the checkpoint
+    assert folder.startswith(str(tmp_path / "xdg")) and not os.path.exists(ckpt + ".openvino")
     entries = [e for e in os.listdir(folder) if not e.startswith(".")]
     assert len(entries) == 1
     with open(os.path.join(folder, entries[0], "key.json")) as handle:
@@ -315,7 +324,8 @@ def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
     folder.chmod(0o555)
     lines = []
     try:
-        cached_openvino_model(model, replace(predict_config(tmp_path), load_ckpt_path=ckpt), ckpt, say=lines.append)
+        cached_openvino_model(model, replace(predict_config(tmp_path), load_ckpt_path=ckpt, cache_dir=str(folder)),
+                              ckpt, say=lines.append)
     finally:
         folder.chmod(0o755)
     assert any("used for this run only" in line for line in lines)
@@ -383,10 +393,12 @@ def test_predict_cli_openvino_segments_like_torch(tmp_path):
 
 
 @needs_nncf
-def test_predict_int8_needs_only_a_checkpoint_and_the_scans(tmp_path):
+def test_predict_int8_needs_only_a_checkpoint_and_the_scans(tmp_path, cache_home):
     """``predict --int8`` with a checkpoint and a folder of scans, no --data_dir: it calibrates
-    on those scans, segments them in the scans' shape, records the calibration set's digest,
-    reuses its outputs on a second run and calibrates again for another folder."""
+    on each scan alone, segments them in the scans' shape, records each scan's calibration,
+    reuses its outputs on a second run; a scan given alone gets the same calibration and the same
+    labels as in the folder (its result is reproduced from that scan alone); the converted
+    networks are in the cache folder, none beside the checkpoint or the scans."""
     ckpt = str(tmp_path / "tiny.pt")
     save_tiny(ckpt, 0)
     folder = tmp_path / "in"
@@ -400,15 +412,27 @@ def test_predict_int8_needs_only_a_checkpoint_and_the_scans(tmp_path):
 
     first = predict(folder, tmp_path / "out")
     assert first.returncode == 0, first.stderr[-2000:]
-    assert "int8 (NNCF post-training quantisation, calibrated on the scans being predicted)" in first.stdout
-    assert "2 scans being predicted (s0, s1)" in first.stdout
+    assert "int8 (NNCF post-training quantisation, calibrated on each scan alone)" in first.stdout
+    assert "1 scan (s0)" in first.stdout and "1 scan (s1)" in first.stdout
+    assert "s0: segmented" in first.stdout and "int8 calibrated on this scan alone" in first.stdout
     labels = np.asarray(nibabel.load(str(tmp_path / "out" / "s0.nii.gz")).dataobj)
     assert labels.shape == (26, 30, 28) and labels.dtype == np.uint8
-    with open(tmp_path / "out" / "s0.provenance.json") as handle:
-        record = json.load(handle)
-    assert record["int8"] is True and re.fullmatch(r"[0-9a-f]{64}", record["int8_calibration"])
+    records = {}
+    for name in ("s0", "s1"):
+        with open(tmp_path / "out" / f"{name}.provenance.json") as handle:
+            records[name] = json.load(handle)
+    assert records["s0"]["int8"] is True and re.fullmatch(r"[0-9a-f]{64}", records["s0"]["int8_calibration"])
+    assert records["s0"]["int8_calibration_set"] == "this scan"
+    assert records["s0"]["int8_calibration"] != records["s1"]["int8_calibration"]
     again = predict(folder, tmp_path / "out")
-    assert again.returncode == 0 and "0 segmented, 2 skipped" in again.stdout and "using the converted network" in again.stdout
+    assert again.returncode == 0 and "0 segmented, 2 skipped" in again.stdout
+    alone = predict(folder / "s0.nii.gz", tmp_path / "alone")
+    assert alone.returncode == 0 and "using the converted network" in alone.stdout, alone.stderr[-2000:]
+    with open(tmp_path / "alone" / "s0.provenance.json") as handle:
+        assert json.load(handle)["int8_calibration"] == records["s0"]["int8_calibration"]
+    assert np.array_equal(np.asarray(nibabel.load(str(tmp_path / "alone" / "s0.nii.gz")).dataobj), labels)
+    assert os.listdir(cache_home / "unet3d-kits19" / "openvino")
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".openvino")] and not os.path.exists(folder / "s0.openvino")
 
 
 # ----------------------------------------------------------------------------- the benchmark

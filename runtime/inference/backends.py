@@ -10,8 +10,9 @@ code:
   benchmark's); predict runs its inference copy (:mod:`runtime.inference.torch_copy`) with
   ``--channels_last``, compiled with ``--compile``. fp32, or ``--amp`` autocast.
 * ``openvino``: OpenVINO's CPU runtime (:mod:`runtime.inference.openvino`), converted once per
-  weights and window shape and cached beside the checkpoint. fp32, or int8 with ``--int8``: NNCF's
-  post-training quantisation, calibrated on the scans being predicted (no training data needed).
+  weights and window shape and cached in the user's cache folder (``--cache_dir``). fp32, or int8
+  with ``--int8``: NNCF's post-training quantisation, calibrated on each scan alone or on the
+  scans ``--int8_calibration`` names (no training data needed).
 
 :func:`decide_backend` runs once, in ``resolve()``, and stores the backend and why in the
 ``Config``. In predict, ``--backend auto`` takes OpenVINO on the CPU when it is installed and no
@@ -126,8 +127,9 @@ def decide_backend(config: Config, device: torch.device) -> Config:
         raise UsageError(f"{'--int8' if config.int8 else '--backend openvino'}: {problems[0]}")
     if problems:
         return replace(config, backend="torch", backend_why=f"--backend auto: PyTorch ({problems[0]})")
-    precision = ("int8 (NNCF post-training quantisation, calibrated on the scans being predicted)"
-                 if config.int8 else "fp32")
+    calibrated = (f"calibrated once on --int8_calibration {config.int8_calibration}" if config.int8_calibration
+                  else "calibrated on each scan alone")
+    precision = f"int8 (NNCF post-training quantisation, {calibrated})" if config.int8 else "fp32"
     return replace(config, backend="openvino",
                    backend_why=f"--backend {asked}: OpenVINO {_openvino_version()} on the CPU, {precision}")
 

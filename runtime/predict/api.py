@@ -62,6 +62,9 @@ class Segmenter:
     ``tta``, ``sw_batch_size``, ``amp``, ``backend`` (``--backend``: auto, torch, openvino),
     ``int8``, ``channels_last``; ``verbose`` prints the lines predict prints (the window, the
     weights, the backend). ``config`` is the resolved :class:`runtime.arguments.Config`.
+    With ``int8``, each file is calibrated on alone (:meth:`segment_file`: its result can be
+    reproduced from that file alone), unless ``calibration_scans`` (scan files) name one set to
+    calibrate on once, which an array (:meth:`segment_array`) needs.
 
     :meth:`segment_file` and :meth:`segment_array` return labels (0 background, 1 kidney,
     2 tumour) on the input's own grid and in its own axis order, whatever its orientation.
@@ -115,28 +118,59 @@ class Segmenter:
         say(f"backend: {config.backend_why}")
         if config.sw_batch_note:
             say(config.sw_batch_note)
-        calibration = None
-        if config.int8:
-            from runtime.arguments import UsageError
-            from runtime.inference.openvino.calibration import scan_calibration
-
-            if not calibration_scans:
-                raise UsageError("--int8 calibrates on the scans being predicted: give calibration_scans "
-                                 "(the scan files to be segmented)")
-            calibration = scan_calibration(config, calibration_scans)
-            config = replace(config, calibration_sha256=calibration.digest())
-        members = []
+        self._say, self.device, self._base = say, device, config
+        self._models = []
         for one in saved:
             member = replace(config, load_ckpt_path=one.path)
-            model = load_trained_model(member, one, device, say)
-            members.append(ScanInference(window_predictor(model, member, device, say, calibration), member, device))
+            self._models.append((member, load_trained_model(member, one, device, say)))
+        # --int8: calibrated on each scan alone (calibrate_for), or once on a named set
+        self.per_scan = bool(config.int8 and not calibration_scans)
+        self.calibration = None
         self.config: Config = config
-        self.device = device
-        self.infer: Callable[[np.ndarray], torch.Tensor] = members[0] if len(members) == 1 else EnsembleInference(members)
+        self.infer: Callable[[np.ndarray], torch.Tensor] | None = None
+        if config.int8 and calibration_scans:
+            from runtime.inference.openvino.calibration import scan_calibration
+
+            self._build(scan_calibration(config, calibration_scans))
+        elif not config.int8:
+            self._build(None)
+
+    def _build(self, calibration) -> None:
+        """The window predictors of every network, int8 on ``calibration`` (a
+        :class:`runtime.inference.openvino.calibration.CalibrationSet`) when given."""
+        members = [ScanInference(window_predictor(model, member, self.device, self._say, calibration), member,
+                                 self.device) for member, model in self._models]
+        self.calibration = calibration
+        self.config = self._base if calibration is None else replace(self._base,
+                                                                       calibration_sha256=calibration.digest())
+        self.infer = members[0] if len(members) == 1 else EnsembleInference(members)
+
+    def calibration_for(self, name: str, path: str):
+        """The int8 calibration set the scan ``path`` (named ``name``) is segmented with: itself
+        alone (the default), or the named set; None without ``--int8``."""
+        if not self.per_scan:
+            return self.calibration
+        from runtime.inference.openvino.calibration import scan_calibration
+
+        return scan_calibration(self._base, [(name, path)])
+
+    def calibrate_for(self, name: str, path: str) -> None:
+        """With ``--int8`` on each scan alone: the networks quantised on the scan ``path`` (once
+        per scan; the conversion is cached), before it is segmented."""
+        if not self.per_scan:
+            return
+        calibration = self.calibration_for(name, path)
+        if self.calibration is None or calibration.digest() != self.calibration.digest():
+            self._build(calibration)
 
     # the window predictor of predict's folder loop: preprocessed image -> probabilities
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         """Class probabilities (3, D', H', W') of one preprocessed image (1, D', H', W')."""
+        if self.infer is None:
+            from runtime.arguments import UsageError
+
+            raise UsageError("--int8 calibrates on each scan alone: segment a file (segment_file), or name the "
+                             "scans to calibrate on once (calibration_scans)")
         return self.infer(image)
 
     @property
@@ -158,7 +192,9 @@ class Segmenter:
 
         path = os.fspath(path)
         check_header(path)
-        return self.segment_raw(read_scan(path), probabilities, path)
+        raw = read_scan(path)
+        self.calibrate_for(os.path.basename(path), path)
+        return self.segment_raw(raw, probabilities, path)
 
     def segment_array(self, array: np.ndarray, affine: np.ndarray, probabilities: bool = False,
                       spacing: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -105,6 +105,9 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
     png, npz = preview_path(config.output_dir, scan), probabilities_path(config.output_dir, scan)
     try:
         current = dict(run_fields(config))
+        calibration_for = getattr(infer, "calibration_for", None)
+        if config.int8 and calibration_for is not None:  # each scan alone, or the named set
+            current["int8_calibration"] = calibration_for(scan.name, scan.image_path).digest()
         stored, why_none = read_record(record)
         if os.path.lexists(record) and stored is None:  # unreadable, or someone else's file
             raise not_ours(record, "is no record of this project")
@@ -136,6 +139,9 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
         current["files"] = [os.path.basename(f) for f in writes]
         pending = pending_record(record, current, path)
         try:
+            calibrate = getattr(infer, "calibrate_for", None)  # --int8 on this scan alone
+            if config.int8 and calibrate is not None:
+                calibrate(scan.name, scan.image_path)
             result = segment_scan(scan, infer, config.output_dir, config.preview,
                                   probabilities=config.save_probabilities)
             write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(record, reason, is_full_disk(exc)))
@@ -251,12 +257,14 @@ def scan_inference(config: Config, saved: Saved | Sequence[Saved], dist_info: D.
                    scans: Sequence[Scan] = ()) -> tuple[Callable, Config]:
     """``(segmenter, config)``: the :class:`runtime.predict.api.Segmenter` of the resolved
     ``config`` and its checkpoint(s) ``saved`` (PyTorch or OpenVINO; several: an ensemble), which
-    maps a preprocessed image to probabilities, and its config (with ``--int8``, the digest of
-    the calibration set, made from ``scans``: every rank calibrates on the same ones)."""
+    maps a preprocessed image to probabilities, and its config. With ``--int8``, each scan is
+    calibrated on alone (:meth:`runtime.predict.api.Segmenter.calibrate_for`), unless
+    ``--int8_calibration`` names the scans to calibrate on once (every rank the same ones)."""
     from runtime.predict.api import Segmenter
 
+    named = find_scans(config.int8_calibration) if config.int8 and config.int8_calibration else []
     segmenter = Segmenter.from_config(config, saved, dist_info.device, dist_info.is_main,
-                                      [(scan.name, scan.image_path) for scan in scans])
+                                      [(scan.name, scan.image_path) for scan in named])
     return segmenter, segmenter.config
 
 

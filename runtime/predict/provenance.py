@@ -2,8 +2,9 @@
 
 ``<case>.provenance.json`` beside ``<case>.nii.gz`` holds :data:`FIELDS`: the project's version
 (``runtime.__version__``), the checkpoint's path and the sha256 of the weights predict loaded
-from it, the backend that ran the network (torch or openvino), ``--int8`` and the digest of its
-calibration set, the ``--amp`` type,
+from it, the backend that ran the network (torch or openvino), ``--int8``, the digest of its
+calibration set and what it was (``int8_calibration_set``: this scan alone, or the path
+``--int8_calibration`` named), the ``--amp`` type,
 ``--tta``, the sliding window's shape and overlap, the sha256 of the input scan (of the
 files that make it), and with ``--save_probabilities`` the name of ``<case>.npz``. An ensemble's
 record lists every checkpoint's path and weights digest, in order. An existing
@@ -37,8 +38,8 @@ MADE_BY = ("version", "weights_sha256", "backend", "int8", "int8_calibration", "
 ADDED_LATER = {"int8_calibration": ""}
 _ABSENT = object()
 # Every field of a record, in the order of the summary's columns.
-FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "int8_calibration", "amp", "tta", "window_shape",
-          "overlap", "input_sha256", "probabilities")
+FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "int8_calibration", "int8_calibration_set",
+          "amp", "tta", "window_shape", "overlap", "input_sha256", "probabilities")
 
 
 def run_fields(config) -> dict:
@@ -55,8 +56,17 @@ def run_fields(config) -> dict:
     return {"version": __version__, "checkpoint": checkpoint,
             "weights_sha256": weights, "backend": config.backend, "int8": bool(config.int8),
             "int8_calibration": config.calibration_sha256 if config.int8 else "",
+            "int8_calibration_set": calibration_set(config),
             "amp": config.amp_dtype if config.amp else "off", "tta": bool(config.tta),
             "window_shape": [int(s) for s in config.val_input_shape], "overlap": float(config.overlap)}
+
+
+def calibration_set(config) -> str:
+    """What ``--int8`` calibrated on, for the record: ``"this scan"`` (each scan alone, the
+    default), the absolute path ``--int8_calibration`` named, or "" without ``--int8``."""
+    if not config.int8:
+        return ""
+    return os.path.abspath(config.int8_calibration) if config.int8_calibration else "this scan"
 
 
 def record_path(output: str) -> str:

@@ -86,6 +86,10 @@ class CaseResult:
             text += (f", dice l1 {self.l1_dice:.4f} l2 {self.l2_dice:.4f}, KiTS19 kidney (1+2) "
                      f"{self.kits_kidney_dice:.4f} tumour {self.kits_tumour_dice:.4f}")
         text += f", {self.seconds:.1f} s" if self.seconds is not None else ""
+        if self.provenance.get("int8"):  # which calibration: the scan alone, or a named set
+            on = self.provenance.get("int8_calibration_set") or "the scans being predicted"
+            text += (", int8 calibrated on this scan alone" if on == "this scan" else
+                     f", int8 calibrated on {on} ({str(self.provenance.get('int8_calibration', ''))[:12]})")
         return text + (f"; replaced an earlier output {self.replaced}" if self.replaced else "")
 
     @property

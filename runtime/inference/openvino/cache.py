@@ -1,6 +1,8 @@
-"""The cache of converted networks beside a checkpoint: keyed, checked, written atomically.
+"""The cache of converted networks: keyed, checked, written atomically, in the user's cache folder.
 
-Layout: ``<checkpoint>.openvino/<key>/`` holding ``model.xml``, ``model.bin`` (OpenVINO's IR)
+Layout: ``<cache_dir>/openvino/<checkpoint name>-<hash of its path>/<key>/`` (``--cache_dir``,
+else ``$XDG_CACHE_HOME/unet3d-kits19``, else ``~/.cache/unet3d-kits19``: never beside the
+checkpoint or an input, a folder the user did not name for output) holding ``model.xml``, ``model.bin`` (OpenVINO's IR)
 and ``key.json`` (the fields the key hashes, readable). The key is a hash of
 :func:`cache_fields`: a digest of the weights themselves (every tensor of the state dict,
 with its name, dtype and shape: a checkpoint rewritten with other weights changes it even with
@@ -70,9 +72,25 @@ def cache_key(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def cache_folder(checkpoint_path: str) -> str:
-    """``<checkpoint>.openvino`` beside the checkpoint."""
-    return os.path.abspath(checkpoint_path) + ".openvino"
+CACHE_NAME = "unet3d-kits19"
+
+
+def default_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/unet3d-kits19`` (an absolute ``XDG_CACHE_HOME``, as the XDG base
+    directory rules ask), else ``~/.cache/unet3d-kits19``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, CACHE_NAME)
+
+
+def cache_folder(checkpoint_path: str, cache_dir: str = "") -> str:
+    """The folder of ``checkpoint_path``'s converted networks under ``cache_dir`` (the resolved
+    ``--cache_dir``; "": :func:`default_cache_dir`): ``openvino/<name>-<sha256 of its absolute
+    path, 16 hex digits>``, one per checkpoint file (its entries of other weights are removed)."""
+    path = os.path.abspath(checkpoint_path)
+    tag = hashlib.sha256(path.encode()).hexdigest()[:16]
+    return os.path.join(cache_dir or default_cache_dir(), "openvino", f"{os.path.basename(path)}-{tag}")
 
 
 class CacheEntry:

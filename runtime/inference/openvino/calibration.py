@@ -1,7 +1,8 @@
-"""int8 for the OpenVINO backend: NNCF post-training quantisation on windows of the scans being
-predicted, so a checkpoint and the scans are all it needs.
+"""int8 for the OpenVINO backend: NNCF post-training quantisation on windows of the scan being
+segmented (each scan alone, so that its result can be reproduced from that scan alone), or of
+the scans ``--int8_calibration`` names; a checkpoint and the scans are all it needs.
 
-The calibration set (:func:`scan_calibration`): at most ``CALIBRATION_SCANS`` of the run's scans,
+The calibration set (:func:`scan_calibration`): at most ``CALIBRATION_SCANS`` of the given scans,
 evenly spaced in its (sorted) list, each preprocessed as predict preprocesses it, and
 ``CALIBRATION_WINDOWS`` windows in all, shared evenly among them, each scan's evenly spaced over
 the windows at half-window steps that cover it (so the set holds background, borders and padded
@@ -11,7 +12,8 @@ of each from the extremes over all windows; weights per output channel. The inpu
 stay float (a convolution's output before its instance norm has the scale of the window's
 content: one static range for it clipped or wasted most of it). The set is in the cache key: the
 window, the rule, and the name and sha256 of every calibration scan; another folder of scans is
-calibrated again.
+calibrated again. Each scan alone is a set of one (its windows are ``CALIBRATION_WINDOWS`` of its
+own): the same scan gives the same set, the same key and the same int8 network in any folder.
 
 Then NNCF's accuracy control (:func:`quantize`), against the fp32 network's own labels (no ground
 truth needed). Measured on two trained networks with training windows (docs/performance.md,
@@ -85,7 +87,7 @@ class CalibrationSet:
     def describe(self) -> str:
         names = ", ".join(scan.name for scan in self.scans)
         return (f"at most {self.window_count} windows of {len(self.scans)} scan{'s' * (len(self.scans) != 1)} "
-                f"being predicted ({names}), overflow fix on "
+                f"({names}), overflow fix on "
                 f"{'every layer (no VNNI)' if self.overflow_fix == 'enable' else 'the first layer'}")
 
     def arrays(self) -> list[np.ndarray]:
@@ -105,7 +107,7 @@ class CalibrationSet:
                         for origin in spread(grid_origins(image.shape[1:], self.roi), count)]
             del image
         if not windows:
-            raise CalibrationError("--int8: none of the scans being predicted could be read to calibrate on "
+            raise CalibrationError("--int8: none of the scans to calibrate on could be read "
                                    f"({', '.join(scan.name for scan in self.scans)})")
         return windows
 
@@ -117,11 +119,12 @@ def shares(total: int, parts: int) -> list[int]:
 
 def scan_calibration(config: Config, scans: Sequence[tuple[str, str]]) -> CalibrationSet:
     """The calibration set of a resolved ``config`` (its window) on ``scans`` (``(name, path)``
-    of the scans being predicted, in the run's order): see the module docstring."""
+    of the scans to calibrate on: the scan being segmented, or those ``--int8_calibration`` names, in
+    order): see the module docstring."""
     from data_loading.scan_io import input_digest
 
     if not scans:
-        raise CalibrationError("--int8 calibrates on the scans being predicted, and there are none")
+        raise CalibrationError("--int8: there are no scans to calibrate on")
     chosen = [CalibrationScan(name, os.path.abspath(path), input_digest(path))
               for name, path in spread(list(scans), CALIBRATION_SCANS)]
     return CalibrationSet(tuple(config.val_input_shape), tuple(chosen),

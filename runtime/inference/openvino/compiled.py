@@ -1,8 +1,8 @@
-"""The network as an OpenVINO CPU model: converted once, cached beside the checkpoint, compiled.
+"""The network as an OpenVINO CPU model: converted once, cached in the user's cache folder, compiled.
 
 :func:`cached_openvino_model` returns a compiled model for windows ``(1, 1, *roi)``. The
 conversion (``openvino.convert_model`` of the PyTorch module, traced) and, for int8, NNCF's
-post-training quantisation are done once and stored under ``<checkpoint>.openvino/<key>/``;
+post-training quantisation are done once and stored under ``<cache_dir>/openvino/<checkpoint>-<hash>/<key>/``;
 the key (:mod:`runtime.inference.openvino.cache`) covers the weights, the architecture, the window shape,
 the precision and calibration set, and the versions of OpenVINO, NNCF, PyTorch and the
 network's code, so a changed checkpoint or upgrade is converted again, never used stale.
@@ -79,13 +79,13 @@ def build_model(model: torch.nn.Module, config: Config, calibration, say: Callab
 def cached_openvino_model(model: torch.nn.Module, config: Config, checkpoint_path: str, calibration=None,
                           say: Callable[[str], None] = print):
     """The compiled OpenVINO model of ``model`` (the weights of ``checkpoint_path``) for
-    ``config``, from the cache beside the checkpoint when its key matches, else converted
+    ``config``, from the cache (``config.cache_dir``) when its key matches, else converted
     (and stored atomically). A cache that cannot be written is one line: the conversion then
     lives for this run only."""
     import openvino as ov
 
     fields = cache_fields(model, config, calibration)
-    entry = CacheEntry(cache_folder(checkpoint_path), fields)
+    entry = CacheEntry(cache_folder(checkpoint_path, config.cache_dir), fields)
     ov_model = entry.load(ov.Core(), say)
     if ov_model is None:
         what = "int8 (NNCF calibration on " + calibration.describe() + ")" if calibration else "fp32"
