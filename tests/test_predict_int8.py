@@ -65,6 +65,13 @@ def test_each_scan_is_calibrated_on_alone_and_reproduced_from_itself(tmp_path, c
     assert code == 0, stderr
     assert record(tmp_path / "alone", "s0")["int8_calibration"] == made["s0"]["int8_calibration"]
     assert np.array_equal(labels_of(tmp_path / "alone" / "s0.nii.gz"), labels_of(tmp_path / "folder" / "s0.nii.gz"))
+    # the Python entry point on the file: the same calibration
+    from runtime.predict.api import Segmenter
+
+    segmenter = Segmenter(checkpoint, "cpu", int8=True, verbose=False)
+    labels = segmenter.segment_file(os.path.join(folder, "s0.nii.gz")).labels
+    assert segmenter.config.calibration_sha256 == made["s0"]["int8_calibration"]
+    assert np.array_equal(labels, labels_of(tmp_path / "folder" / "s0.nii.gz"))
     # again: reused, nothing calibrated
     del int8_stand_in[:]
     code, stdout, _ = predict(capsys, folder, tmp_path / "folder", checkpoint, "--int8")

@@ -193,7 +193,11 @@ class Segmenter:
         path = os.fspath(path)
         check_header(path)
         raw = read_scan(path)
-        self.calibrate_for(os.path.basename(path), path)
+        if self.per_scan:  # named as predict names it, so that its calibration is the command line's
+            from data_loading.scans import find_scans
+
+            found = find_scans(path)
+            self.calibrate_for(found[0].name if len(found) == 1 else os.path.basename(path), path)
         return self.segment_raw(raw, probabilities, path)
 
     def segment_array(self, array: np.ndarray, affine: np.ndarray, probabilities: bool = False,
