@@ -123,6 +123,8 @@ def main(argv=None) -> int:
         flags = ["--exec_mode", "predict", "--input", scans, "--output_dir", str(work / f"{name}-{r}"),
                  "--load_ckpt_path", ckpt, "--device", "cpu", "--force", "--val_input_shape", *[str(args.roi)] * 3,
                  *VARIANTS[name]]
+        if name.startswith("openvino"):  # its converted networks in the work folder, not the user's cache
+            flags += ["--cache_dir", str(work / "cache")]
         if name == "mlcommons":
             return [sys.executable, "-m", "benchmarks.bench_predict", "--child_mlcommons", args.reference_code, *flags]
         return [sys.executable, "main.py", *flags]
