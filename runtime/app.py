@@ -22,7 +22,7 @@ from mlperf_logging.mllog import constants as C
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
-from runtime.build import Components, build_components, with_loaders
+from runtime.build import Components, build_components, warm_up, with_loaders
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.run_files import BACKEND, EVAL, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
@@ -178,9 +178,11 @@ def make_reporters(config: Config, dist_info: D.DistInfo, resuming: bool, preemp
         curves = CurvePlotter(config.log_dir, config.quality_threshold)
     mlperf = MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name)
     resumed_from = None
-    if resuming and saved is not None:
-        resumed_from = (saved.path, int(saved.checkpoint.get("epoch", 0)), int(saved.checkpoint.get("step_in_epoch", 0)))
-    mlperf.not_a_result(resumed_from, config.save_ckpt_path if config.checkpoints_on_the_clock else "")
+    if saved is not None and config.is_train:  # --resume, or a warm start from --load_ckpt_path's weights
+        resumed_from = (saved.path, int(saved.checkpoint.get("epoch", 0) or 0),
+                        int(saved.checkpoint.get("step_in_epoch", 0) or 0) if saved.resume else 0)
+    mlperf.not_a_result(resumed_from, config.save_ckpt_path if config.checkpoints_on_the_clock else "",
+                        weights_only=saved is not None and not saved.resume)
     if main and config.checkpoints_on_the_clock:
         print(f"checkpoints on the clock: {config.save_ckpt_path} is written during the run "
               "(--ckpt_during_run or --ckpt_every_epochs), so this run is not an MLPerf result")
@@ -218,6 +220,7 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
         state = components.state
         out.say(f"resuming {saved.path} after epoch {state.epoch}"
                 + (f" + {state.step_in_epoch} batches" if state.step_in_epoch else ""))
+    warm_up(components)  # compiled before the clock, on zeros (build.compiles_lazily)
     session.on_exit.push(abort_clock_on_error(out, components.state))
     start_clock(out)
     # -- the clock runs: the data from here on

@@ -93,15 +93,20 @@ class MLPerfLogger:
         self._handlers = []
         self._logger = None
 
-    def not_a_result(self, resumed_from: tuple[str, int, int] | None, checkpoints_to: str) -> None:
+    def not_a_result(self, resumed_from: tuple[str, int, int] | None, checkpoints_to: str,
+                     weights_only: bool = False) -> None:
         """This project's own events (runtime/run_files.py) that make this attempt not an MLPerf
         result: ``resumed_from`` (checkpoint path, epoch and batches trained before it) when the
-        attempt started from a checkpoint, ``checkpoints_to`` (the --save_ckpt_path) when it
-        writes checkpoints between run_start and run_stop. The report and the package leave
-        such an attempt out."""
+        attempt started from a checkpoint (``weights_only``: its weights alone, a warm start
+        with --load_ckpt_path), ``checkpoints_to`` (the --save_ckpt_path) when it writes
+        checkpoints between run_start and run_stop. The report and the package leave such an
+        attempt out."""
         if resumed_from is not None:
             path, epoch, step = resumed_from
-            self.event(RESUMED_FROM_CHECKPOINT, value=path, metadata={"epoch": epoch, "step_in_epoch": step})
+            metadata = {"epoch": epoch, "step_in_epoch": step}
+            if weights_only:
+                metadata["weights_only"] = True
+            self.event(RESUMED_FROM_CHECKPOINT, value=path, metadata=metadata)
         if checkpoints_to:
             self.event(CHECKPOINTS_ON_THE_CLOCK, value=checkpoints_to)
 

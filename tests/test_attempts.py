@@ -211,3 +211,20 @@ def test_the_report_never_stitches_an_earlier_runs_resumed_log_onto_a_later_run(
     (summary,) = report["runs"]
     assert summary.attempts == 1 and summary.status != "success" and summary.time_to_target_s is None
     assert any("an earlier run's attempt, left out" in note for note in summary.notes)
+
+
+def test_a_warm_start_from_trained_weights_says_so_and_is_not_counted(tmp_path, capsys):
+    """--load_ckpt_path in training: the weights of another run, not the benchmark's
+    initialisation; the log says so (resumed_from_checkpoint, weights_only) and the report
+    leaves the run out."""
+    base = TINY + ["--start_eval_at", "10", "--epochs", "1"]
+    assert call(base + ["--log_dir", str(tmp_path / "a"), "--save_ckpt_path", str(tmp_path / "a.pt")], capsys,
+                fake_data.FakeData())[0] == 0
+    assert call(base + ["--log_dir", str(tmp_path / "b"), "--load_ckpt_path", str(tmp_path / "a.pt")], capsys,
+                fake_data.FakeData())[0] == 0
+    (marker,) = [r for r in events(tmp_path / "b" / "unet3d.log") if r["key"] == RESUMED_FROM_CHECKPOINT]
+    assert marker["value"] == str(tmp_path / "a.pt") and marker["metadata"]["weights_only"] is True
+    report = make_report([str(tmp_path / "b")], str(tmp_path / "report"), check=False, draw=False,
+                         say=lambda _: None)
+    (summary,) = report["runs"]
+    assert not summary.is_result and "started from the trained weights" in summary.not_a_result[0]

@@ -206,7 +206,12 @@ def not_a_result(events: Sequence[dict]) -> tuple[str, ...]:
     reasons = []
     for e in events:
         if e.get("key") == RESUMED_FROM_CHECKPOINT:
-            epoch = (e.get("metadata") or {}).get("epoch")
+            metadata = e.get("metadata") or {}
+            epoch = metadata.get("epoch")
+            if metadata.get("weights_only"):
+                reasons.append(f"started from the trained weights of {e.get('value')} (a warm start, "
+                               "--load_ckpt_path)")
+                continue
             reasons.append(f"resumed from the checkpoint {e.get('value')}"
                            + (f" after epoch {epoch}" if epoch is not None else "") + " (the clock was paused)")
         elif e.get("key") == CHECKPOINTS_ON_THE_CLOCK:
