@@ -155,3 +155,51 @@ def test_a_summary_of_someone_else_refuses_the_run(tmp_path, capsys, checkpoint,
     assert predict(capsys, folder, out, checkpoint)[0] == 0
     assert predict(capsys, folder, out, checkpoint, "--force")[0] == 0  # its own summary is replaced
     assert json.loads(open(out / "summary.jsonl").readline())["case"] == "scan"
+
+
+@pytest.mark.parametrize("when", ["writing", "preview"])
+def test_a_run_stopped_mid_scan_leaves_outputs_the_next_run_may_redo(tmp_path, capsys, monkeypatch, checkpoint,
+                                                                    cheap_network, when):
+    """A signal while ``--force`` rewrites a scan (before its segmentation is replaced: the old
+    one stays, its record gone) or after the new segmentation is written (while the preview is
+    drawn, before the record takes its place): the pending record stays beside it, hidden, so the
+    next run knows those files as predict's and segments the scan again, leaving no hidden file."""
+    import runtime.predict.scan as scan_module
+    from runtime.signals import Stopped
+
+    pytest.importorskip("matplotlib")
+    folder = scan_folder(tmp_path / "in")
+    out = tmp_path / "out"
+    assert predict(capsys, folder, out, checkpoint, "--preview")[0] == 0
+
+    def stop(*args, **kwargs):
+        raise Stopped("SIGTERM", 15)
+
+    monkeypatch.setattr(scan_module, "write_segmentation" if when == "writing" else "draw_preview", stop)
+    code, _, _ = predict(capsys, folder, out, checkpoint, "--force", "--preview")
+    assert code == 128 + 15
+    assert (out / "scan.nii.gz").exists() and not (out / "scan.provenance.json").exists()
+    assert [f for f in os.listdir(out) if f.endswith(".tmp")]  # the pending record, kept
+    monkeypatch.undo()
+    cheap_network_again(monkeypatch)
+    code, stdout, stderr = predict(capsys, folder, out, checkpoint, "--preview")
+    assert code == 0 and "1 segmented" in stdout, stderr
+    assert sorted(os.listdir(out)) == ["scan.nii.gz", "scan.png", "scan.provenance.json", "summary.csv",
+                                       "summary.jsonl"]
+
+
+def cheap_network_again(monkeypatch):
+    """The ``cheap_network`` stand-in again (``monkeypatch.undo`` removed it)."""
+    import torch
+
+    import runtime.predict.api as api
+
+    def window_predictor(model, config, device, say=print, calibration=None):
+        def logits(batch):
+            out = torch.zeros(batch.shape[0], 3, *batch.shape[2:])
+            out[:, 1] = batch[:, 0]
+            return out
+
+        return logits
+
+    monkeypatch.setattr(api, "window_predictor", window_predictor)

@@ -36,8 +36,8 @@ from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.checkpoint import Saved
 from runtime.outputs import OutputError
-from runtime.predict.provenance import (PendingRecord, difference, is_record, read_record, record_path,
-                                        recorded_files, run_fields)
+from runtime.predict.provenance import (PendingRecord, difference, pending_records, read_record,
+                                        record_path, recorded_files, run_fields)
 from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
 from runtime.predict.summary import SUMMARY_FIELDS, CaseResult, print_outcome, save_summary
 from runtime.resolve import window_line
@@ -111,7 +111,8 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
         stored, why_none = read_record(record)
         if os.path.lexists(record) and stored is None:  # unreadable, or someone else's file
             raise not_ours(record, "is no record of this project")
-        owned = recorded_files(stored, path)
+        leftovers = pending_records(record)  # of a run stopped while it wrote this scan's outputs
+        owned = recorded_files(stored, path).union(*(recorded_files(r, path) for _, r in leftovers))
         writes = [path] + ([png] if config.preview else []) + ([npz] if config.save_probabilities else [])
         for target in writes:
             if os.path.lexists(target) and os.path.basename(target) not in owned:
@@ -132,12 +133,15 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
         for stale in (record, png, npz) + ((path,) if replaced else ()):
             if stale == record or os.path.basename(stale) in owned:
                 remove_output(stale)
+        for leftover, _ in leftovers:
+            remove_output(leftover)
         check_header(scan.image_path)
         if "input_sha256" not in current:
             current["input_sha256"] = input_digest(scan.image_path)
         current["probabilities"] = os.path.basename(npz) if config.save_probabilities else ""
         current["files"] = [os.path.basename(f) for f in writes]
         pending = pending_record(record, current, path)
+        keep = False
         try:
             calibrate = getattr(infer, "calibrate_for", None)  # --int8 on this scan alone
             if config.int8 and calibrate is not None:
@@ -145,8 +149,15 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
             result = segment_scan(scan, infer, config.output_dir, config.preview,
                                   probabilities=config.save_probabilities)
             write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(record, reason, is_full_disk(exc)))
+        except BaseException:
+            # stopped or failed with a segmentation there (this run's, or with --force the earlier
+            # one, whose record is gone): the pending record stays, so that the next run knows
+            # the files it lists as predict's own (it claims nothing: it is no record)
+            keep = os.path.lexists(path)
+            raise
         finally:
-            pending.discard()
+            if not keep:
+                pending.discard()
         result.provenance, result.replaced = current, replaced or ""
         return result
     except Stopped:  # SIGTERM / SIGUSR1: the run stops, it is no failure of this scan
@@ -195,7 +206,8 @@ def _file_id(path: str) -> tuple[int, int] | None:
 
 def is_summary(path: str) -> bool:
     """Whether ``path`` (``summary.csv`` or ``summary.jsonl``) is a summary predict wrote: its
-    first line is predict's CSV header (or a JSON row with a case and a status)."""
+    first line is predict's CSV header (or a JSON row with a case and a status; an empty
+    ``summary.jsonl`` is predict's when the ``summary.csv`` beside it is)."""
     try:
         with open(path, encoding="utf-8") as handle:
             first = handle.readline().strip()
@@ -203,6 +215,8 @@ def is_summary(path: str) -> bool:
         return False
     if path.endswith(".csv"):
         return first.startswith(",".join(SUMMARY_FIELDS[:2]) + ",")
+    if not first:  # no rows (a run stopped before any scan): its CSV beside says whose it is
+        return is_summary(path[: -len(".jsonl")] + ".csv")
     try:
         row = json.loads(first)
     except ValueError:

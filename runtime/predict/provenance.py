@@ -116,6 +116,25 @@ def difference(stored: dict | None, why_none: str, current: dict) -> str | None:
     return None
 
 
+def pending_records(record: str) -> list[tuple[str, dict]]:
+    """``(path, record)`` of each pending record of ``record`` left beside it (a
+    :class:`PendingRecord`'s hidden temporary file, kept by a run that was stopped or failed
+    after it had begun writing that scan's outputs, or left by a killed one): the files it lists
+    are predict's own, to be replaced or removed."""
+    folder, name = os.path.split(os.path.abspath(record))
+    found = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    for entry in names:
+        if entry.startswith(f".{name}.") and entry.endswith(".tmp"):
+            stored, _ = read_record(os.path.join(folder, entry))
+            if stored is not None:
+                found.append((os.path.join(folder, entry), stored))
+    return found
+
+
 class PendingRecord:
     """``record`` written and fsynced under a hidden temporary name beside ``path`` at once
     (nothing left on failure); :meth:`commit` renames it to ``path``, :meth:`discard` removes it."""
