@@ -271,6 +271,48 @@ def build_components(config: Config, dist_info: D.DistInfo, data=None,
     return components if data is None else with_loaders(components, data)
 
 
+def compiles_lazily(config: Config, device: torch.device) -> bool:
+    """Whether the run's first steps compile: ``--compile``, or the channels-last CPU fused norm
+    kernels (:func:`fuse_channels_last_norms`). Not with ``--cuda_graphs``, whose capture
+    has already run its warm-up steps."""
+    kernels = config.channels_last and device.type == "cpu" and config.normalization == "instancenorm"
+    return bool(config.compile or kernels) and not config.cuda_graphs
+
+
+def warm_up(components: Components) -> bool:
+    """Where the run's first steps compile (:func:`compiles_lazily`): one training step's forward
+    and backward on an all-zero batch of the training shape (training), and one window batch of
+    the evaluation, run before the MLPerf clock starts, as NVIDIA's v4.0 code warms up on
+    synthetic data. Nothing the run computes changes: no optimizer step, the gradients dropped,
+    the buffers (batch norm's running statistics) put back. Returns whether it ran."""
+    from runtime.inference.predictor import build_predictor, options_from
+
+    config, device = components.config, components.dist.device
+    if not compiles_lazily(config, device):
+        return False
+    memory_format = torch.channels_last_3d if config.channels_last else torch.contiguous_format
+    buffers = {name: buffer.clone() for name, buffer in ckpt.unwrap(components.model).named_buffers()}
+    if config.is_train:
+        shape = (config.batch_size, 1, *config.input_shape)
+        image = torch.zeros(shape, device=device).contiguous(memory_format=memory_format)
+        components.step(image, torch.zeros(shape, dtype=torch.uint8, device=device), False)
+        components.optimizer.zero_grad(set_to_none=True)
+    model = components.eval_model
+    model.eval()
+    try:
+        with torch.no_grad():
+            build_predictor(model, device, options_from(config))(
+                torch.zeros((config.sw_batch_size, 1, *config.val_input_shape), device=device))
+    finally:
+        model.train()
+    with torch.no_grad():
+        for name, buffer in ckpt.unwrap(components.model).named_buffers():
+            buffer.copy_(buffers[name])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return True
+
+
 def with_loaders(components: Components, data, config: Config | None = None) -> Components:
     """``components`` with this rank's loaders of ``data`` (``data.loaders``: the cases listed,
     the training labels read, the volumes checked and, with ``--cache device``, uploaded) and
