@@ -236,7 +236,8 @@ def score_runs(summaries: Sequence[RunSummary], drop: int = 1) -> Score:
         text = (f"no score: {failed} runs did not reach the target (or have not yet); dropping "
                 f"{drop} at each end allows at most {drop}")
     elif minutes is None:
-        text = (f"no score: {len(times) + failed} run(s) with an MLPerf log, {need} needed to drop "
+        counted = "that count (an MLPerf log, a result)" if left_out else "with an MLPerf log"
+        text = (f"no score: {len(times) + failed} run(s) {counted}, {need} needed to drop "
                 f"the {drop} fastest and {drop} slowest (real unet3d submissions: 40 runs, 4 dropped each end)")
     else:
         text = (f"score {minutes:.2f} min: mean of {len(times) + failed - 2 * drop} of {len(times) + failed} "
