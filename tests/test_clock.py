@@ -140,3 +140,45 @@ def test_too_few_cases_after_run_start_abort_the_logged_run(tmp_path, capsys):
     keys = mllog_keys((log_dir / "unet3d.log").read_text())
     names = [key for key, _ in keys]
     assert names[-2:] == ["run_start", "run_stop"] and keys[-1][1]["status"] == "aborted", names
+
+
+def test_the_compile_warm_up_runs_before_run_start_and_changes_no_number(tmp_path, capsys, monkeypatch):
+    """--compile: one training step's forward and backward and one evaluation window batch run on
+    zeros before the clock; the run's losses and scores are those of a run without it (batch
+    norm, whose running statistics the warm-up's forward would move, is put back)."""
+    import re
+
+    import fake_data
+    import runtime.app as app
+    import runtime.build as build
+    from main_runs import TINY
+
+    # torch.compile itself is left out (a network takes minutes to compile on this CPU): what
+    # the warm-up does around it runs as with --compile
+    monkeypatch.setattr(build, "compile_model", lambda module, enabled, **kwargs: module)
+    order = []
+    real_warm_up, real_start_clock = app.warm_up, app.start_clock
+    monkeypatch.setattr(app, "warm_up", lambda components: order.append(("warm-up", real_warm_up(components))))
+    monkeypatch.setattr(app, "start_clock", lambda out: (order.append("run_start"), real_start_clock(out)))
+    argv = TINY + ["--epochs", "2", "--start_eval_at", "1", "--evaluate_every", "1"]
+    numbers = []
+    for name, extra in (("plain", []), ("compiled", ["--compile"])):
+        code, out, err = call(argv + ["--log_dir", str(tmp_path / name), *extra], capsys, fake_data.FakeData())
+        assert code in (0, 3), err[-2000:]
+        numbers.append(re.findall(r"(?:loss|mean_dice|kidney|tumour|eval_loss) (-?[\d.]+|nan)", out))
+    assert order == [("warm-up", False), "run_start", ("warm-up", True), "run_start"]
+    assert len(numbers[0]) >= 6 and numbers[0] == numbers[1]
+
+
+def test_the_report_reads_the_values_logged_after_run_start(tmp_path, capsys):
+    """samples_per_epoch, train_samples and global_batch_size are logged after run_start now
+    (the data decides the first two): the report still reads them from the run's log."""
+    import fake_data
+    from main_runs import TINY
+    from runtime.report.runs import load_run
+
+    argv = TINY + ["--epochs", "2", "--start_eval_at", "1", "--evaluate_every", "1", "--log_dir", str(tmp_path)]
+    code, out, err = call(argv, capsys, fake_data.FakeData(n_train=6))
+    assert code in (0, 3), err[-2000:]
+    (attempt,) = load_run(str(tmp_path)).attempts
+    assert (attempt.samples_per_epoch, attempt.train_samples, attempt.global_batch) == (6, 6, 2)

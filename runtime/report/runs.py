@@ -183,6 +183,13 @@ def _last_int(events: Sequence[dict], key: str) -> int | None:
     return values[-1] if values and isinstance(values[-1], int) and not isinstance(values[-1], bool) else None
 
 
+def _run_int(head: Sequence[dict], body: Sequence[dict], key: str) -> int | None:
+    """``key`` of the run: logged after its run_start (where the data is first read: the case
+    and sample counts) or, by older versions, before it."""
+    value = _last_int(body, key)
+    return value if value is not None else _last_int(head, key)
+
+
 def evaluation_times(events: Sequence[dict]) -> tuple[tuple[int, float], ...]:
     """``(epoch, seconds)`` of each evaluation: its eval_start to the eval_stop of its epoch."""
     starts: dict[int, float] = {}
@@ -246,8 +253,9 @@ def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, li
     return Attempt(path=path, start_ms=start_ms, stop_ms=stop.get("time_ms") if stop else None,
                    status=status, last_ms=max(times) if times else None,
                    seed=seeds[-1] if seeds and isinstance(seeds[-1], int) else None,
-                   notes=tuple(notes), global_batch=_last_int(head, GLOBAL_BATCH_SIZE),
-                   samples_per_epoch=_last_int(head, SAMPLES_PER_EPOCH), train_samples=_last_int(head, TRAIN_SAMPLES),
+                   notes=tuple(notes), global_batch=_run_int(head, body, GLOBAL_BATCH_SIZE),
+                   samples_per_epoch=_run_int(head, body, SAMPLES_PER_EPOCH),
+                   train_samples=_run_int(head, body, TRAIN_SAMPLES),
                    evals=evaluation_times(body), not_a_result=not_a_result(own)), notes
 
 
