@@ -203,7 +203,8 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
 
     Before ``run_start`` nothing lists, opens, maps or uploads a file of the data: the config
     resolved without it, the reporters opened, ``init_start``, the model, optimizer and train
-    step built from ``saved`` (the checkpoint started from, or None), ``init_stop``. After
+    step built from ``saved`` (the checkpoint started from, or None) and, where its first steps
+    compile, warmed up on zeros (``build.warm_up``), ``init_stop``. After
     ``run_start``: the data listed and checked (``summary``), the values that need it resolved
     (``resolve_data``), this rank's loaders built (labels read, volumes checked, the device
     cache filled). An error from then on ends the MLPerf log with ``run_stop`` aborted."""
