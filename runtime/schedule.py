@@ -1,11 +1,10 @@
-"""Pure functions of the training schedule (learning rate, evaluation epochs, sample counts)."""
+"""Pure functions of the training schedule (learning rate, evaluation epochs, sample counts);
+standard library only at import."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Sequence
-
-from data_loading.sampler import batches_per_epoch
 
 
 def learning_rate_at(epoch: int, base_lr: float, init_lr: float, warmup_epochs: int,
@@ -25,6 +24,9 @@ def learning_rate_at(epoch: int, base_lr: float, init_lr: float, warmup_epochs: 
 def samples_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int:
     """Global samples trained per epoch: every rank trains the same number of full batches of
     its shard (``batches_per_epoch``; no padding duplicates, incomplete batches dropped)."""
+    from data_loading.sampler import batches_per_epoch  # here: the sampler imports numpy, the report's
+    # time-to-train prediction imports this module's EvalSchedule with the standard library only
+
     return world_size * batch_size * batches_per_epoch(num_samples, world_size, batch_size)
 
 
@@ -58,6 +60,21 @@ class EvalSchedule:
             return self.start_eval_at + -(-(epoch - self.start_eval_at) // self.evaluate_every) * self.evaluate_every
         first = max(epoch, self.start_eval_at)
         return -(-first // self.evaluate_every) * self.evaluate_every
+
+    @property
+    def first_eval_epoch(self) -> int:
+        """The run's first evaluation epoch: under "reference" the first multiple of
+        ``evaluate_every`` at or after ``start_eval_at`` (not ``start_eval_at`` itself unless
+        ``evaluate_every`` divides it)."""
+        return self.next_eval_epoch(1)
+
+    def evaluations_through(self, epoch: int) -> int:
+        """How many epochs from 1 to ``epoch`` evaluate."""
+        if epoch < self.start_eval_at:
+            return 0
+        if self.semantics == "project":
+            return (epoch - self.start_eval_at) // self.evaluate_every + 1
+        return epoch // self.evaluate_every - (max(self.start_eval_at, 1) - 1) // self.evaluate_every
 
 
 def eval_schedule(samples_per_epoch_: int, num_train_cases: int = 168, start_eval_at: int | None = None,

@@ -138,13 +138,14 @@ def test_torchrun_two_process_evaluation_equals_one_process(small_data, tmp_path
 def test_torchrun_two_process_training(small_data, tmp_path):
     """DDP on gloo: 8 training cases over 2 ranks, evaluation on both, one checkpoint and log."""
     proc = torchrun("--data_dir", small_data, "--log_dir", str(tmp_path), "--save_ckpt_path",
-                    str(tmp_path / "c.pt"), "--epochs", "2", "--start_eval_at", "2", "--batch_size", "2",
-                    "--normalization", "batchnorm", "--optimizer", "adam", "--learning_rate", "0.003", *SMALL)
+                    str(tmp_path / "c.pt"), "--epochs", "2", "--start_eval_at", "2", "--evaluate_every", "1",
+                    "--batch_size", "2", "--normalization", "batchnorm", "--optimizer", "adam", "--learning_rate",
+                    "0.003", *SMALL)
     # two epochs of a tiny model may still score 0 (stopped as diverged, exit 3): this test is
     # about DDP completing in step on both ranks, not about learning
     assert proc.returncode in (0, 3), proc.stderr[-3000:]
     assert proc.stdout.count("RUN_SUMMARY,image_segmentation") == 1
-    assert "8 cases, 8 samples/epoch" in proc.stdout  # 2 ranks x 2 batches of 2
+    assert "8 cases, 8 samples/epoch, first eval at epoch 2, then every 1;" in proc.stdout  # 2 ranks x 2 batches of 2
     state = load_checkpoint(str(tmp_path / "c.pt"))
     assert state["epoch"] == 2 and state["last_eval"]["eval_cases"] == 5
     # both ranks evaluated with rank 0's batch-norm statistics, i.e. the checkpoint's: one

@@ -112,17 +112,25 @@ class Schedule:
     samples_per_epoch: int  # global samples trained per epoch
     start_eval_at: int
     evaluate_every: int
+    semantics: str = "reference"  # which epochs evaluate: runtime.schedule.EvalSchedule's rule
+
+    def eval_schedule(self):
+        """The evaluation epochs as the training loop decides them (one rule, in runtime.schedule)."""
+        from runtime.schedule import EvalSchedule
+
+        return EvalSchedule(self.start_eval_at, self.evaluate_every, 0, self.semantics)
+
+    @property
+    def first_eval_epoch(self) -> int:
+        return self.eval_schedule().first_eval_epoch
 
     def converged_epoch(self, samples: int) -> int:
         """The first evaluation epoch by whose end ``samples`` samples have been trained."""
-        epoch = -(-samples // self.samples_per_epoch)
-        if epoch <= self.start_eval_at:
-            return self.start_eval_at
-        return self.start_eval_at + -(-(epoch - self.start_eval_at) // self.evaluate_every) * self.evaluate_every
+        return self.eval_schedule().next_eval_epoch(-(-samples // self.samples_per_epoch))
 
     def evaluations(self, epoch: int) -> int:
-        """Evaluations run up to and including evaluation epoch ``epoch``."""
-        return (epoch - self.start_eval_at) // self.evaluate_every + 1
+        """Evaluations run up to and including epoch ``epoch``."""
+        return self.eval_schedule().evaluations_through(epoch)
 
 
 @dataclass(frozen=True)
@@ -275,7 +283,7 @@ def rcp_text(rcp: Rcp, global_batch: int, rcps_batches: Sequence[int] = ()) -> s
 
 
 def schedule_text(schedule: Schedule) -> str:
-    return (f"{schedule.samples_per_epoch} samples per epoch, evaluations from epoch {schedule.start_eval_at} "
+    return (f"{schedule.samples_per_epoch} samples per epoch, evaluations from epoch {schedule.first_eval_epoch} "
             f"every {schedule.evaluate_every}")
 
 

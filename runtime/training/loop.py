@@ -63,6 +63,27 @@ class RunResult:
 
 # -- pure decisions ---------------------------------------------------------------------------
 
+def eval_schedule_of(cfg) -> EvalSchedule:
+    """The run's evaluation epochs (resolved values and ``--semantics``): the one the loop follows."""
+    return EvalSchedule(cfg.start_eval_at, cfg.evaluate_every, cfg.fail_epoch, cfg.semantics)
+
+
+def schedule_text(cfg) -> str:
+    """The schedule line's evaluation part, with the true first evaluation epoch: under
+    ``--semantics reference`` an epoch evaluates when ``evaluate_every`` divides it, so with
+    ``--start_eval_at 2 --evaluate_every 420`` the first evaluation is epoch 420, not 2."""
+    schedule = eval_schedule_of(cfg)
+    first = schedule.first_eval_epoch
+    text = f"first eval at epoch {first}"
+    if first != cfg.start_eval_at:
+        text += (f" (the first multiple of --evaluate_every {cfg.evaluate_every} from --start_eval_at "
+                 f"{cfg.start_eval_at}: --semantics {cfg.semantics})")
+    text += f", then every {cfg.evaluate_every}"
+    if first > cfg.epochs:
+        text += f"; no evaluation within --epochs {cfg.epochs}"
+    return text
+
+
 def next_eval_epoch(epoch: int, schedule: EvalSchedule, last_epoch: int) -> int:
     """The first evaluation epoch at or after ``epoch`` (``last_epoch`` when there is none)."""
     return min(schedule.next_eval_epoch(epoch), last_epoch)
@@ -298,7 +319,7 @@ def stop_for_preemption(components: Components, out: Reporters, epoch: int) -> R
 def train(components: Components, out: Reporters) -> RunResult:
     """Train until the target, divergence, pre-emption or ``--epochs``."""
     cfg, state = components.config, components.state
-    schedule = EvalSchedule(cfg.start_eval_at, cfg.evaluate_every, cfg.fail_epoch, cfg.semantics)
+    schedule = eval_schedule_of(cfg)
     blocks = MLPerfBlocks(out.mlperf, schedule, cfg.epochs)
     periodic = PeriodicCheckpoints(components, out)
     components.model.train()
@@ -371,8 +392,8 @@ def run_training(components: Components, out: Reporters) -> int:
         start_clock(out)
     out.mlperf.hyperparameters(cfg, components.dist.world_size)
     run_start = out.run_start
-    out.say(f"training: {cfg.num_train_cases} cases, {cfg.samples_per_epoch} samples/epoch, first eval at epoch "
-            f"{cfg.start_eval_at}, then every {cfg.evaluate_every}; seed {cfg.seed}")
+    out.say(f"training: {cfg.num_train_cases} cases, {cfg.samples_per_epoch} samples/epoch, {schedule_text(cfg)}; "
+            f"seed {cfg.seed}")
     result = train(components, out)
     D.barrier()
     mlperf_status = "success" if result.status == "success" else "aborted"

@@ -98,9 +98,12 @@ class Cluster:
 
 def job_env(tmp: Path, data: str, **settings) -> dict[str, str]:
     """The settings of a CPU job on the host's Python: no container, no GPU, one thread per
-    process (two cores for both nodes), results and scratch in ``tmp``."""
+    process (two cores for both nodes), results and scratch in ``tmp``. EVALUATE_EVERY 1: every
+    epoch from START_EVAL_AT evaluates (the jobs' default 20 with the reference's rule, epoch % 20
+    == 0, would evaluate none of a short job's epochs)."""
     env = {"CONTAINER": "", "GPU_VENDOR": "none", "GPUS_PER_NODE": "1", "DATA_DIR": data,
            "SCRATCH": str(tmp / "scratch"), "RESULTS_DIR": str(tmp / "results"), "OMP_NUM_THREADS": "1",
-           "OPTIMIZER": "adam", "LEARNING_RATE": "0.003", "NUM_WORKERS": "0", "PYTHONUNBUFFERED": "1"}
+           "OPTIMIZER": "adam", "LEARNING_RATE": "0.003", "NUM_WORKERS": "0", "PYTHONUNBUFFERED": "1",
+           "EVALUATE_EVERY": "1"}
     env.update({k: str(v) for k, v in settings.items()})
     return env
