@@ -107,6 +107,9 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
 
     labelled, unlabelled = pp.find_cases(cfg.data_dir)
     pp.prepare_results_dir(cfg.results_dir)
+    if pp.carry_synthetic_marker(cfg.data_dir, cfg.results_dir):
+        print(f"{cfg.data_dir} is synthetic (data_loading.synthetic): its marker is copied into "
+              f"{cfg.results_dir}, and a training run on it is not a closed MLPerf result")
     if unlabelled:
         print(pp.skipped_line(unlabelled))
     if pp.remove_stale_temporaries(cfg.results_dir):

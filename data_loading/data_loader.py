@@ -246,7 +246,7 @@ class PreprocessedData:
         if config.is_train:  # evaluate samples no patch (--input_shape is a training flag)
             check_patch_fits(train_cases, config.input_shape)
         nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)
-        return DataSummary(len(train_cases), len(eval_cases), nbytes)
+        return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir))
 
     def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | str | None = None):
         """``(train_loader, val_loader)`` for this rank; see the module docstring.
@@ -272,6 +272,15 @@ class PreprocessedData:
         shards = assign_evaluation_cases(eval_cases, config.val_input_shape, config.overlap, num_shards)
         val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch)
         return train_loader, val_loader
+
+
+def synthetic_marker(data_dir) -> str:
+    """``data_dir``'s synthetic marker in words (``data_loading.synthetic``'s, copied there by
+    preprocessing), "" when it has none."""
+    from data_loading.synthetic import MARKER_NAME, marker_text, read_marker
+
+    record = read_marker(str(data_dir))
+    return "" if record is None else f"{os.path.join(str(data_dir), MARKER_NAME)}: {marker_text(record)}"
 
 
 def data_source(config) -> DataSource:

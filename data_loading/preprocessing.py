@@ -348,6 +348,27 @@ def save_missing_geometry(cases: Sequence[RawCase], results_dir: str) -> int:
     return written
 
 
+def carry_synthetic_marker(data_dir: str, results_dir: str) -> str | None:
+    """Copy the synthetic marker of ``data_dir`` (or its ``data/`` folder; written by
+    ``data_loading.synthetic``) into ``results_dir``, so that a run on the preprocessed folder
+    knows its data is not KiTS19 (``runtime.division``); returns the copy's path, or None when
+    ``data_dir`` carries none. The raw folder is only read; no .npy file changes."""
+    from data_loading.synthetic import MARKER_NAME
+
+    for folder in (data_dir, os.path.join(data_dir, "data")):
+        source = os.path.join(folder, MARKER_NAME)
+        if os.path.isfile(source):
+            try:
+                with open(source, "rb") as handle:
+                    content = handle.read()
+            except OSError as exc:
+                raise PreprocessError(f"{source}: cannot read ({exc.strerror or type(exc).__name__})") from None
+            target = os.path.join(results_dir, MARKER_NAME)
+            write_or_explain(target, lambda out: out.write(content))
+            return target
+    return None
+
+
 def prepare_results_dir(results_dir: str) -> None:
     """Create ``results_dir`` if needed and prove that a file can be written in it."""
     import tempfile

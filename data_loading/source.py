@@ -17,6 +17,9 @@ class DataSummary:
     num_train: int  # training cases
     num_eval: int  # evaluation cases
     train_bytes: int = 0  # the training volumes in memory (image float32 + label uint8)
+    # the folder's synthetic marker in words (data_loading.synthetic.MARKER_NAME), "" when it has
+    # none: its data is not KiTS19, so the run is not closed (runtime.division.data_reasons)
+    synthetic: str = ""
 
 
 class DataSource(Protocol):

@@ -7,6 +7,11 @@ like the KiTS19 files', anisotropic spacing that varies per case. Every fourth c
 the benchmark's target spacing (1.6, 1.2, 1.2) in its header. Cases with id >= 210 get no
 segmentation, like the unlabelled cases of newer KiTS downloads.
 
+Beside the cases it writes ``OUTPUT/synthetic.json`` (:data:`MARKER_NAME`), a marker naming the
+folder synthetic, its generator, seeds and case ids; ``preprocess_dataset.py`` copies it into the
+preprocessed folder, and a training run on that folder is then not a closed MLPerf result
+(``runtime.division.data_reasons``: "synthetic data is not KiTS19").
+
 The anatomy (a body of soft tissue in a fat layer, a spine, two kidneys with a tumour in one or
 both) is laid out in coordinates relative to the field of view, so it looks alike at any size.
 The tumours are large and have a contrast of several noise standard deviations against both
@@ -20,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -32,6 +38,9 @@ from data_loading.cli_types import OneLineParser, non_negative_int
 
 TARGET_SPACING = (1.6, 1.2, 1.2)  # the benchmark's target spacing, (slices, height, width), mm
 FIRST_UNLABELLED_ID = 210
+# The marker a generated folder carries (and its preprocessed folder, copied by preprocessing).
+MARKER_NAME = "synthetic.json"
+GENERATOR = "data_loading.synthetic"
 
 # Hounsfield-like levels (int16 in the file). After the benchmark's clip to [-79, 304] and
 # normalisation (x - 101) / 76.9: tissue -0.92, tumour +0.05, kidney +1.03, with noise 0.16.
@@ -195,11 +204,53 @@ def save_case(case: SyntheticCase, output_dir: str, labelled: bool) -> str:
     return folder
 
 
+def read_marker(folder: str) -> dict | None:
+    """The synthetic marker of ``folder`` (:data:`MARKER_NAME`), or None when it has none. A
+    marker that cannot be read or parsed still marks the folder: ``{}``."""
+    path = os.path.join(folder, MARKER_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def marker_text(record: dict | None) -> str:
+    """The marker in words for one line: its generator and seeds."""
+    record = record or {}
+    seeds = sorted({g.get("seed") for g in record.get("generations", []) if isinstance(g, dict)
+                    and isinstance(g.get("seed"), int)})
+    return (f"{record.get('generator', GENERATOR)}"
+            + (f", seed {', '.join(map(str, seeds))}" if seeds else ""))
+
+
+def write_marker(output_dir: str, seed: int, size: str, ids: Sequence[int]) -> str:
+    """Record one generation in ``output_dir``'s marker (:data:`MARKER_NAME`), keeping the
+    generations already recorded there (cases added with ``--start_id``); returns its path."""
+    record = read_marker(output_dir) or {}
+    generations = [g for g in record.get("generations", []) if isinstance(g, dict)]
+    generations.append({"seed": seed, "size": size, "case_id_range": [min(ids), max(ids)] if ids else []})
+    record = {"synthetic": True, "generator": GENERATOR,
+              "note": "synthetic KiTS19-like volumes, not KiTS19: a run on them is not a closed MLPerf result",
+              "generations": generations}
+    path = os.path.join(output_dir, MARKER_NAME)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=1)
+        handle.write("\n")
+    return path
+
+
 def generate(output_dir: str, cases: int, seed: int = 0, size: str = "small",
              start_id: int = 0) -> list[int]:
-    """Generate ``cases`` cases with ids ``start_id ..``; returns the ids written."""
+    """Generate ``cases`` cases with ids ``start_id ..``; returns the ids written. The folder's
+    marker (:func:`write_marker`) records them."""
     preset = PRESETS[size]
     ids = list(range(start_id, start_id + cases))
+    os.makedirs(output_dir, exist_ok=True)
+    write_marker(output_dir, seed, size, ids)
     for case_id in ids:
         rng = case_rng(seed, case_id)
         shape, spacing = draw_geometry(rng, preset, target_spacing=case_id % 4 == 0)

@@ -101,6 +101,9 @@ class Config:
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
     division_why: str = ""  # why the run is open (one line; runtime.division), "" when closed
     division_asked: str = ""  # --submission_division as given (auto, closed, open), kept by runtime.resolve
+    # the data stage's reasons a run whose MLPerf log already says closed is not (runtime.resolve
+    # .division_from), logged as not_closed after run_start; "" otherwise
+    division_not_closed: str = ""
     # The flags given on the command line (field names), so that values saved in a checkpoint
     # can fill the others (runtime.resolve).
     explicit: frozenset = frozenset()

@@ -10,10 +10,13 @@ tail and evaluation epochs: ``--semantics reference``; no project-only augmentat
 synthetic data) and the 168/42 split of KiTS19. Anything else makes it open.
 
 Two pure functions, one per stage of ``runtime.resolve``: :func:`flag_reasons` over the flags
-(``resolve``, before any MLPerf event) and :func:`data_reasons` over the case counts
-(``resolve_data``, after ``run_start``, where the data is first listed). Each returns the
-reasons the run is open, in words, empty when nothing makes it so; :func:`decide` turns them
-into the division and the one line that says why.
+(``resolve``, before any MLPerf event) and :func:`data_reasons` over the data (``resolve_data``,
+after ``run_start``, where the data is first listed: its case counts and its synthetic marker).
+Each returns the reasons the run is open, in words, empty when nothing makes it so;
+:func:`decide` turns them into the division and the one line that says why. The MLPerf log's
+division precedes ``init_stop``, so a run the data makes open after its log said closed
+carries ``not_closed`` (``runtime.run_files.NOT_CLOSED``) after ``run_start``, and the report,
+the score and the package leave it out.
 """
 from __future__ import annotations
 
@@ -68,12 +71,18 @@ def flag_reasons(config) -> list[str]:
     return reasons
 
 
-def data_reasons(num_train: int, num_eval: int) -> list[str]:
-    """Why the data's case counts make the run open (empty: KiTS19's 168/42 split)."""
-    if (num_train, num_eval) == (REFERENCE_TRAIN_CASES, REFERENCE_EVAL_CASES):
-        return []
-    return [f"{num_train} training and {num_eval} evaluation cases are not KiTS19's "
-            f"{REFERENCE_TRAIN_CASES} and {REFERENCE_EVAL_CASES}"]
+def data_reasons(num_train: int, num_eval: int, synthetic: str = "") -> list[str]:
+    """Why the data makes the run open (empty: KiTS19's 168/42 split, not marked synthetic):
+    its case counts, and ``synthetic``, the folder's synthetic marker in words
+    (``data_loading.synthetic``'s, which preprocessing copies; "" when it has none), since a
+    generated set of 210 cases has KiTS19's counts."""
+    reasons = []
+    if synthetic:
+        reasons.append(f"synthetic data is not KiTS19 ({synthetic})")
+    if (num_train, num_eval) != (REFERENCE_TRAIN_CASES, REFERENCE_EVAL_CASES):
+        reasons.append(f"{num_train} training and {num_eval} evaluation cases are not KiTS19's "
+                       f"{REFERENCE_TRAIN_CASES} and {REFERENCE_EVAL_CASES}")
+    return reasons
 
 
 def decide(asked: str, reasons: list[str]) -> tuple[str, str]:

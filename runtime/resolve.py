@@ -260,7 +260,8 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
     training, once); ``--submission_division closed`` on an open run is a :class:`UsageError`.
     The flag as given is kept in ``division_asked`` for the data stage. ``logged``: the MLPerf
     log already holds the division (the data stage: it must precede ``init_stop``), so a run
-    found open only now says that its log's "closed" is no result."""
+    found open only now says that its log's "closed" is no result, and keeps the reasons in
+    ``division_not_closed`` for the log's ``not_closed`` event (``runtime.app.start_run``)."""
     asked = config.division_asked or config.submission_division
     if config.division_why:  # already open by the flags: the data adds nothing to say
         return config
@@ -268,12 +269,15 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
         division, why = decide(asked, reasons)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    not_closed = ""
     if why and logged and config.submission_division == "closed":
-        why += ("; the MLPerf log, whose division precedes init_stop, says closed, and the compliance "
-                "checker rejects it for these counts: no result")
+        not_closed = "; ".join(reasons)
+        why += ("; the MLPerf log, whose division precedes init_stop, says closed: it records not_closed "
+                "after run_start, and the run is no closed result")
     if why and dist_info.is_main and config.is_train and not config.benchmark:
         print(why)
-    return replace(config, submission_division=division, division_why=why, division_asked=asked)
+    return replace(config, submission_division=division, division_why=why, division_asked=asked,
+                   division_not_closed=not_closed)
 
 
 def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
@@ -288,5 +292,6 @@ def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
     config = replace(config, cache=resolve_cache(config.cache, dist_info.device, summary.train_bytes),
                      num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
                      **schedule_fields(config, summary.num_train, dist_info.world_size))
-    # The division's data part: a closed run needs KiTS19's 168/42 split (runtime.division).
-    return division_from(config, data_reasons(summary.num_train, summary.num_eval), dist_info, logged=True)
+    # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
+    reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""))
+    return division_from(config, reasons, dist_info, logged=True)

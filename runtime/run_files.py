@@ -18,7 +18,8 @@ A ``--log_dir`` holds:
   checkpoint) there first (:func:`run_file_names`, ``runtime.outputs.move_previous_run``).
 
 An attempt's MLPerf log holds :data:`RESUMED_FROM_CHECKPOINT` or :data:`CHECKPOINTS_ON_THE_CLOCK`
-(this project's own keys, before ``run_start``) when it is not an MLPerf result.
+(this project's own keys, before ``run_start``), or :data:`NOT_CLOSED` (after ``run_start``: a log
+that says closed on data that is not KiTS19's), when it is not an MLPerf result.
 
 A report's ``--output`` holds ``summary.md``, ``summary.json`` and ``curves.png``.
 """
@@ -76,7 +77,12 @@ RESUMED_FROM_CHECKPOINT = "resumed_from_checkpoint"
 # value: the --save_ckpt_path written between run_start and run_stop (the reference's timed run
 # writes none); logged before run_start by a run that will save checkpoints on the clock
 CHECKPOINTS_ON_THE_CLOCK = "checkpoints_on_the_clock"
-NOT_A_RESULT_EVENTS = (RESUMED_FROM_CHECKPOINT, CHECKPOINTS_ON_THE_CLOCK)
+# value: why the run is not closed, in words (runtime.division.data_reasons: synthetic data, not
+# KiTS19's 168/42 cases); logged after run_start by a run whose submission_division, logged from
+# the flags before init_stop, says closed but whose data, first read after run_start, is not
+# the closed benchmark's
+NOT_CLOSED = "not_closed"
+NOT_A_RESULT_EVENTS = (RESUMED_FROM_CHECKPOINT, CHECKPOINTS_ON_THE_CLOCK, NOT_CLOSED)
 
 # -- log.json ---------------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ from data_loading.write_errors import append_bytes, write_failure
 from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
 from runtime.outputs import OutputError
-from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, METRICS_LOG, MLPERF_LOG, RESUMED_FROM_CHECKPOINT,
-                               check_record)
+from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, METRICS_LOG, MLPERF_LOG, NOT_CLOSED,
+                               RESUMED_FROM_CHECKPOINT, check_record)
 
 
 CACHE_CLEARED_ENV = "UNET3D_CACHE_CLEARED"
@@ -109,6 +109,14 @@ class MLPerfLogger:
             self.event(RESUMED_FROM_CHECKPOINT, value=path, metadata=metadata)
         if checkpoints_to:
             self.event(CHECKPOINTS_ON_THE_CLOCK, value=checkpoints_to)
+
+    def not_closed(self, reasons: str) -> None:
+        """The log's ``submission_division`` (logged from the flags before ``init_stop``) says
+        closed, but the data, first read after ``run_start``, is not the closed benchmark's:
+        ``reasons`` in words (``runtime.division.data_reasons``). The report, the score and the
+        package leave such a log out (``runtime/run_files.py``'s ``NOT_CLOSED``)."""
+        if reasons:
+            self.event(NOT_CLOSED, value=reasons)
 
     # -- the benchmark's fixed records ---------------------------------------------------------
     def submission_info(self, config: Config) -> None:

@@ -536,3 +536,39 @@ def test_label_values_are_the_models_classes():
     from model.unet3d import N_CLASSES
 
     assert pp.LABEL_VALUES == tuple(range(N_CLASSES))
+
+
+# ----------------------------------------------------------------------------- synthetic marker
+
+
+def test_the_synthetic_marker_survives_preprocessing_and_changes_no_array(tmp_path, capsys):
+    """A generated folder's synthetic.json is copied into the preprocessed folder (the raw
+    folder only read), so that a run on it knows it is not KiTS19; the .npy bytes are the same
+    as without the marker and as the reference's calls (reference_transcription)."""
+    marked = tmp_path / "marked" / "data"  # the KiTS19 repository's layout: the marker beside the cases
+    synthetic.generate(str(marked), cases=2, seed=4, size="small")
+    plain = tmp_path / "plain"
+    for case in ("case_00000", "case_00001"):
+        (plain / case).mkdir(parents=True)
+        for name in ("imaging.nii.gz", "segmentation.nii.gz"):
+            (plain / case / name).write_bytes((marked / case / name).read_bytes())
+    raw_before = {p.name: p.stat().st_mtime_ns for p in marked.iterdir()}
+    marker = (marked / synthetic.MARKER_NAME).read_bytes()
+    outs = {}
+    for name, raw in (("marked", tmp_path / "marked"), ("plain", plain)):
+        outs[name] = tmp_path / f"out-{name}"
+        assert preprocess_dataset.main(["--data_dir", str(raw), "--results_dir", str(outs[name]),
+                                        "--num_workers", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("is synthetic (data_loading.synthetic)") == 1
+    assert (outs["marked"] / synthetic.MARKER_NAME).read_bytes() == marker
+    assert not (outs["plain"] / synthetic.MARKER_NAME).exists()
+    assert {p.name: p.stat().st_mtime_ns for p in marked.iterdir()} == raw_before  # raw folder untouched
+    arrays = sorted(n for n in os.listdir(outs["plain"]) if n.endswith(".npy"))
+    assert len(arrays) == 4 and arrays == sorted(n for n in os.listdir(outs["marked"]) if n.endswith(".npy"))
+    for name in arrays:
+        assert (outs["marked"] / name).read_bytes() == (outs["plain"] / name).read_bytes(), name
+    for case in ("case_00000", "case_00001"):
+        fresh_x, fresh_y = reference_transcription(marked / case)
+        assert (outs["marked"] / f"{case}_x.npy").read_bytes() == npy_bytes(fresh_x)
+        assert (outs["marked"] / f"{case}_y.npy").read_bytes() == npy_bytes(fresh_y)

@@ -1,6 +1,7 @@
 """Synthetic KiTS19 generator: layout, header conventions, contents, determinism."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ def small_set(tmp_path_factory):
 
 
 def test_kits19_layout_and_header_conventions(small_set):
-    assert sorted(os.listdir(small_set)) == [f"case_{i:05d}" for i in range(4)]
+    assert sorted(os.listdir(small_set)) == [f"case_{i:05d}" for i in range(4)] + [synthetic.MARKER_NAME]
     for case_id in range(4):
         folder = small_set / f"case_{case_id:05d}"
         image, pixels = load(folder, "imaging.nii.gz")
@@ -110,3 +111,16 @@ def test_cli_rejects_a_bad_flag_in_one_line(tmp_path):
                             text=True, timeout=60)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert "--cases" in result.stderr
+
+
+def test_the_folder_carries_a_marker_naming_it_synthetic(tmp_path):
+    """The marker (synthetic.json) says what made the folder, with which seeds and cases; cases
+    added later with --start_id are added to it, not written over it."""
+    synthetic.generate(str(tmp_path), cases=1, seed=5, size="small")
+    synthetic.generate(str(tmp_path), cases=1, seed=6, size="small", start_id=7)
+    record = json.loads((tmp_path / synthetic.MARKER_NAME).read_text())
+    assert record["synthetic"] is True and record["generator"] == "data_loading.synthetic"
+    assert [(g["seed"], g["case_id_range"]) for g in record["generations"]] == [(5, [0, 0]), (6, [7, 7])]
+    assert synthetic.read_marker(str(tmp_path)) == record
+    assert synthetic.marker_text(record) == "data_loading.synthetic, seed 5, 6"
+    assert synthetic.read_marker(str(tmp_path / "case_00000")) is None  # no marker: not synthetic

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, EVAL, EVAL_START, EVAL_STOP, GLOBAL_BATCH_SIZE, METRICS_LOG,
-                               MLLOG_PREFIX, MLPERF_LOG, PREVIOUS_RUN_PREFIX, RECORD_HEADER, RESULT,
+                               MLLOG_PREFIX, MLPERF_LOG, NOT_CLOSED, PREVIOUS_RUN_PREFIX, RECORD_HEADER, RESULT,
                                RESUMED_FROM_CHECKPOINT, RESUMED_LOG_GLOB, RUN_START, RUN_STOP, SAMPLES_PER_EPOCH, SEED,
                                TRAIN, TRAIN_SAMPLES)
 
@@ -209,7 +209,9 @@ def evaluation_times(events: Sequence[dict]) -> tuple[tuple[int, float], ...]:
 def not_a_result(events: Sequence[dict]) -> tuple[str, ...]:
     """Why the attempt of ``events`` is not an MLPerf result: the events this project logs
     before ``run_start`` when the attempt resumed from a checkpoint or writes checkpoints on the
-    clock (``runtime.run_log.MLPerfLogger.not_a_result``); () for a result."""
+    clock (``runtime.run_log.MLPerfLogger.not_a_result``), and after it when a log that says
+    closed turns out to run on data that is not KiTS19's (``MLPerfLogger.not_closed``); () for
+    a result."""
     reasons = []
     for e in events:
         if e.get("key") == RESUMED_FROM_CHECKPOINT:
@@ -224,6 +226,8 @@ def not_a_result(events: Sequence[dict]) -> tuple[str, ...]:
         elif e.get("key") == CHECKPOINTS_ON_THE_CLOCK:
             reasons.append(f"wrote checkpoints between run_start and run_stop ({e.get('value')}; "
                            "--ckpt_during_run), which the reference's timed run does not")
+        elif e.get("key") == NOT_CLOSED:
+            reasons.append(f"logged closed, but not closed: {e.get('value')}")
     return tuple(reasons)
 
 

@@ -13,7 +13,8 @@ A log is one of three kinds:
 * ``not a result``: anything else, left out of the score and of the package, with the reason:
   no MLPerf line, no or several ``run_start`` (stopped during initialisation, a reused log), no
   ``run_stop`` (crashed, killed, still running), a run of several attempts, an attempt resumed
-  from a checkpoint or one that wrote checkpoints on the clock (``runtime/run_files.py``'s
+  from a checkpoint, one that wrote checkpoints on the clock, or one whose log says closed on
+  data that is not KiTS19's (``not_closed``: synthetic, not 168/42) (``runtime/run_files.py``'s
   ``NOT_A_RESULT_EVENTS``, read by ``runtime.report.runs.not_a_result``: "The clock may not be
   paused during the run"; the reference's timed run writes none), a log of another
   benchmark, or one the official compliance checker rejects for anything but the target (a
