@@ -52,7 +52,7 @@ class Case:
 def read_evaluation_ids(path: Path = EVALUATION_CASES_FILE) -> list[str]:
     """Case ids of the evaluation set (one per line, e.g. ``00003``)."""
     try:
-        lines = Path(path).read_text().split()
+        lines = Path(path).read_text(encoding="utf-8").split()
     except OSError as err:
         raise DataError(f"cannot read the evaluation case list {path}: {err.strerror}") from None
     return [line.strip() for line in lines if line.strip()]

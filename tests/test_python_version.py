@@ -36,7 +36,7 @@ def syntax_errors(*paths: str) -> list[str]:
     errors = []
     for file in files:
         try:
-            compile(file.read_text(), str(file), "exec", dont_inherit=True)
+            compile(file.read_text(encoding="utf-8"), str(file), "exec", dont_inherit=True)
         except SyntaxError as exc:
             errors.append(f"{file}:{exc.lineno}: SyntaxError on Python "
                           f"{sys.version_info.major}.{sys.version_info.minor}: {exc.msg}")

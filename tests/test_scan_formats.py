@@ -9,6 +9,7 @@ of the same volume, and its prediction is that NIfTI's voxel for voxel. The geom
 are SimpleITK's own: its NIfTI writer (LPS direction cosines to a RAS affine) and its
 ``DICOMOrient``; nibabel maps segmentations back to the KiTS19 layout.
 """
+import locale
 import os
 import random
 import sys
@@ -50,6 +51,19 @@ def write_dicom_series(sitk, folder, image, uid, description="CT ABDOMEN", names
     names = names or [f"IM{order[d]:04d}.dcm" for d in range(depth)]
     writer = sitk.ImageFileWriter()
     writer.KeepOriginalImageUIDOn()
+    # GDCM's writer leaves the process in the C locale (ASCII as the preferred encoding) once it
+    # writes a decimal string such as ImagePositionPatient: put the test process's locale back
+    saved = locale.setlocale(locale.LC_ALL)
+    try:
+        _write_slices(sitk, writer, folder, data, names, uid, description, depth, affine,
+                      (spacing_d, spacing_h, spacing_w))
+    finally:
+        locale.setlocale(locale.LC_ALL, saved)
+    return names
+
+
+def _write_slices(sitk, writer, folder, data, names, uid, description, depth, affine, spacing):
+    spacing_d, spacing_h, spacing_w = spacing
     for d in range(depth):
         ras = affine @ np.array([d, 0, 0, 1.0])
         position = (-ras[0], -ras[1], ras[2])  # LPS
@@ -63,7 +77,6 @@ def write_dicom_series(sitk, folder, image, uid, description="CT ABDOMEN", names
             slice_image.SetMetaData(key, value)
         writer.SetFileName(os.path.join(str(folder), names[d]))
         writer.Execute(slice_image)
-    return names
 
 
 def stored_pixels(path, shape):
@@ -120,6 +133,22 @@ def test_dicom_series_segments_as_the_kits_nifti(tmp_path, sitk, tiny_checkpoint
     labels, expected = kits_labels(str(tmp_path / "out" / "series.nii.gz")), kits_labels(str(tmp_path / "out" / "kits.nii.gz"))
     assert len(np.unique(expected)) == 3
     assert np.array_equal(labels, expected), float(np.mean(labels == expected))
+
+
+def test_writing_and_reading_a_series_leave_the_locale_as_it_was(tmp_path, sitk):
+    """GDCM's writer leaves the C locale behind (the preferred encoding ASCII: every later
+    ``read_text()`` of a UTF-8 file in the process fails); the tests' writer puts it back, and the
+    project's reading of a series (headers, the volume) changes nothing."""
+    before = locale.setlocale(locale.LC_ALL), locale.getpreferredencoding(False)
+    series = tmp_path / "series"
+    write_dicom_series(sitk, series, kits_volume(), "1.2.826.0.1.3680043.9.7.2.1")
+    assert (locale.setlocale(locale.LC_ALL), locale.getpreferredencoding(False)) == before
+    raw = read_scan(str(series))
+    assert raw.image.size == np.asarray(kits_volume().dataobj).size
+    assert (locale.setlocale(locale.LC_ALL), locale.getpreferredencoding(False)) == before
+    text = tmp_path / "ünïcode.txt"
+    text.write_bytes("Größe ✓".encode("utf-8"))
+    assert text.read_text() == "Größe ✓"        # the test process's own text I/O, as the suite does it
 
 
 def test_several_series_in_one_folder_are_named_and_one_file_chooses(tmp_path, sitk, tiny_checkpoint, capsys):

@@ -105,7 +105,7 @@ class CacheEntry:
         """The stored ``openvino.Model``, or None when absent, of other fields, or unreadable
         (then it is rebuilt: one line says so)."""
         try:
-            with open(os.path.join(self.path, "key.json")) as handle:
+            with open(os.path.join(self.path, "key.json"), encoding="utf-8") as handle:
                 stored = json.load(handle)
         except (OSError, ValueError):
             return None
@@ -128,7 +128,7 @@ class CacheEntry:
             os.makedirs(self.folder, exist_ok=True)
             temp = _new_folder(self.folder, ".building-")
             ov.save_model(ov_model, os.path.join(temp, "model.xml"), compress_to_fp16=False)
-            with open(os.path.join(temp, "key.json"), "w") as handle:
+            with open(os.path.join(temp, "key.json"), "w", encoding="utf-8") as handle:
                 json.dump(self.fields, handle, indent=1, sort_keys=True)
             _replace_folder(temp, self.path)
             temp = None
@@ -154,7 +154,7 @@ class CacheEntry:
             if path == self.path:
                 continue
             try:
-                with open(os.path.join(path, "key.json")) as handle:
+                with open(os.path.join(path, "key.json"), encoding="utf-8") as handle:
                     stale = json.load(handle).get("weights_sha256") != self.fields["weights_sha256"]
             except (OSError, ValueError):
                 stale = True
