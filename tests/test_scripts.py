@@ -424,8 +424,9 @@ def test_run_and_time_refuses_a_missing_dataset(tmp_path):
     assert proc.returncode != 0 and "nowhere" in proc.stderr
 
 
-# A small network that learns tests/easy_data.py's cases (no "diverged" stop at a Dice of 0),
-# evaluated every epoch, never reaching the target (so the run ends at MAX_EPOCHS, exit 0).
+# A small network on tests/easy_data.py's cases, evaluated every epoch, never reaching the target:
+# the run ends at MAX_EPOCHS (exit 0), or, with some drawn seeds, stops as diverged when an
+# evaluation's mean Dice is below 1e-6 (exit 3).
 TINY_TIMED_RUN = {"MAX_EPOCHS": "2", "START_EVAL_AT": "1", "EVALUATE_EVERY": "1", "QUALITY_THRESHOLD": "1.0",
                   "NUM_WORKERS": "0", "CLEAR_CACHES": "0", "OMP_NUM_THREADS": "1", "OPTIMIZER": "adam",
                   "LEARNING_RATE": "0.01", "LR_WARMUP_EPOCHS": "0"}
@@ -464,7 +465,6 @@ def timed_run_watching(tmp_path: Path, env: dict[str, str], *args: str) -> tuple
     finally:
         done.set()
         watcher.join()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, seen
 
 
@@ -479,24 +479,55 @@ def test_run_and_time_writes_no_checkpoint_on_the_clock_and_two_default_seed_run
            "DATASET_DIR": str(data), **TINY_TIMED_RUN}
     folders = []
     for _ in range(2):
-        _, seen = timed_run_watching(tmp_path, env, "-1", *TINY_TIMED_FLAGS)  # -1: the default seed
+        proc, seen = timed_run_watching(tmp_path, env, "-1", *TINY_TIMED_FLAGS)  # -1: the default seed
         logs = [Path(p) for p in seen if p.endswith("unet3d.log")]
         (log,) = [p for p in logs if p.parent not in folders]
         folders.append(log.parent)
         records = mllog_records(log)
-        stop_ms = next(r["time_ms"] for r in records if r["key"] == "run_stop")
-        assert sum(r["key"] == "eval_accuracy" for r in records) == 2  # an evaluation every epoch
-        # the checkpoint and its temporary files (.checkpoint.pt.<random>.tmp); not its lock
-        # (.checkpoint.pt.lock, written whole through .checkpoint.pt.lock.<random>)
-        written = {p: t for p, t in seen.items() if Path(p).parent == log.parent and "checkpoint" in Path(p).name
-                   and not Path(p).name.startswith(".checkpoint.pt.lock")}
-        assert written and all(t * 1000 >= stop_ms for t in written.values()), (written, stop_ms)
-        assert (log.parent / "checkpoint.pt").stat().st_mtime * 1000 >= stop_ms  # the final weights
+        run_stop = next(r for r in records if r["key"] == "run_stop")
+        stop_ms, epochs = run_stop["time_ms"], run_stop["metadata"]["epoch_num"]
+        # the training's outcome depends on the drawn seed: both endings save alike, after run_stop
+        finished = proc.returncode == 0 and epochs == 2 and ",finished," in proc.stdout
+        diverged = proc.returncode == 3 and "training diverged" in proc.stdout and ",aborted," in proc.stdout
+        assert finished or diverged, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert run_stop["metadata"]["status"] == "aborted"  # the target 1.0 is never reached
+        assert sum(r["key"] == "eval_accuracy" for r in records) == epochs  # an evaluation every epoch
+        assert_checkpoint_after_run_stop(seen, log, stop_ms)
         seed = next(r["value"] for r in records if r["key"] == "seed")
         assert log.parent.name.startswith(f"run_and_time-seed{seed}") and seed >= 0
-        assert not any(r["key"] == "checkpoints_on_the_clock" for r in records)
     assert folders[0] != folders[1]
     assert all(not p.startswith("previous-") for f in folders for p in os.listdir(f))  # no run moved aside
+
+
+def assert_checkpoint_after_run_stop(seen: dict[str, float], log: Path, stop_ms: float) -> None:
+    """Nothing of the checkpoint appeared on the clock: the checkpoint and its temporary files
+    (.checkpoint.pt.<random>.tmp; not its lock, .checkpoint.pt.lock, written whole through
+    .checkpoint.pt.lock.<random>) first seen after run_stop, the final weights there."""
+    written = {p: t for p, t in seen.items() if Path(p).parent == log.parent and "checkpoint" in Path(p).name
+               and not Path(p).name.startswith(".checkpoint.pt.lock")}
+    assert written and all(t * 1000 >= stop_ms for t in written.values()), (written, stop_ms)
+    assert (log.parent / "checkpoint.pt").stat().st_mtime * 1000 >= stop_ms  # the final weights
+    assert not any(r["key"] == "checkpoints_on_the_clock" for r in mllog_records(log))
+
+
+def test_run_and_time_a_diverged_run_saves_its_final_weights_after_run_stop_as_a_finished_one(tmp_path):
+    """A run stopped as diverged (a learning rate of 1e4: its loss or Dice collapses, whatever
+    the seed) ends with run_stop aborted and exit 3, and writes its checkpoint as a run that ran
+    its epochs does: once, after run_stop, holding the last epoch's weights."""
+    import easy_data
+    from runtime.checkpoint import load_checkpoint
+
+    data = easy_data.write_dataset(str(tmp_path / "data"), range(13))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHON": sys.executable,
+           "DATASET_DIR": str(data), **TINY_TIMED_RUN, "LEARNING_RATE": "1e4"}
+    proc, seen = timed_run_watching(tmp_path, env, "1", *TINY_TIMED_FLAGS)
+    assert proc.returncode == 3 and "training diverged" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (log,) = [Path(p) for p in seen if p.endswith("unet3d.log")]
+    run_stop = next(r for r in mllog_records(log) if r["key"] == "run_stop")
+    assert run_stop["metadata"]["status"] == "aborted"
+    assert_checkpoint_after_run_stop(seen, log, run_stop["time_ms"])
+    state = load_checkpoint(str(log.parent / "checkpoint.pt"))
+    assert state["epoch"] == run_stop["metadata"]["epoch_num"] and state["status"] == "aborted"
 
 
 def test_run_and_time_never_reuses_a_folder_that_holds_a_run(tmp_path):
