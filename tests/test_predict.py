@@ -540,7 +540,11 @@ def test_predict_dice_agrees_with_evaluate(tmp_path):
     train = main_py("--exec_mode", "train", "--data_dir", str(tmp_path / "data"), "--log_dir", str(tmp_path / "log"),
                     "--save_ckpt_path", str(tmp_path / "c.pt"), "--epochs", "12", "--start_eval_at", "1000",
                     "--batch_size", "2", "--input_shape", "64", "64", "64", "--optimizer", "adam",
-                    "--learning_rate", "0.003", "--oversampling", "0.7", "--num_workers", "0", *common, timeout=3600)
+                    "--learning_rate", "0.003", "--oversampling", "0.7", "--num_workers", "0", "--semantics", "project",
+                    *common, timeout=3600)
+    # --semantics project: the training is only the means to a model that segments something; at
+    # seed 0 its 24 steps learn the kidney to 0.54 with the project's crop sampler, to 0.19 with the
+    # reference's (randrange never draws the last crop position; its foreground rule): measured
     assert train.returncode == 0, train.stderr[-2000:]
     evaluate = main_py("--exec_mode", "evaluate", "--data_dir", str(tmp_path / "data"), "--log_dir",
                        str(tmp_path / "eval"), "--load_ckpt_path", str(tmp_path / "c.pt"), *common)
