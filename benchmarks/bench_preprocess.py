@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         raw, start = work / "raw", time.perf_counter()
         # start at id 1: id 0 (every fourth id) has the target spacing and a small raw array
         synthetic.generate(str(raw), args.cases, seed=args.seed, size=args.size, start_id=1)
-        shapes = [nibabel.load(case / "imaging.nii.gz").shape for case in sorted(raw.iterdir())]
+        shapes = [nibabel.load(case / "imaging.nii.gz").shape for case in sorted(raw.glob("case_*"))]
         print(header("bench_preprocess", argv) + f"\ndata: {args.cases} {args.size} synthetic cases, raw shapes "
               f"{shapes}; generated in {time.perf_counter() - start:.0f} s", flush=True)
 
