@@ -58,3 +58,22 @@ def one_line_error(code, err, *named):
     assert "Traceback" not in err and len(messages) == 1, err
     for name in named:
         assert str(name) in err, (name, err)
+
+
+def official_compliance_output(records, tmp_path, fixed) -> str:
+    """The official 4.0.0 compliance checker's output on ``records`` (MLLOG dicts) with the values
+    of the keys in ``fixed`` replaced (a tiny run's counts and Dice set to the benchmark's)."""
+    import json
+    import subprocess
+    import sys
+
+    lines = []
+    for record in records:
+        record["value"] = fixed.get(record["key"], record["value"])
+        lines.append(":::MLLOG " + json.dumps(record))
+    patched = tmp_path / "patched.log"
+    patched.write_text("\n".join(lines) + "\n")
+    check = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                            "--ruleset", "4.0.0", str(patched)], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    return check.stdout + check.stderr

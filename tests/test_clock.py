@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 import easy_data
-from main_runs import call, one_line_error
+from main_runs import call, official_compliance_output, one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_REAL = ["--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32", "--val_input_shape", "32", "32",
@@ -93,19 +93,9 @@ def test_the_data_is_first_touched_after_run_start(tmp_path):
     # The keys logged after run_start (the case counts, samples per epoch) stay where the official
     # checker accepts them: the log passes ruleset 4.0.0 once its tiny data's values are KiTS19's.
     text = (log_dir / "unet3d.log").read_text()
-    lines = []
-    for line in text.splitlines():
-        record = json.loads(line.split(":::MLLOG ", 1)[1])
-        fixed = {"train_samples": 168, "eval_samples": 42, "eval_accuracy": 0.95, "submission_division": "open"}
-        if record["key"] in fixed:
-            record["value"] = fixed[record["key"]]
-        lines.append(":::MLLOG " + json.dumps(record))
-    patched = tmp_path / "patched.log"
-    patched.write_text("\n".join(lines) + "\n")
-    check = subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-                            "--ruleset", "4.0.0", str(patched)], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120)
-    output = check.stdout + check.stderr
+    records = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in text.splitlines()]
+    fixed = {"train_samples": 168, "eval_samples": 42, "eval_accuracy": 0.95, "submission_division": "open"}
+    output = official_compliance_output(records, tmp_path, fixed)
     assert "SUCCESS" in output and "FAILED" not in output, output[-3000:]
 
 

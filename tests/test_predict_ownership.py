@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from test_predict import write_nifti
-from test_predict_provenance import SMALL, SPACING, cheap_network, predict, record, scan_folder, trained_on  # noqa: F401
+from test_predict_provenance import SMALL, SPACING, cheap_network, install_cheap_network, predict, record, scan_folder, trained_on  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -181,25 +181,8 @@ def test_a_run_stopped_mid_scan_leaves_outputs_the_next_run_may_redo(tmp_path, c
     assert (out / "scan.nii.gz").exists() and not (out / "scan.provenance.json").exists()
     assert [f for f in os.listdir(out) if f.endswith(".tmp")]  # the pending record, kept
     monkeypatch.undo()
-    cheap_network_again(monkeypatch)
+    install_cheap_network(monkeypatch)  # monkeypatch.undo removed it
     code, stdout, stderr = predict(capsys, folder, out, checkpoint, "--preview")
     assert code == 0 and "1 segmented" in stdout, stderr
     assert sorted(os.listdir(out)) == ["scan.nii.gz", "scan.png", "scan.provenance.json", "summary.csv",
                                        "summary.jsonl"]
-
-
-def cheap_network_again(monkeypatch):
-    """The ``cheap_network`` stand-in again (``monkeypatch.undo`` removed it)."""
-    import torch
-
-    import runtime.predict.api as api
-
-    def window_predictor(model, config, device, say=print, calibration=None):
-        def logits(batch):
-            out = torch.zeros(batch.shape[0], 3, *batch.shape[2:])
-            out[:, 1] = batch[:, 0]
-            return out
-
-        return logits
-
-    monkeypatch.setattr(api, "window_predictor", window_predictor)

@@ -71,6 +71,11 @@ def cheap_network(monkeypatch):
     tiny U-Net takes seconds on a loaded 2-core machine): kidney where the preprocessed image is
     bright. Everything else runs as it does: the window from the resolved config, the sliding
     window and its count, the records, the summary."""
+    install_cheap_network(monkeypatch)
+
+
+def install_cheap_network(monkeypatch):
+    """Put ``cheap_network``'s stand-in in place (also after ``monkeypatch.undo``)."""
     import torch
 
     import runtime.predict.api as api
