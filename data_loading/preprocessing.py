@@ -25,7 +25,6 @@ import json
 import os
 import re
 import statistics
-import zlib
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ import numpy as np
 
 from data_loading import geometry
 from data_loading.atomic import TEMP_SUFFIX, atomic_write
+from data_loading.nifti_read import PreprocessError, load_image, read_nifti, read_voxels  # noqa: F401 (PreprocessError, load_image: this module's API)
 from data_loading.write_errors import is_full_disk, write_or_raise
 
 TARGET_SPACING = [1.6, 1.2, 1.2]  # (slices, height, width) in mm; a list, compared as one
@@ -48,10 +48,6 @@ IMAGE_FILE, LABEL_FILE = "imaging.nii.gz", "segmentation.nii.gz"
 DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checksum.json")
 
 _CASE_DIR = re.compile(r"^case_(\d{5})$")
-
-
-class PreprocessError(Exception):
-    """A problem with the input or output data; ``str()`` is a single line for the user."""
 
 
 @dataclass(frozen=True)
@@ -138,63 +134,6 @@ def _case_dirs(root: str) -> list[str]:
 # ----------------------------------------------------------------------------- per-case steps
 
 
-def _read_nifti(path: str):
-    """Open a NIfTI file; returns the nibabel image (data read lazily)."""
-    import nibabel
-    from nibabel.filebasedimages import ImageFileError
-
-    try:
-        return nibabel.load(path)
-    except (ImageFileError, OSError, EOFError, ValueError, zlib.error) as exc:
-        raise PreprocessError(f"{path}: unreadable or corrupt NIfTI ({_reason(exc)})") from None
-
-
-def read_voxels(nifti, path: str) -> np.ndarray:
-    """The voxel values that ``nifti.get_fdata()`` gives, in the narrowest exact dtype.
-
-    ``get_fdata()`` always builds a float64 copy (1.3 GB for a 611 x 512 x 512 case), which
-    costs time too (docs/performance.md, "Preprocessing"). When the file has no scaling (slope
-    1, intercept 0) and its dtype converts to float64 exactly (floats, integers of up to 32
-    bits), the stored array holds the very same numbers, so a later cast to float32 (rounding to
-    nearest from the exact value) or, for validated labels, to uint8 gives the same bits either
-    way. Other files go through ``get_fdata()``. A truncated or corrupt payload becomes one
-    :class:`PreprocessError`.
-    """
-    from nibabel.filebasedimages import ImageFileError
-
-    dtype = nifti.get_data_dtype()
-    exact = dtype.kind == "f" or (dtype.kind in "iu" and dtype.itemsize <= 4)
-    proxy = nifti.dataobj
-    unscaled = getattr(proxy, "slope", None) == 1 and getattr(proxy, "inter", None) == 0
-    try:
-        return np.asanyarray(proxy) if exact and unscaled else nifti.get_fdata()
-    except (ImageFileError, OSError, EOFError, ValueError, zlib.error) as exc:
-        raise PreprocessError(f"{path}: unreadable or corrupt NIfTI ({_reason(exc)})") from None
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def load_image(path: str) -> tuple[np.ndarray, list[float], object]:
-    """Image float32 (1, D, H, W), spacing (3 floats, ``pixdim[1:4]``) and the nibabel image.
-
-    Raises :class:`PreprocessError` for an unreadable file, a volume that is not 3-D and NaN or
-    infinite intensities.
-    """
-    nifti = _read_nifti(path)
-    spacing = nifti.header["pixdim"][1:4].tolist()
-    image = read_voxels(nifti, path).astype(np.float32)  # get_fdata() bit for bit
-    if image.ndim != 3:
-        raise PreprocessError(f"{path}: expected a 3-D volume, got shape {image.shape}")
-    finite = np.isfinite(image)
-    if not finite.all():
-        raise PreprocessError(f"{path}: {image.size - int(finite.sum())} NaN or "
-                              "infinite intensities")
-    return np.expand_dims(image, 0), spacing, nifti
-
-
 def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """Image float32 (1, D, H, W), label uint8 (1, D, H, W) and the spacing (3 floats).
 
@@ -216,7 +155,7 @@ def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
         raise PreprocessError(f"{case.image_path}: pixdim[1:4] {[float(f'{p:.6g}') for p in spacing]} mm "
                               f"disagrees with the affine's voxel sizes {sizes} mm (case {case.name}: "
                               "which spacing is the scan's?)")
-    label_nifti = _read_nifti(case.label_path)
+    label_nifti = read_nifti(case.label_path)
     label = validated_label(read_voxels(label_nifti, case.label_path), case.name)
     try:
         label = scan_io.label_file_on_scan_grid(label, label_nifti, image_affine, image.shape[1:], case.label_path,
@@ -340,7 +279,7 @@ def save_missing_geometry(cases: Sequence[RawCase], results_dir: str) -> int:
     for case in cases:
         if os.path.exists(geometry.record_path(results_dir, case.name)):
             continue
-        nifti = _read_nifti(case.image_path)
+        nifti = read_nifti(case.image_path)
         if len(nifti.shape) != 3:
             raise PreprocessError(f"{case.image_path}: expected a 3-D volume, got shape {nifti.shape}")
         save_geometry(results_dir, case.name, nifti.shape, nifti.header["pixdim"][1:4].tolist())

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from data_loading.memory_limits import read_memory
-from data_loading.preprocessing import MIN_SHAPE, TARGET_SPACING, _reason
+from data_loading.nifti_read import reason_text
+from data_loading.preprocessing import MIN_SHAPE, TARGET_SPACING
 from data_loading.scans import ScanError
 
 # No CT (or MR) voxel is larger than this; anything beyond is a header in the wrong unit.
@@ -64,7 +65,7 @@ def read_header(path: str) -> ScanHeader:
     except (OSError, ValueError, EOFError, zlib.error, struct.error, HeaderDataError) as exc:
         if isinstance(exc, ScanError):
             raise
-        raise ScanError(f"{path}: unreadable or corrupt NIfTI ({_reason(exc)})") from None
+        raise ScanError(f"{path}: unreadable or corrupt NIfTI ({reason_text(exc)})") from None
     if len(shape) != 3:
         raise ScanError(f"{path}: expected a 3-D volume, got shape {shape}")
     return ScanHeader(shape, spacing)

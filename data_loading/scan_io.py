@@ -20,7 +20,7 @@ Which affine: the sform when its code is non-zero and it is usable, else the qfo
 :class:`ScanError` line naming the file.
 
 Formats: NIfTI through nibabel, exactly as preprocessing reads it
-(:func:`data_loading.preprocessing.load_image`); NRRD (``.nrrd``/``.nhdr``), MetaImage
+(:func:`data_loading.nifti_read.load_image`); NRRD (``.nrrd``/``.nhdr``), MetaImage
 (``.mha``/``.mhd``) and a folder holding a DICOM series through SimpleITK, an optional dependency
 (:data:`SIMPLEITK_INSTALL`). A DICOM series is read with ``ImageSeriesReader``: files sorted by
 ImagePositionPatient along the slice normal (GDCM), RescaleSlope/Intercept applied; a series
@@ -41,7 +41,7 @@ from typing import Sequence
 import numpy as np
 
 from data_loading.dataset import DataError
-from data_loading.preprocessing import PreprocessError, load_image
+from data_loading.nifti_read import PreprocessError, load_image
 
 KITS_CODES = ("I", "P", "L")  # KiTS19's array axes as preprocessing reads them: slices, height, width
 SHEAR_TOLERANCE = 1e-3  # |cos| between two affine columns above this (about 0.06 degrees): sheared

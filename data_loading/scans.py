@@ -30,9 +30,9 @@ import numpy as np
 
 from data_loading import scan_io
 from data_loading.atomic import atomic_write
-from data_loading.preprocessing import (IMAGE_FILE, LABEL_FILE, PreprocessError, _case_dirs, _read_nifti,
-                                        min_shape_padding, preprocess_arrays, read_voxels, resampled_shape,
-                                        validated_label)
+from data_loading.nifti_read import PreprocessError, read_nifti, read_voxels
+from data_loading.preprocessing import (IMAGE_FILE, LABEL_FILE, _case_dirs, min_shape_padding, preprocess_arrays,
+                                        resampled_shape, validated_label)
 from data_loading.scan_io import NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name, scan_name
 
 __all__ = ["NIFTI_SUFFIXES", "ScanError", "is_nifti_name", "is_scan_name", "scan_name"]  # re-exported
@@ -296,7 +296,7 @@ def read_label(path: str, shape: Sequence[int], scan: Orientation | None = None,
     on another grid, of another shape, unreadable or with values outside {0, 1, 2} is a
     :class:`ScanError` naming it (and the scan): :func:`data_loading.scan_io.label_on_scan_grid`."""
     try:
-        nifti = _read_nifti(path)
+        nifti = read_nifti(path)
         raw = read_voxels(nifti, path)
         if scan is None and scan_path:
             scan = scan_io.header_geometry(scan_path)[2]
@@ -314,7 +314,7 @@ def read_labels_file(path: str) -> tuple[np.ndarray, list[float]]:
     """A segmentation written earlier: labels uint8 (D, H, W) and its spacing (mm: the scan's,
     :func:`data_loading.scan_io.nifti_spacing`'s rule on its header, which is the scan's)."""
     try:
-        nifti = _read_nifti(path)
+        nifti = read_nifti(path)
         labels = validated_label(read_voxels(nifti, path), path)
     except PreprocessError as exc:
         raise ScanError(f"{exc} (an earlier output; --force rewrites it)") from None
