@@ -99,7 +99,6 @@ class Config:
     num_eval_cases: int | None = None
     samples_per_epoch: int | None = None  # global samples trained per epoch, after dropping
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
-    division_why: str = ""  # why the run is open (one line; runtime.division), "" when closed
     # the data stage's reasons a run whose MLPerf log already says closed is not (runtime.resolve
     # .division_from), logged as not_closed after run_start; "" otherwise
     division_not_closed: str = ""

@@ -373,7 +373,7 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
     ``division_not_closed`` for the log's ``not_closed`` event (``runtime.app.start_run``)."""
     earlier = config.decision("division")
     asked = earlier.asked if earlier is not None else config.submission_division
-    if config.division_why:  # already open by the flags: the data adds nothing to say
+    if config.why("division"):  # already open by the flags: the data adds nothing to say
         return config
     try:
         division, why = decide(asked, reasons)
@@ -386,7 +386,7 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
                 "after run_start, and the run is no closed result")
     if why and dist_info.is_main and config.is_train and not config.benchmark:
         print(why)
-    config = replace(config, submission_division=division, division_why=why, division_not_closed=not_closed)
+    config = replace(config, submission_division=division, division_not_closed=not_closed)
     return decided(config, "division", division, why, asked)
 
 
