@@ -98,9 +98,11 @@ def reuses_host_memory(config: Config, device: torch.device) -> bool:
 
 
 def host_memory_from(config: Config, device: torch.device) -> Config:
+    """The host-memory decision (value: whether freed blocks are reused; :func:`apply_host_memory`)."""
     reuse = reuses_host_memory(config, device)
-    why = ("the same large blocks every step" if reuse else "training on the GPU: its tensors are not host memory")
-    return decided(config, "host_memory", "reuse freed blocks" if reuse else "as the C library keeps it", why)
+    why = "freed blocks reused: the same large blocks every step" if reuse else \
+        "training on the GPU: its tensors are not host memory"
+    return decided(config, "host_memory", reuse, why)
 
 
 def apply_host_memory(config: Config) -> None:
@@ -108,7 +110,7 @@ def apply_host_memory(config: Config) -> None:
     :func:`resolve` itself): call it right after ``resolve``, before the model is built. Says why
     it cannot (``--verbose``)."""
     made = config.decision("host_memory")
-    if made is None or made.value != "reuse freed blocks":
+    if made is None or not made.value:
         return
     why_not = reuse_freed_memory()
     if why_not and config.verbose:
