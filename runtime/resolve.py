@@ -18,6 +18,7 @@ effect of a decision, the host-memory reuse, is :func:`apply_host_memory`, calle
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -336,7 +337,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         config = architecture_from(config, saved)
     config = host_memory_from(window_from(config, saved), device)
     if config.exec_mode == "predict":
-        return resolve_predict_plan(config, device, saved, ensemble)
+        return say_plan(resolve_predict_plan(config, device, saved, ensemble), dist_info)
     check_device_support(config, dist_info)
     config = precision_from(config, device, dist_info.is_main)
     config = fused_optimizer_from(seed_from(config, device, saved), device)
@@ -408,4 +409,13 @@ def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
                      **schedule_fields(config, summary.num_train, dist_info.world_size))
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
     reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""))
-    return division_from(config, reasons, dist_info, logged=True)
+    return say_plan(division_from(config, reasons, dist_info, logged=True), dist_info)
+
+
+def say_plan(config: Config, dist_info: D.DistInfo) -> Config:
+    """With ``--verbose``, every decision of the resolved ``config`` in one line each, on rank 0's
+    stderr (stdout is evaluate's result); the lines a run says anyway are said where decided."""
+    if config.verbose and dist_info.is_main:
+        for made in config.plan:
+            print(f"plan: {made.line()}", file=sys.stderr)
+    return config

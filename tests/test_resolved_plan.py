@@ -113,20 +113,22 @@ def names(config) -> set:
     return {decision.name for decision in config.plan}
 
 
-def train(tmp_path, capsys, *extra):
+def train(tmp_path, capsys, *extra) -> tuple[str, str]:
+    """A tiny training run's (stdout, stderr); its checkpoint is ``tmp_path / "c.pt"``."""
     argv = TINY + TRAIN_FLAGS + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "t"),
                                  "--save_ckpt_path", str(tmp_path / "c.pt"), *extra]
     code, out, err = call(argv, capsys, fake_data.FakeData())
     assert code == 0, err
-    return out
+    return out, err
 
 
 def test_training_runs_the_resolved_config(tmp_path, capsys, seen):
-    out = train(tmp_path, capsys)
+    out, err = train(tmp_path, capsys)
     assert_runs_as_resolved(seen)
     (resolved,) = seen["resolved"]
     assert resolved.amp is False and resolved.decision("precision").value == "float32"
-    assert "training in float32 instead" in out  # said once, as before
+    assert out.count("training in float32 instead") == 1  # said once, as before
+    assert "plan: " not in out + err  # the whole plan only with --verbose
     assert {"precision", "fused_optimizer", "host_memory", "backend", "window", "window_batch", "seed",
             "cuda_graphs", "division"} <= names(resolved)
     assert "cache" in names(seen["data_out"][-1])
@@ -199,3 +201,11 @@ def test_checkpoints_without_a_plan_still_load(tmp_path):
     reference_format_checkpoint(str(path), unet(architecture((2, 4, 4, 8, 8))).state_dict())
     assert saved_plan(load_checkpoint(str(path))) == {}
     assert saved_plan({"config": {"optimizer": "sgd"}}) == {}  # written before the plan
+
+
+def test_verbose_says_every_decision_once(tmp_path, capsys):
+    _, err = train(tmp_path, capsys, "--verbose")
+    lines = [line for line in err.splitlines() if line.startswith("plan: ")]
+    said = [line.split(":")[1].strip() for line in lines]
+    assert sorted(said) == sorted(set(said)) and set(RECORDED) <= set(said)
+    assert "plan: precision: float32 (bf16: " in "\n".join(lines)
