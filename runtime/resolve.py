@@ -93,8 +93,8 @@ def fused_optimizer_from(config: Config, device: torch.device) -> Config:
 
 def reuses_host_memory(config: Config, device: torch.device) -> bool:
     """Training on the CPU, evaluation and predict reuse freed host memory: every step's
-    activations and gradients are the same large blocks again (docs/performance.md, "The fast
-    CPU settings"); a GPU training run's tensors are not host memory."""
+    activations and gradients are the same large blocks again (docs/performance.md,
+    "The fast CPU settings"); a GPU training run's tensors are not host memory."""
     return not config.is_train or device.type == "cpu"
 
 
