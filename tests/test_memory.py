@@ -75,12 +75,15 @@ def test_which_runs_reuse_freed_memory(mode, flags, device, reuses):
     training run leaves the C library as it is. Decided in resolve from the run's device."""
     import dataclasses
 
+    import torch
+
     from runtime import app, resolve
     from runtime.arguments import Config
 
     config = dataclasses.replace(Config(), **{"exec_mode": "train", "benchmark": mode == "benchmark", **flags})
     assert app.mode_name(config) == mode
-    assert resolve.reuses_host_memory(config, __import__("torch").device(device)) is reuses
+    assert resolve.reuses_host_memory(config, torch.device(device)) is reuses
+    assert resolve.host_memory_from(config, torch.device(device)).decision("host_memory").value is reuses
 
 
 def test_cpu_training_run_reuses_freed_memory_before_the_model(monkeypatch, tmp_path):
