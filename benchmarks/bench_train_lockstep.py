@@ -88,7 +88,7 @@ def project_step(side: int, batch: int, name: str):
     """The project's step for ``name`` exactly as runtime.build builds it; the key of its
     convolution rate."""
     from model.losses import DiceCELoss
-    from runtime import build
+    from runtime import build, resolve
     from runtime.arguments import Config
     from runtime.optimizers import make_optimizer
 
@@ -96,7 +96,7 @@ def project_step(side: int, batch: int, name: str):
     cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp_dtype="bf16",
                               input_shape=(side,) * 3, batch_size=batch, **IN_PROCESS[name])
     torch.manual_seed(0)
-    cfg = build.cpu_training_precision(cfg, cpu, say=True)
+    cfg = resolve.fused_optimizer_from(resolve.cpu_training_precision(cfg, cpu, say=True), cpu)
     model = build.build_model(cfg, cpu)
     build.apply_cpu_levers(model, cfg, cpu, say=True)
     autocast, scaler = build.autocast_factory(cfg, cpu)

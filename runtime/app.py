@@ -16,7 +16,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 from mlperf_logging.mllog import constants as C
 
 from runtime import checkpoint as ckpt
@@ -26,11 +25,10 @@ from runtime.build import Components, build_components, warm_up, with_loaders
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.run_files import BACKEND, EVAL, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
-from runtime.host_memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
                              move_previous_run, remove_if_empty)
 from runtime.progress import make_progress
-from runtime.resolve import resolve, resolve_data, window_line
+from runtime.resolve import apply_host_memory, resolve, resolve_data, window_line
 from runtime.signals import PreemptionFlag
 from runtime.training.loop import (Reporters, abort_clock_on_error, run_evaluation, run_training, start_clock)
 
@@ -75,7 +73,6 @@ class Mode:
     stop_at_once: bool = True  # a signal stops the run now (outputs are atomic); False: at the next step
     # checks and inputs that need no process group: (config, data given by the caller) -> source
     source: Callable[[Config, object], object] = lambda config, data: data
-    reuses_memory: Callable[[Config], bool] = lambda config: False
 
 
 def mode_name(config: Config) -> str:
@@ -86,10 +83,6 @@ def run(config: Config, data=None) -> int:
     """Run ``config``'s mode; returns the exit code. ``data``: the data source (default:
     ``data_loading.data_loader.data_source(config)``; tests pass their own)."""
     mode = MODES[mode_name(config)]
-    if mode.reuses_memory(config):  # measured there (docs/performance.md)
-        why_not = reuse_freed_memory()
-        if why_not and config.verbose:
-            print(f"host memory: freed blocks go back to the system ({why_not})")
     outputs = mode.outputs(config)
     made = [(output.folder(), output.check()) for output in outputs]
     graceful = False
@@ -211,6 +204,7 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
     from data_loading.data_loader import data_source
 
     config = resolve(session.config, session.dist, None, saved)
+    apply_host_memory(config)
     out = make_reporters(config, session.dist, saved is not None and saved.resume, session.preempt, saved=saved)
     session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(config)
@@ -304,6 +298,7 @@ def predict_body(session: Session) -> int:
     saved = ckpt.saved_for(session.config)
     ensemble = ckpt.saved_ensemble(session.config)  # further checkpoints: their probabilities averaged
     config = resolve(session.config, session.dist, None, saved, ensemble)
+    apply_host_memory(config)
     return predict_scans(config, [saved, *ensemble] if ensemble else saved, session.source, session.dist)
 
 
@@ -316,20 +311,12 @@ def _train_outputs(config: Config) -> list[Output]:
                                if config.save_ckpt_path else [])
 
 
-def _trains_on_cpu(config: Config) -> bool:
-    """Training on the CPU reuses freed host memory: every step's activations and gradients are
-    the same large blocks again (docs/performance.md, "The fast CPU settings")."""
-    return config.exec_mode == "train" and (
-        config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available()))
-
-
 MODES: dict[str, Mode] = {
     # training saves a checkpoint at the next step when signalled
-    "train": Mode(train_body, outputs=_train_outputs, stop_at_once=False, reuses_memory=_trains_on_cpu),
-    "evaluate": Mode(evaluate_body, outputs=_log_dir, reuses_memory=lambda config: True),
+    "train": Mode(train_body, outputs=_train_outputs, stop_at_once=False),
+    "evaluate": Mode(evaluate_body, outputs=_log_dir),
     # --benchmark (train or evaluate): writes nothing
-    "benchmark": Mode(benchmark_body, reuses_memory=lambda config: config.exec_mode == "evaluate"
-                      or _trains_on_cpu(config)),
+    "benchmark": Mode(benchmark_body),
     "predict": Mode(predict_body, outputs=lambda config: [Output(config.output_dir, "--output_dir")],
-                    source=predict_source, reuses_memory=lambda config: True),
+                    source=predict_source),
 }

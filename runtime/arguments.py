@@ -18,6 +18,7 @@ from data_loading.cli_types import OneLineParser, positive_int
 from model.layers import ACTIVATIONS, NORMALIZATIONS
 from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
 from runtime import __version__
+from runtime.plan import Decision, find
 from runtime.run_files import QUALITY_THRESHOLD
 
 
@@ -57,7 +58,6 @@ class Config:
     evaluate_every: int | None = None
     start_eval_at: int | None = None
     # shapes
-    layout: str = "NCDHW"
     input_shape: tuple[int, ...] = (128, 128, 128)
     val_input_shape: tuple[int, ...] = (128, 128, 128)
     # optimisation
@@ -99,8 +99,6 @@ class Config:
     num_eval_cases: int | None = None
     samples_per_epoch: int | None = None  # global samples trained per epoch, after dropping
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
-    division_why: str = ""  # why the run is open (one line; runtime.division), "" when closed
-    division_asked: str = ""  # --submission_division as given (auto, closed, open), kept by runtime.resolve
     # the data stage's reasons a run whose MLPerf log already says closed is not (runtime.resolve
     # .division_from), logged as not_closed after run_start; "" otherwise
     division_not_closed: str = ""
@@ -120,15 +118,23 @@ class Config:
     backend: str = "auto"
     max_memory_gb: float = 0.0
     cache_dir: str = ""  # OpenVINO's converted networks; "": $XDG_CACHE_HOME/unet3d-kits19 (runtime.resolve)
-    # Derived once by runtime.resolve.resolve for evaluate and predict: where the sliding
-    # window's size comes from (a phrase: "from the checkpoint's training patch"), and for
-    # predict the sha256 of the weights it loads (recorded beside each segmentation).
-    window_source: str = ""
     backend_why: str = ""  # why this backend (one line), decided with it
     sw_batch_note: str = ""  # predict: why --sw_batch_size was lowered to fit memory, when it was
     calibration_sha256: str = ""  # predict --int8: the calibration set's digest (its scans' and its rule)
-    weights_sha256: str = ""
+    weights_sha256: str = ""  # predict: the weights it loads (recorded beside each segmentation; runtime.resolve)
     ensemble_sha256: tuple[str, ...] = ()  # every checkpoint's, in order, when predict ensembles several
+    # Every decision runtime.resolve made, with its reason and what was asked (runtime.plan); a
+    # reason goes here, not into a new field.
+    plan: tuple[Decision, ...] = ()
+
+    def decision(self, name: str) -> Decision | None:
+        """The resolved decision ``name`` (:mod:`runtime.plan`), or None when the run made none."""
+        return find(self.plan, name)
+
+    def why(self, name: str) -> str:
+        """The one-line reason of the decision ``name`` ("" when the run made none)."""
+        made = self.decision(name)
+        return made.why if made is not None else ""
 
     @property
     def checkpoints(self) -> tuple[str, ...]:
@@ -254,7 +260,9 @@ def _schedule_flags(g, d: Config) -> None:
 
 
 def _shape_flags(g, d: Config) -> None:
-    g.add_argument("--layout", default=d.layout, choices=["NCDHW"], help="tensor layout")
+    g.add_argument("--layout", default="NCDHW", choices=["NCDHW"],
+                   help="accepted for the reference's scripts, which pass it; --channels_last picks the "
+                        "memory layout")
     g.add_argument("--input_shape", nargs="+", type=int, default=list(d.input_shape), help="training patch")
     g.add_argument("--val_input_shape", nargs="+", type=int, default=list(d.val_input_shape),
                    help="sliding-window size; predict's default is the checkpoint's training patch "
@@ -589,7 +597,7 @@ FLAG_MODES: dict[str, frozenset[str]] = {
     "evaluate_every": _SCHEDULE,
     "start_eval_at": _SCHEDULE,
     # shapes
-    "layout": _ALL,  # one choice, NCDHW, which every mode runs
+    "layout": _ALL,  # accepted for the reference's scripts (ACCEPTED_ONLY); no mode reads it
     "input_shape": _TRAINING,
     "val_input_shape": _ALL,
     # optimisation
@@ -680,8 +688,13 @@ def validate(cfg: Config) -> list[str]:
     return errors + unused_flag_errors(cfg)
 
 
+# The reference's flags accepted for its scripts and kept in no Config field: --layout (one
+# choice, NCDHW; --channels_last picks the memory layout).
+ACCEPTED_ONLY = ("layout",)
+
+
 def config_from_namespace(ns: argparse.Namespace, explicit: frozenset = frozenset()) -> Config:
-    values = vars(ns).copy()
+    values = {name: value for name, value in vars(ns).items() if name not in ACCEPTED_ONLY}
     values["explicit"] = explicit
     for name in ("input_shape", "val_input_shape", "filters", "lr_decay_epochs", "lamb_betas"):
         values[name] = tuple(values[name])

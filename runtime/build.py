@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 
 from runtime.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
-from runtime.isa import native_bf16
 from model.layers import (NORM_ACTIVATION_KERNELS, ConvBlock, FusedNormActivation, instance_norm_activation,
                           set_ncdhw, set_norm_activation, set_split_concatenation, set_transposed_as_gemm)
 from model.losses import DiceCELoss, DiceScore
@@ -75,18 +74,6 @@ def build_model(config: Config, device: torch.device, distributed: bool = False)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last_3d)
     return model
-
-
-def cpu_training_precision(config: Config, device: torch.device, say: bool) -> Config:
-    """``--amp`` (bf16) training on a CPU without native bf16 dot products trains in float32:
-    there oneDNN emulates bf16, slower than float32 (docs/performance.md). One line says which
-    the run chose and why; anything else is returned unchanged."""
-    if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
-        return config
-    native, why = native_bf16()
-    if say:
-        print(f"bf16: {why}; " + ("training in bf16 autocast" if native else "training in float32 instead"))
-    return config if native else replace(config, amp=False)
 
 
 def fuse_channels_last_norms(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
@@ -244,13 +231,12 @@ def build_components(config: Config, dist_info: D.DistInfo, data=None,
     device = dist_info.device
     configure_backends(config, device)
     torch.manual_seed(D.rank_seed(config.seed, dist_info.rank))
-    config = cpu_training_precision(config, device, dist_info.is_main)
     model = build_model(config, device, dist_info.distributed)
     apply_cpu_levers(model, config, device, dist_info.is_main)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,
                                config.momentum, config.weight_decay, config.lamb_betas,
-                               fused=config.fused_optimizer)
+                               fused=config.fused_optimizer)  # as resolved (runtime.resolve.fused_optimizer_from)
     state = ckpt.TrainState()
     if saved is not None and saved.resume:
         state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)

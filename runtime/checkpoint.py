@@ -3,7 +3,8 @@ resume needs; every key is spelled here and nowhere else.
 
 A checkpoint holds the reference's keys (``best_model_state_dict``, ``last_model_state_dict``,
 ``optimizer_state_dict``) so tools of either implementation read it, plus the training state of
-:class:`TrainState`, the RNG states, the master seed and the run's config.
+:class:`TrainState`, the RNG states, the master seed and the run's config with the plan that ran
+(``runtime.plan``: every decision of ``runtime.resolve``, plain data; :func:`saved_plan`).
 
 Before the first evaluation there is no best: ``has_best`` is False and
 ``best_model_state_dict`` holds the last weights (tools that read the reference's keys get the
@@ -244,6 +245,13 @@ def saved_config(checkpoint: dict) -> dict:
     return config if isinstance(config, dict) else {}
 
 
+def saved_plan(checkpoint: dict) -> dict[str, dict]:
+    """The decisions the checkpoint's run made, by name (``{"precision": {"name", "value", "why",
+    "asked"}, ...}``); {} for reference checkpoints and those written before the plan."""
+    plan = saved_config(checkpoint).get("plan")
+    return {d["name"]: d for d in plan if isinstance(d, dict) and "name" in d} if isinstance(plan, list) else {}
+
+
 def restore(checkpoint: dict, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             scaler: torch.amp.GradScaler, device: torch.device) -> TrainState:
     """Put a saved run back: last weights, optimizer, scaler and RNG states; returns its state."""
@@ -282,8 +290,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: dict, pat
         saved = saved or "another optimizer"
         raise CheckpointError(f"optimizer state in {path!r} ({saved}) does not fit --optimizer "
                               f"{mine or type(optimizer).__name__}; resume with the run's own --optimizer")
-    # load_state_dict takes the saved groups' kernel choice too: keep this run's (--fused_optimizer
-    # resumes as asked; a fused step saved on one device or torch need not exist on another)
+    # load_state_dict takes the saved groups' kernel choice too: keep this run's (its resolved
+    # fused_optimizer decision; a fused step saved on one device or torch need not exist on another)
     kernels = [{k: group[k] for k in ("fused", "foreach") if k in group} for group in optimizer.param_groups]
     try:
         optimizer.load_state_dict(state)

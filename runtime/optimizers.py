@@ -50,26 +50,37 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
+# torch's optimizers of --optimizer (LAMB is this module's own, with no fused step)
+TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+
+
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                    betas=(0.9, 0.999), fused: bool = False) -> torch.optim.Optimizer:
-    """The optimizer named by ``--optimizer``. ``fused`` asks for the fused step: on CUDA, and on
-    the CPU where torch has the kernel (one pass over weights, gradients and momentum instead of
-    one per operation; docs/performance.md, "The fast CPU settings"); it falls back to the
-    default step (multi-tensor on CUDA, one tensor at a time on the CPU) where torch or the
-    device has none."""
+    """The optimizer named by ``--optimizer``. ``fused``: the fused step, as decided for the run
+    (:func:`fused_step`, in ``runtime.resolve``); otherwise the default step (multi-tensor on
+    CUDA, one tensor at a time on the CPU)."""
     params = list(params)
     if name == "lamb":
         return Lamb(params, lr=lr, betas=betas, weight_decay=weight_decay)
-    if name == "sgd":
-        cls, kwargs = torch.optim.SGD, {"momentum": momentum, "nesterov": True}
-    elif name == "adam":
-        cls, kwargs = torch.optim.Adam, {}
-    else:
+    if name not in TORCH_OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}")
+    cls, kwargs = TORCH_OPTIMIZERS[name], {"momentum": momentum, "nesterov": True} if name == "sgd" else {}
     on_cuda = all(p.is_cuda for p in params)
-    fused = fused and (on_cuda or fused_step_runs_on_cpu(cls))
     speed = {"fused": True} if fused else {"foreach": True} if on_cuda else {}
     return _with_fallback(cls, params, speed, lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+def fused_step(name: str, device: torch.device) -> tuple[bool, str]:
+    """Whether ``--fused_optimizer`` gets torch's fused ``name`` step on ``device``, and why: on
+    CUDA, and on the CPU where torch has the kernel (one pass over weights, gradients and
+    momentum instead of one per operation; docs/performance.md, "The fast CPU settings")."""
+    if name not in TORCH_OPTIMIZERS:
+        return False, f"--optimizer {name} has no fused step: the default step"
+    if device.type == "cuda":
+        return True, "torch's fused step on CUDA"
+    if fused_step_runs_on_cpu(TORCH_OPTIMIZERS[name]):
+        return True, "torch's fused step on the CPU"
+    return False, f"torch {torch.__version__} has no fused {name} step on the CPU: the default step"
 
 
 @functools.lru_cache(maxsize=None)

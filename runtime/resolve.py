@@ -9,12 +9,16 @@
 
 Tools with no MLPerf clock (the benchmarks) pass the data source to ``resolve`` and get both
 stages at once. Everything after reads the resolved :class:`~runtime.arguments.Config`; nothing
-derives these values again. A flag combination that cannot run here raises :class:`UsageError`
-(one line).
+derives these values again, and nothing replaces it. Each decision is also recorded in the
+config's plan (:mod:`runtime.plan`: what runs, why, what was asked), which the checkpoint
+saves; a new decision is one :func:`~runtime.plan.decided` call here. The one process-wide
+effect of a decision, the host-memory reuse, is :func:`apply_host_memory`, called right after
+``resolve``. A flag combination that cannot run here raises :class:`UsageError` (one line).
 """
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -24,6 +28,10 @@ from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
+from runtime.host_memory import reuse_freed_memory
+from runtime.isa import native_bf16
+from runtime.optimizers import fused_step
+from runtime.plan import decided
 from runtime.schedule import eval_schedule, samples_per_epoch
 
 
@@ -41,17 +49,104 @@ def check_device_support(config: Config, dist_info: D.DistInfo) -> None:
         raise UsageError("--normalization syncbatchnorm needs GPUs; use batchnorm on the CPU")
 
 
-def cuda_graphs_decision(config: Config, dist_info: D.DistInfo) -> bool:
+def precision_text(config: Config) -> str:
+    return f"{config.amp_dtype} autocast" if config.amp else "float32"
+
+
+def precision_from(config: Config, device: torch.device, say: bool) -> Config:
+    """The run's precision decided: ``--amp``'s type on ``device`` (:func:`amp_dtype_for`), and
+    training's float32 fallback on a CPU without native bf16 (:func:`cpu_training_precision`)."""
+    asked = f"--amp --amp_dtype {config.amp_dtype}" if config.amp else "float32"
+    if config.amp:
+        config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
+    why = f"--amp_dtype auto on {device.type}" if config.amp and asked.endswith(" auto") else ""
+    return cpu_training_precision(decided(config, "precision", precision_text(config), why, asked), device, say)
+
+
+def cpu_training_precision(config: Config, device: torch.device, say: bool) -> Config:
+    """``--amp`` (bf16) training on a CPU without native bf16 dot products trains in float32:
+    there oneDNN emulates bf16, slower than float32 (docs/performance.md). One line says which
+    the run chose and why (``say``), recorded as the precision decision; anything else is
+    returned unchanged."""
+    if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
+        return config
+    native, why = native_bf16()
+    line = f"bf16: {why}; " + ("training in bf16 autocast" if native else "training in float32 instead")
+    if say:
+        print(line)
+    chosen = config if native else replace(config, amp=False)
+    made = config.decision("precision")
+    return decided(chosen, "precision", precision_text(chosen), line, made.asked if made else "--amp")
+
+
+def fused_optimizer_from(config: Config, device: torch.device) -> Config:
+    """``--fused_optimizer`` as it runs here (training): torch's fused step where it has one for
+    ``--optimizer`` on ``device`` (:func:`runtime.optimizers.fused_step`), else the default step.
+    The optimizer is built, and a resumed one kept, with this choice."""
+    if not config.is_train:
+        return config
+    if not config.fused_optimizer:
+        return decided(config, "fused_optimizer", False, "the default step", asked=False)
+    runs, why = fused_step(config.optimizer, device)
+    return decided(replace(config, fused_optimizer=runs), "fused_optimizer", runs, why, asked=True)
+
+
+def reuses_host_memory(config: Config, device: torch.device) -> bool:
+    """Training on the CPU, evaluation and predict reuse freed host memory: every step's
+    activations and gradients are the same large blocks again (docs/performance.md,
+    "The fast CPU settings"); a GPU training run's tensors are not host memory."""
+    return not config.is_train or device.type == "cpu"
+
+
+def host_memory_from(config: Config, device: torch.device) -> Config:
+    """The host-memory decision (value: whether freed blocks are reused; :func:`apply_host_memory`)."""
+    reuse = reuses_host_memory(config, device)
+    why = "freed blocks reused: the same large blocks every step" if reuse else \
+        "training on the GPU: its tensors are not host memory"
+    return decided(config, "host_memory", reuse, why)
+
+
+def apply_host_memory(config: Config) -> None:
+    """The host-memory decision put into effect (glibc's ``mallopt``: process-wide, so not in
+    :func:`resolve` itself): call it right after ``resolve``, before the model is built. Says why
+    it cannot (``--verbose``)."""
+    made = config.decision("host_memory")
+    if made is None or not made.value:
+        return
+    why_not = reuse_freed_memory()
+    if why_not and config.verbose:
+        print(f"host memory: freed blocks go back to the system ({why_not})")
+
+
+def cuda_graphs_from(config: Config, dist_info: D.DistInfo) -> Config:
     """``--cuda_graphs`` as it can run here (``config``: its AMP type resolved); says once
     (rank 0) why it is off."""
     if not config.cuda_graphs:
-        return False
+        return decided(config, "cuda_graphs", False, asked=False)
     from runtime.graphs import cuda_graphs_supported
 
     ok, reason = cuda_graphs_supported(dist_info.device, config, dist_info.world_size)
     if not ok and dist_info.is_main:
         print(f"--cuda_graphs off: {reason}")
-    return ok
+    return decided(replace(config, cuda_graphs=ok), "cuda_graphs", ok, reason if not ok else "", asked=True)
+
+
+def seed_from(config: Config, device: torch.device, saved: Saved | None) -> Config:
+    """The master seed: the resumed run's, else ``--seed``, else drawn on rank 0 and broadcast (a
+    collective)."""
+    seed = saved_seed(saved.checkpoint) if saved is not None and saved.resume else None
+    why = "the resumed run's"
+    if seed is None:
+        seed = D.resolve_master_seed(config.seed, device)
+        why = "--seed" if config.seed != -1 else "drawn at random on rank 0"
+    return decided(replace(config, seed=seed), "seed", seed, why, asked=config.seed)
+
+
+def backend_from(config: Config, device: torch.device) -> Config:
+    """The inference backend (``runtime.inference.backends.decide_backend``) and OpenVINO's cache."""
+    asked = config.backend
+    config = with_cache_dir(decide_backend(config, device))
+    return decided(config, "backend", config.backend, config.backend_why, asked)
 
 
 def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
@@ -127,17 +222,20 @@ def window_from(config: Config, saved: Saved | None) -> Config:
     other = patch is not None and patch != tuple(config.val_input_shape)
     trained = f"the checkpoint was trained on {shape_text(patch)} patches" if other else ""
     if "val_input_shape" in config.explicit:
-        return replace(config, window_source="from --val_input_shape" + (f" ({trained})" if trained else ""))
-    if config.exec_mode != "predict":
-        return replace(config, window_source="(the default, the benchmark's" + (f"; {trained}" if trained else "") + ")")
-    if patch is not None:
-        return replace(config, val_input_shape=patch, window_source="from the checkpoint's training patch")
-    return replace(config, window_source=f"(the default: {why_not})")
+        source = "from --val_input_shape" + (f" ({trained})" if trained else "")
+    elif config.exec_mode != "predict":
+        source = "(the default, the benchmark's" + (f"; {trained}" if trained else "") + ")"
+    elif patch is not None:
+        config, source = replace(config, val_input_shape=patch), "from the checkpoint's training patch"
+    else:
+        source = f"(the default: {why_not})"
+    asked = tuple(config.val_input_shape) if "val_input_shape" in config.explicit else None
+    return decided(config, "window", tuple(config.val_input_shape), source, asked)
 
 
 def window_line(config: Config) -> str:
     """"window 64x64x64 from the checkpoint's training patch" (a resolved ``config``)."""
-    return f"window {shape_text(config.val_input_shape)} {config.window_source}".rstrip()
+    return f"window {shape_text(config.val_input_shape)} {config.why('window')}".rstrip()
 
 
 def weights_sha256(saved: Saved) -> str:
@@ -237,33 +335,48 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     check_benchmark_budget(config)
     if saved is not None:
         config = architecture_from(config, saved)
-    config = window_from(config, saved)
+    config = host_memory_from(window_from(config, saved), device)
     if config.exec_mode == "predict":
-        if saved is not None:
-            config = ensemble_from(replace(config, weights_sha256=weights_sha256(saved)), saved, ensemble)
-        return resolve_predict(config, device)
+        return say_plan(resolve_predict_plan(config, device, saved, ensemble), dist_info)
     check_device_support(config, dist_info)
-    if config.amp:
-        config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
-    seed = saved_seed(saved.checkpoint) if saved is not None and saved.resume else None
-    if seed is None:
-        seed = D.resolve_master_seed(config.seed, device)
-    config = with_cache_dir(decide_backend(config, device))
-    config = replace(config, device=device.type, seed=seed, cuda_graphs=cuda_graphs_decision(config, dist_info))
+    config = precision_from(config, device, dist_info.is_main)
+    config = fused_optimizer_from(seed_from(config, device, saved), device)
+    config = window_batch_decided(backend_from(config, device), config.sw_batch_size)
+    config = cuda_graphs_from(replace(config, device=device.type), dist_info)
     config = division_from(config, flag_reasons(config), dist_info)
     return config if data is None else resolve_data(config, dist_info, data.summary(config))
+
+
+def window_batch_decided(config: Config, asked: int) -> Config:
+    """The window batch (``--sw_batch_size``; predict may lower it to fit memory, saying why)."""
+    return decided(config, "window_batch", config.sw_batch_size, config.sw_batch_note, asked)
+
+
+def resolve_predict_plan(config: Config, device: torch.device, saved: Saved | None, ensemble) -> Config:
+    """Predict's part of :func:`resolve`: the weights' digests, :func:`resolve_predict`'s values,
+    and its decisions recorded."""
+    if saved is not None:
+        config = ensemble_from(replace(config, weights_sha256=weights_sha256(saved)), saved, ensemble)
+    asked = config
+    config = resolve_predict(config, device)
+    precision = "int8" if config.int8 else precision_text(config)
+    config = decided(config, "precision", precision, "", "--int8" if config.int8 else
+                     f"--amp --amp_dtype {asked.amp_dtype}" if asked.amp else "float32")
+    config = decided(config, "backend", config.backend, config.backend_why, asked.backend)
+    return window_batch_decided(config, asked.sw_batch_size)
 
 
 def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: bool = False) -> Config:
     """``config`` with its MLPerf division decided (``runtime.division``) from ``reasons`` (the
     stage's reasons the run is open): closed, or open with one line saying why (rank 0,
     training, once); ``--submission_division closed`` on an open run is a :class:`UsageError`.
-    The flag as given is kept in ``division_asked`` for the data stage. ``logged``: the MLPerf
+    The flag as given is kept as the decision's ``asked`` for the data stage. ``logged``: the MLPerf
     log already holds the division (the data stage: it must precede ``init_stop``), so a run
     found open only now says that its log's "closed" is no result, and keeps the reasons in
     ``division_not_closed`` for the log's ``not_closed`` event (``runtime.app.start_run``)."""
-    asked = config.division_asked or config.submission_division
-    if config.division_why:  # already open by the flags: the data adds nothing to say
+    earlier = config.decision("division")
+    asked = earlier.asked if earlier is not None else config.submission_division
+    if config.why("division"):  # already open by the flags: the data adds nothing to say
         return config
     try:
         division, why = decide(asked, reasons)
@@ -276,8 +389,8 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
                 "after run_start, and the run is no closed result")
     if why and dist_info.is_main and config.is_train and not config.benchmark:
         print(why)
-    return replace(config, submission_division=division, division_why=why, division_asked=asked,
-                   division_not_closed=not_closed)
+    config = replace(config, submission_division=division, division_not_closed=not_closed)
+    return decided(config, "division", division, why, asked)
 
 
 def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
@@ -289,9 +402,20 @@ def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
     collective)."""
     from data_loading.data_loader import resolve_cache
 
-    config = replace(config, cache=resolve_cache(config.cache, dist_info.device, summary.train_bytes),
-                     num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
+    cache = resolve_cache(config.cache, dist_info.device, summary.train_bytes)
+    config = decided(config, "cache", cache, "" if cache == config.cache else
+                     "--cache auto: on the GPU when the training set fits, else in memory", config.cache)
+    config = replace(config, cache=cache, num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
                      **schedule_fields(config, summary.num_train, dist_info.world_size))
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
     reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""))
-    return division_from(config, reasons, dist_info, logged=True)
+    return say_plan(division_from(config, reasons, dist_info, logged=True), dist_info)
+
+
+def say_plan(config: Config, dist_info: D.DistInfo) -> Config:
+    """With ``--verbose``, every decision of the resolved ``config`` in one line each, on rank 0's
+    stderr (stdout is evaluate's result); the lines a run says anyway are said where decided."""
+    if config.verbose and dist_info.is_main:
+        for made in config.plan:
+            print(f"plan: {made.line()}", file=sys.stderr)
+    return config

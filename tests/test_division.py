@@ -29,7 +29,7 @@ def _resolved(argv, capsys=None):
 
 def test_the_reference_benchmarks_flags_are_closed(capsys):
     cfg = _resolved([])
-    assert cfg.submission_division == "closed" and cfg.division_why == ""
+    assert cfg.submission_division == "closed" and cfg.why("division") == ""
     assert flag_reasons(cfg) == [] and data_reasons(168, 42) == []
     assert capsys.readouterr().out == ""
     # the rules' tunables stay closed
@@ -54,9 +54,9 @@ def test_the_reference_benchmarks_flags_are_closed(capsys):
 ])
 def test_a_changed_run_is_open_with_one_line_and_closed_is_refused(flags, named, capsys):
     cfg = _resolved(flags)
-    assert cfg.submission_division == "open" and named in cfg.division_why
+    assert cfg.submission_division == "open" and named in cfg.why("division")
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [cfg.division_why] and lines[0].startswith("MLPerf division: open, because")
+    assert lines == [cfg.why("division")] and lines[0].startswith("MLPerf division: open, because")
     with pytest.raises(UsageError, match="--submission_division closed") as err:
         _resolved([*flags, "--submission_division", "closed"])
     assert named in str(err.value) and "\n" not in str(err.value)
@@ -65,15 +65,15 @@ def test_a_changed_run_is_open_with_one_line_and_closed_is_refused(flags, named,
 def test_several_reasons_are_one_line():
     cfg = _resolved(["--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "64",
                      "--optimizer", "adam", "--loader", "synthetic"])
-    assert cfg.division_why.count("\n") == 0 and "(and 3 more)" in cfg.division_why
+    assert cfg.why("division").count("\n") == 0 and "(and 3 more)" in cfg.why("division")
 
 
 def test_the_data_stage_opens_a_run_on_other_cases(capsys):
     cfg = _resolved([])
     summary = type("S", (), {"num_train": 10, "num_eval": 3, "train_bytes": 0})()
     opened = resolve_data(cfg, CPU, summary)
-    assert opened.submission_division == "open" and "10 training and 3 evaluation cases" in opened.division_why
-    assert capsys.readouterr().out.splitlines() == [opened.division_why]
+    assert opened.submission_division == "open" and "10 training and 3 evaluation cases" in opened.why("division")
+    assert capsys.readouterr().out.splitlines() == [opened.why("division")]
     closed = _resolved(["--submission_division", "closed"])
     with pytest.raises(UsageError, match="10 training and 3 evaluation cases"):
         resolve_data(closed, CPU, summary)
@@ -148,9 +148,9 @@ def test_the_data_stage_opens_a_run_on_synthetic_data_with_kits19s_counts(tmp_pa
     assert cfg.submission_division == "closed" and capsys.readouterr().out == ""
     kits_counts = DataSummary(168, 42, 0, synthetic=marked.synthetic)
     opened = resolve_data(cfg, CPU, kits_counts)
-    assert opened.submission_division == "open" and SYNTHETIC_WHY in opened.division_why
+    assert opened.submission_division == "open" and SYNTHETIC_WHY in opened.why("division")
     assert opened.division_not_closed == f"{SYNTHETIC_WHY} ({marked.synthetic})"
-    assert capsys.readouterr().out.splitlines() == [opened.division_why]
+    assert capsys.readouterr().out.splitlines() == [opened.why("division")]
     with pytest.raises(UsageError, match=SYNTHETIC_WHY) as err:
         resolve_data(_resolved(["--submission_division", "closed"]), CPU, kits_counts)
     assert "\n" not in str(err.value)

@@ -59,46 +59,55 @@ def test_not_glibc_is_a_reason_not_an_error(monkeypatch):
 
 
 
-@pytest.mark.parametrize("mode, flags, cuda, reuses", [
-    ("train", dict(device="cpu"), True, True),
-    ("train", dict(device="auto"), False, True),
-    ("train", dict(device="auto"), True, False),       # a GPU run: its tensors are not host memory
-    ("train", dict(device="cuda"), True, False),
-    ("benchmark", dict(device="cpu"), True, True),     # --benchmark training on the CPU
-    ("benchmark", dict(device="auto"), True, False),
-    ("benchmark", dict(exec_mode="evaluate", device="auto"), True, True),
-    ("evaluate", dict(exec_mode="evaluate"), True, True),
-    ("predict", dict(exec_mode="predict"), True, True),
+@pytest.mark.parametrize("mode, flags, device, reuses", [
+    ("train", dict(device="cpu"), "cpu", True),
+    ("train", dict(device="auto"), "cpu", True),       # auto on a machine without a GPU
+    ("train", dict(device="auto"), "cuda", False),     # a GPU run: its tensors are not host memory
+    ("train", dict(device="cuda"), "cuda", False),
+    ("benchmark", dict(device="cpu"), "cpu", True),    # --benchmark training on the CPU
+    ("benchmark", dict(device="auto"), "cuda", False),
+    ("benchmark", dict(exec_mode="evaluate", device="auto"), "cuda", True),
+    ("evaluate", dict(exec_mode="evaluate"), "cuda", True),
+    ("predict", dict(exec_mode="predict"), "cuda", True),
 ])
-def test_which_runs_reuse_freed_memory(monkeypatch, mode, flags, cuda, reuses):
+def test_which_runs_reuse_freed_memory(mode, flags, device, reuses):
     """CPU training (plain and --benchmark) reuses freed memory as evaluate and predict do; a GPU
-    training run leaves the C library as it is."""
+    training run leaves the C library as it is. Decided in resolve from the run's device."""
     import dataclasses
 
-    from runtime import app
+    import torch
+
+    from runtime import app, resolve
     from runtime.arguments import Config
 
-    monkeypatch.setattr(app.torch.cuda, "is_available", lambda: cuda)
     config = dataclasses.replace(Config(), **{"exec_mode": "train", "benchmark": mode == "benchmark", **flags})
     assert app.mode_name(config) == mode
-    assert app.MODES[mode].reuses_memory(config) is reuses
+    assert resolve.reuses_host_memory(config, torch.device(device)) is reuses
+    assert resolve.host_memory_from(config, torch.device(device)).decision("host_memory").value is reuses
 
 
-def test_cpu_training_run_reuses_freed_memory_first(monkeypatch):
-    """``run`` of a CPU training configures the C library before anything else."""
+def test_cpu_training_run_reuses_freed_memory_before_the_model(monkeypatch, tmp_path):
+    """``run`` of a CPU training configures the C library right after resolve, before the model
+    is built."""
     import dataclasses
 
-    from runtime import app
+    from runtime import app, resolve
     from runtime.arguments import Config
 
     class Called(Exception):
         pass
 
-    def reuse():
+    calls = []
+    monkeypatch.setattr(resolve, "reuse_freed_memory", lambda: calls.append("reuse"))
+
+    def build(*args, **kwargs):
+        calls.append("build")
         raise Called
-    monkeypatch.setattr(app, "reuse_freed_memory", reuse)
+    monkeypatch.setattr(app, "build_components", build)
     with pytest.raises(Called):
-        app.run(dataclasses.replace(Config(), exec_mode="train", device="cpu"))
+        app.run(dataclasses.replace(Config(), exec_mode="train", device="cpu", loader="synthetic",
+                                    log_dir=str(tmp_path / "results")))
+    assert calls == ["reuse", "build"]
 
 
 TRAIN = textwrap.dedent("""
@@ -108,6 +117,7 @@ TRAIN = textwrap.dedent("""
     from runtime.arguments import Config
     from runtime.host_memory import reuse_freed_memory
     from runtime.optimizers import make_optimizer
+    from runtime.resolve import cpu_training_precision
     if sys.argv[1] == "reuse":
         assert reuse_freed_memory() is None
     cpu = torch.device("cpu")
@@ -115,7 +125,7 @@ TRAIN = textwrap.dedent("""
     cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp=sys.argv[2] == "bf16",
                               amp_dtype="bf16", filters=(4, 8, 8, 8, 8), input_shape=shape, batch_size=2)
     torch.manual_seed(0)
-    cfg = build.cpu_training_precision(cfg, cpu, say=False)
+    cfg = cpu_training_precision(cfg, cpu, say=False)
     model = build.build_model(cfg, cpu)
     build.guard_bf16_training(model, cfg, cpu, say=False)
     autocast, scaler = build.autocast_factory(cfg, cpu)

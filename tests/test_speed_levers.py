@@ -25,7 +25,7 @@ from runtime.graphs import (GraphedTrainStep, _graph_safe_autocast, capturable_o
                             cuda_graphs_supported, restore_snapshot, snapshot)
 from runtime.inference.predictor import PredictorOptions, build_predictor
 from runtime.inference.sliding_window import sliding_window_inference
-from runtime.optimizers import make_optimizer
+from runtime.optimizers import fused_step, make_optimizer
 from runtime.compiling import CompiledModule, compile_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -161,7 +161,8 @@ def test_make_optimizer_fused_on_cpu_where_torch_has_it():
     as on torch 2.3), the same updates as the default one-tensor-at-a-time step."""
     models = [tiny_model(), tiny_model()]
     opts = [make_optimizer("sgd", models[0].parameters(), 0.01, momentum=0.9),
-            make_optimizer("sgd", models[1].parameters(), 0.01, momentum=0.9, fused=True)]
+            make_optimizer("sgd", models[1].parameters(), 0.01, momentum=0.9,
+                           fused=fused_step("sgd", torch.device("cpu"))[0])]
     assert not opts[0].param_groups[0].get("fused")
     assert bool(opts[1].param_groups[0].get("fused")) == torch_has_cpu_fused_sgd()
     start = [p.detach().clone() for p in models[0].parameters()]

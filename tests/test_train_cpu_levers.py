@@ -448,16 +448,18 @@ def train_config(**changes):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
-    monkeypatch.setattr(build, "native_bf16", lambda: (native, "because"))
+    from runtime import resolve
+
+    monkeypatch.setattr(resolve, "native_bf16", lambda: (native, "because"))
     cfg = train_config(amp=True, amp_dtype="bf16")
-    got = build.cpu_training_precision(cfg, torch.device("cpu"), say=True)
+    got = resolve.cpu_training_precision(cfg, torch.device("cpu"), say=True)
     line = capsys.readouterr().out.strip()
     assert got.amp is native and line.count("\n") == 0 and "because" in line
     assert ("float32" in line) is not native
     # fp32 runs, other devices and evaluation are not touched (nothing said)
     for cfg, device in ((train_config(), "cpu"), (train_config(amp=True, amp_dtype="bf16"), "meta"),
                         (dataclasses.replace(cfg, exec_mode="evaluate"), "cpu")):
-        assert build.cpu_training_precision(cfg, torch.device(device), say=True) is cfg
+        assert resolve.cpu_training_precision(cfg, torch.device(device), say=True) is cfg
     assert capsys.readouterr().out == ""
 
 
