@@ -26,7 +26,7 @@ from runtime.build import Components, build_components, warm_up, with_loaders
 from runtime.evaluation_report import explain_scores, write_case_scores
 from runtime.run_files import BACKEND, EVAL, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
-from runtime.host_memory import reuse_freed_memory
+from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
                              move_previous_run, remove_if_empty)
 from runtime.progress import make_progress

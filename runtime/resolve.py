@@ -46,12 +46,31 @@ def cuda_graphs_decision(config: Config, dist_info: D.DistInfo) -> bool:
     (rank 0) why it is off."""
     if not config.cuda_graphs:
         return False
-    from runtime.graphs import cuda_graphs_supported
+    from runtime.levers.gpu.graphs import cuda_graphs_supported
 
     ok, reason = cuda_graphs_supported(dist_info.device, config, dist_info.world_size)
     if not ok and dist_info.is_main:
         print(f"--cuda_graphs off: {reason}")
     return ok
+
+
+def levers_from(config: Config, dist_info: D.DistInfo) -> Config:
+    """``config`` with its CPU speed levers chosen (:func:`runtime.levers.cpu.convert.choose_levers`,
+    ``config``: its AMP type resolved), one line each said on rank 0. The autocast type is the
+    one that runs: none on a CPU without native bf16 (``runtime.build.cpu_training_precision``)."""
+    from runtime.levers.cpu.convert import choose_levers
+    from runtime.levers.cpu.isa import native_bf16
+
+    device = dist_info.device.type
+    amp_dtype = config.amp_dtype if config.amp else None
+    if config.is_train and device == "cpu" and amp_dtype == "bf16" and not native_bf16()[0]:
+        amp_dtype = None
+    levers = choose_levers(config.is_train, device, config.channels_last, amp_dtype, config.normalization,
+                           config.compile, tuple(config.filters))
+    if dist_info.is_main:
+        for lever in levers:
+            print(lever.why)
+    return replace(config, levers=tuple(lever.name for lever in levers if lever.applied))
 
 
 def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
@@ -250,6 +269,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         seed = D.resolve_master_seed(config.seed, device)
     config = with_cache_dir(decide_backend(config, device))
     config = replace(config, device=device.type, seed=seed, cuda_graphs=cuda_graphs_decision(config, dist_info))
+    config = levers_from(config, dist_info)
     config = division_from(config, flag_reasons(config), dist_info)
     return config if data is None else resolve_data(config, dist_info, data.summary(config))
 
