@@ -28,7 +28,7 @@ from runtime.inference import memory_budget
 from runtime.inference.backends import INSTALL_HINT, decide_backend, openvino_missing
 from runtime.inference.openvino.calibration import grid_origins, spread, window_at
 from runtime.inference.predictor import build_predictor, options_from
-from runtime.isa import int8_pairs_saturate
+from runtime.levers.cpu.isa import int8_pairs_saturate
 from runtime.predict.scan import volume_probabilities
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
