@@ -4,8 +4,9 @@
   with its own backward (statistics per depth slice, combined), equals ``nn.InstanceNorm3d``
   followed by the reference's activation (values and gradients: float32 tightly, bf16 within its
   precision), also where the slices' means differ widely, and returns channels-last;
-- a :class:`model.layers.ConvBlock` is ``nn.Sequential`` bit for bit (the default fp32 path is the reference's: tests/test_mlcommons_reference.py checks it
-  against the real code), with the same state_dict;
+- a :class:`model.layers.ConvBlock` is ``nn.Sequential`` bit for bit (the default fp32 path is
+  the reference's: tests/test_mlcommons_reference.py checks it against the real code), with the
+  same state_dict;
 - the transposed convolution as one GEMM equals ``F.conv_transpose3d`` (float64: values and
   gradients) and returns channels-last; only channels-last CPU training uses it;
 - a channels-last network with fused norms and GEMM transposed convolutions gives the NCDHW

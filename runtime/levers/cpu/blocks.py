@@ -156,7 +156,8 @@ class FastUpsampleBlock(UpsampleBlock):
 def fuse_norms(model: nn.Module, function) -> int:
     """Every :class:`~model.layers.ConvBlock` of ``model`` a :class:`FastConvBlock` with the
     fused norm + activation ``function``; returns how many blocks."""
-    return swap(model, lambda m: adopt(m, FastConvBlock, norm_activation=function) if isinstance(m, ConvBlock) else None)
+    return swap(model, lambda m: adopt(m, FastConvBlock, norm_activation=function)
+                if isinstance(m, ConvBlock) else None)
 
 
 def gemm_transposed_convolutions(model: nn.Module) -> int:

@@ -80,9 +80,9 @@ def choose_levers(is_train: bool, device_type: str, channels_last: bool, amp_dty
     levers = []
     if cpu_cl and normalization == "instancenorm":
         if compile or _can_compile():
-            levers.append(Lever(FUSED_NORM, f"channels-last: instance norm + activation fused in {conv_blocks} blocks, "
-                                            "no layout conversion"
-                                            + ("" if compile else " (compiled once: tens of seconds in the first steps)")))
+            when = "" if compile else " (compiled once: tens of seconds in the first steps)"
+            levers.append(Lever(FUSED_NORM, f"channels-last: instance norm + activation fused in {conv_blocks} "
+                                            f"blocks, no layout conversion{when}"))
         else:
             levers.append(Lever(FUSED_NORM, "channels-last: torch.compile is unavailable, instance norm and activation "
                                             "stay modules", applied=False))
@@ -91,8 +91,9 @@ def choose_levers(is_train: bool, device_type: str, channels_last: bool, amp_dty
                                              "matrix product each"))
     if is_train and cpu_cl and amp_dtype is None:
         widest = len(blocks.widest_blocks_in_ncdhw(network))
-        levers.append(Lever(SPLIT_CONCATENATION, f"channels-last float32: the convolution after each of the "
-                                                 f"{upsample_blocks} concatenations as one convolution per part, summed"))
+        levers.append(Lever(SPLIT_CONCATENATION, "channels-last float32: the convolution after each of the "
+                                                 f"{upsample_blocks} concatenations as one convolution per part, "
+                                                 "summed"))
         levers.append(Lever(WIDEST_NCDHW, f"channels-last float32: the {widest} convolutions with {max(filters)} "
                                           "filters (the deepest levels) in NCDHW"))
     if is_train and device_type == "cpu" and amp_dtype == "bf16" and not bf16_weight_grad_ok():
