@@ -90,6 +90,7 @@ def project_step(side: int, batch: int, name: str):
     from model.losses import DiceCELoss
     from runtime import build, resolve
     from runtime.arguments import Config
+    from runtime.levers.cpu.convert import apply_levers, choose_levers
     from runtime.optimizers import make_optimizer
 
     cpu = torch.device("cpu")
@@ -98,7 +99,11 @@ def project_step(side: int, batch: int, name: str):
     torch.manual_seed(0)
     cfg = resolve.fused_optimizer_from(resolve.cpu_training_precision(cfg, cpu, say=True), cpu)
     model = build.build_model(cfg, cpu)
-    build.apply_cpu_levers(model, cfg, cpu, say=True)
+    levers = choose_levers(True, "cpu", cfg.channels_last, cfg.amp_dtype if cfg.amp else None, cfg.normalization,
+                           cfg.compile, cfg.filters)
+    for lever in levers:
+        print(lever.why)
+    apply_levers(model, tuple(lever.name for lever in levers if lever.applied), cfg.compile)
     autocast, scaler = build.autocast_factory(cfg, cpu)
     step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 1e-4, 0.9, fused=cfg.fused_optimizer),
                                   scaler, autocast, 1)
@@ -126,7 +131,7 @@ def in_process(args, variants: list[str], side: int, batch: int) -> tuple[dict, 
 CONV_RATE = r"""
 import json, sys, torch, torch.nn.functional as F
 from benchmarks.harness import timed
-from runtime.host_memory import reuse_freed_memory
+from runtime.levers.cpu.host_memory import reuse_freed_memory
 reuse_freed_memory()  # the kernels' rate, not the page faults of fresh outputs
 out = {}
 side = int(sys.argv[1])
@@ -144,13 +149,12 @@ print(json.dumps(out))
 
 
 CONV_FLOOR = r"""
-import collections, copy, dataclasses, json, sys, torch
+import collections, copy, json, sys, torch
 from benchmarks.harness import timed
-from model.layers import ConvBlock, UpsampleBlock, conv_of_concatenation, transposed_conv_as_gemm
 from model.unet3d import Unet3D
-from runtime import build
-from runtime.arguments import Config
-from runtime.host_memory import reuse_freed_memory
+from runtime.levers.cpu.blocks import FastConvBlock, FastUpsampleBlock, conv_of_concatenation, transposed_conv_as_gemm
+from runtime.levers.cpu.convert import SPLIT_CONCATENATION, WIDEST_NCDHW, apply_levers
+from runtime.levers.cpu.host_memory import reuse_freed_memory
 reuse_freed_memory()
 side, batch, keys = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 layers = collections.Counter()
@@ -165,13 +169,11 @@ convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv3d, to
 assert sum(layers.values()) == len(convolutions), "every convolution once per step"
 out = {}
 names = {m: name for name, m in model.named_modules()}
-# float32 channels-last training's choices, as runtime.build makes them for this model
-float32_cl = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", channels_last=True)
-build.split_concatenations(model, float32_cl, torch.device("cpu"), say=False)
-build.widest_blocks_in_ncdhw(model, float32_cl, torch.device("cpu"), say=False)
-in_ncdhw = {block[0] for block in model.modules() if isinstance(block, ConvBlock) and block.ncdhw}
+# float32 channels-last training's layer choices (runtime.levers.cpu.convert) for this model
+apply_levers(model, (SPLIT_CONCATENATION, WIDEST_NCDHW), compile=False)
+in_ncdhw = {block[0] for block in model.modules() if isinstance(block, FastConvBlock) and block.ncdhw}
 after_concatenation = {block.conv1[0] for block in model.modules()
-                       if isinstance(block, UpsampleBlock) and block.split_concatenation} - in_ncdhw
+                       if isinstance(block, FastUpsampleBlock) and block.split_concatenation} - in_ncdhw
 for key in keys:
     dtype, mf = getattr(torch, key.split("_")[0]), torch.channels_last_3d if key.endswith("_cl") else torch.contiguous_format
     total, rows = 0.0, []
@@ -185,7 +187,7 @@ for key in keys:
         wanted = ([x] if x.requires_grad else []) + list(layer.parameters())
         # as channels-last CPU training computes them: the transposed convolutions as one GEMM each,
         # in float32 the convolution after a concatenation as one per part and the widest
-        # blocks' convolutions in NCDHW (runtime.build)
+        # blocks' convolutions in NCDHW (runtime.levers.cpu.convert)
         if isinstance(layer, torch.nn.ConvTranspose3d) and key.endswith("_cl"):
             run = lambda: transposed_conv_as_gemm(x, layer.weight, layer.bias)
         elif m in after_concatenation and key == "float32_cl":
@@ -224,7 +226,7 @@ def conv_floor(env: dict, side: int, batch: int, keys: list[str]) -> dict[str, d
 def conv_rates(env: dict, side: int = 64) -> dict[str, float]:
     """GFLOP/s of the convolution in float32 and (without an ISA cap: capped, training runs
     float32 and oneDNN's emulated bf16 takes minutes) bfloat16, NCDHW and channels-last; freed
-    host memory reused (runtime.host_memory), so that page faults do not count as the kernel's."""
+    host memory reused (runtime.levers.cpu.host_memory), so that page faults do not count as the kernel's."""
     types = ["float32"] if env.get("ONEDNN_MAX_CPU_ISA") else ["float32", "bfloat16"]
     done = subprocess.run([sys.executable, "-c", CONV_RATE, str(side), *types], env=env, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
@@ -247,7 +249,7 @@ def main(argv=None) -> int:
     p.add_argument("--conv_side", type=int, default=64, help="the convolution rate's volume side (64: 64³)")
     p.add_argument("--in_process", action="store_true", help="alternate the steps in one process instead (a capped --isa needs the cap on the whole command)")
     p.add_argument("--reuse_memory", action="store_true",
-                   help="--in_process: both steps with freed host memory reused (runtime.host_memory), as the "
+                   help="--in_process: both steps with freed host memory reused (runtime.levers.cpu.host_memory), as the "
                         "project trains on a CPU; without it both run as the reference does")
     p.add_argument("--per_layer", action="store_true",
                    help="print the convolution floor layer by layer: seconds, GFLOP/s, share of the best layer's rate")
@@ -285,7 +287,7 @@ def main(argv=None) -> int:
                                      f"(ONEDNN_MAX_CPU_ISA={isa} python -m benchmarks.bench_train_lockstep ...)")
                 torch.set_num_threads(args.threads or torch.get_num_threads())
                 if args.reuse_memory:
-                    from runtime.host_memory import reuse_freed_memory
+                    from runtime.levers.cpu.host_memory import reuse_freed_memory
                     print(f"host memory reuse in this process: {reuse_freed_memory() or 'on'}")
                 times, keys = in_process(args, variants, side, batch)
                 lines, base = {}, "mlcommons"

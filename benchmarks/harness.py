@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def header(name: str, argv: Sequence[str] | None = None) -> str:
     """``# NAME · date · CPU · ISA · cores · torch · load`` and the command that ran."""
-    from runtime.isa import isa_line
+    from runtime.levers.cpu.isa import isa_line
 
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     argv = sys.argv[1:] if argv is None else argv

@@ -102,6 +102,8 @@ class Config:
     # the data stage's reasons a run whose MLPerf log already says closed is not (runtime.resolve
     # .division_from), logged as not_closed after run_start; "" otherwise
     division_not_closed: str = ""
+    # the CPU speed levers the run applies (runtime.levers.cpu.convert), decided by runtime.resolve
+    levers: tuple[str, ...] = ()
     # The flags given on the command line (field names), so that values saved in a checkpoint
     # can fill the others (runtime.resolve).
     explicit: frozenset = frozenset()

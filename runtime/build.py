@@ -13,15 +13,13 @@ from typing import Callable
 
 import torch
 
-from runtime.bf16_guard import bf16_weight_grad_ok, protect_shallow_convolutions
-from model.layers import (NORM_ACTIVATION_KERNELS, ConvBlock, FusedNormActivation, instance_norm_activation,
-                          set_ncdhw, set_norm_activation, set_split_concatenation, set_transposed_as_gemm)
 from model.losses import DiceCELoss, DiceScore
 from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
-from runtime.compiling import compile_function, compile_model
+from runtime.compiling import compile_model
+from runtime.levers.cpu.convert import FUSED_NORM, apply_levers
 from runtime.optimizers import make_optimizer
 from runtime.inference.predictor import autocast_context
 
@@ -76,105 +74,6 @@ def build_model(config: Config, device: torch.device, distributed: bool = False)
     return model
 
 
-def fuse_channels_last_norms(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
-    """Channels-last CPU training: every instance norm + activation computed by one
-    layout-preserving function: :class:`model.layers.FusedNormActivation`, its forward and
-    three backward kernels each compiled on their own (one graph each for all shapes; tens of
-    seconds at the first steps), or, when the whole model is compiled (``--compile``), the plain
-    :func:`model.layers.instance_norm_activation` fused in the model's graph. Where this torch
-    cannot compile, the modules stay (the eager function is slower than them). Returns the blocks
-    changed."""
-    if not (config.channels_last and device.type == "cpu" and config.normalization == "instancenorm"):
-        return 0
-    if config.compile:
-        function = instance_norm_activation
-    else:
-        kernels = [compile_function(k, dynamic=True, recompile_limit=64) for k in NORM_ACTIVATION_KERNELS]
-        function = FusedNormActivation(kernels)
-        if kernels[0] is NORM_ACTIVATION_KERNELS[0]:
-            if say:
-                print("channels-last: torch.compile is unavailable, instance norm and activation stay modules")
-            return 0
-    count = set_norm_activation(model, function)
-    if say:
-        print(f"channels-last: instance norm + activation fused in {count} blocks, no layout conversion"
-              + ("" if config.compile else " (compiled once: tens of seconds in the first steps)"))
-    return count
-
-
-def transposed_convolutions_as_gemm(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
-    """Channels-last CPU training: every 2x2x2 transposed convolution as one matrix product with a
-    channels-last output (:func:`model.layers.transposed_conv_as_gemm`; PyTorch's float32 CPU
-    kernel is about 3x slower and returns NCDHW). Returns the blocks changed."""
-    if not (config.channels_last and device.type == "cpu"):
-        return 0
-    count = set_transposed_as_gemm(model, True)
-    if say:
-        print(f"channels-last: the {count} transposed convolutions as one matrix product each")
-    return count
-
-
-def float32_channels_last_cpu_training(config: Config, device: torch.device) -> bool:
-    """Where the float32-only channels-last levers apply (bf16 gains nothing from them)."""
-    return config.is_train and config.channels_last and device.type == "cpu" and not config.amp
-
-
-def split_concatenations(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
-    """Float32 channels-last CPU training: the convolution after each concatenation as one
-    convolution per part, summed (:func:`model.layers.conv_of_concatenation`): oneDNN's float32
-    kernels ran the 64-to-32-channel convolution slower per FLOP than two 32-channel ones
-    (docs/performance.md). Not in bf16, where it gains nothing and would round the two parts'
-    sums to bf16 before adding them. Returns the blocks changed."""
-    if not float32_channels_last_cpu_training(config, device):
-        return 0
-    count = set_split_concatenation(model, True)
-    if say:
-        print(f"channels-last float32: the convolution after each of the {count} concatenations as one "
-              "convolution per part, summed")
-    return count
-
-
-def widest_blocks_in_ncdhw(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> int:
-    """Float32 channels-last CPU training: the convolution blocks at the network's widest filter
-    count (the deepest levels: the largest weights, the fewest voxels) in NCDHW
-    (:func:`model.layers.set_ncdhw`): PyTorch's channels-last convolution backward copies each
-    weight gradient twice, which costs more there than the NCDHW kernels lose
-    (docs/performance.md). Not in bf16, where it measured nothing. Returns the blocks changed."""
-    if not float32_channels_last_cpu_training(config, device):
-        return 0
-    blocks = [m for m in model.modules() if isinstance(m, ConvBlock)]
-    widest = max(block[0].out_channels for block in blocks)
-    chosen = [block for block in blocks if block[0].out_channels == widest]
-    for block in chosen:
-        set_ncdhw(block, True)
-    if say:
-        print(f"channels-last float32: the {len(chosen)} convolutions with {widest} filters (the deepest levels) in NCDHW")
-    return len(chosen)
-
-
-def guard_bf16_training(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
-    """bf16 training on a CPU whose oneDNN gets 2-deep convolutions' weight gradients wrong:
-    those convolutions run in float32 (:mod:`runtime.bf16_guard`)."""
-    if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
-        return
-    if bf16_weight_grad_ok():
-        return
-    protect_shallow_convolutions(model)
-    if say:
-        print("bf16: this CPU's oneDNN computes wrong weight gradients for convolutions over 2-voxel-deep "
-              "inputs; those run in float32")
-
-
-def apply_cpu_levers(model: torch.nn.Module, config: Config, device: torch.device, say: bool) -> None:
-    """Every layout and precision lever of :func:`build_components`, in its order; each decides
-    from ``config`` and ``device`` whether it applies (and says so when ``say``)."""
-    fuse_channels_last_norms(model, config, device, say)
-    transposed_convolutions_as_gemm(model, config, device, say)
-    split_concatenations(model, config, device, say)
-    widest_blocks_in_ncdhw(model, config, device, say)
-    guard_bf16_training(model, config, device, say)
-
-
 def wrap_model(model: torch.nn.Module, config: Config, dist_info: D.DistInfo) -> torch.nn.Module:
     if dist_info.distributed:
         ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
@@ -207,7 +106,7 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
     """The whole step replayed from a CUDA graph (``runtime.resolve`` allowed it: ga_steps 1,
     world size 1), captured on an all-zero batch of the training shape; the capture's warm-up
     steps are undone, so weights and optimizer state are those restored before."""
-    from runtime.graphs import GraphedTrainStep
+    from runtime.levers.gpu.graphs import GraphedTrainStep
 
     shape = (config.batch_size, 1, *config.input_shape)
     image = torch.zeros(shape, dtype=torch.float32, device=device)
@@ -232,7 +131,7 @@ def build_components(config: Config, dist_info: D.DistInfo, data=None,
     configure_backends(config, device)
     torch.manual_seed(D.rank_seed(config.seed, dist_info.rank))
     model = build_model(config, device, dist_info.distributed)
-    apply_cpu_levers(model, config, device, dist_info.is_main)
+    apply_levers(model, config.levers, config.compile)
     autocast, scaler = autocast_factory(config, device)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,
                                config.momentum, config.weight_decay, config.lamb_betas,
@@ -259,10 +158,9 @@ def build_components(config: Config, dist_info: D.DistInfo, data=None,
 
 def compiles_lazily(config: Config, device: torch.device) -> bool:
     """Whether the run's first steps compile: ``--compile``, or the channels-last CPU fused norm
-    kernels (:func:`fuse_channels_last_norms`). Not with ``--cuda_graphs``, whose capture
-    has already run its warm-up steps."""
-    kernels = config.channels_last and device.type == "cpu" and config.normalization == "instancenorm"
-    return bool(config.compile or kernels) and not config.cuda_graphs
+    kernels (the ``fused_norm`` lever). Not with ``--cuda_graphs``, whose capture has already
+    run its warm-up steps."""
+    return bool(config.compile or FUSED_NORM in config.levers) and not config.cuda_graphs
 
 
 def warm_up(components: Components) -> bool:

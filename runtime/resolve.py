@@ -28,8 +28,8 @@ from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
-from runtime.host_memory import reuse_freed_memory
-from runtime.isa import native_bf16
+from runtime.levers.cpu.host_memory import reuse_freed_memory
+from runtime.levers.cpu.isa import native_bf16
 from runtime.optimizers import fused_step
 from runtime.plan import decided
 from runtime.schedule import eval_schedule, samples_per_epoch
@@ -123,7 +123,7 @@ def cuda_graphs_from(config: Config, dist_info: D.DistInfo) -> Config:
     (rank 0) why it is off."""
     if not config.cuda_graphs:
         return decided(config, "cuda_graphs", False, asked=False)
-    from runtime.graphs import cuda_graphs_supported
+    from runtime.levers.gpu.graphs import cuda_graphs_supported
 
     ok, reason = cuda_graphs_supported(dist_info.device, config, dist_info.world_size)
     if not ok and dist_info.is_main:
@@ -147,6 +147,23 @@ def backend_from(config: Config, device: torch.device) -> Config:
     asked = config.backend
     config = with_cache_dir(decide_backend(config, device))
     return decided(config, "backend", config.backend, config.backend_why, asked)
+
+
+def levers_from(config: Config, dist_info: D.DistInfo) -> Config:
+    """``config`` with its speed levers chosen (:func:`runtime.levers.cpu.convert.choose_levers`)
+    for the precision that runs (:func:`precision_from`: float32 on a CPU without native bf16),
+    one line each said on rank 0, and recorded as the ``levers`` decision."""
+    from runtime.levers.cpu.convert import choose_levers
+
+    amp_dtype = config.amp_dtype if config.amp else None
+    levers = choose_levers(config.is_train, dist_info.device.type, config.channels_last, amp_dtype,
+                           config.normalization, config.compile, tuple(config.filters))
+    if dist_info.is_main:
+        for lever in levers:
+            print(lever.why)
+    names = tuple(lever.name for lever in levers if lever.applied)
+    why = "; ".join(lever.why for lever in levers) or "none applies to this device, layout and precision"
+    return decided(replace(config, levers=names), "levers", names, why)
 
 
 def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
@@ -342,7 +359,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     config = precision_from(config, device, dist_info.is_main)
     config = fused_optimizer_from(seed_from(config, device, saved), device)
     config = window_batch_decided(backend_from(config, device), config.sw_batch_size)
-    config = cuda_graphs_from(replace(config, device=device.type), dist_info)
+    config = levers_from(cuda_graphs_from(replace(config, device=device.type), dist_info), dist_info)
     config = division_from(config, flag_reasons(config), dist_info)
     return config if data is None else resolve_data(config, dist_info, data.summary(config))
 

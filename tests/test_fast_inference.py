@@ -10,7 +10,9 @@ from torch import nn
 
 from model.unet3d import Unet3D
 from runtime.inference.predictor import PredictorOptions, build_predictor
-from runtime.inference.torch_copy import ChannelsLastConv3d, LayoutPreservingInstanceNorm3d, prepare_for_inference
+from runtime.levers.cpu.blocks import ChannelsLastConv3d, adopt
+from runtime.levers.cpu.convert import prepare_for_inference
+from runtime.levers.cpu.norms import LayoutPreservingInstanceNorm3d
 from runtime.inference.sliding_window import sliding_window_inference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +41,7 @@ def test_norm_ncdhw_is_bit_identical_to_instance_norm():
     norm = _norm()
     x = torch.randn(2, 5, 6, 7, 9) * 3 + 1
     with torch.no_grad():
-        assert torch.equal(LayoutPreservingInstanceNorm3d(norm)(x), norm(x))
+        assert torch.equal(adopt(norm, LayoutPreservingInstanceNorm3d)(x), norm(x))
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -47,7 +49,7 @@ def test_norm_keeps_channels_last_and_matches_definition(batch):
     norm = _norm(seed=batch)
     x = (torch.randn(batch, 5, 6, 7, 9) * 3 + 1).contiguous(memory_format=CL)
     with torch.no_grad():
-        out = LayoutPreservingInstanceNorm3d(norm)(x)
+        out = adopt(norm, LayoutPreservingInstanceNorm3d)(x)
     assert out.is_contiguous(memory_format=CL) and out.dtype == torch.float32
     oracle = _instance_norm_float64(x, norm.weight, norm.bias, norm.eps)
     torch.testing.assert_close(out.double(), oracle, rtol=1e-5, atol=1e-5)
@@ -64,7 +66,7 @@ def test_norm_at_window_size_is_as_accurate_as_instance_norm():
     x[:, 1] += 90.0
     oracle = _instance_norm_float64(x, norm.weight, norm.bias, norm.eps)
     with torch.no_grad():
-        ours = LayoutPreservingInstanceNorm3d(norm)(x.contiguous(memory_format=CL)).detach().double()
+        ours = adopt(norm, LayoutPreservingInstanceNorm3d)(x.contiguous(memory_format=CL)).detach().double()
         theirs = norm(x).detach().double()
 
     def relative(y):
@@ -77,7 +79,7 @@ def test_norm_bfloat16_stays_bfloat16_channels_last():
     norm = _norm(seed=7)
     x = (torch.randn(1, 5, 8, 8, 8) * 2 - 1).to(torch.bfloat16).contiguous(memory_format=CL)
     with torch.no_grad():
-        out = LayoutPreservingInstanceNorm3d(norm)(x)
+        out = adopt(norm, LayoutPreservingInstanceNorm3d)(x)
     assert out.dtype == torch.bfloat16 and out.is_contiguous(memory_format=CL)
     oracle = _instance_norm_float64(x, norm.weight, norm.bias, norm.eps)
     torch.testing.assert_close(out.double(), oracle, rtol=2e-2, atol=2e-2)
@@ -85,7 +87,7 @@ def test_norm_bfloat16_stays_bfloat16_channels_last():
 
 def test_norm_rejects_unsupported_configurations():
     with pytest.raises(ValueError):
-        LayoutPreservingInstanceNorm3d(nn.InstanceNorm3d(3, affine=False))
+        adopt(nn.InstanceNorm3d(3, affine=False), LayoutPreservingInstanceNorm3d)
 
 
 def _tiny_model(seed=0):
@@ -125,7 +127,7 @@ def test_first_convolution_gives_channels_last_output(stride):
     torch.manual_seed(stride)
     conv = nn.Conv3d(1, 6, 3, stride=stride, padding=1)
     x = torch.randn(2, 1, 9, 10, 11).contiguous(memory_format=CL)
-    first = ChannelsLastConv3d.from_conv(copy.deepcopy(conv)).to(memory_format=CL)
+    first = adopt(copy.deepcopy(conv), ChannelsLastConv3d).to(memory_format=CL)
     assert list(first.state_dict()) == list(conv.state_dict())
     with torch.no_grad():
         out = first(x)
@@ -161,7 +163,7 @@ def test_inference_copy_predictor_in_the_sliding_window(sw_batch_size):
 
 def test_first_convolution_under_autocast_follows_autocast():
     conv = nn.Conv3d(1, 4, 3, padding=1)
-    first = ChannelsLastConv3d.from_conv(copy.deepcopy(conv))
+    first = adopt(copy.deepcopy(conv), ChannelsLastConv3d)
     x = torch.randn(1, 1, 6, 6, 6)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         expected, out = conv(x), first(x)

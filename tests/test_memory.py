@@ -1,11 +1,11 @@
-"""Host memory reuse (runtime.host_memory): a freed large tensor's pages are reused, not faulted in again."""
+"""Host memory reuse (runtime.levers.cpu.host_memory): a freed large tensor's pages are reused, not faulted in again."""
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from runtime import host_memory as memory
+from runtime.levers.cpu import host_memory as memory
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -13,7 +13,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 # mapping whose 16,384 pages fault on first touch.
 PROBE = textwrap.dedent("""
     import resource, sys, threading, torch
-    from runtime.host_memory import reuse_freed_memory
+    from runtime.levers.cpu.host_memory import reuse_freed_memory
     if sys.argv[1] == "reuse":
         assert reuse_freed_memory() is None
     def faults():
@@ -115,7 +115,8 @@ TRAIN = textwrap.dedent("""
     from model.losses import DiceCELoss
     from runtime import build
     from runtime.arguments import Config
-    from runtime.host_memory import reuse_freed_memory
+    from runtime.levers.cpu.convert import apply_levers, choose_levers
+    from runtime.levers.cpu.host_memory import reuse_freed_memory
     from runtime.optimizers import make_optimizer
     from runtime.resolve import cpu_training_precision
     if sys.argv[1] == "reuse":
@@ -127,7 +128,9 @@ TRAIN = textwrap.dedent("""
     torch.manual_seed(0)
     cfg = cpu_training_precision(cfg, cpu, say=False)
     model = build.build_model(cfg, cpu)
-    build.guard_bf16_training(model, cfg, cpu, say=False)
+    levers = choose_levers(True, "cpu", cfg.channels_last, cfg.amp_dtype if cfg.amp else None, cfg.normalization,
+                           cfg.compile, cfg.filters)
+    apply_levers(model, tuple(lever.name for lever in levers if lever.applied), cfg.compile)
     autocast, scaler = build.autocast_factory(cfg, cpu)
     step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 0.1, 0.9),
                                   scaler, autocast, 1)

@@ -28,7 +28,7 @@ from runtime.inference import memory_budget
 from runtime.inference.backends import INSTALL_HINT, decide_backend, openvino_missing
 from runtime.inference.openvino.calibration import grid_origins, spread, window_at
 from runtime.inference.predictor import build_predictor, options_from
-from runtime.isa import int8_pairs_saturate
+from runtime.levers.cpu.isa import int8_pairs_saturate
 from runtime.predict.scan import volume_probabilities
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -476,15 +476,19 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
 
 
 def test_split_decoder_inputs_computes_the_same_function():
-    """HalvesConv3d: one convolution per half of the decoder's input, summed, equals the
-    convolution of the concatenation (float64, so only the summation order differs)."""
-    from runtime.inference.openvino.decoder_split import HalvesConv3d, split_decoder_inputs
+    """One convolution per half of the decoder's input (each with a weight tensor of its own),
+    summed, equals the convolution of the concatenation (float64, so only the summation order
+    differs)."""
+    from runtime.inference.openvino.decoder_split import split_decoder_inputs
+
+    def halves(network):
+        return [m for m in network.modules() if getattr(m, "part_weights", None) is not None]
 
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).double().eval()
     split = split_decoder_inputs(model)
-    assert sum(isinstance(m, HalvesConv3d) for m in split.modules()) == 5
-    assert not any(isinstance(m, HalvesConv3d) for m in model.modules())  # a copy: the model is kept
+    assert len(halves(split)) == 5 and all(len(m.part_weights) == 2 for m in halves(split))
+    assert not halves(model)  # a copy: the model is kept
     x = torch.randn(1, 1, 32, 32, 64, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(split(x), model(x), rtol=1e-10, atol=1e-10)

@@ -5,7 +5,7 @@ decisions (``runtime.plan``), and a trained checkpoint records the plan that ran
 The real entry point on tiny synthetic data, with hooks on the functions that hand the config
 on: ``resolve`` and ``resolve_data`` (what they return), ``build_components`` (the config it
 gets and the one its components carry) and each mode's body (the config it runs with). The CPU
-is made to look as if it had no native bf16 (``runtime.isa.cpu_flags``), so ``--amp`` training
+is made to look as if it had no native bf16 (``runtime.levers.cpu.isa.cpu_flags``), so ``--amp`` training
 falls back to float32: a decision that once was taken after ``resolve`` by replacing the config.
 """
 import sys
@@ -16,7 +16,8 @@ import torch
 import fake_data
 from checkpoints import reference_format_checkpoint, unet
 from main_runs import TINY, call, used_in
-from runtime import app, isa  # noqa: F401 - app: its modules loaded before the hooks go in
+from runtime import app  # noqa: F401 - app: its modules loaded before the hooks go in
+from runtime.levers.cpu import isa
 from runtime.checkpoint import load_checkpoint, saved_plan
 from runtime.optimizers import fused_step
 
@@ -176,7 +177,7 @@ def test_predict_runs_the_resolved_config(tmp_path, capsys, seen, monkeypatch):
 
 # The decisions a trained checkpoint records; runtime/levers adds its own ("levers").
 RECORDED = ("precision", "fused_optimizer", "host_memory", "backend", "window", "window_batch", "seed",
-            "cuda_graphs", "division", "cache")
+            "cuda_graphs", "levers", "division", "cache")
 
 
 def test_a_trained_checkpoint_records_the_plan_that_ran(tmp_path, capsys):

@@ -21,7 +21,7 @@ from model.unet3d import Unet3D
 from runtime.arguments import Config
 from runtime.build import autocast_factory
 from runtime.checkpoint import clean_state_dict, unwrap
-from runtime.graphs import (GraphedTrainStep, _graph_safe_autocast, capturable_optimizer,
+from runtime.levers.gpu.graphs import (GraphedTrainStep, _graph_safe_autocast, capturable_optimizer,
                             cuda_graphs_supported, restore_snapshot, snapshot)
 from runtime.inference.predictor import PredictorOptions, build_predictor
 from runtime.inference.sliding_window import sliding_window_inference

@@ -4,9 +4,9 @@
   with its own backward (statistics per depth slice, combined), equals ``nn.InstanceNorm3d``
   followed by the reference's activation (values and gradients: float32 tightly, bf16 within its
   precision), also where the slices' means differ widely, and returns channels-last;
-- a :class:`model.layers.ConvBlock` is ``nn.Sequential`` bit for bit on NCDHW tensors, fused or
-  not (the default fp32 path is the reference's: tests/test_mlcommons_reference.py checks it
-  against the real code), with the same state_dict;
+- a :class:`model.layers.ConvBlock` is ``nn.Sequential`` bit for bit (the default fp32 path is
+  the reference's: tests/test_mlcommons_reference.py checks it against the real code), with the
+  same state_dict;
 - the transposed convolution as one GEMM equals ``F.conv_transpose3d`` (float64: values and
   gradients) and returns channels-last; only channels-last CPU training uses it;
 - a channels-last network with fused norms and GEMM transposed convolutions gives the NCDHW
@@ -25,14 +25,17 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.isa import native_bf16
-from model.layers import (NORM_ACTIVATION_KERNELS, ConvBlock, FusedNormActivation, UpsampleBlock, conv_block,
-                          conv_of_concatenation, instance_norm_activation, set_ncdhw, set_norm_activation,
-                          set_split_concatenation, set_transposed_as_gemm, transposed_conv_as_gemm)
+from model.layers import ConvBlock, UpsampleBlock, conv_block
 from model.losses import DiceCELoss
-from model.unet3d import Unet3D
+from model.unet3d import DEFAULT_FILTERS, Unet3D
 from runtime import build
 from runtime.arguments import Config
+from runtime.levers.cpu import convert
+from runtime.levers.cpu.blocks import (FastConvBlock, FastUpsampleBlock, adopt, conv_of_concatenation, fuse_norms,
+                                       gemm_transposed_convolutions, split_concatenations, split_upsample_block,
+                                       transposed_conv_as_gemm, widest_blocks_in_ncdhw)
+from runtime.levers.cpu.isa import native_bf16
+from runtime.levers.cpu.norms import NORM_ACTIVATION_KERNELS, FusedNormActivation, instance_norm_activation
 
 CL = torch.channels_last_3d
 FILTERS = (2, 4, 4, 8, 8)
@@ -121,7 +124,8 @@ def test_conv_block_is_sequential_bit_for_bit_by_default(normalization, activati
     torch.manual_seed(0)
     block = conv_block(3, 5, normalization, activation)
     plain = nn.Sequential(*copy.deepcopy(list(block)))
-    assert isinstance(block, ConvBlock) and isinstance(block, nn.Sequential) and block.norm_activation is None
+    assert isinstance(block, ConvBlock) and isinstance(block, nn.Sequential)
+    assert type(block).forward is nn.Sequential.forward  # no forward of its own: no lever in model/
     assert list(block.state_dict()) == list(plain.state_dict())
     x = torch.randn(2, 3, 6, 6, 6)
     assert torch.equal(block(x), plain(x))
@@ -130,8 +134,7 @@ def test_conv_block_is_sequential_bit_for_bit_by_default(normalization, activati
 
 
 def test_default_network_has_no_fused_norm():
-    assert all(m.norm_activation is None for m in Unet3D(1, 3, filters=FILTERS).modules()
-               if isinstance(m, ConvBlock))
+    assert not any(isinstance(m, (FastConvBlock, FastUpsampleBlock)) for m in Unet3D(1, 3, filters=FILTERS).modules())
 
 
 def test_first_convolution_output_becomes_channels_last():
@@ -142,7 +145,7 @@ def test_first_convolution_output_becomes_channels_last():
     x = torch.randn(1, 1, 8, 8, 8).contiguous(memory_format=CL)
     assert not block[0](x).is_contiguous(memory_format=CL)
     expected = nn.Sequential(*list(block))(x)
-    block.norm_activation = instance_norm_activation
+    block = adopt(block, FastConvBlock, norm_activation=instance_norm_activation)
     got = block(x)
     assert got.is_contiguous(memory_format=CL)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -159,13 +162,12 @@ def test_conv_block_takes_the_fused_norm_for_instance_norm_only():
 
     x = torch.randn(2, 3, 6, 6, 6)
     expected = nn.Sequential(*list(block))(x)
-    block.norm_activation = fused
+    block = adopt(block, FastConvBlock, norm_activation=fused)
     got = block(x.contiguous(memory_format=CL))
     assert calls == [(1e-5, 0.01)]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     # batch norm blocks keep their modules (running statistics)
-    bn = conv_block(3, 5, "batchnorm", "relu").to(memory_format=CL)
-    bn.norm_activation = fused
+    bn = adopt(conv_block(3, 5, "batchnorm", "relu").to(memory_format=CL), FastConvBlock, norm_activation=fused)
     bn(x.contiguous(memory_format=CL))
     assert len(calls) == 1
 
@@ -182,8 +184,8 @@ def test_channels_last_network_with_fused_norms_equals_ncdhw_fp32():
     torch.manual_seed(0)
     plain = Unet3D(1, 3, filters=FILTERS, activation="leaky_relu")
     fast = copy.deepcopy(plain).to(memory_format=CL)
-    assert set_norm_activation(fast, instance_norm_activation) == 2 + 2 * 5 + 2 * 5
-    assert set_transposed_as_gemm(fast, True) == 5
+    assert fuse_norms(fast, instance_norm_activation) == 2 + 2 * 5 + 2 * 5
+    assert gemm_transposed_convolutions(fast) == 5
     assert fast.state_dict().keys() == plain.state_dict().keys()
     g = torch.Generator().manual_seed(1)
     image = torch.randn(2, 1, 64, 64, 32, generator=g)
@@ -268,8 +270,10 @@ def test_transposed_as_gemm_only_for_channels_last_cpu_training():
                                (train_config(channels_last=True), cpu, 5),
                                (train_config(channels_last=True, normalization="batchnorm"), cpu, 5)):
         model = Unet3D(1, 3, normalization=cfg.normalization, filters=FILTERS)
-        assert build.transposed_convolutions_as_gemm(model, cfg, device, say=False) == count
-        assert [m.transposed_as_gemm for m in model.modules() if isinstance(m, UpsampleBlock)] == [bool(count)] * 5
+        levers = apply_as_resolved(model, cfg, device, convert.GEMM_TRANSPOSED)
+        assert (convert.GEMM_TRANSPOSED in levers) is bool(count)
+        assert [getattr(m, "transposed_as_gemm", False) for m in model.modules()
+                if isinstance(m, UpsampleBlock)] == [bool(count)] * 5
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -307,16 +311,16 @@ def test_upsample_block_with_split_concatenation_equals_the_module_path(monkeypa
     skip = torch.randn(2, 4, 6, 6, 6, generator=g, dtype=torch.float64).contiguous(memory_format=CL)
     grad = torch.randn(2, 4, 6, 6, 6, generator=g, dtype=torch.float64)
     results = []
-    for split in (False, True):
-        set_split_concatenation(block, split)
-        set_transposed_as_gemm(block, split)
-        block.zero_grad()
+    fast = split_upsample_block(block)
+    fast.transposed_as_gemm = True
+    for split, module in ((False, block), (True, fast)):
+        module.zero_grad()
         inputs = [t.clone().requires_grad_() for t in (x, skip)]
         concatenations.clear()
-        y = block(*inputs)
+        y = module(*inputs)
         y.backward(grad)
         assert len(concatenations) == (0 if split else 1)
-        results.append([y, *(t.grad for t in inputs)] + [p.grad.clone() for p in block.parameters()])
+        results.append([y, *(t.grad for t in inputs)] + [p.grad.clone() for p in module.parameters()])
     for mine, oracle in zip(results[1], results[0]):
         torch.testing.assert_close(mine, oracle, rtol=1e-10, atol=1e-10)
 
@@ -324,10 +328,11 @@ def test_upsample_block_with_split_concatenation_equals_the_module_path(monkeypa
 def test_conv_of_concatenation_keeps_the_bf16_guard():
     """A guarded convolution over 2-deep parts runs each part in float32 outside autocast (the
     faulty bf16 weight-gradient kernel avoided), deeper parts in bf16."""
-    from runtime.bf16_guard import protect_shallow_convolutions
+    from runtime.levers.cpu.bf16_guard import protect_shallow_convolutions
 
-    conv = nn.Conv3d(8, 4, 3, padding=1, bias=False)
-    protect_shallow_convolutions(conv)
+    holder = nn.Sequential(nn.Conv3d(8, 4, 3, padding=1, bias=False))
+    protect_shallow_convolutions(holder)
+    conv = holder[0]
     for depth, dtype in ((2, torch.float32), (4, torch.bfloat16)):
         parts = (torch.randn(1, 4, depth, 4, 4), torch.randn(1, 4, depth, 4, 4))
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -342,8 +347,10 @@ def test_split_concatenation_only_for_float32_channels_last_cpu_training(capsys)
                                (dataclasses.replace(train_config(channels_last=True), exec_mode="evaluate"), cpu, 0),
                                (train_config(channels_last=True), cpu, 5)):
         model = Unet3D(1, 3, filters=FILTERS)
-        assert build.split_concatenations(model, cfg, device, say=True) == count
-        assert [m.split_concatenation for m in model.modules() if isinstance(m, UpsampleBlock)] == [bool(count)] * 5
+        levers = apply_as_resolved(model, cfg, device, convert.SPLIT_CONCATENATION, say=True)
+        assert (convert.SPLIT_CONCATENATION in levers) is bool(count)
+        assert [getattr(m, "split_concatenation", False) for m in model.modules()
+                if isinstance(m, UpsampleBlock)] == [bool(count)] * 5
     assert capsys.readouterr().out.count("\n") == 1
 
 
@@ -356,14 +363,14 @@ def test_channels_last_network_with_split_concatenations_and_widest_blocks_in_nc
     torch.manual_seed(0)
     plain = Unet3D(1, 3, filters=FILTERS).double()
     fast = copy.deepcopy(plain).to(memory_format=CL)
-    set_transposed_as_gemm(fast, True)
-    set_split_concatenation(fast, True)
-    config = train_config(channels_last=True)
-    chosen = build.widest_blocks_in_ncdhw(fast, config, torch.device("cpu"), say=False)
+    gemm_transposed_convolutions(fast)
+    split_concatenations(fast)
+    chosen = len(widest_blocks_in_ncdhw(fast))
     blocks = {name: m for name, m in fast.named_modules() if isinstance(m, ConvBlock)}
     assert chosen == sum(b[0].out_channels == max(FILTERS) for b in blocks.values()) > 0
     for name, block in blocks.items():
-        assert block[0].weight.is_contiguous(memory_format=torch.contiguous_format if block.ncdhw else CL), name
+        ncdhw = getattr(block, "ncdhw", False)
+        assert block[0].weight.is_contiguous(memory_format=torch.contiguous_format if ncdhw else CL), name
     g = torch.Generator().manual_seed(1)
     image = torch.randn(2, 1, 64, 64, 32, generator=g, dtype=torch.float64)
     label = torch.randint(0, 3, (2, 1, 64, 64, 32), generator=g, dtype=torch.uint8)
@@ -379,24 +386,24 @@ def test_ncdhw_block_reads_ncdhw_in_a_channels_last_network():
     """Float32: a block in NCDHW gives its convolution an NCDHW input and weight (the parts of a
     concatenation concatenated) and computes what the channels-last block computes."""
     g = torch.Generator().manual_seed(2)
-    block = conv_block(8, 4, "instancenorm", "relu").to(memory_format=CL)
+    block = adopt(conv_block(8, 4, "instancenorm", "relu").to(memory_format=CL), FastConvBlock)
     parts = tuple(torch.randn(2, 4, 6, 5, 4, generator=g).contiguous(memory_format=CL) for _ in range(2))
     seen = []
     block[0].register_forward_hook(lambda m, i, o: seen.append(
         (i[0].is_contiguous(), o.is_contiguous(memory_format=CL), m.weight.is_contiguous())))
     expected = block(torch.cat(parts, dim=1))
-    set_ncdhw(block, True)
+    block.set_ncdhw(True)
     got = block(parts)
     assert seen == [(False, True, False), (True, False, True)]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_set_ncdhw_moves_the_weight_and_back():
-    block = conv_block(4, 8, "instancenorm", "relu").to(memory_format=CL)
+    block = adopt(conv_block(4, 8, "instancenorm", "relu").to(memory_format=CL), FastConvBlock)
     weight = block[0].weight
-    set_ncdhw(block, True)
+    block.set_ncdhw(True)
     assert block.ncdhw and block[0].weight is weight and weight.is_contiguous()
-    set_ncdhw(block, False)
+    block.set_ncdhw(False)
     assert not block.ncdhw and weight.is_contiguous(memory_format=CL) and not weight.is_contiguous()
 
 
@@ -413,11 +420,13 @@ def test_widest_blocks_in_ncdhw_only_for_float32_channels_last_cpu_training(caps
                                   (train_config(channels_last=True), cpu, widest)):
         with torch.device("meta"):
             model = Unet3D().to(memory_format=CL)
-        assert build.widest_blocks_in_ncdhw(model, cfg, device, say=True) == len(expected)
-        assert [n for n, m in model.named_modules() if isinstance(m, ConvBlock) and m.ncdhw] == expected
+        levers = apply_as_resolved(model, cfg, device, convert.WIDEST_NCDHW, say=True, filters=DEFAULT_FILTERS)
+        assert (convert.WIDEST_NCDHW in levers) is bool(expected)
+        ncdhw = [n for n, m in model.named_modules() if isinstance(m, ConvBlock) and getattr(m, "ncdhw", False)]
+        assert ncdhw == expected
         for name, m in model.named_modules():
             if isinstance(m, ConvBlock) and m[0].in_channels > 1:
-                assert m[0].weight.is_contiguous(memory_format=torch.contiguous_format if m.ncdhw else CL), name
+                assert m[0].weight.is_contiguous(memory_format=torch.contiguous_format if name in ncdhw else CL), name
     assert capsys.readouterr().out == ("channels-last float32: the 6 convolutions with 320 filters (the deepest "
                                        "levels) in NCDHW\n")
 
@@ -446,6 +455,19 @@ def train_config(**changes):
     return dataclasses.replace(Config(loader="synthetic", exec_mode="train"), **changes)
 
 
+def apply_as_resolved(model, cfg, device, lever, say=False, filters=FILTERS):
+    """The levers ``runtime.resolve`` chooses for ``cfg`` on ``device`` (its AMP type as given);
+    ``lever`` applied to ``model`` (and its line said) when among them. Returns the names."""
+    levers = convert.choose_levers(cfg.is_train, device.type, cfg.channels_last, cfg.amp_dtype if cfg.amp else None,
+                                   cfg.normalization, cfg.compile, filters)
+    for chosen in levers:
+        if chosen.name == lever and chosen.applied:
+            if say:
+                print(chosen.why)
+            convert.apply_levers(model, (lever,), cfg.compile)
+    return [chosen.name for chosen in levers if chosen.applied]
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
     from runtime import resolve
@@ -464,13 +486,14 @@ def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
 
 
 def test_fused_norms_only_for_channels_last_cpu_instance_norm(monkeypatch):
-    monkeypatch.setattr(build, "compile_function", lambda function, **kwargs: ("compiled", function))
+    monkeypatch.setattr(convert, "compile_function", lambda function, **kwargs: ("compiled", function))
     cpu = torch.device("cpu")
     for cfg, count in ((train_config(), 0), (train_config(channels_last=True, normalization="batchnorm"), 0),
                        (train_config(channels_last=True), 22)):
         model = Unet3D(1, 3, normalization=cfg.normalization, filters=FILTERS)
-        assert build.fuse_channels_last_norms(model, cfg, cpu, say=False) == count
-        functions = {m.norm_activation for m in model.modules() if isinstance(m, ConvBlock)}
+        apply_as_resolved(model, cfg, cpu, convert.FUSED_NORM)
+        assert sum(isinstance(m, FastConvBlock) for m in model.modules()) == count
+        functions = {getattr(m, "norm_activation", None) for m in model.modules() if isinstance(m, ConvBlock)}
         if not count:
             assert functions == {None}
             continue
@@ -480,13 +503,16 @@ def test_fused_norms_only_for_channels_last_cpu_instance_norm(monkeypatch):
         assert function.kernels == tuple(("compiled", k) for k in NORM_ACTIVATION_KERNELS)
     # the whole model compiled: the plain function, fused inside the model's graph
     model = Unet3D(1, 3, filters=FILTERS)
-    build.fuse_channels_last_norms(model, train_config(channels_last=True, compile=True), cpu, say=False)
+    apply_as_resolved(model, train_config(channels_last=True, compile=True), cpu, convert.FUSED_NORM)
     assert model.input_block.conv1.norm_activation is instance_norm_activation
-    # no torch.compile: the modules stay
-    monkeypatch.setattr(build, "compile_function", lambda function, **kwargs: function)
+    # no torch.compile: the modules stay, and the line says so
+    monkeypatch.setattr(convert, "compile_function", lambda function, **kwargs: function)
     model = Unet3D(1, 3, filters=FILTERS)
-    assert build.fuse_channels_last_norms(model, train_config(channels_last=True), cpu, say=False) == 0
-    assert model.input_block.conv1.norm_activation is None
+    assert convert.FUSED_NORM not in apply_as_resolved(model, train_config(channels_last=True), cpu, convert.FUSED_NORM)
+    assert not any(isinstance(m, FastConvBlock) for m in model.modules())
+    (unavailable,) = [lever for lever in convert.choose_levers(True, "cpu", True, None, "instancenorm", False, FILTERS)
+                      if lever.name == convert.FUSED_NORM]
+    assert not unavailable.applied and "torch.compile is unavailable" in unavailable.why
 
 
 @slow
@@ -534,7 +560,6 @@ def test_fused_norms_ask_for_room_for_every_layer(monkeypatch):
     """Past dynamo's recompile limit (8) the norm of the remaining layers would silently run
     eagerly (0.51x): the fused norm is compiled with a limit of 64 variants."""
     seen = {}
-    monkeypatch.setattr(build, "compile_function", lambda function, **kwargs: seen.update(kwargs) or function)
-    build.fuse_channels_last_norms(Unet3D(1, 3, filters=FILTERS), train_config(channels_last=True),
-                                   torch.device("cpu"), say=False)
+    monkeypatch.setattr(convert, "compile_function", lambda function, **kwargs: seen.update(kwargs) or function)
+    convert.apply_levers(Unet3D(1, 3, filters=FILTERS), (convert.FUSED_NORM,), compile=False)
     assert seen["recompile_limit"] >= 64 and seen["dynamic"] is True

@@ -7,7 +7,7 @@ calls; the sliding window, Gaussian blending, TTA, resampling and every output s
 code:
 
 * ``torch``: PyTorch. Evaluate scores the trained network as built (its logits are the
-  benchmark's); predict runs its inference copy (:mod:`runtime.inference.torch_copy`) with
+  benchmark's); predict runs its inference copy (:func:`runtime.levers.cpu.convert.prepare_for_inference`) with
   ``--channels_last``, compiled with ``--compile``. fp32, or ``--amp`` autocast.
 * ``openvino``: OpenVINO's CPU runtime (:mod:`runtime.inference.openvino`), converted once per
   weights and window shape and cached in the user's cache folder (``--cache_dir``). fp32, or int8
@@ -37,7 +37,7 @@ import torch
 from runtime.arguments import Config, UsageError, replace
 from runtime.compiling import compile_model
 from runtime.inference.predictor import Predict, build_predictor, options_from
-from runtime.inference.torch_copy import prepare_for_inference
+from runtime.levers.cpu.convert import prepare_for_inference
 
 INSTALL_HINT = "pip install -r requirements-openvino.txt"
 TORCH_ONLY_LEVERS = ("amp", "compile", "channels_last")

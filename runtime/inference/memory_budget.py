@@ -8,7 +8,7 @@ The estimate is the process's base (PyTorch, the
 network, OpenVINO's compiled model), the volume's buffers, and the windows in flight:
 
 * PyTorch holds every window of a batch in one forward, and keeps freed blocks for reuse
-  (``runtime.host_memory``): ``TORCH_WINDOW_FACTOR`` times the window's first activation
+  (``runtime.levers.cpu.host_memory``): ``TORCH_WINDOW_FACTOR`` times the window's first activation
   (``filters[0]`` channels x window voxels x 4 bytes) per window;
 * OpenVINO runs one window per request whatever the batch, in buffers it plans once:
   ``OPENVINO_WINDOW_FACTOR`` times the first activation, once.

@@ -31,8 +31,9 @@ from runtime.arguments import Config
 from runtime.checkpoint import weights_digest
 
 FORMAT = 2  # bump when the conversion itself changes (trace shape, options)
-CODE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/inference/openvino/compiled.py",
-              "runtime/inference/openvino/calibration.py", "runtime/inference/openvino/decoder_split.py")
+CODE_FILES = ("model/unet3d.py", "model/layers.py", "runtime/levers/cpu/blocks.py",
+              "runtime/inference/openvino/compiled.py", "runtime/inference/openvino/calibration.py",
+              "runtime/inference/openvino/decoder_split.py")
 ROOT = Path(__file__).resolve().parents[3]
 LEFTOVER_SECONDS = 24 * 3600  # a hidden build folder older than this was left by a killed process
 

@@ -23,7 +23,7 @@ on 96.7% and 98.3% of the held-back foreground; this, with each decoder's input 
 
 Without VNNI (AVX2-only CPUs), x86 int8 kernels add pairs of uint8 x int8 products into a
 saturating 16-bit value; NNCF's overflow fix (weights on 7 bits) then applies to every layer
-instead of the first one only (:func:`runtime.isa.int8_pairs_saturate`). Which one ran is in the
+instead of the first one only (:func:`runtime.levers.cpu.isa.int8_pairs_saturate`). Which one ran is in the
 key and in the log line.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ import numpy as np
 
 from model.losses import foreground_agreement
 from runtime.arguments import Config, UsageError
-from runtime.isa import int8_pairs_saturate
+from runtime.levers.cpu.isa import int8_pairs_saturate
 from runtime.inference.sliding_window import PAD_VALUE
 
 CALIBRATION_SCANS = 8  # at most, evenly spaced over the run's scans

@@ -71,7 +71,7 @@ def build_model(model: torch.nn.Module, config: Config, calibration, say: Callab
         return convert(model, tuple(config.val_input_shape))
     from runtime.inference.openvino.calibration import quantize
 
-    # each half of a decoder's input on its own int8 grid: see HalvesConv3d
+    # each half of a decoder's input on its own int8 grid: see runtime.inference.openvino.decoder_split
     converted = convert(split_decoder_inputs(model), tuple(config.val_input_shape))
     return quantize(converted, calibration, compile_for_cpu, say=say)
 

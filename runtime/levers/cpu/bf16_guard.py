@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SHALLOW_DEPTH = 2  # the input depth at which the faulty kernel is chosen
+from runtime.levers.cpu.blocks import SHALLOW_DEPTH, ShallowFloatConv3d, adopt, swap
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,26 +43,8 @@ def bf16_weight_grad_ok() -> bool:
     return bool(torch.isfinite(error)) and float(error) < 0.05
 
 
-class ShallowFloatConv3d(nn.Conv3d):
-    """A ``Conv3d`` that runs in float32, outside autocast, when its input is at most
-    :data:`SHALLOW_DEPTH` deep; otherwise exactly ``nn.Conv3d``. In ``_conv_forward``, which
-    ``forward`` calls with the module's weight and ``model.layers.conv_of_concatenation`` with
-    slices of it."""
-
-    def _conv_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.device.type != "cpu" or x.shape[2] > SHALLOW_DEPTH:
-            return super()._conv_forward(x, weight, bias)
-        with torch.autocast("cpu", enabled=False):
-            return F.conv3d(x.float(), weight.float(), None if bias is None else bias.float(), self.stride,
-                            self.padding, self.dilation, self.groups)
-
-
 def protect_shallow_convolutions(model: nn.Module) -> int:
-    """Make every plain ``Conv3d`` of ``model`` a :class:`ShallowFloatConv3d` (in place: same
-    parameters, same state_dict); returns how many."""
-    count = 0
-    for module in model.modules():
-        if type(module) is nn.Conv3d:
-            module.__class__ = ShallowFloatConv3d
-            count += 1
-    return count
+    """Make every plain ``Conv3d`` of ``model`` a
+    :class:`~runtime.levers.cpu.blocks.ShallowFloatConv3d` (in place: same parameters, same
+    state_dict); returns how many."""
+    return swap(model, lambda m: adopt(m, ShallowFloatConv3d) if type(m) is nn.Conv3d else None)

@@ -1,0 +1,1 @@
+"""The CPU's speed levers; :mod:`~runtime.levers.cpu.convert` chooses and applies them."""
