@@ -23,7 +23,7 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
-from runtime.evaluation_report import explain_scores, write_case_scores
+from runtime.evaluate.report import explain_scores, write_case_scores
 from runtime.run_files import BACKEND, EVAL, resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.host_memory import reuse_freed_memory

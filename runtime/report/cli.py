@@ -20,7 +20,7 @@ from runtime.report.figure import MissingMatplotlib, write_figure
 from runtime.report.files import ReportError
 from runtime.report.runs import collect_runs
 from runtime.report.scoring import RunSummary, score_runs, summarize_run
-from runtime.report.summary import number_text, predicted_text, time_text, write_summaries
+from runtime.report.run_summary import number_text, predicted_text, time_text, write_summaries
 from runtime.run_files import CURVES_PNG, METRICS_LOG, MLPERF_LOG, QUALITY_THRESHOLD, SUMMARY_JSON, SUMMARY_MD
 
 
