@@ -385,7 +385,7 @@ def abort_clock_on_error(out: Reporters, state: ckpt.TrainState):
 
 def run_training(components: Components, out: Reporters) -> int:
     """The timed MLPerf run of a built ``components`` (the clock started, the loaders built:
-    ``runtime.app.start_run``): the hyper-parameters, the epochs, run stop, the RUN_SUMMARY line;
+    ``runtime.training.start.start_run``): the hyper-parameters, the epochs, run stop, the RUN_SUMMARY line;
     returns the exit code."""
     cfg = components.config
     if out.run_start is None:  # a caller that built its loaders itself
