@@ -11,8 +11,8 @@ A full disk does not always arrive as ``OSError(ENOSPC)``:
 :func:`write_error` finds the ``OSError`` with an errno in an exception's cause/context chain,
 :func:`write_failure` gives its one-line reason ("No space left on device", "Read-only file
 system", "Permission denied", "Disk quota exceeded", ...), or None when the exception is not a
-failure to write (a bug: let it be seen). :func:`append_bytes` appends to a log file all or
-nothing.
+failure to write (a bug: let it be seen), :func:`failure_reason` the same for a user's one-line
+message about any file operation. :func:`append_bytes` appends to a log file all or nothing.
 """
 from __future__ import annotations
 
@@ -57,6 +57,12 @@ def write_failure(exc: BaseException) -> str | None:
     if any(sign in str(item) for item in _chain(exc) for sign in _TORCH_WRITER_SIGNS):
         return "write failed (disk full?)"
     return None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The reason a file operation failed, for a one-line message: :func:`write_failure`'s, else
+    the exception's type (never empty)."""
+    return write_failure(exc) or type(exc).__name__
 
 
 def write_or_raise(write: Callable[[], object], error: Callable[[str, BaseException], Exception]):

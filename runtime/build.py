@@ -1,8 +1,8 @@
 """``build_components(config, dist_info, data)``: everything a run computes with, built once from
-a resolved config. Used by ``runtime.app.run``, the benchmarks and the tests alike.
+a resolved config. Used by ``runtime.training.start``, the benchmarks and the tests alike.
 
-``runtime.app`` builds in two parts around the MLPerf ``run_start``: the model, optimizer and
-train step before it (``data`` None: no loaders, nothing of ``--data_dir`` touched), this
+``runtime.training.start.start_run`` builds in two parts around the MLPerf ``run_start``: the
+model, optimizer and train step before it (``data`` None: no loaders, nothing of ``--data_dir`` touched), this
 rank's loaders after it (:func:`with_loaders`).
 """
 from __future__ import annotations

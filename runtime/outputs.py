@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 
+from data_loading.write_errors import failure_reason
 from runtime.run_files import PREVIOUS_RUN_PREFIX, RESUMED_TIME_FORMAT, run_file_names
 
 LOCK_NAME = ".unet3d.lock"
@@ -33,10 +34,6 @@ LOCK_NAME = ".unet3d.lock"
 
 class OutputError(RuntimeError):
     """An output path that cannot be written (one-line message naming the flag and path)."""
-
-
-def _reason(err: OSError) -> str:
-    return err.strerror or errno.errorcode.get(err.errno or 0, type(err).__name__)
 
 
 def _first_missing(path: str) -> str | None:
@@ -64,7 +61,7 @@ def check_output_dir(path: str, flag: str) -> str | None:
             pass
     except OSError as err:
         remove_if_empty(path, created)
-        raise OutputError(f"{flag} {path!r} cannot be written: {_reason(err)}") from None
+        raise OutputError(f"{flag} {path!r} cannot be written: {failure_reason(err)}") from None
     return created
 
 
@@ -217,7 +214,7 @@ class RunLock:
 
     def _error(self, err: OSError) -> OutputError:
         return OutputError(f"{self.flag} {self.subject!r} cannot be locked: cannot write {self.path!r} "
-                           f"({_reason(err)})")
+                           f"({failure_reason(err)})")
 
     def _try_create(self, me: Holder) -> bool:
         """Create the lock holding ``me``, complete before it is visible; False if it exists."""
@@ -272,7 +269,7 @@ class RunLock:
             return None
         except OSError as err:
             raise OutputError(f"{self.flag} {self.subject!r} cannot be locked: cannot read {self.path!r} "
-                              f"({_reason(err)})") from None
+                              f"({failure_reason(err)})") from None
 
     def _take_over(self, seen: str) -> None:
         """Remove the lock judged stale, provided it is still the one that was judged: it is
@@ -372,7 +369,7 @@ def move_previous_run(log_dir: str, checkpoint: str = "") -> list[str]:
     except FileNotFoundError:
         names = []
     except OSError as err:
-        raise OutputError(f"--log_dir {log_dir!r} cannot be listed: {_reason(err)}") from None
+        raise OutputError(f"--log_dir {log_dir!r} cannot be listed: {failure_reason(err)}") from None
     paths = [os.path.join(log_dir, n) for n in names]
     old_ckpt = os.path.abspath(checkpoint) if checkpoint and os.path.isfile(checkpoint) else ""
     if not paths and not old_ckpt:
@@ -397,5 +394,5 @@ def move_previous_run(log_dir: str, checkpoint: str = "") -> list[str]:
                          f"to {folder}")
     except OSError as err:
         raise OutputError(f"cannot move the previous run's files in {log_dir!r} out of the way: "
-                          f"{_reason(err)} ({err.filename})") from None
+                          f"{failure_reason(err)} ({err.filename})") from None
     return lines

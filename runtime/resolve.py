@@ -390,7 +390,7 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
     The flag as given is kept as the decision's ``asked`` for the data stage. ``logged``: the MLPerf
     log already holds the division (the data stage: it must precede ``init_stop``), so a run
     found open only now says that its log's "closed" is no result, and keeps the reasons in
-    ``division_not_closed`` for the log's ``not_closed`` event (``runtime.app.start_run``)."""
+    ``division_not_closed`` for the log's ``not_closed`` event (``runtime.training.start.start_run``)."""
     earlier = config.decision("division")
     asked = earlier.asked if earlier is not None else config.submission_division
     if config.why("division"):  # already open by the flags: the data adds nothing to say

@@ -1,8 +1,8 @@
 """The files a run writes, and the records in them: their one owner.
 
-The writers (``runtime/run_log.py``, ``runtime/app.py``, ``runtime/training.py``,
-``runtime/evaluation_report.py``) and the reader (``runtime/report/``) take every name and key
-from here. Standard library only, so the report reads runs without torch or numpy.
+The writers (``runtime/run_log.py``, ``runtime/training/``, ``runtime/evaluate/``) and the reader
+(``runtime/report/``) take every name and key from here. Standard library only, so the report
+reads runs without torch or numpy.
 
 A ``--log_dir`` holds:
 

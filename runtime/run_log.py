@@ -15,7 +15,7 @@ from typing import Any
 from mlperf_logging import mllog
 from mlperf_logging.mllog import constants as C
 
-from data_loading.write_errors import append_bytes, write_failure
+from data_loading.write_errors import append_bytes, failure_reason
 from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
 from runtime.outputs import OutputError
@@ -49,8 +49,7 @@ class _AppendHandler(logging.Handler):
         try:
             append_bytes(self.baseFilename, line)
         except OSError as err:
-            raise OutputError(f"cannot write the MLPerf log {self.baseFilename!r}: "
-                              f"{write_failure(err) or type(err).__name__}") from None
+            raise OutputError(f"cannot write the MLPerf log {self.baseFilename!r}: {failure_reason(err)}") from None
 
 
 class MLPerfLogger:
@@ -183,4 +182,4 @@ class MetricsWriter:
         try:
             append_bytes(self.path, (json.dumps(record) + "\n").encode("utf-8"))
         except OSError as err:  # the file is cut back to its last whole line
-            raise OutputError(f"cannot write {self.path!r}: {write_failure(err) or type(err).__name__}") from None
+            raise OutputError(f"cannot write {self.path!r}: {failure_reason(err)}") from None

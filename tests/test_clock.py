@@ -139,17 +139,17 @@ def test_the_compile_warm_up_runs_before_run_start_and_changes_no_number(tmp_pat
     import re
 
     import fake_data
-    import runtime.app as app
     import runtime.build as build
+    import runtime.training.start as start
     from main_runs import TINY
 
     # torch.compile itself is left out (a network takes minutes to compile on this CPU): what
     # the warm-up does around it runs as with --compile
     monkeypatch.setattr(build, "compile_model", lambda module, enabled, **kwargs: module)
     order = []
-    real_warm_up, real_start_clock = app.warm_up, app.start_clock
-    monkeypatch.setattr(app, "warm_up", lambda components: order.append(("warm-up", real_warm_up(components))))
-    monkeypatch.setattr(app, "start_clock", lambda out: (order.append("run_start"), real_start_clock(out)))
+    real_warm_up, real_start_clock = start.warm_up, start.start_clock
+    monkeypatch.setattr(start, "warm_up", lambda components: order.append(("warm-up", real_warm_up(components))))
+    monkeypatch.setattr(start, "start_clock", lambda out: (order.append("run_start"), real_start_clock(out)))
     argv = TINY + ["--epochs", "2", "--start_eval_at", "1", "--evaluate_every", "1"]
     numbers = []
     for name, extra in (("plain", []), ("compiled", ["--compile"])):

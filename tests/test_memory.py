@@ -79,6 +79,7 @@ def test_which_runs_reuse_freed_memory(mode, flags, device, reuses):
 
     from runtime import app, resolve
     from runtime.arguments import Config
+    from runtime.training import start
 
     config = dataclasses.replace(Config(), **{"exec_mode": "train", "benchmark": mode == "benchmark", **flags})
     assert app.mode_name(config) == mode
@@ -93,6 +94,7 @@ def test_cpu_training_run_reuses_freed_memory_before_the_model(monkeypatch, tmp_
 
     from runtime import app, resolve
     from runtime.arguments import Config
+    from runtime.training import start
 
     class Called(Exception):
         pass
@@ -103,7 +105,7 @@ def test_cpu_training_run_reuses_freed_memory_before_the_model(monkeypatch, tmp_
     def build(*args, **kwargs):
         calls.append("build")
         raise Called
-    monkeypatch.setattr(app, "build_components", build)
+    monkeypatch.setattr(start, "build_components", build)
     with pytest.raises(Called):
         app.run(dataclasses.replace(Config(), exec_mode="train", device="cpu", loader="synthetic",
                                     log_dir=str(tmp_path / "results")))

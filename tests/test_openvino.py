@@ -505,8 +505,8 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     import dataclasses
 
     from model.losses import DiceCELoss, DiceScore
-    from runtime.inference.backends import evaluation_components
-    from runtime.evaluation import evaluate
+    from runtime.evaluate.components import evaluation_components
+    from runtime.evaluate.metrics import evaluate
     from runtime.run_log import MetricsWriter
     from runtime.training.loop import Reporters
 

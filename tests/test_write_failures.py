@@ -76,16 +76,16 @@ def test_append_is_all_or_nothing(tmp_path):
 def _fill_after_reporters(monkeypatch, folder, leave: int = 0):
     """The disk of ``folder`` fills up (to ``leave`` bytes) once the run has opened its logs
     (after the lock and the up-front checks), so that the first write after that fails."""
-    import runtime.app as app
+    import runtime.training.start as start
 
-    original = app.make_reporters
+    original = start.make_reporters
 
     def make_then_fill(*args, **kwargs):
         reporters = original(*args, **kwargs)
         fill(folder, leave=leave)
         return reporters
 
-    monkeypatch.setattr(app, "make_reporters", make_then_fill)
+    monkeypatch.setattr(start, "make_reporters", make_then_fill)
 
 
 def _train_argv(tmp_path, ckpt, *extra):

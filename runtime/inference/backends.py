@@ -151,20 +151,3 @@ def say_on(is_main: bool, stream=None) -> Say:
             print(message, file=stream or sys.stdout, flush=True)
     return say
 
-
-def evaluation_components(components, out):
-    """``components`` for ``--exec_mode evaluate`` with the resolved backend's model as
-    ``eval_model`` (unchanged with PyTorch). Evaluate scores the trained network in fp32 (int8 is
-    refused by the flag checks). ``out`` (``runtime.training.Reporters``): the conversion's lines go
-    to stderr with ``--verbose`` only, since evaluate's stdout is its result (evaluate prints the
-    backend's line there, with its scores)."""
-    import dataclasses
-
-    from runtime.checkpoint import unwrap
-
-    config = components.config
-    say = say_on(out.is_main and config.verbose, sys.stderr)
-    if config.backend == "torch":
-        return components
-    module = BACKENDS[config.backend].convert(unwrap(components.model).eval(), config, say)
-    return dataclasses.replace(components, eval_model=module)

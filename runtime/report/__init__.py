@@ -8,7 +8,7 @@ One module per job, each importing only those before it:
 * ``time_to_train``: the MLPerf time to train predicted from a speed (also ``--benchmark``'s);
 * ``scoring``: a run's outcome, time to target and best Dice, the time to train predicted at its
   speed; the olympic score of several runs;
-* ``summary``: ``summary.md`` and ``summary.json``;
+* ``run_summary``: ``summary.md`` and ``summary.json``;
 * ``figure``: the training-curves figure (``curves.png``);
 * ``plotter``: ``CurvePlotter``, which redraws ``<log_dir>/curves.png`` while training runs;
 * ``cli``: the command line (``make_report``, ``main``).

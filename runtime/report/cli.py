@@ -14,13 +14,14 @@ import os
 import sys
 from typing import Callable, Sequence
 
+from data_loading.write_errors import failure_reason
 from runtime import __version__
 from runtime.report.compliance import DEFAULT_RULESET, check_all
 from runtime.report.figure import MissingMatplotlib, write_figure
 from runtime.report.files import ReportError
+from runtime.report.run_summary import number_text, predicted_text, time_text, write_summaries
 from runtime.report.runs import collect_runs
 from runtime.report.scoring import RunSummary, score_runs, summarize_run
-from runtime.report.summary import number_text, predicted_text, time_text, write_summaries
 from runtime.run_files import CURVES_PNG, METRICS_LOG, MLPERF_LOG, QUALITY_THRESHOLD, SUMMARY_JSON, SUMMARY_MD
 
 
@@ -28,7 +29,7 @@ def _output_folder(output: str) -> None:
     try:
         os.makedirs(output, exist_ok=True)
     except OSError as error:
-        raise ReportError(f"cannot create --output {output}: {error.strerror or type(error).__name__}") from None
+        raise ReportError(f"cannot create --output {output}: {failure_reason(error)}") from None
 
 
 def make_report(paths: Sequence[str], output: str, threshold: float = QUALITY_THRESHOLD,

@@ -17,6 +17,7 @@ import shlex
 import sys
 from typing import Sequence
 
+from data_loading.write_errors import failure_reason
 from runtime import __version__
 
 CHECKER_REJECTED = 4
@@ -95,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with open(args.output, "x", encoding="utf-8") as handle:
                     handle.write(text)
             except OSError as error:
-                return _error(f"cannot write {args.output}: {error.strerror or type(error).__name__}")
+                return _error(f"cannot write {args.output}: {failure_reason(error)}")
         return 0
     from runtime.submission.package import PackageError, assemble
 

@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from data_loading.write_errors import failure_reason
 from runtime.report.compliance import check_compliance
 from runtime.report.runs import find_runs, mlperf_logs
 from runtime.report.scoring import olympic_score
@@ -131,7 +132,7 @@ def _empty_output(output: str) -> None:
     try:
         os.makedirs(output, exist_ok=True)
     except OSError as error:
-        raise PackageError(f"cannot create --output {output}: {error.strerror or type(error).__name__}") from None
+        raise PackageError(f"cannot create --output {output}: {failure_reason(error)}") from None
 
 
 def _code_files(repo: str) -> list[str]:

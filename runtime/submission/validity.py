@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from data_loading.write_errors import failure_reason
 from runtime import run_files as F
 from runtime.report.runs import not_a_result
 
@@ -133,5 +134,5 @@ def judge_log(path: str, compliance_problems: Iterable[str] | None = None) -> Va
     try:
         events = read_events(path)
     except OSError as error:
-        return Validity(NOT_A_RESULT, f"cannot read {path}: {error.strerror or type(error).__name__}")
+        return Validity(NOT_A_RESULT, f"cannot read {path}: {failure_reason(error)}")
     return judge_events(events, compliance_problems)

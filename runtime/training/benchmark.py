@@ -21,7 +21,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -111,6 +111,30 @@ def iterate(loader) -> Iterator[Iterator]:
             close()
 
 
+def timed_loop(epochs: Iterable[int], items_of: Callable[[int], Iterable], time_one: Callable[[object], float],
+               warmup: int, stop: Callable[[list[float]], str | None],
+               said: Callable[[int, float], None] | None = None) -> tuple[list[float], str | None]:
+    """The one timing loop of ``--benchmark``: ``time_one(item)``'s seconds for every item of
+    each epoch's ``items_of(epoch)``, the first ``warmup`` untimed, until the epochs end or
+    ``stop(times)`` (asked after every item) gives its reason; ``(times, the reason or None)``.
+    ``said(seen, seconds)``: after each item (its per-step line)."""
+    times: list[float] = []
+    seen = 0
+    for epoch in epochs:
+        with iterate(items_of(epoch)) as items:
+            for item in items:
+                seconds = time_one(item)
+                if seen >= warmup:
+                    times.append(seconds)
+                seen += 1
+                if said is not None:
+                    said(seen, seconds)
+                reason = stop(times)
+                if reason:
+                    return times, reason
+    return times, None
+
+
 def stopped_line(reason: str | None, timed: int, unit: str) -> list[str]:
     return [f"benchmark budget: timing stopped after {timed} timed {unit} ({reason})"] if reason else []
 
@@ -124,27 +148,26 @@ def time_training(components: Components, out: Reporters, budget: Budget) -> tup
     epochs = epochs_of(loader, budget.epochs(cfg), "batches", cfg)
     sync = _synchronizer(device)
     set_learning_rate(components.optimizer, cfg.learning_rate)
-    times, seen = [], 0
     components.model.train()
-    for epoch in epochs:
+
+    def batches(epoch: int):
         loader.set_epoch(epoch)
-        with iterate(loader) as batches:
-            for image, label in batches:
-                sync()
-                tick = time.perf_counter()
-                image, label = step_inputs(components, image, label)
-                components.step(image, label)
-                sync()
-                seconds = time.perf_counter() - tick
-                if seen >= cfg.warmup_steps:
-                    times.append(seconds)
-                seen += 1
-                out.say(f"{'warm-up' if seen <= cfg.warmup_steps else 'timed'} step {seen}: {seconds * 1e3:.1f} ms",
-                        file=sys.stderr, flush=True)
-                reason = agreed_stop(budget.spent(len(times), sum(times)) if times else None, budget, device)
-                if reason:
-                    return times, reason
-    return times, None
+        return loader
+
+    def step(batch) -> float:
+        sync()
+        tick = time.perf_counter()
+        components.step(*step_inputs(components, *batch))
+        sync()
+        return time.perf_counter() - tick
+
+    def said(seen: int, seconds: float) -> None:
+        out.say(f"{'warm-up' if seen <= cfg.warmup_steps else 'timed'} step {seen}: {seconds * 1e3:.1f} ms",
+                file=sys.stderr, flush=True)
+
+    return timed_loop(epochs, batches, step, cfg.warmup_steps, said=said,
+                      stop=lambda times: agreed_stop(budget.spent(len(times), sum(times)) if times else None,
+                                                     budget, device))
 
 
 def volume_shapes(loader) -> list[tuple[int, ...]] | None:
@@ -221,6 +244,11 @@ def share_seconds(times: Sequence[float], windows: Sequence[int], volumes: int, 
     return sum(times) / len(times) * volumes
 
 
+def eval_volumes(out: Reporters, loader):
+    """The evaluation volumes, with their progress line."""
+    return out.progress(loader, desc="benchmark eval volumes", total=len(loader), always=True)
+
+
 def timed_volume(predict, image, cfg, sync) -> float:
     """Seconds of one volume's sliding-window inference, the device synchronised around it."""
     sync()
@@ -247,19 +275,20 @@ def time_evaluation_pass(components: Components, out: Reporters, budget: Budget)
     model = components.eval_model
     model.eval()
     predict = ShapesSeen(build_predictor(model, device, options_from(cfg)))
-    times: list[float] = []
     windows: list[int] = []
+    def volume(item) -> float:
+        image = item[0]
+        seconds = timed_volume_warm(predict, image.to(device), cfg, sync)
+        windows.append(window_geometry(image.shape[2:], cfg.val_input_shape, cfg.overlap).n_windows)
+        return seconds
+
     try:
         with torch.no_grad():
             if len(loader):
                 warm_window_batches(predict, loader, cfg, device, sync)
-            with iterate(out.progress(loader, desc="benchmark eval volumes", total=len(loader),
-                                      always=True)) as volumes:
-                for image, _label, _case in volumes:
-                    times.append(timed_volume_warm(predict, image.to(device), cfg, sync))
-                    windows.append(window_geometry(image.shape[2:], cfg.val_input_shape, cfg.overlap).n_windows)
-                    if budget.given and (not budget.seconds or sum(times) >= budget.seconds):
-                        break
+            # one pass; a budget times one volume (steps alone) or volumes until its seconds have run
+            times, _ = timed_loop([1], lambda epoch: eval_volumes(out, loader), volume, 0, stop=lambda times: (
+                "the budget" if budget.given and (not budget.seconds or sum(times) >= budget.seconds) else None))
     finally:
         model.train()
     share = (share_seconds(times, windows, len(loader), rank_windows(loader, cfg.val_input_shape, cfg.overlap))
@@ -349,23 +378,13 @@ def benchmark_evaluate(components: Components, out: Reporters) -> dict:
     sync = _synchronizer(dev)
     components.eval_model.eval()
     predict = ShapesSeen(build_predictor(components.eval_model, dev, options_from(cfg)))
-    times, seen, reason = [], 0, None
     with torch.no_grad():
         if len(loader):
             warm_window_batches(predict, loader, cfg, dev, sync)
-        for _ in epochs:
-            with iterate(out.progress(loader, desc="benchmark eval volumes", total=len(loader),
-                                      always=True)) as volumes:
-                for image, _label, _case in volumes:
-                    seconds = timed_volume_warm(predict, image.to(dev), cfg, sync)
-                    if seen >= cfg.warmup_steps:
-                        times.append(seconds)
-                    seen += 1
-                    reason = budget.spent(len(times), sum(times)) if times else None
-                    if reason:
-                        break
-            if reason:
-                break
+        times, reason = timed_loop(epochs, lambda epoch: eval_volumes(out, loader),
+                                   lambda item: timed_volume_warm(predict, item[0].to(dev), cfg, sync),
+                                   cfg.warmup_steps, stop=lambda times: budget.spent(len(times), sum(times))
+                                   if times else None)
     summary = latency_summary(times, world)
     out.say(format_summary("throughput_eval", summary, "volumes"))
     for line in stopped_line(reason, len(times), "volumes"):

@@ -18,7 +18,7 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from data_loading.write_errors import write_failure
 from runtime.build import Components
-from runtime.evaluation import evaluate
+from runtime.evaluate.metrics import evaluate
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
 from runtime.run_log import MetricsWriter, MLPerfLogger
@@ -235,7 +235,7 @@ def eval_metadata(cfg, epoch: int) -> dict:
 
 def run_evaluation(components: Components, out: Reporters, epoch: int, cases: list | None = None) -> dict:
     """Sliding-window evaluation of all evaluation cases (MLPerf eval events around it);
-    ``cases`` receives this rank's per-case scores (``runtime.evaluation.case_scores``)."""
+    ``cases`` receives this rank's per-case scores (``runtime.evaluate.metrics.case_scores``)."""
     cfg = components.config
     # Evaluation bypasses DDP; with batch norm every rank must use rank 0's running statistics
     # (the ones the checkpoint holds), not the ones its own last training forward left.
@@ -385,7 +385,7 @@ def abort_clock_on_error(out: Reporters, state: ckpt.TrainState):
 
 def run_training(components: Components, out: Reporters) -> int:
     """The timed MLPerf run of a built ``components`` (the clock started, the loaders built:
-    ``runtime.app.start_run``): the hyper-parameters, the epochs, run stop, the RUN_SUMMARY line;
+    ``runtime.training.start.start_run``): the hyper-parameters, the epochs, run stop, the RUN_SUMMARY line;
     returns the exit code."""
     cfg = components.config
     if out.run_start is None:  # a caller that built its loaders itself

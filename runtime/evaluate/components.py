@@ -1,0 +1,24 @@
+"""Evaluate's components: the trained network as the resolved ``--backend`` computes its windows."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from runtime.build import Components
+from runtime.checkpoint import unwrap
+from runtime.inference.backends import BACKENDS, say_on
+from runtime.training.loop import Reporters
+
+
+def evaluation_components(components: Components, out: Reporters) -> Components:
+    """``components`` for ``--exec_mode evaluate`` with the resolved backend's model as
+    ``eval_model`` (unchanged with PyTorch). Evaluate scores the trained network in fp32 (int8 is
+    refused by the flag checks). ``out``: the conversion's lines go to stderr with ``--verbose``
+    only, since evaluate's stdout is its result (evaluate prints the backend's line there, with
+    its scores)."""
+    config = components.config
+    say = say_on(out.is_main and config.verbose, sys.stderr)
+    if config.backend == "torch":
+        return components
+    module = BACKENDS[config.backend].convert(unwrap(components.model).eval(), config, say)
+    return dataclasses.replace(components, eval_model=module)

@@ -1,0 +1,127 @@
+"""The start of a run that builds ``runtime.build``'s components (train, evaluate, ``--benchmark``):
+the checkpoint it starts from, its reporters, and everything up to its first step around the
+MLPerf clock (:func:`started`). Here, not in ``runtime.app``, because evaluate's body shares it
+with training's and the lifecycle needs none of it."""
+from __future__ import annotations
+
+from mlperf_logging.mllog import constants as C
+
+from runtime import checkpoint as ckpt
+from runtime import distributed as D
+from runtime.arguments import Config
+from runtime.build import Components, build_components, warm_up, with_loaders
+from runtime.mode import Session
+from runtime.outputs import move_previous_run
+from runtime.progress import make_progress
+from runtime.resolve import apply_host_memory, resolve, resolve_data
+from runtime.run_files import resumed_log_name
+from runtime.run_log import MetricsWriter, MLPerfLogger
+from runtime.training.loop import Reporters, abort_clock_on_error, start_clock
+
+# A run whose checkpoint says it reached the target or stopped for good: resuming it would train
+# past its end (a job requeued just as it succeeded, a scheduler's retry).
+ENDED_STATUSES = ("success", "aborted")
+
+
+def already_ended(saved: ckpt.Saved | None) -> str | None:
+    """The one line to print when ``--resume`` finds a run that has ended, else None."""
+    if saved is None or not saved.resume or saved.checkpoint.get("status") not in ENDED_STATUSES:
+        return None
+    return (f"--resume: the run in {saved.path} already ended ({saved.checkpoint['status']} at epoch "
+            f"{saved.checkpoint.get('epoch')}); nothing to resume")
+
+
+def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
+    saved = ckpt.saved_for(config)
+    if config.resume and (saved is None or not saved.resume) and dist_info.is_main:
+        print(f"--resume: no checkpoint at {config.save_ckpt_path} yet, starting a new run")
+    return saved
+
+
+def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None) -> Reporters:
+    """The run's reporters (rank 0 writes), for ``config`` (resolved) and ``saved`` (the checkpoint
+    the run starts from, or None). A new training run (``Mode.mlperf_run``) first moves the last
+    run's files in ``--log_dir`` and its ``--save_ckpt_path`` out of the way
+    (``move_previous_run``: one folder holds one run; nothing deleted, said in one line each); a
+    resumed attempt writes an MLPerf log of its own. The attempt's log then says when it is not
+    an MLPerf result: resumed from a checkpoint, or checkpoints written on the clock."""
+    main, mode = session.dist.is_main, session.mode
+    resuming = saved is not None and saved.resume
+    mlperf_on = main and mode.mlperf_run
+    name = resumed_log_name() if resuming else None
+    if mode.mlperf_run and not resuming:
+        if config.load_ckpt_path:  # every rank has read it (it may be --save_ckpt_path) before it moves
+            D.barrier()
+        if main:
+            for line in move_previous_run(config.log_dir, config.save_ckpt_path):
+                print(line)
+    curves = None
+    if config.plot and mlperf_on:
+        from runtime.report.plotter import CurvePlotter
+
+        curves = CurvePlotter(config.log_dir, config.quality_threshold)
+    mlperf = MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name)
+    resumed_from = None
+    if saved is not None and mode.mlperf_run:  # --resume, or a warm start from --load_ckpt_path's weights
+        resumed_from = (saved.path, int(saved.checkpoint.get("epoch", 0) or 0),
+                        int(saved.checkpoint.get("step_in_epoch", 0) or 0) if saved.resume else 0)
+    mlperf.not_a_result(resumed_from, config.save_ckpt_path if config.checkpoints_on_the_clock else "",
+                        weights_only=saved is not None and not saved.resume)
+    if main and config.checkpoints_on_the_clock:
+        print(f"checkpoints on the clock: {config.save_ckpt_path} is written during the run "
+              "(--ckpt_during_run or --ckpt_every_epochs), so this run is not an MLPerf result")
+    return Reporters(
+        mlperf=mlperf,
+        metrics=MetricsWriter(config.log_dir, enabled=main and mode.writes_metrics),
+        progress=make_progress(config, main), preempt=session.preempt, is_main=main, curves=curves)
+
+
+def close_reporters(out: Reporters) -> None:
+    out.mlperf.close()
+    if out.curves is not None:
+        out.curves.close(timeout=60)
+
+
+def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Components]:
+    """The run up to its first step, around the MLPerf clock: ``(reporters, components)``.
+
+    Before ``run_start`` nothing lists, opens, maps or uploads a file of the data: the config
+    resolved without it, the reporters opened, ``init_start``, the model, optimizer and train
+    step built from ``saved`` (the checkpoint started from, or None) and, where its first steps
+    compile, warmed up on zeros (``build.warm_up``), ``init_stop``. After
+    ``run_start``: the data listed and checked (``summary``), the values that need it resolved
+    (``resolve_data``), this rank's loaders built (labels read, volumes checked, the device
+    cache filled). An error from then on ends the MLPerf log with ``run_stop`` aborted."""
+    from data_loading.data_loader import data_source
+
+    config = resolve(session.config, session.dist, None, saved)
+    apply_host_memory(config)
+    out = make_reporters(session, config, saved)
+    session.on_exit.callback(close_reporters, out)
+    out.mlperf.submission_info(config)
+    out.mlperf.start(C.INIT_START)
+    components = build_components(config, session.dist, None, saved)
+    out.mlperf.weights_initialization(config)
+    if saved is not None and saved.resume:
+        state = components.state
+        out.say(f"resuming {saved.path} after epoch {state.epoch}"
+                + (f" + {state.step_in_epoch} batches" if state.step_in_epoch else ""))
+    warm_up(components)  # compiled before the clock, on zeros (build.compiles_lazily)
+    session.on_exit.push(abort_clock_on_error(out, components.state))
+    start_clock(out)
+    # -- the clock runs: the data from here on
+    data = session.source if session.source is not None else data_source(session.config)
+    config = resolve_data(components.config, session.dist, data.summary(components.config))
+    out.mlperf.not_closed(config.division_not_closed)  # its log said closed; the data is not KiTS19's
+    return out, with_loaders(components, data, config)
+
+
+def started(session: Session) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:
+    """The run's reporters and components, or None when ``--resume`` finds an ended run."""
+    saved = starting_point(session.config, session.dist)
+    ended = already_ended(saved)
+    if ended:
+        if session.dist.is_main:
+            print(ended)
+        return None, saved
+    return start_run(session, saved), saved
