@@ -26,7 +26,7 @@ from checkpoints import architecture, reference_format_checkpoint, unet, write_c
 from data_loading.scans import find_scans
 from main_runs import call
 from runtime.predict.provenance import FIELDS, MADE_BY
-from runtime.predict.summary import CaseResult, summary_texts
+from runtime.predict.records import CaseResult, summary_texts
 from test_predict import ground_truth_oracle, run_main, write_case, write_nifti
 
 SMALL = (2, 4, 4, 8, 8)

@@ -18,7 +18,7 @@ that scan in one line and stays as it was, with ``--force`` too. Any failure
 inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
 summary row with its status, never the folder's end; once the output disk is full, the
 remaining scans are "not run" and the summary names them. Rank 0 writes the summary
-(:mod:`runtime.predict.summary`); the exit code is 1 if any scan failed. The lifecycle (the
+(:mod:`runtime.predict.records`); the exit code is 1 if any scan failed. The lifecycle (the
 output folder checked and locked, the process group, signals) is :mod:`runtime.app`'s.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from runtime.outputs import OutputError
 from runtime.predict.provenance import (PendingRecord, difference, pending_records, read_record,
                                         record_path, recorded_files, run_fields)
 from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
-from runtime.predict.summary import SUMMARY_FIELDS, CaseResult, print_outcome, save_summary
+from runtime.predict.records import SUMMARY_FIELDS, CaseResult, print_outcome, save_summary
 from runtime.resolve import window_line
 from runtime.signals import Stopped
 
