@@ -29,6 +29,7 @@ from runtime.run_log import MetricsWriter, MLPerfLogger
 from runtime.host_memory import reuse_freed_memory
 from runtime.outputs import (OutputError, RunLock, check_output_dir, check_output_file, checkpoint_lock,
                              move_previous_run, remove_if_empty)
+from runtime.predict.body import predict_body, predict_source
 from runtime.progress import make_progress
 from runtime.resolve import resolve, resolve_data, window_line
 from runtime.signals import PreemptionFlag
@@ -287,24 +288,6 @@ def evaluate_body(session: Session) -> int:
     if out.is_main:
         out.say(f"per-case Dice: {write_case_scores(components.config.log_dir, cases)}")
     return 0
-
-
-# ------------------------------------------------------------------------------------ predict
-
-def predict_source(config: Config, data) -> list:
-    """The scans, and ``--preview``'s matplotlib, checked before the process group starts."""
-    from runtime.predict.folder import scans_to_predict
-
-    return scans_to_predict(config)
-
-
-def predict_body(session: Session) -> int:
-    from runtime.predict.folder import predict_scans
-
-    saved = ckpt.saved_for(session.config)
-    ensemble = ckpt.saved_ensemble(session.config)  # further checkpoints: their probabilities averaged
-    config = resolve(session.config, session.dist, None, saved, ensemble)
-    return predict_scans(config, [saved, *ensemble] if ensemble else saved, session.source, session.dist)
 
 
 def _log_dir(config: Config) -> list[Output]:

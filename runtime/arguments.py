@@ -126,7 +126,6 @@ class Config:
     window_source: str = ""
     backend_why: str = ""  # why this backend (one line), decided with it
     sw_batch_note: str = ""  # predict: why --sw_batch_size was lowered to fit memory, when it was
-    calibration_sha256: str = ""  # predict --int8: the calibration set's digest (its scans' and its rule)
     weights_sha256: str = ""
     ensemble_sha256: tuple[str, ...] = ()  # every checkpoint's, in order, when predict ensembles several
 

@@ -34,13 +34,11 @@ from data_loading.scans import Scan, ScanError, find_scans, output_path
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
-from runtime.checkpoint import Saved
 from runtime.outputs import OutputError
 from runtime.predict.provenance import (PendingRecord, difference, pending_records, read_record,
                                         record_path, recorded_files, run_fields)
 from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
 from runtime.predict.records import SUMMARY_FIELDS, CaseResult, print_outcome, save_summary
-from runtime.resolve import window_line
 from runtime.signals import Stopped
 
 
@@ -104,10 +102,9 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
     record = record_path(path)
     png, npz = preview_path(config.output_dir, scan), probabilities_path(config.output_dir, scan)
     try:
-        current = dict(run_fields(config))
-        calibration_for = getattr(infer, "calibration_for", None)
-        if config.int8 and calibration_for is not None:  # each scan alone, or the named set
-            current["int8_calibration"] = calibration_for(scan.name, scan.image_path).digest()
+        calibration_for = getattr(infer, "calibration_for", None)  # --int8: each scan alone, or the named set
+        current = dict(run_fields(config, calibration_for(scan.name, scan.image_path)
+                                  if config.int8 and calibration_for is not None else None))
         stored, why_none = read_record(record)
         if os.path.lexists(record) and stored is None:  # unreadable, or someone else's file
             raise not_ours(record, "is no record of this project")
@@ -267,30 +264,13 @@ def scans_to_predict(config: Config) -> list[Scan]:
     return scans
 
 
-def scan_inference(config: Config, saved: Saved | Sequence[Saved], dist_info: D.DistInfo,
-                   scans: Sequence[Scan] = ()) -> tuple[Callable, Config]:
-    """``(segmenter, config)``: the :class:`runtime.predict.api.Segmenter` of the resolved
-    ``config`` and its checkpoint(s) ``saved`` (PyTorch or OpenVINO; several: an ensemble), which
-    maps a preprocessed image to probabilities, and its config. With ``--int8``, each scan is
-    calibrated on alone (:meth:`runtime.predict.api.Segmenter.calibrate_for`), unless
-    ``--int8_calibration`` names the scans to calibrate on once (every rank the same ones)."""
-    from runtime.predict.api import Segmenter
-
-    named = find_scans(config.int8_calibration) if config.int8 and config.int8_calibration else []
-    segmenter = Segmenter.from_config(config, saved, dist_info.device, dist_info.is_main,
-                                      [(scan.name, scan.image_path) for scan in named])
-    return segmenter, segmenter.config
-
-
-def predict_scans(config: Config, saved: Saved | Sequence[Saved], scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
-    """Load the model(s) of the resolved ``config`` (``saved``: its checkpoint, or an ensemble's), segment this rank's share of ``scans``, write
-    the summary (rank 0); the exit code."""
-    if dist_info.is_main:
-        print(window_line(config), flush=True)
-    infer, config = scan_inference(config, saved, dist_info, scans)
+def predict_scans(config: Config, segmenter: Callable, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
+    """Segment this rank's share of ``scans`` with ``segmenter`` (the run's
+    :class:`runtime.predict.api.Segmenter`, of the resolved ``config``), write the summary
+    (rank 0); the exit code."""
     results: list[CaseResult] = []
     try:
-        predict_cases(scans[dist_info.rank::dist_info.world_size], infer, config, dist_info.is_main, results)
+        predict_cases(scans[dist_info.rank::dist_info.world_size], segmenter, config, dist_info.is_main, results)
     except BaseException:
         if not dist_info.distributed:  # stopped (a signal, Ctrl-C): what is finished is summarised
             save_summary(config.output_dir, results)
