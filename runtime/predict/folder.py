@@ -35,6 +35,7 @@ from data_loading.write_errors import is_full_disk, write_failure, write_or_rais
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.outputs import OutputError
+from runtime.progress import progress, write
 from runtime.predict.provenance import (PendingRecord, difference, pending_records, read_record,
                                         record_path, recorded_files, run_fields)
 from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
@@ -169,23 +170,19 @@ def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_p
     """Segment (or skip) each scan of this rank into ``results`` (returned); a scan that fails
     is one stderr line naming it. Once the output disk is full, the remaining scans are "not
     run" (each would fail the same way after minutes of work)."""
-    from tqdm import tqdm
-
     results = [] if results is None else results
     full_disk = None
-    # disable=None: a bar only on a terminal (or always with --verbose), never in captured logs
-    bar = tqdm(scans, desc="predict", unit="scan", dynamic_ncols=True,
-               disable=(None if not config.verbose else False) if show_progress else True)
-    for scan in bar:
+    # in a log file each scan's own line is its progress line
+    for scan in progress(scans, "predict", len(scans), show=show_progress, own_lines=True, unit="scan"):
         if full_disk is not None:
             result = CaseResult(scan.name, "not run", scan.image_path, error=f"the output disk is full ({full_disk})")
         else:
             result = predict_one(scan, infer, config)
             full_disk = result.error if result.full_disk else None
         if result.status == "failed" or (result.error and result.status != "not run"):
-            tqdm.write(f"main.py: error: {result.error}", file=sys.stderr)
+            write(f"main.py: error: {result.error}", sys.stderr)
         if result.status != "failed":
-            tqdm.write(result.line(), file=sys.stdout)
+            write(result.line())
         results.append(result)
     return results
 
