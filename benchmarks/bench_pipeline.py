@@ -17,9 +17,8 @@ import numpy as np
 import scipy.ndimage
 import torch
 
-from benchmarks.harness import header, table, write_blob_case
+from benchmarks.harness import header, table, training_ids, write_blob_cases
 from data_loading.data_loader import get_data_loaders
-from data_loading.dataset import read_evaluation_ids
 from runtime.arguments import Config
 
 
@@ -96,11 +95,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     folder = Path(args.dir or tempfile.mkdtemp(prefix="bench_pipeline_"))
     folder.mkdir(parents=True, exist_ok=True)
-    evaluation = set(read_evaluation_ids())
-    ids = [f"{i:05d}" for i in range(1000) if f"{i:05d}" not in evaluation][:args.cases]
-    rng, t0 = np.random.default_rng(2026), time.perf_counter()
-    for case_id in ids:
-        write_blob_case(folder, case_id, tuple(args.shape), rng)
+    ids, t0 = training_ids(args.cases), time.perf_counter()
+    write_blob_cases(folder, ids, args.shape, np.random.default_rng(2026))
     print(f"wrote {args.cases} cases of {tuple(args.shape)} to {folder} in {time.perf_counter() - t0:.1f} s")
     patch = (args.patch,) * 3
     base = dataclasses.replace(Config(), data_dir=str(folder), input_shape=patch, seed=0, batch_size=args.batch_size,

@@ -33,9 +33,9 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     from runtime.arguments import parse_args
     from runtime.distributed import DistInfo
     from runtime.predict.folder import predict_cases, scans_to_predict
-    from runtime.predict.summary import print_outcome, save_summary
+    from runtime.predict.records import print_outcome, save_summary
     from runtime.resolve import resolve
-    from tests.mlcommons_reference import reference_infer
+    from runtime.mlcommons_reference import reference_infer
 
     config = parse_args(flags)
     saved = ckpt.saved_for(config)
@@ -66,7 +66,7 @@ def make_inputs(args, work: Path) -> tuple[str, str]:
 
 def summary_of(out: str) -> dict:
     """Predict's own record of a run: seconds (all, inferring, other stages) and windows summed, mean Dice."""
-    from runtime.predict.summary import STAGES
+    from runtime.predict.records import STAGES
 
     rows = [json.loads(line) for line in open(os.path.join(out, "summary.jsonl"))]
     cases = [r for r in rows if r["case"] != "mean"]
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"bench_predict: --variants {args.variants}: choose from {list(VARIANTS)}; "
                          "mlcommons needs --reference_code (image_segmentation/pytorch of a mlcommons/training checkout)")
     if "mlcommons" in names:
-        from tests.mlcommons_reference import check_reference_code
+        from runtime.mlcommons_reference import check_reference_code
 
         args.reference_code = check_reference_code(args.reference_code)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_predict_"))

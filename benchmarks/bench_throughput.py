@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import gc
 import math
-import os
 import shutil
 import statistics
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.harness import flop_count_per_sample, header, report, table, write_blob_case
+from benchmarks.harness import flop_count_per_sample, header, report, table, training_ids, write_blob_cases
 from data_loading.data_loader import data_source
 from data_loading.dataset import read_evaluation_ids
 from data_loading.windows import window_geometry
@@ -34,6 +33,7 @@ from runtime.evaluate.metrics import evaluate
 from runtime.levers.gpu.graphs import cuda_graphs_supported
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.inference.sliding_window import sliding_window_inference
+from runtime.report.summary import number_text
 from runtime.resolve import resolve
 from runtime.training.loop import set_learning_rate, step_inputs
 
@@ -106,20 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def write_volumes(folder: Path, args: argparse.Namespace) -> None:
-    """``--distinct`` training volumes and one or two evaluation volumes, linked to as many case
-    ids as asked (the pipeline treats every id as a case; the page cache holds one copy)."""
-    evaluation = read_evaluation_ids()
-    train_ids = [f"{i:05d}" for i in range(1000) if f"{i:05d}" not in set(evaluation)][:args.cases]
+    """``--distinct`` training volumes and two evaluation volumes, linked to as many case ids as asked."""
     rng = np.random.default_rng(2026)
-    for ids, distinct, shape in [(train_ids, args.distinct, args.case_shape),
-                                 ([] if args.no_eval else evaluation[:args.eval_volumes], 2, args.eval_shape)]:
-        sources = ids[:min(distinct, len(ids))]
-        for case_id in sources:
-            write_blob_case(folder, case_id, tuple(shape), rng)
-        for i, case_id in enumerate(ids[len(sources):]):
-            for suffix in ("x", "y"):
-                if not (folder / f"case_{case_id}_{suffix}.npy").exists():
-                    os.symlink(f"case_{sources[i % len(sources)]}_{suffix}.npy", folder / f"case_{case_id}_{suffix}.npy")
+    write_blob_cases(folder, training_ids(args.cases), args.case_shape, rng, args.distinct)
+    write_blob_cases(folder, [] if args.no_eval else read_evaluation_ids()[:args.eval_volumes], args.eval_shape, rng, 2)
 
 
 def lever_unavailable(lever: str, device: torch.device, args, plain_config) -> str | None:
@@ -370,20 +360,16 @@ def flops_text(flops: float) -> str:
     return f"{flops / 1e12:.3f} TFLOP" if flops >= 1e11 else f"{flops / 1e9:.3f} GFLOP"
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def train_table(results: list[Result], flops: int, ceiling: float, cuda: bool) -> str:
     plain = next((r.samples_per_s for r in results if r.row.name == "plain"), None)
     rows = []
     for r in results:
         tflops = r.samples_per_s * flops / 1e12 if r.samples_per_s else None
         ratio = r.samples_per_s / plain if (r.samples_per_s and plain) else None
-        rows.append([r.row.name, r.batch_size or "-", _fmt(r.samples_per_s, ".2f"), _fmt(r.ms_per_step, ".1f"),
-                     _fmt(tflops, ".1f" if cuda else ".3g"),
+        rows.append([r.row.name, r.batch_size or "-", number_text(r.samples_per_s, ".2f"), number_text(r.ms_per_step, ".1f"),
+                     number_text(tflops, ".1f" if cuda else ".3g"),
                      f"{tflops / ceiling * 100:.1f}%" if (tflops and cuda) else "-",  # a GPU's ceiling
-                     _fmt(r.peak_gib, ".1f") if cuda else "n/a", r.largest_batch,
+                     number_text(r.peak_gib, ".1f") if cuda else "n/a", r.largest_batch,
                      f"{ratio:.2f}x" if ratio else "-", "; ".join(r.notes)])
     return table(["configuration", "batch", "samples/s", "ms/step (median)", "TFLOP/s", "of ceiling", "peak GiB",
                   "largest batch", "vs plain", "notes"], rows)
@@ -391,9 +377,9 @@ def train_table(results: list[Result], flops: int, ceiling: float, cuda: bool) -
 
 def eval_table(results: list[Result], cuda: bool) -> str:
     return table(["evaluation", "volumes", "windows", "total s", "s/volume", "TFLOP/s", "peak GiB", "notes"], [
-        [r.name, r.volumes, r.windows, _fmt(r.seconds, ".2f"),
-         _fmt(r.seconds / r.volumes if (r.seconds and r.volumes) else None, ".3f"),
-         _fmt(r.tflops, ".1f" if cuda else ".3g"), _fmt(r.peak_gib, ".1f") if cuda else "n/a", "; ".join(r.notes)]
+        [r.name, r.volumes, r.windows, number_text(r.seconds, ".2f"),
+         number_text(r.seconds / r.volumes if (r.seconds and r.volumes) else None, ".3f"),
+         number_text(r.tflops, ".1f" if cuda else ".3g"), number_text(r.peak_gib, ".1f") if cuda else "n/a", "; ".join(r.notes)]
         for r in results])
 
 
@@ -465,8 +451,8 @@ def main(argv=None) -> int:
             result = run_train_row(TrainRow(row.name, active, row.loader), args, argv0, device, batch, loaders)
             result.row, result.largest_batch = row, str(largest[key][0]) if key in largest else "n/a"
             results.append(result)
-            print(f"{row.name}: {_fmt(result.samples_per_s, '.2f')} samples/s, "
-                  f"{_fmt(result.ms_per_step, '.1f')} ms/step {'; '.join(result.notes)}", flush=True)
+            print(f"{row.name}: {number_text(result.samples_per_s, '.2f')} samples/s, "
+                  f"{number_text(result.ms_per_step, '.1f')} ms/step {'; '.join(result.notes)}", flush=True)
         loaders = None
 
         eval_results: list[Result] = []
@@ -476,7 +462,7 @@ def main(argv=None) -> int:
         eval_rows += [("+ cudnn benchmark + compile", optimised + ["--cudnn_benchmark", "--compile"])] if cuda else []
         for name, flags in [] if args.no_eval else eval_rows:
             eval_results.append(run_eval_row(name, flags, argv0, device))
-            print(f"eval {name}: {_fmt(eval_results[-1].seconds, '.2f')} s for {eval_results[-1].volumes} volumes "
+            print(f"eval {name}: {number_text(eval_results[-1].seconds, '.2f')} s for {eval_results[-1].volumes} volumes "
                   f"{'; '.join(eval_results[-1].notes)}", flush=True)
 
         if cuda:

@@ -39,7 +39,7 @@ PRECISION = re.compile(r"^bf16: .*$", re.M)
 def reference_parts(code_dir: str):
     """The reference's network, its loss, its optimizer (SGD, Nesterov, lr 1e-4) and its step as
     its runtime/training.py runs it on a CPU (amp off, ga_steps 1)."""
-    from tests.mlcommons_reference import load_reference_training
+    from runtime.mlcommons_reference import load_reference_training
 
     unet3d, dice_ce_loss, get_optimizer = load_reference_training(code_dir)
     model = unet3d(1, 3, "instancenorm", "relu")
@@ -258,7 +258,7 @@ def main(argv=None) -> int:
     if args.child_mlcommons:
         return run_mlcommons_child(args.child_mlcommons[0], args.child_mlcommons[1:])
     from model.unet3d import Unet3D
-    from tests.mlcommons_reference import check_reference_code
+    from runtime.mlcommons_reference import check_reference_code
 
     variants = args.variants.split(",")
     if (set(variants) - set(VARIANTS)) or ("mlcommons" in variants and not args.reference_code):

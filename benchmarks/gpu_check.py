@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import ROOT, run_child, table, write_blob_case
+from benchmarks.harness import ROOT, run_child, table, training_ids, write_blob_cases
 from data_loading.atomic import atomic_write
 
 DEADLINE_S = 570.0  # the whole check (--deadline); each step gets at most its own limit and what is left
@@ -147,10 +147,7 @@ def write_tiny_data(folder: Path, train: int = 4, evaluate: int = 2, shape=(40, 
     from data_loading.dataset import read_evaluation_ids
 
     folder.mkdir(parents=True, exist_ok=True)
-    evaluation, rng = read_evaluation_ids(), np.random.default_rng(0)
-    training = [f"{i:05d}" for i in range(210) if f"{i:05d}" not in set(evaluation)]
-    for case_id in training[:train] + evaluation[:evaluate]:
-        write_blob_case(folder, case_id, shape, rng)
+    write_blob_cases(folder, training_ids(train) + read_evaluation_ids()[:evaluate], shape, np.random.default_rng(0))
     return folder
 
 

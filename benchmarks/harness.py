@@ -152,6 +152,27 @@ def flop_count_per_sample(model: torch.nn.Module, input_shape: Sequence[int], in
     return int(forward.get_total_flops()), int(forward.get_total_flops() + backward.get_total_flops())
 
 
+def training_ids(count: int) -> list[str]:
+    """The first ``count`` case ids that are no evaluation case."""
+    from data_loading.dataset import read_evaluation_ids
+
+    evaluation = set(read_evaluation_ids())
+    return [f"{i:05d}" for i in range(1000) if f"{i:05d}" not in evaluation][:count]
+
+
+def write_blob_cases(folder: Path, ids: Sequence[str], shape, rng: np.random.Generator,
+                     distinct: int | None = None) -> None:
+    """:func:`write_blob_case` for the first ``distinct`` of ``ids`` (default: all), the others
+    links to them in turn (the pipeline treats every id as a case; the page cache holds one copy)."""
+    sources = list(ids[:len(ids) if distinct is None else min(distinct, len(ids))])
+    for case_id in sources:
+        write_blob_case(folder, case_id, tuple(shape), rng)
+    for i, case_id in enumerate(ids[len(sources):]):
+        for suffix in ("x", "y"):
+            if not (folder / f"case_{case_id}_{suffix}.npy").exists():
+                os.symlink(f"case_{sources[i % len(sources)]}_{suffix}.npy", folder / f"case_{case_id}_{suffix}.npy")
+
+
 def write_blob_case(folder: Path, case_id: str, shape, rng: np.random.Generator) -> None:
     """A preprocessed-looking case: a noise image, two kidney ellipsoids (class 1), a tumour
     (class 2) in one, and a few small spurious components of each class."""

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.evaluate.body import evaluate_body
 from runtime.mode import Mode, Output, Session
 from runtime.outputs import OutputError, RunLock, remove_if_empty
-from runtime.resolve import apply_host_memory, resolve
+from runtime.predict.body import predict_body, predict_source
 from runtime.signals import PreemptionFlag
 from runtime.training.bodies import benchmark_body, train_body
 
@@ -74,25 +73,6 @@ def take_lock(lock: RunLock, dist_info: D.DistInfo) -> RunLock:
     if not D.broadcast_int(int(problem is None), dist_info.device):
         raise problem or OutputError(f"{lock.flag} {lock.subject!r} is used by another run (rank 0 says why)")
     return lock
-
-
-# ------------------------------------------------------------------------------------ predict
-
-def predict_source(config: Config, data) -> list:
-    """The scans, and ``--preview``'s matplotlib, checked before the process group starts."""
-    from runtime.predict.folder import scans_to_predict
-
-    return scans_to_predict(config)
-
-
-def predict_body(session: Session) -> int:
-    from runtime.predict.folder import predict_scans
-
-    saved = ckpt.saved_for(session.config)
-    ensemble = ckpt.saved_ensemble(session.config)  # further checkpoints: their probabilities averaged
-    config = resolve(session.config, session.dist, None, saved, ensemble)
-    apply_host_memory(config)
-    return predict_scans(config, [saved, *ensemble] if ensemble else saved, session.source, session.dist)
 
 
 def _log_dir(config: Config) -> list[Output]:

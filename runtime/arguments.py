@@ -122,7 +122,6 @@ class Config:
     cache_dir: str = ""  # OpenVINO's converted networks; "": $XDG_CACHE_HOME/unet3d-kits19 (runtime.resolve)
     backend_why: str = ""  # why this backend (one line), decided with it
     sw_batch_note: str = ""  # predict: why --sw_batch_size was lowered to fit memory, when it was
-    calibration_sha256: str = ""  # predict --int8: the calibration set's digest (its scans' and its rule)
     weights_sha256: str = ""  # predict: the weights it loads (recorded beside each segmentation; runtime.resolve)
     ensemble_sha256: tuple[str, ...] = ()  # every checkpoint's, in order, when predict ensembles several
     # Every decision runtime.resolve made, with its reason and what was asked (runtime.plan); a

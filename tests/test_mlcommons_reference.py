@@ -1,4 +1,4 @@
-"""The MLCommons reference (``tests/mlcommons_reference.py``): the tests' oracle, and the ``mlcommons``
+"""The MLCommons reference (``runtime/mlcommons_reference.py``): the tests' oracle, and the ``mlcommons``
 variant of ``python -m benchmarks.bench_predict``.
 
 Everywhere: the loader imports a reference tree's packages (named ``model`` and ``runtime``, like
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlcommons_reference import (REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference,
+from runtime.mlcommons_reference import (REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference,
                                   reference_infer, trimmed_box)
 from checkpoints import architecture, write_checkpoint
 from data_loading.synthetic import kits_affine

@@ -339,7 +339,7 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     convolutions are int8, and the calibration set is in the key."""
     from runtime.inference.openvino.cache import cache_fields
     from runtime.inference.openvino.calibration import scan_calibration
-    from runtime.inference.openvino.compiled import OpenVINOWindows, build_model, compile_for_cpu
+    from runtime.inference.openvino.compiled import OpenVINOWindows, compile_for_cpu, compile_openvino_model
 
     scans = [(f"s{i}", write_scan(str(tmp_path / "in" / f"s{i}.nii.gz"), seed=i, shape=(40, 40, 70))) for i in range(2)]
     calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), scans), window_count=2)
@@ -347,7 +347,7 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     model = Unet3D(filters=TINY).eval()
     config = predict_config(tmp_path)
     lines = []
-    quantised = build_model(model, config, calibration, say=lines.append)
+    quantised = compile_openvino_model(model, config, calibration, say=lines.append)
     ops = quantised.get_ops()
     source = lambda op: op.input(0).get_source_output().get_node().get_type_name()  # noqa: E731
     assert any(op.get_type_name() == "FakeQuantize" for op in ops)
@@ -445,7 +445,7 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     fp32; the line reports the kept ones as the model holds them."""
     import runtime.inference.openvino.calibration as calibration_module
     from runtime.inference.openvino.calibration import float_convolutions, labels_of, scan_calibration, validation_windows
-    from runtime.inference.openvino.compiled import build_model, compile_for_cpu, convert
+    from runtime.inference.openvino.compiled import compile_for_cpu, compile_openvino_model, convert
     from runtime.inference.openvino.decoder_split import split_decoder_inputs
 
     monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
@@ -455,7 +455,7 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     lines = []
-    quantised = build_model(model, predict_config(tmp_path), calibration, say=lines.append)
+    quantised = compile_openvino_model(model, predict_config(tmp_path), calibration, say=lines.append)
     # the fp32 network accuracy control compares with: the converted one, decoder inputs split
     fp32 = compile_for_cpu(convert(split_decoder_inputs(model), (32, 32, 64)))
     int8 = compile_for_cpu(quantised)
@@ -469,7 +469,7 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     # one step at most: the line says whether the bar was reached, as the labels (run here) show
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1)
     lines.clear()
-    capped = compile_for_cpu(build_model(model, predict_config(tmp_path), calibration, say=lines.append))
+    capped = compile_for_cpu(compile_openvino_model(model, predict_config(tmp_path), calibration, say=lines.append))
     equal = all(np.array_equal(np.asarray(capped(w)[0]).argmax(1), np.asarray(fp32(w)[0]).argmax(1))
                 for w in checked)
     assert ("below the 100.0% asked for" in lines[-1]) == (not equal), lines[-1]

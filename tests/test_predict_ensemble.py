@@ -57,14 +57,12 @@ class StandIn(torch.nn.Module):
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """The windows from :class:`StandIn` through the real window predictor (its TTA included)."""
-    import runtime.predict.api as api
-    from runtime.inference.predictor import build_predictor, options_from
+    """The windows from :class:`StandIn` through the real window predictor (its TTA included):
+    every backend of the registry converts the network to it."""
+    from runtime.inference.backends import BACKENDS
 
-    def window_predictor(model, config, device, say=print, calibration=None):
-        return build_predictor(StandIn(model), device, options_from(config))
-
-    monkeypatch.setattr(api, "window_predictor", window_predictor)
+    for name, backend in list(BACKENDS.items()):
+        monkeypatch.setitem(BACKENDS, name, dataclasses.replace(backend, convert=lambda model, *args: StandIn(model)))
 
 
 @pytest.fixture(scope="module")
@@ -240,14 +238,14 @@ def test_the_real_network_ensembled_with_itself(tmp_path, capsys):
 def test_segmenter_arrays_in_any_layout_give_the_command_lines_labels(tmp_path, capsys, two, stand_in):
     """Known answers from the command line's outputs; nibabel's own reorientation as the oracle
     of the RAS -> KiTS19 mapping."""
-    from runtime.predict.api import Segmenter
+    from runtime.predict.api import PredictOptions, Segmenter
 
     path = ras_scan(tmp_path / "in")
     code, _, stderr = predict(capsys, tmp_path / "in", tmp_path / "out", two, "--save_probabilities")
     assert code == 0, stderr
     cli_labels, cli_probabilities = labels(tmp_path / "out"), saved(tmp_path / "out")
 
-    segmenter = Segmenter(two, device="cpu", verbose=False)
+    segmenter = Segmenter.from_checkpoint(two, PredictOptions(device="cpu", verbose=False))
     assert segmenter.config.val_input_shape == (128, 128, 128)  # the checkpoints' window, as the CLI's
     ras = nibabel.load(path)
     array = np.asarray(ras.dataobj)
@@ -285,11 +283,12 @@ def test_the_command_line_segments_through_the_segmenter(tmp_path, capsys, two, 
     assert len(calls) == 1
 
 
-def test_segmenter_bad_array_is_one_line(two, stand_in):
+def test_segmenter_bad_array_is_one_line():
+    """A network built already (:meth:`Segmenter.from_network`): no checkpoint needed."""
     from data_loading.scan_io import ScanError
-    from runtime.predict.api import Segmenter
+    from runtime.predict.api import PredictOptions, Segmenter
 
-    segmenter = Segmenter(two[0], device="cpu", verbose=False)
+    segmenter = Segmenter.from_network(torch.nn.Conv3d(1, 3, 1), PredictOptions(device="cpu", verbose=False))
     with pytest.raises(ScanError, match="array: 2 dimensions"):
         segmenter.segment_array(np.zeros((4, 4)), np.eye(4))
     sheared = np.eye(4)

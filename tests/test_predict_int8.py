@@ -7,6 +7,7 @@ OpenVINO itself is not needed here: a stand-in for its int8 window predictor rec
 calibration set it is given and, like int8, gives labels that depend on that set (its
 threshold moves with the set's digest). tests/test_openvino.py runs the real one.
 """
+import dataclasses
 import os
 
 import numpy as np
@@ -26,14 +27,13 @@ def checkpoint(tmp_path_factory):
 def int8_stand_in(monkeypatch):
     """OpenVINO "installed"; its int8 window predictor replaced: logits whose labels depend on
     the calibration set. Returns the calibration sets it was built with (their scans' names)."""
-    import runtime.predict.api as api
     from runtime.inference import backends
 
     monkeypatch.setattr(backends, "openvino_missing", lambda int8=False: None)
     monkeypatch.setattr(backends, "_openvino_version", lambda: "stand-in")
     built = []
 
-    def window_predictor(model, config, device, say=print, calibration=None):
+    def convert(model, config, say=print, calibration=None):
         assert config.backend == "openvino" and calibration is not None
         built.append([scan.name for scan in calibration.scans])
         shift = int(calibration.digest()[:8], 16) / 16 ** 8  # in [0, 1): the set moves the labels
@@ -45,7 +45,7 @@ def int8_stand_in(monkeypatch):
 
         return logits
 
-    monkeypatch.setattr(api, "window_predictor", window_predictor)
+    monkeypatch.setitem(backends.BACKENDS, "openvino", dataclasses.replace(backends.BACKENDS["openvino"], convert=convert))
     return built
 
 
@@ -66,11 +66,11 @@ def test_each_scan_is_calibrated_on_alone_and_reproduced_from_itself(tmp_path, c
     assert record(tmp_path / "alone", "s0")["int8_calibration"] == made["s0"]["int8_calibration"]
     assert np.array_equal(labels_of(tmp_path / "alone" / "s0.nii.gz"), labels_of(tmp_path / "folder" / "s0.nii.gz"))
     # the Python entry point on the file: the same calibration
-    from runtime.predict.api import Segmenter
+    from runtime.predict.api import PredictOptions, Segmenter
 
-    segmenter = Segmenter(checkpoint, "cpu", int8=True, verbose=False)
+    segmenter = Segmenter.from_checkpoint(checkpoint, PredictOptions(device="cpu", int8=True, verbose=False))
     labels = segmenter.segment_file(os.path.join(folder, "s0.nii.gz")).labels
-    assert segmenter.config.calibration_sha256 == made["s0"]["int8_calibration"]
+    assert segmenter.calibration.digest() == made["s0"]["int8_calibration"]
     assert np.array_equal(labels, labels_of(tmp_path / "folder" / "s0.nii.gz"))
     # again: reused, nothing calibrated
     del int8_stand_in[:]

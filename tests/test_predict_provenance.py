@@ -26,7 +26,7 @@ from checkpoints import architecture, reference_format_checkpoint, unet, write_c
 from data_loading.scans import find_scans
 from main_runs import call
 from runtime.predict.provenance import FIELDS, MADE_BY
-from runtime.predict.summary import CaseResult, summary_texts
+from runtime.predict.records import CaseResult, summary_texts
 from test_predict import ground_truth_oracle, run_main, write_case, write_nifti
 
 SMALL = (2, 4, 4, 8, 8)
@@ -75,20 +75,21 @@ def cheap_network(monkeypatch):
 
 
 def install_cheap_network(monkeypatch):
-    """Put ``cheap_network``'s stand-in in place (also after ``monkeypatch.undo``)."""
+    """Put ``cheap_network``'s stand-in in place (also after ``monkeypatch.undo``): every
+    backend of the registry converts the network to it."""
+    import dataclasses
+
     import torch
 
-    import runtime.predict.api as api
+    from runtime.inference.backends import BACKENDS
 
-    def window_predictor(model, config, device, say=print, calibration=None):
-        def logits(batch):
-            out = torch.zeros(batch.shape[0], 3, *batch.shape[2:])
-            out[:, 1] = batch[:, 0]
-            return out
+    def logits(batch):
+        out = torch.zeros(batch.shape[0], 3, *batch.shape[2:])
+        out[:, 1] = batch[:, 0]
+        return out
 
-        return logits
-
-    monkeypatch.setattr(api, "window_predictor", window_predictor)
+    for name, backend in list(BACKENDS.items()):
+        monkeypatch.setitem(BACKENDS, name, dataclasses.replace(backend, convert=lambda *args, **kwargs: logits))
 
 
 # ----------------------------------------------------------------------------- the window

@@ -143,7 +143,7 @@ def _reference_starts(crop, label, foreground: bool, draws: int) -> set:
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the reference's scipy.ndimage.measurements
 @pytest.mark.parametrize("crop_mode, same", [("reference", True), ("project", False)])
 def test_crop_positions_are_the_references(crop_mode, same):
-    from mlcommons_reference import load_reference_crop
+    from runtime.mlcommons_reference import load_reference_crop
 
     crop = load_reference_crop(REAL)(patch_size=list(PATCH), oversampling=1.0)
     label = _label()
@@ -203,7 +203,7 @@ def _reference_train(training, ga_steps: int, batches: int, epochs: int, start: 
 
 @needs_real
 def test_evaluation_epochs_and_accumulation_tail_are_the_references():
-    from mlcommons_reference import load_reference_train_loop
+    from runtime.mlcommons_reference import load_reference_train_loop
 
     training = load_reference_train_loop(REAL)
     evaluated, steps = _reference_train(training, ga_steps=3, batches=4, epochs=30, start=10, every=4)

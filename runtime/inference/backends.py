@@ -79,18 +79,32 @@ def _openvino_module(model: torch.nn.Module, config: Config, say: Say, calibrati
     return OpenVINOWindows(compiled, tuple(config.val_input_shape))
 
 
+def _openvino_calibration(config: Config, scans):
+    from runtime.inference.openvino.calibration import scan_calibration
+
+    return scan_calibration(config, scans)
+
+
 @dataclass(frozen=True)
 class Backend:
-    """A runtime for the windows: the precisions it computes, and its converter
+    """A runtime for the windows: the precisions it computes, its converter
     ``convert(model, config, say, calibration) -> module`` (``calibration``: an int8 calibration
-    set, :func:`runtime.inference.openvino.calibration.scan_calibration`)."""
+    set), and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
 
     precisions: tuple[str, ...]
     convert: Callable[..., torch.nn.Module]
+    calibrate: Callable[..., object] | None = None
 
 
 BACKENDS = {"torch": Backend(("fp32",), _torch_module),
-            "openvino": Backend(("fp32", "int8"), _openvino_module)}
+            "openvino": Backend(("fp32", "int8"), _openvino_module, _openvino_calibration)}
+
+
+def int8_calibration(config: Config, scans):
+    """The int8 calibration set of the resolved ``config``'s backend on ``scans`` (``(name, path)``
+    of the scans to calibrate on, in order): it has ``digest()`` (recorded beside each
+    segmentation) and ``describe()``; see :mod:`runtime.inference.openvino.calibration`."""
+    return BACKENDS[config.backend].calibrate(config, scans)
 
 
 def _openvino_version() -> str:

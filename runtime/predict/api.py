@@ -1,10 +1,11 @@
 """The Python entry point of predict: :class:`Segmenter`, loaded once, segments many scans or arrays.
 
-    from runtime.predict.api import Segmenter
+    from runtime.predict.api import PredictOptions, Segmenter
 
-    segmenter = Segmenter("model.pt")                     # or several checkpoints: an ensemble
+    segmenter = Segmenter.from_checkpoint("model.pt")     # or several checkpoints: an ensemble
     result = segmenter.segment_file("scan.nii.gz")        # any orientation; NRRD, MHA, DICOM too
     labels, probabilities = segmenter.segment_array(volume, affine, probabilities=True)
+    segmenter = Segmenter.from_network(network, PredictOptions(window=(128, 128, 128)))  # built already
 
 ``--exec_mode predict`` runs every scan through a :class:`Segmenter` made from its resolved
 config (:meth:`Segmenter.from_config`), so the command line and the notebook share one code
@@ -14,15 +15,16 @@ the same sliding window, the same way back to the input's own grid and axes.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from data_loading.scans import RawScan, read_scan
-from runtime.arguments import Config, build_parser, config_from_namespace, explicit_flags, replace, validate
+from runtime.arguments import Config, UsageError, replace, validate
 from runtime.checkpoint import Saved
-from runtime.inference.backends import say_on, window_predictor
+from runtime.inference.backends import int8_calibration, say_on, window_predictor
 from runtime.predict.scan import (EnsembleInference, ScanInference, Segmentation, StageTimer, load_trained_model,
                                   segment_volume)
 
@@ -52,97 +54,140 @@ def raw_from_array(array: np.ndarray, affine: np.ndarray, spacing: Sequence[floa
     return RawScan(kits[None], orientation.spacing_to_kits(file_spacing), None, orientation, file_spacing)
 
 
+@dataclass(frozen=True)
+class PredictOptions:
+    """Predict's knobs, each its flag's value with the flag's default: ``device`` (``--device``:
+    auto, cpu, cuda), ``window`` (``--val_input_shape``; None: the checkpoint's training patch,
+    128³ for :meth:`Segmenter.from_network`), ``overlap``, ``sw_batch_size``, ``tta``, ``amp``,
+    ``backend`` (``--backend``: auto, torch, openvino), ``int8``, ``int8_calibration``
+    (``--int8_calibration``: a scan file or folder to calibrate on once; "": each file alone),
+    ``channels_last``; ``verbose`` prints the lines predict prints (window, weights, backend)."""
+
+    device: str = Config.device
+    window: tuple[int, ...] | None = None
+    overlap: float = Config.overlap
+    sw_batch_size: int = Config.sw_batch_size
+    tta: bool = Config.tta
+    amp: bool = Config.amp
+    backend: str = Config.backend
+    int8: bool = Config.int8
+    int8_calibration: str = Config.int8_calibration
+    channels_last: bool = Config.channels_last
+    verbose: bool = True
+
+    def config(self, checkpoints: Sequence[str] = ()) -> Config:
+        """Predict's config of these options on ``checkpoints`` (none: a network given), before
+        :func:`runtime.resolve.resolve`; a bad value raises ``UsageError`` (one line naming the flag)."""
+        values = {"exec_mode": "predict", "input": os.curdir, "output_dir": os.curdir, "device": self.device,
+                  "overlap": self.overlap, "sw_batch_size": self.sw_batch_size, "backend": self.backend}
+        if self.window is not None:
+            values["val_input_shape"] = tuple(int(size) for size in self.window)
+        values.update((name, getattr(self, name)) for name in ("tta", "amp", "int8", "int8_calibration",
+                                                               "channels_last") if getattr(self, name))
+        if checkpoints:
+            values["load_ckpt_path"] = checkpoints[0]
+        # the fields given, as if on the command line: the checkpoint's values fill the others
+        config = Config(**values, load_ckpt_paths=tuple(checkpoints) if len(checkpoints) > 1 else (),
+                        explicit=frozenset(values))
+        errors = [e for e in validate(config) if checkpoints or "needs --load_ckpt_path" not in e]
+        if errors:
+            raise UsageError(errors[0])
+        return config
+
+
+def _say_backend(config: Config, say: Callable[[str], None]) -> None:
+    say(f"backend: {config.backend_why}")
+    if config.sw_batch_note:
+        say(config.sw_batch_note)
+
+
 class Segmenter:
     """Trained network(s) loaded once, to segment many CT volumes.
 
-    ``checkpoints``: one checkpoint path, or several (an ensemble: the mean of their softmax
-    probabilities; the same network and window, else a one-line ``UsageError`` naming both).
-    The options are predict's flags, with their defaults: ``device`` (``--device``: auto, cpu,
-    cuda), ``window`` (``--val_input_shape``; None: the checkpoint's training patch), ``overlap``,
-    ``tta``, ``sw_batch_size``, ``amp``, ``backend`` (``--backend``: auto, torch, openvino),
-    ``int8``, ``channels_last``; ``verbose`` prints the lines predict prints (the window, the
-    weights, the backend). ``config`` is the resolved :class:`runtime.arguments.Config`.
-    With ``int8``, each file is calibrated on alone (:meth:`segment_file`: its result can be
-    reproduced from that file alone), unless ``calibration_scans`` (scan files) name one set to
-    calibrate on once, which an array (:meth:`segment_array`) needs.
+    Made by :meth:`from_checkpoint` (one checkpoint, or several: an ensemble, the mean of their
+    softmax probabilities), :meth:`from_network` (a network built already) or :meth:`from_config`
+    (``--exec_mode predict``'s resolved config). With ``int8``, each file is calibrated on alone
+    (:meth:`segment_file`: its result can be reproduced from that file alone), unless
+    ``int8_calibration`` names the scans to calibrate on once, which an array
+    (:meth:`segment_array`) needs. ``config`` is the resolved :class:`runtime.arguments.Config`
+    (never changed after); ``calibration`` the int8 calibration set in use (None without int8).
 
     :meth:`segment_file` and :meth:`segment_array` return labels (0 background, 1 kidney,
     2 tumour) on the input's own grid and in its own axis order, whatever its orientation.
     """
 
-    def __init__(self, checkpoints: str | os.PathLike | Sequence[str | os.PathLike], device: str = "auto", *,
-                 window: Sequence[int] | None = None, overlap: float = Config.overlap, tta: bool = False,
-                 sw_batch_size: int = Config.sw_batch_size, amp: bool = False, backend: str = Config.backend,
-                 int8: bool = False, channels_last: bool = False, verbose: bool = True,
-                 calibration_scans: Sequence[str | os.PathLike] = ()):
-        from runtime.arguments import UsageError
-        from runtime.checkpoint import saved_ensemble, saved_for
-        from runtime.distributed import DistInfo, select_device
-        from runtime.resolve import resolve, window_line
-
-        paths = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
-        argv = ["--exec_mode", "predict", "--input", os.curdir, "--output_dir", os.curdir, "--device", device,
-                "--load_ckpt_path", *map(os.fspath, paths), "--overlap", str(overlap),
-                "--sw_batch_size", str(sw_batch_size), "--backend", backend]
-        argv += ["--val_input_shape", *map(str, window)] if window is not None else []
-        argv += [flag for flag, on in (("--tta", tta), ("--amp", amp), ("--int8", int8),
-                                       ("--channels_last", channels_last)) if on]
-        parser = build_parser("Segmenter")
-        config = config_from_namespace(parser.parse_args(argv), explicit_flags(argv, parser))
-        errors = validate(config)
-        if errors:
-            raise UsageError(errors[0])
-        dist = DistInfo(rank=0, local_rank=0, world_size=1, device=select_device(config.device, 0))
-        saved = saved_for(config)
-        ensemble = saved_ensemble(config)
-        config = resolve(config, dist, None, saved, ensemble)
-        if verbose:
-            print(window_line(config), flush=True)
-        self._load(config, [saved, *ensemble], dist.device, verbose,
-                   [(os.path.basename(os.fspath(p)), os.fspath(p)) for p in calibration_scans])
-
-    @classmethod
-    def from_config(cls, config: Config, saved: Saved | Sequence[Saved], device: torch.device,
-                    verbose: bool = True, calibration_scans: Sequence[tuple[str, str]] = ()) -> "Segmenter":
-        """The segmenter of a resolved predict ``config`` (:func:`runtime.resolve.resolve`) and its
-        checkpoint(s) ``saved``, read already: what ``--exec_mode predict`` runs;
-        ``calibration_scans``: ``(name, path)`` of the scans being predicted, for ``--int8``."""
-        segmenter = cls.__new__(cls)
-        segmenter._load(config, [saved] if isinstance(saved, Saved) else list(saved), device, verbose,
-                        calibration_scans)
-        return segmenter
-
-    def _load(self, config: Config, saved: list[Saved], device: torch.device, verbose: bool,
-              calibration_scans: Sequence[tuple[str, str]] = ()) -> None:
-        say = say_on(verbose)
-        say(f"backend: {config.backend_why}")
-        if config.sw_batch_note:
-            say(config.sw_batch_note)
-        self._say, self.device, self._base = say, device, config
-        self._models = []
-        for one in saved:
-            member = replace(config, load_ckpt_path=one.path)
-            self._models.append((member, load_trained_model(member, one, device, say)))
-        # --int8: calibrated on each scan alone (calibrate_for), or once on a named set
-        self.per_scan = bool(config.int8 and not calibration_scans)
+    def __init__(self, config: Config, members: Sequence[tuple[Config, torch.nn.Module]], device: torch.device,
+                 verbose: bool = True):
+        """``members``: each network (eval mode) with its resolved config."""
+        self._say, self.device, self.config, self._members = say_on(verbose), device, config, list(members)
+        # --int8: calibrated on each scan alone (calibrate_for), or once on the set --int8_calibration names
+        self.per_scan = bool(config.int8 and not config.int8_calibration)
         self.calibration = None
-        self.config: Config = config
         self.infer: Callable[[np.ndarray], torch.Tensor] | None = None
-        if config.int8 and calibration_scans:
-            from runtime.inference.openvino.calibration import scan_calibration
+        if config.int8 and not self.per_scan:
+            from data_loading.scans import find_scans
 
-            self._build(scan_calibration(config, calibration_scans))
+            named = find_scans(config.int8_calibration)
+            self._build(int8_calibration(config, [(scan.name, scan.image_path) for scan in named]))
         elif not config.int8:
             self._build(None)
 
+    @classmethod
+    def from_checkpoint(cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike],
+                        options: PredictOptions = PredictOptions()) -> "Segmenter":
+        """The segmenter of ``checkpoints`` (one path, or several: an ensemble; the same network and
+        window, else a one-line ``UsageError`` naming both) with ``options``."""
+        from runtime.checkpoint import saved_ensemble, saved_for
+
+        paths = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
+        config = options.config([os.fspath(path) for path in paths])
+        saved, ensemble = saved_for(config), saved_ensemble(config)
+        config, device = cls._resolved(config, options.verbose, saved, ensemble)
+        return cls.from_config(config, [saved, *ensemble], device, options.verbose)
+
+    @classmethod
+    def from_network(cls, network: torch.nn.Module | Sequence[torch.nn.Module],
+                     options: PredictOptions = PredictOptions()) -> "Segmenter":
+        """The segmenter of ``network`` (an ``nn.Module`` built and loaded already, or several: an
+        ensemble) with ``options``: the backend converts it as it converts a checkpoint's; the
+        window is ``options.window`` (default 128³, there being no training patch to take)."""
+        networks = [network] if isinstance(network, torch.nn.Module) else list(network)
+        config, device = cls._resolved(options.config(), options.verbose)
+        _say_backend(config, say_on(options.verbose))
+        return cls(config, [(config, net.to(device).eval()) for net in networks], device, options.verbose)
+
+    @staticmethod
+    def _resolved(config: Config, verbose: bool, saved: Saved | None = None,
+                  ensemble: Sequence[Saved] = ()) -> tuple[Config, torch.device]:
+        """``config`` resolved on this process's device (one process), its window line said."""
+        from runtime.distributed import DistInfo, select_device
+        from runtime.resolve import resolve, window_line
+
+        dist = DistInfo(rank=0, local_rank=0, world_size=1, device=select_device(config.device, 0))
+        config = resolve(config, dist, None, saved, ensemble)
+        if verbose:
+            print(window_line(config), flush=True)
+        return config, dist.device
+
+    @classmethod
+    def from_config(cls, config: Config, saved: Saved | Sequence[Saved], device: torch.device,
+                    verbose: bool = True) -> "Segmenter":
+        """The segmenter of a resolved predict ``config`` (:func:`runtime.resolve.resolve`) and its
+        checkpoint(s) ``saved``, read already: what ``--exec_mode predict`` runs."""
+        say = say_on(verbose)
+        _say_backend(config, say)
+        members = []
+        for one in [saved] if isinstance(saved, Saved) else list(saved):
+            member = replace(config, load_ckpt_path=one.path)
+            members.append((member, load_trained_model(member, one, device, say)))
+        return cls(config, members, device, verbose)
+
     def _build(self, calibration) -> None:
-        """The window predictors of every network, int8 on ``calibration`` (a
-        :class:`runtime.inference.openvino.calibration.CalibrationSet`) when given."""
+        """The window predictors of every network, int8 on ``calibration`` (the backend's
+        calibration set, :func:`runtime.inference.backends.int8_calibration`) when given."""
         members = [ScanInference(window_predictor(model, member, self.device, self._say, calibration), member,
-                                 self.device) for member, model in self._models]
+                                 self.device) for member, model in self._members]
         self.calibration = calibration
-        self.config = self._base if calibration is None else replace(self._base,
-                                                                       calibration_sha256=calibration.digest())
         self.infer = members[0] if len(members) == 1 else EnsembleInference(members)
 
     def calibration_for(self, name: str, path: str):
@@ -150,9 +195,7 @@ class Segmenter:
         alone (the default), or the named set; None without ``--int8``."""
         if not self.per_scan:
             return self.calibration
-        from runtime.inference.openvino.calibration import scan_calibration
-
-        return scan_calibration(self._base, [(name, path)])
+        return int8_calibration(self.config, [(name, path)])
 
     def calibrate_for(self, name: str, path: str) -> None:
         """With ``--int8`` on each scan alone: the networks quantised on the scan ``path`` (once
@@ -167,10 +210,8 @@ class Segmenter:
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         """Class probabilities (3, D', H', W') of one preprocessed image (1, D', H', W')."""
         if self.infer is None:
-            from runtime.arguments import UsageError
-
             raise UsageError("--int8 calibrates on each scan alone: segment a file (segment_file), or name the "
-                             "scans to calibrate on once (calibration_scans)")
+                             "scans to calibrate on once (int8_calibration)")
         return self.infer(image)
 
     @property

@@ -18,7 +18,7 @@ that scan in one line and stays as it was, with ``--force`` too. Any failure
 inside one scan (bad input, out of memory, an allocator error) is that scan's one line and
 summary row with its status, never the folder's end; once the output disk is full, the
 remaining scans are "not run" and the summary names them. Rank 0 writes the summary
-(:mod:`runtime.predict.summary`); the exit code is 1 if any scan failed. The lifecycle (the
+(:mod:`runtime.predict.records`); the exit code is 1 if any scan failed. The lifecycle (the
 output folder checked and locked, the process group, signals) is :mod:`runtime.app`'s.
 """
 from __future__ import annotations
@@ -34,13 +34,12 @@ from data_loading.scans import Scan, ScanError, find_scans, output_path
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
-from runtime.checkpoint import Saved
 from runtime.outputs import OutputError
+from runtime.progress import progress, write
 from runtime.predict.provenance import (PendingRecord, difference, pending_records, read_record,
                                         record_path, recorded_files, run_fields)
 from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
-from runtime.predict.summary import SUMMARY_FIELDS, CaseResult, print_outcome, save_summary
-from runtime.resolve import window_line
+from runtime.predict.records import SUMMARY_FIELDS, CaseResult, print_outcome, save_summary
 from runtime.signals import Stopped
 
 
@@ -104,10 +103,9 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
     record = record_path(path)
     png, npz = preview_path(config.output_dir, scan), probabilities_path(config.output_dir, scan)
     try:
-        current = dict(run_fields(config))
-        calibration_for = getattr(infer, "calibration_for", None)
-        if config.int8 and calibration_for is not None:  # each scan alone, or the named set
-            current["int8_calibration"] = calibration_for(scan.name, scan.image_path).digest()
+        calibration_for = getattr(infer, "calibration_for", None)  # --int8: each scan alone, or the named set
+        current = dict(run_fields(config, calibration_for(scan.name, scan.image_path)
+                                  if config.int8 and calibration_for is not None else None))
         stored, why_none = read_record(record)
         if os.path.lexists(record) and stored is None:  # unreadable, or someone else's file
             raise not_ours(record, "is no record of this project")
@@ -172,23 +170,19 @@ def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_p
     """Segment (or skip) each scan of this rank into ``results`` (returned); a scan that fails
     is one stderr line naming it. Once the output disk is full, the remaining scans are "not
     run" (each would fail the same way after minutes of work)."""
-    from tqdm import tqdm
-
     results = [] if results is None else results
     full_disk = None
-    # disable=None: a bar only on a terminal (or always with --verbose), never in captured logs
-    bar = tqdm(scans, desc="predict", unit="scan", dynamic_ncols=True,
-               disable=(None if not config.verbose else False) if show_progress else True)
-    for scan in bar:
+    # in a log file each scan's own line is its progress line
+    for scan in progress(scans, "predict", len(scans), show=show_progress, own_lines=True, unit="scan"):
         if full_disk is not None:
             result = CaseResult(scan.name, "not run", scan.image_path, error=f"the output disk is full ({full_disk})")
         else:
             result = predict_one(scan, infer, config)
             full_disk = result.error if result.full_disk else None
         if result.status == "failed" or (result.error and result.status != "not run"):
-            tqdm.write(f"main.py: error: {result.error}", file=sys.stderr)
+            write(f"main.py: error: {result.error}", sys.stderr)
         if result.status != "failed":
-            tqdm.write(result.line(), file=sys.stdout)
+            write(result.line())
         results.append(result)
     return results
 
@@ -267,30 +261,13 @@ def scans_to_predict(config: Config) -> list[Scan]:
     return scans
 
 
-def scan_inference(config: Config, saved: Saved | Sequence[Saved], dist_info: D.DistInfo,
-                   scans: Sequence[Scan] = ()) -> tuple[Callable, Config]:
-    """``(segmenter, config)``: the :class:`runtime.predict.api.Segmenter` of the resolved
-    ``config`` and its checkpoint(s) ``saved`` (PyTorch or OpenVINO; several: an ensemble), which
-    maps a preprocessed image to probabilities, and its config. With ``--int8``, each scan is
-    calibrated on alone (:meth:`runtime.predict.api.Segmenter.calibrate_for`), unless
-    ``--int8_calibration`` names the scans to calibrate on once (every rank the same ones)."""
-    from runtime.predict.api import Segmenter
-
-    named = find_scans(config.int8_calibration) if config.int8 and config.int8_calibration else []
-    segmenter = Segmenter.from_config(config, saved, dist_info.device, dist_info.is_main,
-                                      [(scan.name, scan.image_path) for scan in named])
-    return segmenter, segmenter.config
-
-
-def predict_scans(config: Config, saved: Saved | Sequence[Saved], scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
-    """Load the model(s) of the resolved ``config`` (``saved``: its checkpoint, or an ensemble's), segment this rank's share of ``scans``, write
-    the summary (rank 0); the exit code."""
-    if dist_info.is_main:
-        print(window_line(config), flush=True)
-    infer, config = scan_inference(config, saved, dist_info, scans)
+def predict_scans(config: Config, segmenter: Callable, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
+    """Segment this rank's share of ``scans`` with ``segmenter`` (the run's
+    :class:`runtime.predict.api.Segmenter`, of the resolved ``config``), write the summary
+    (rank 0); the exit code."""
     results: list[CaseResult] = []
     try:
-        predict_cases(scans[dist_info.rank::dist_info.world_size], infer, config, dist_info.is_main, results)
+        predict_cases(scans[dist_info.rank::dist_info.world_size], segmenter, config, dist_info.is_main, results)
     except BaseException:
         if not dist_info.distributed:  # stopped (a signal, Ctrl-C): what is finished is summarised
             save_summary(config.output_dir, results)

@@ -42,9 +42,9 @@ FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "int8_ca
           "amp", "tta", "window_shape", "overlap", "input_sha256", "probabilities")
 
 
-def run_fields(config) -> dict:
-    """The fields of :data:`FIELDS` this run of a resolved, backend-chosen ``config`` gives every
-    scan, but ``input_sha256`` (the scan's own) and ``probabilities`` (the name of the saved
+def run_fields(config, calibration=None) -> dict:
+    """The fields of :data:`FIELDS` this run of a resolved, backend-chosen ``config`` gives a
+    scan (``calibration``: the int8 calibration set it is segmented with), but ``input_sha256`` (the scan's own) and ``probabilities`` (the name of the saved
     probabilities, only when ``--save_probabilities`` wrote them). An ensemble's ``checkpoint``
     and ``weights_sha256`` are lists, every checkpoint's in order (one checkpoint: strings)."""
     if len(config.checkpoints) > 1:
@@ -55,7 +55,7 @@ def run_fields(config) -> dict:
         weights = config.weights_sha256
     return {"version": __version__, "checkpoint": checkpoint,
             "weights_sha256": weights, "backend": config.backend, "int8": bool(config.int8),
-            "int8_calibration": config.calibration_sha256 if config.int8 else "",
+            "int8_calibration": calibration.digest() if config.int8 and calibration is not None else "",
             "int8_calibration_set": calibration_set(config),
             "amp": config.amp_dtype if config.amp else "off", "tta": bool(config.tta),
             "window_shape": [int(s) for s in config.val_input_shape], "overlap": float(config.overlap)}

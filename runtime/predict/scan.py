@@ -37,7 +37,7 @@ from runtime.arguments import Config
 from runtime.build import build_model
 from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
 from runtime.outputs import OutputError
-from runtime.predict.summary import CaseResult
+from runtime.predict.records import CaseResult
 from runtime.signals import Stopped
 from runtime.inference.sliding_window import PAD_VALUE, sliding_window_inference
 

@@ -11,6 +11,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
+from runtime.progress import progress
+
 DEFAULT_RULESET = "4.0.0"
 
 
@@ -89,11 +91,6 @@ def check_compliance(log: str, ruleset: str = DEFAULT_RULESET, timeout: float = 
 
 def check_all(logs: Sequence[str], ruleset: str) -> dict[str, Compliance]:
     """The checker's verdict for every one of ``logs`` (one checker process each, in turn; a
-    progress bar from four logs on, when tqdm is installed)."""
-    try:
-        from tqdm import tqdm
-
-        logs_iter = tqdm(logs, desc="compliance", unit="log", disable=len(logs) < 4)
-    except ImportError:
-        logs_iter = logs
-    return {log: check_compliance(log, ruleset) for log in logs_iter}
+    progress from four logs on: :func:`runtime.progress.progress`)."""
+    return {log: check_compliance(log, ruleset)
+            for log in progress(logs, "compliance", len(logs), show=len(logs) >= 4, unit="log")}

@@ -64,7 +64,7 @@ def compile_for_cpu(ov_model):
     return ov.Core().compile_model(ov_model, "CPU", config)
 
 
-def build_model(model: torch.nn.Module, config: Config, calibration, say: Callable[[str], None] = print) -> object:
+def compile_openvino_model(model: torch.nn.Module, config: Config, calibration, say: Callable[[str], None] = print) -> object:
     """The uncompiled OpenVINO model of ``model`` for ``config``'s window, int8-quantised on
     ``calibration`` (a :class:`runtime.inference.openvino.calibration.CalibrationSet`) when it is given."""
     if calibration is None:
@@ -91,7 +91,7 @@ def cached_openvino_model(model: torch.nn.Module, config: Config, checkpoint_pat
         what = "int8 (NNCF calibration on " + calibration.describe() + ")" if calibration else "fp32"
         say(f"openvino: converting the network for {_shape_text(config.val_input_shape)} windows, {what}; "
             f"cached in {entry.folder}")
-        ov_model = build_model(model, config, calibration, say=say)
+        ov_model = compile_openvino_model(model, config, calibration, say=say)
         entry.store(ov_model, say)
     else:
         say(f"openvino: using the converted network in {entry.path}")

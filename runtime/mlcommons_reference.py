@@ -1,7 +1,7 @@
 """The MLCommons reference's own network, loss, optimizer and sliding window, from a checkout of its code.
 
 The tests' oracle (tests/test_mlcommons_reference.py compares the project with it) and what the
-benchmarks' ``mlcommons`` variants run (they import it as ``tests.mlcommons_reference``): point
+benchmarks' ``mlcommons`` variants run (a neutral module, so that neither imports the other): point
 ``--reference_code`` at the ``image_segmentation/pytorch`` folder of a checkout of
 github.com/mlcommons/training (none of that code is in this repository). Its ``model.unet3d.Unet3D``
 and ``runtime.inference.sliding_window_inference`` run unchanged. Two accommodations, each only
