@@ -380,6 +380,10 @@ def resolve_predict_plan(config: Config, device: torch.device, saved: Saved | No
     config = decided(config, "precision", precision, "", "--int8" if config.int8 else
                      f"--amp --amp_dtype {asked.amp_dtype}" if asked.amp else "float32")
     config = decided(config, "backend", config.backend, config.backend_why, asked.backend)
+    if config.int8:  # the set itself is read per run or per scan (runtime.predict.api.Segmenter.calibration)
+        source = config.int8_calibration or "each scan"
+        why = "--int8_calibration" if config.int8_calibration else "no --int8_calibration: each scan calibrates its own"
+        config = decided(config, "calibration", source, why, config.int8_calibration or None)
     return window_batch_decided(config, asked.sw_batch_size)
 
 
