@@ -99,9 +99,6 @@ class Config:
     num_eval_cases: int | None = None
     samples_per_epoch: int | None = None  # global samples trained per epoch, after dropping
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
-    # the data stage's reasons a run whose MLPerf log already says closed is not (runtime.resolve
-    # .division_from), logged as not_closed after run_start; "" otherwise
-    division_not_closed: str = ""
     # the CPU speed levers the run applies (runtime.levers.cpu.convert), decided by runtime.resolve
     levers: tuple[str, ...] = ()
     # The flags given on the command line (field names), so that values saved in a checkpoint
@@ -120,8 +117,6 @@ class Config:
     backend: str = "auto"
     max_memory_gb: float = 0.0
     cache_dir: str = ""  # OpenVINO's converted networks; "": $XDG_CACHE_HOME/unet3d-kits19 (runtime.resolve)
-    backend_why: str = ""  # why this backend (one line), decided with it
-    sw_batch_note: str = ""  # predict: why --sw_batch_size was lowered to fit memory, when it was
     weights_sha256: str = ""  # predict: the weights it loads (recorded beside each segmentation; runtime.resolve)
     ensemble_sha256: tuple[str, ...] = ()  # every checkpoint's, in order, when predict ensembles several
     # Every decision runtime.resolve made, with its reason and what was asked (runtime.plan); a

@@ -143,10 +143,10 @@ def seed_from(config: Config, device: torch.device, saved: Saved | None) -> Conf
 
 
 def backend_from(config: Config, device: torch.device) -> Config:
-    """The inference backend (``runtime.inference.backends.decide_backend``) and OpenVINO's cache."""
-    asked = config.backend
-    config = with_cache_dir(decide_backend(config, device))
-    return decided(config, "backend", config.backend, config.backend_why, asked)
+    """The inference backend (``runtime.inference.backends.decide_backend``), recorded with why,
+    and OpenVINO's cache."""
+    backend, why = decide_backend(config, device)
+    return decided(with_cache_dir(replace(config, backend=backend)), "backend", backend, why, config.backend)
 
 
 def levers_from(config: Config, dist_info: D.DistInfo) -> Config:
@@ -315,18 +315,27 @@ def with_cache_dir(config: Config) -> Config:
 
 def resolve_predict(config: Config, device: torch.device) -> Config:
     """Predict's values: batch norm for a sync-batch-norm network (the same weights; inference
-    needs no cross-rank statistics), the AMP type, the device, the backend and the window batch
-    that fits memory; ``--int8`` on the CPU only."""
+    needs no cross-rank statistics), the device, and, each recorded in the plan, the precision
+    (the AMP type; ``--int8`` on the CPU only), the backend, the int8 calibration set and the
+    window batch that fits memory (why it was lowered, when it was)."""
+    asked = config
     if config.normalization == "syncbatchnorm":
         config = replace(config, normalization="batchnorm")
     if config.int8 and device.type != "cpu":
         raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
     if config.amp:
         config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
-    config = with_cache_dir(decide_backend(replace(config, device=device.type), device))
+    precision = "int8" if config.int8 else precision_text(config)
+    config = decided(config, "precision", precision, "", "--int8" if config.int8 else
+                     f"--amp --amp_dtype {asked.amp_dtype}" if asked.amp else "float32")
+    config = backend_from(replace(config, device=device.type), device)
+    if config.int8:  # the set itself is read per run or per scan (runtime.predict.api.Segmenter.calibration)
+        source = config.int8_calibration or "each scan"
+        why = "--int8_calibration" if config.int8_calibration else "no --int8_calibration: each scan calibrates its own"
+        config = decided(config, "calibration", source, why, config.int8_calibration or None)
     notes: list[str] = []
     config = bounded_window_batch(config, config.backend, say=notes.append)
-    return replace(config, sw_batch_note=" ".join(notes))
+    return window_batch_decided(config, asked.sw_batch_size, " ".join(notes))
 
 
 def check_benchmark_budget(config: Config) -> None:
@@ -358,33 +367,22 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     check_device_support(config, dist_info)
     config = precision_from(config, device, dist_info.is_main)
     config = fused_optimizer_from(seed_from(config, device, saved), device)
-    config = window_batch_decided(backend_from(config, device), config.sw_batch_size)
+    config = window_batch_decided(backend_from(config, device), config.sw_batch_size, "")
     config = levers_from(cuda_graphs_from(replace(config, device=device.type), dist_info), dist_info)
     config = division_from(config, flag_reasons(config), dist_info)
     return config if data is None else resolve_data(config, dist_info, data.summary(config))
 
 
-def window_batch_decided(config: Config, asked: int) -> Config:
-    """The window batch (``--sw_batch_size``; predict may lower it to fit memory, saying why)."""
-    return decided(config, "window_batch", config.sw_batch_size, config.sw_batch_note, asked)
+def window_batch_decided(config: Config, asked: int, why: str) -> Config:
+    """The window batch (``--sw_batch_size``; predict may lower it to fit memory: ``why``)."""
+    return decided(config, "window_batch", config.sw_batch_size, why, asked)
 
 
 def resolve_predict_plan(config: Config, device: torch.device, saved: Saved | None, ensemble) -> Config:
-    """Predict's part of :func:`resolve`: the weights' digests, :func:`resolve_predict`'s values,
-    and its decisions recorded."""
+    """Predict's part of :func:`resolve`: the weights' digests and :func:`resolve_predict`'s values."""
     if saved is not None:
         config = ensemble_from(replace(config, weights_sha256=weights_sha256(saved)), saved, ensemble)
-    asked = config
-    config = resolve_predict(config, device)
-    precision = "int8" if config.int8 else precision_text(config)
-    config = decided(config, "precision", precision, "", "--int8" if config.int8 else
-                     f"--amp --amp_dtype {asked.amp_dtype}" if asked.amp else "float32")
-    config = decided(config, "backend", config.backend, config.backend_why, asked.backend)
-    if config.int8:  # the set itself is read per run or per scan (runtime.predict.api.Segmenter.calibration)
-        source = config.int8_calibration or "each scan"
-        why = "--int8_calibration" if config.int8_calibration else "no --int8_calibration: each scan calibrates its own"
-        config = decided(config, "calibration", source, why, config.int8_calibration or None)
-    return window_batch_decided(config, asked.sw_batch_size)
+    return resolve_predict(config, device)
 
 
 def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: bool = False) -> Config:
@@ -393,8 +391,8 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
     training, once); ``--submission_division closed`` on an open run is a :class:`UsageError`.
     The flag as given is kept as the decision's ``asked`` for the data stage. ``logged``: the MLPerf
     log already holds the division (the data stage: it must precede ``init_stop``), so a run
-    found open only now says that its log's "closed" is no result, and keeps the reasons in
-    ``division_not_closed`` for the log's ``not_closed`` event (``runtime.training.start.start_run``)."""
+    found open only now says that its log's "closed" is no result, and records the reasons as the
+    ``not_closed`` decision for the log's ``not_closed`` event (``runtime.training.start.start_run``)."""
     earlier = config.decision("division")
     asked = earlier.asked if earlier is not None else config.submission_division
     if config.why("division"):  # already open by the flags: the data adds nothing to say
@@ -403,15 +401,16 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
         division, why = decide(asked, reasons)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    not_closed = ""
-    if why and logged and config.submission_division == "closed":
-        not_closed = "; ".join(reasons)
+    not_closed = bool(why) and logged and config.submission_division == "closed"
+    if not_closed:
         why += ("; the MLPerf log, whose division precedes init_stop, says closed: it records not_closed "
                 "after run_start, and the run is no closed result")
     if why and dist_info.is_main and config.is_train and not config.benchmark:
         print(why)
-    config = replace(config, submission_division=division, division_not_closed=not_closed)
-    return decided(config, "division", division, why, asked)
+    config = decided(replace(config, submission_division=division), "division", division, why, asked)
+    if not_closed:  # the log's not_closed event: the data stage's reasons
+        config = decided(config, "not_closed", "; ".join(reasons), "the MLPerf log already says closed")
+    return config
 
 
 def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:

@@ -149,15 +149,15 @@ def test_the_data_stage_opens_a_run_on_synthetic_data_with_kits19s_counts(tmp_pa
     kits_counts = DataSummary(168, 42, 0, synthetic=marked.synthetic)
     opened = resolve_data(cfg, CPU, kits_counts)
     assert opened.submission_division == "open" and SYNTHETIC_WHY in opened.why("division")
-    assert opened.division_not_closed == f"{SYNTHETIC_WHY} ({marked.synthetic})"
+    assert opened.decision("not_closed").value == f"{SYNTHETIC_WHY} ({marked.synthetic})"
     assert capsys.readouterr().out.splitlines() == [opened.why("division")]
     with pytest.raises(UsageError, match=SYNTHETIC_WHY) as err:
         resolve_data(_resolved(["--submission_division", "closed"]), CPU, kits_counts)
     assert "\n" not in str(err.value)
     unmarked = resolve_data(cfg, CPU, DataSummary(168, 42, 0))
-    assert unmarked.submission_division == "closed" and unmarked.division_not_closed == ""
+    assert unmarked.submission_division == "closed" and unmarked.decision("not_closed") is None
     # a run already open by its flags logged open: nothing to correct in its log
-    assert resolve_data(_resolved(["--optimizer", "adam"]), CPU, kits_counts).division_not_closed == ""
+    assert resolve_data(_resolved(["--optimizer", "adam"]), CPU, kits_counts).decision("not_closed") is None
 
 
 def write_log(folder, not_closed: str) -> str:

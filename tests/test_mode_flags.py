@@ -154,12 +154,12 @@ def test_evaluates_auto_is_pytorch_even_with_openvino_installed(tmp_path, monkey
     monkeypatch.setattr(backend, "_openvino_version", lambda: "X")
     (tmp_path / "c.pt").touch()
     evaluate = ["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", str(tmp_path / "c.pt")]
-    auto = backend.decide_backend(parse_args(evaluate), CPU)
-    assert auto.backend == "torch" and auto.backend_why.startswith("--backend auto: PyTorch, the network as trained")
-    assert backend.decide_backend(parse_args(evaluate + ["--backend", "openvino"]), CPU).backend == "openvino"
+    auto, why = backend.decide_backend(parse_args(evaluate), CPU)
+    assert auto == "torch" and why.startswith("--backend auto: PyTorch, the network as trained")
+    assert backend.decide_backend(parse_args(evaluate + ["--backend", "openvino"]), CPU)[0] == "openvino"
     predict = ["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "o"),
                "--load_ckpt_path", str(tmp_path / "c.pt")]
-    assert backend.decide_backend(parse_args(predict), CPU).backend == "openvino"
+    assert backend.decide_backend(parse_args(predict), CPU)[0] == "openvino"
 
 
 def test_evaluate_prints_the_backend_it_used(tmp_path, capsys):

@@ -111,24 +111,24 @@ def test_choice_of_backend(tmp_path, monkeypatch):
     def decided(*flags, device=CPU):
         return decide_backend(predict_config(tmp_path, *flags), device)
 
-    assert decided().backend == "openvino" and decided().backend_why == "--backend auto: OpenVINO X on the CPU, fp32"
-    assert decided("--backend", "torch").backend == "torch"
-    amp = decided("--amp")
-    assert amp.backend == "torch" and "--amp is a PyTorch lever" in amp.backend_why
-    assert decided(device=torch.device("cuda")).backend == "torch"
-    int8 = decided("--int8")
-    assert int8.backend == "openvino" and "int8 (NNCF" in int8.backend_why
+    assert decided() == ("openvino", "--backend auto: OpenVINO X on the CPU, fp32")
+    assert decided("--backend", "torch")[0] == "torch"
+    amp, why = decided("--amp")
+    assert amp == "torch" and "--amp is a PyTorch lever" in why
+    assert decided(device=torch.device("cuda"))[0] == "torch"
+    int8, why = decided("--int8")
+    assert int8 == "openvino" and "int8 (NNCF" in why
     for flags, message in ((("--backend", "openvino", "--channels_last"), "--backend openvino: --channels_last is a PyTorch lever"),
                            (("--int8", "--channels_last"), "--int8: --channels_last is a PyTorch lever"),
                            (("--int8", "--backend", "torch"), "--int8 is OpenVINO's int8")):
         with pytest.raises(UsageError, match=re.escape(message)):
             decided(*flags)
     monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: "OpenVINO is not installed")
-    assert decided().backend == "torch"
+    assert decided()[0] == "torch"
     with pytest.raises(UsageError, match="--int8: OpenVINO is not installed"):
         decided("--int8")
-    training = decide_backend(parse_args(["--data_dir", str(tmp_path)]), CPU)
-    assert training.backend == "torch" and "training and --benchmark run PyTorch" in training.backend_why
+    training, why = decide_backend(parse_args(["--data_dir", str(tmp_path)]), CPU)
+    assert training == "torch" and "training and --benchmark run PyTorch" in why
 
 
 def test_backend_flags_are_checked(tmp_path, capsys):
@@ -522,7 +522,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     config = parse_args(["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", ckpt,
                          "--val_input_shape", "32", "32", "64", "--filters", *map(str, TINY), "--backend", "openvino"])
     out = Reporters(metrics=MetricsWriter(str(tmp_path), enabled=True))
-    config = decide_backend(config, CPU)
+    config = replace(config, backend=decide_backend(config, CPU)[0])
     assert config.backend == "openvino"  # run_evaluate writes it to log.json after the scores
     parts = evaluation_components(Parts(config, type("D", (), {"device": CPU})(), model, model), out)
     assert parts.eval_model is not model and capsys.readouterr().err == ""  # quiet without --verbose

@@ -204,6 +204,22 @@ def test_checkpoints_without_a_plan_still_load(tmp_path):
     assert saved_plan({"config": {"optimizer": "sgd"}}) == {}  # written before the plan
 
 
+def test_checkpoints_with_the_old_reason_fields_still_load(tmp_path, capsys):
+    """A checkpoint written when Config still had its reason sentences (backend_why, sw_batch_note,
+    division_not_closed; now the plan's) evaluates: its saved config is read by name, never
+    rebuilt into a Config, so keys Config no longer has are left alone."""
+    checkpoint = trained(tmp_path, capsys)
+    old = load_checkpoint(checkpoint)
+    old["config"].update(backend_why="PyTorch (training and --benchmark run PyTorch)", sw_batch_note="",
+                         division_not_closed="")
+    torch.save(old, checkpoint)
+    argv = used_in("evaluate", TINY) + ["--exec_mode", "evaluate", "--load_ckpt_path", checkpoint,
+                                        "--log_dir", str(tmp_path / "e")]
+    code, out, err = call(argv, capsys, fake_data.FakeData())
+    assert code == 0, err
+    assert "backend: --backend auto: PyTorch, the network as trained" in out
+
+
 def test_verbose_says_every_decision_once(tmp_path, capsys):
     _, err = train(tmp_path, capsys, "--verbose")
     lines = [line for line in err.splitlines() if line.startswith("plan: ")]

@@ -28,10 +28,10 @@ def evaluate_body(session: Session) -> int:
     if saved is not None:
         out.say(f"weights: {ckpt.weights_description(saved.checkpoint)} of {saved.path}")
     out.say(window_line(components.config))  # the benchmark's 128³ unless --val_input_shape
-    out.say(f"backend: {components.config.backend_why}")  # PyTorch unless --backend asks for another
+    out.say(f"backend: {components.config.why('backend')}")  # PyTorch unless --backend asks for another
     for line in explain_scores(cases):
         out.say(line)
-    out.metrics.write(BACKEND, backend=components.config.backend, why=components.config.backend_why)
+    out.metrics.write(BACKEND, backend=components.config.backend, why=components.config.why("backend"))
     out.metrics.write(EVAL, epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
     if out.is_main:
         out.say(f"per-case Dice: {write_case_scores(components.config.log_dir, cases)}")

@@ -14,11 +14,11 @@ code:
   with ``--int8``: NNCF's post-training quantisation, calibrated on each scan alone or on the
   scans ``--int8_calibration`` names (no training data needed).
 
-:func:`decide_backend` runs once, in ``resolve()``, and stores the backend and why in the
-``Config``. In predict, ``--backend auto`` takes OpenVINO on the CPU when it is installed and no
-PyTorch-only lever (``--amp``, ``--compile``, ``--channels_last``) is asked for, else PyTorch:
-both compute fp32, the same logits up to float32 rounding, so ``auto`` never changes the
-algorithm. Evaluate's ``auto`` is PyTorch, the network as trained, whatever is installed (the
+:func:`decide_backend` runs once, in ``resolve()``, which sets the config's backend and records
+why in its plan (``config.why("backend")``). In predict, ``--backend auto`` takes OpenVINO on
+the CPU when it is installed and no PyTorch-only lever (``--amp``, ``--compile``,
+``--channels_last``) is asked for, else PyTorch: both compute fp32, the same logits up to float32
+rounding, so ``auto`` never changes the algorithm. Evaluate's ``auto`` is PyTorch, the network as trained, whatever is installed (the
 benchmark's Dice must not depend on an installed package); ``--backend openvino`` asks for
 OpenVINO there. ``--int8`` is always OpenVINO's int8; where it cannot run, the run stops with one
 line. Training (and its evaluations) and ``--benchmark`` run PyTorch (the MLPerf timed run).
@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from runtime.arguments import Config, UsageError, replace
+from runtime.arguments import Config, UsageError
 from runtime.compiling import compile_model
 from runtime.inference.predictor import Predict, build_predictor, options_from
 from runtime.levers.cpu.convert import prepare_for_inference
@@ -113,20 +113,20 @@ def _openvino_version() -> str:
     return openvino.__version__.split("-")[0]
 
 
-def decide_backend(config: Config, device: torch.device) -> Config:
-    """``config`` with ``backend`` (``torch`` or ``openvino``) and ``backend_why`` (one line)
-    decided for this run on ``device`` (see the module docstring). Raises :class:`UsageError`
-    (one line) when ``--backend openvino`` or ``--int8`` cannot run here."""
+def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
+    """``(backend, why)``: the backend (``torch`` or ``openvino``) this run uses on ``device`` and
+    one line saying why (see the module docstring), for ``resolve()`` to record. Raises
+    :class:`UsageError` (one line) when ``--backend openvino`` or ``--int8`` cannot run here."""
     asked = config.backend
     if config.exec_mode not in ("predict", "evaluate") or config.benchmark:
-        return replace(config, backend="torch", backend_why="PyTorch (training and --benchmark run PyTorch)")
+        return "torch", "PyTorch (training and --benchmark run PyTorch)"
     if asked == "torch":
         if config.int8 and "int8" not in BACKENDS["torch"].precisions:
             raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
-        return replace(config, backend="torch", backend_why="--backend torch: PyTorch")
+        return "torch", "--backend torch: PyTorch"
     if asked == "auto" and config.exec_mode == "evaluate":
-        return replace(config, backend="torch", backend_why="--backend auto: PyTorch, the network as trained "
-                       "(evaluate computes the benchmark's Dice; --backend openvino asks for OpenVINO)")
+        return "torch", ("--backend auto: PyTorch, the network as trained "
+                         "(evaluate computes the benchmark's Dice; --backend openvino asks for OpenVINO)")
     levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]
     problems = []
     if device.type != "cpu":
@@ -140,12 +140,11 @@ def decide_backend(config: Config, device: torch.device) -> Config:
     if problems and (asked == "openvino" or config.int8):
         raise UsageError(f"{'--int8' if config.int8 else '--backend openvino'}: {problems[0]}")
     if problems:
-        return replace(config, backend="torch", backend_why=f"--backend auto: PyTorch ({problems[0]})")
+        return "torch", f"--backend auto: PyTorch ({problems[0]})"
     calibrated = (f"calibrated once on --int8_calibration {config.int8_calibration}" if config.int8_calibration
                   else "calibrated on each scan alone")
     precision = f"int8 (NNCF post-training quantisation, {calibrated})" if config.int8 else "fp32"
-    return replace(config, backend="openvino",
-                   backend_why=f"--backend {asked}: OpenVINO {_openvino_version()} on the CPU, {precision}")
+    return "openvino", f"--backend {asked}: OpenVINO {_openvino_version()} on the CPU, {precision}"
 
 
 def window_predictor(model: torch.nn.Module, config: Config, device: torch.device, say: Say = print,

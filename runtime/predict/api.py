@@ -96,9 +96,10 @@ class PredictOptions:
 
 
 def _say_backend(config: Config, say: Callable[[str], None]) -> None:
-    say(f"backend: {config.backend_why}")
-    if config.sw_batch_note:
-        say(config.sw_batch_note)
+    """The resolved ``config``'s backend and why, and why the window batch was lowered, if it was."""
+    say(f"backend: {config.why('backend')}")
+    if config.why("window_batch"):
+        say(config.why("window_batch"))
 
 
 class Segmenter:

@@ -112,7 +112,9 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
     # -- the clock runs: the data from here on
     data = session.source if session.source is not None else data_source(session.config)
     config = resolve_data(components.config, session.dist, data.summary(components.config))
-    out.mlperf.not_closed(config.division_not_closed)  # its log said closed; the data is not KiTS19's
+    not_closed = config.decision("not_closed")  # its log said closed; the data is not KiTS19's
+    if not_closed is not None:
+        out.mlperf.not_closed(not_closed.value)
     return out, with_loaders(components, data, config)
 
 
