@@ -78,7 +78,7 @@ class Config:
     # augmentation and evaluation
     oversampling: float = 0.4
     overlap: float = 0.5
-    semantics: str = "reference"  # (new) the reference's crop sampler, GA tail and evaluation epochs, or the project's
+    semantics: str = "reference"  # (new) the reference's crop sampler and GA tail, or the project's
     sw_batch_size: int = 2
     # speed
     amp: bool = False
@@ -299,10 +299,10 @@ def _augmentation_and_evaluation_flags(g, d: Config) -> None:
     g.add_argument("--overlap", type=float, default=d.overlap, help="sliding-window overlap in [0, 1)")
     g.add_argument("--semantics", default=d.semantics, choices=["reference", "project"],
                    help="(new) reference: the MLCommons code's crop sampler (its randrange never draws the last "
-                        "position; its foreground rule), the epoch's last partial gradient accumulation dropped, "
-                        "evaluation when epoch %% every == 0 from --start_eval_at (a closed run needs it); project: "
-                        "this project's fixes (every crop position; a long foreground box's patch kept over the "
-                        "component; the partial accumulation stepped; evaluation at start + k*every): an open run")
+                        "position; its foreground rule) and the epoch's last partial gradient accumulation dropped "
+                        "(a closed run needs it); project: this project's fixes (every crop position; a long "
+                        "foreground box's patch kept over the component; the partial accumulation stepped): an open "
+                        "run. Both evaluate at --start_eval_at and every --evaluate_every epochs after it")
     g.add_argument("--sw_batch_size", type=positive_int, default=d.sw_batch_size,
                    help="(new) sliding windows per forward pass (same result, faster)")
 
@@ -606,7 +606,7 @@ FLAG_MODES: dict[str, frozenset[str]] = {
     "include_background": _SCORED,  # the Dice loss (the benchmark's Dice stays kidney and tumour)
     # augmentation and evaluation
     "oversampling": _TRAINING,
-    "semantics": _SCHEDULE,  # the crop sampler and accumulation tail, the evaluation epochs
+    "semantics": _TRAINING,  # the crop sampler and accumulation tail
     "overlap": _ALL,
     "sw_batch_size": _ALL,
     # speed

@@ -5,8 +5,8 @@ and ../shared/docs/benchmark-spec.md, "What makes a run a result"): the referenc
 loss, SGD with only the rules' tunables changed (global batch size, base and initial learning
 rate, momentum, warm-up and decay epochs, decay factor, weight decay), every value the rules fix
 to the reference's (training patch 128³, evaluation window 128³, overlap 0.5, oversampling 0.4,
-the target 0.908), the reference's data semantics (its crop sampler, gradient-accumulation
-tail and evaluation epochs: ``--semantics reference``; no project-only augmentation or
+the target 0.908), the reference's data semantics (its crop sampler and gradient-accumulation
+tail: ``--semantics reference``; no project-only augmentation or
 synthetic data) and the 168/42 split of KiTS19. Anything else makes it open.
 
 Two pure functions, one per stage of ``runtime.resolve``: :func:`flag_reasons` over the flags
@@ -62,8 +62,8 @@ def flag_reasons(config) -> list[str]:
     if config.quality_threshold != QUALITY_THRESHOLD:
         reasons.append(f"--quality_threshold {config.quality_threshold:g} is not the target {QUALITY_THRESHOLD:g}")
     if config.semantics != "reference":
-        reasons.append(f"--semantics {config.semantics} is not the reference's crop sampler, "
-                       "gradient-accumulation tail and evaluation epochs")
+        reasons.append(f"--semantics {config.semantics} is not the reference's crop sampler and "
+                       "gradient-accumulation tail")
     if config.brightness != "reference":
         reasons.append(f"--brightness {config.brightness} is not the reference's augmentation")
     if config.loader != "pytorch":

@@ -30,51 +30,34 @@ def samples_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int
     return world_size * batch_size * batches_per_epoch(num_samples, world_size, batch_size)
 
 
-SEMANTICS = ("reference", "project")  # --semantics: the MLCommons code's rules, or the project's fixes
-
-
 @dataclass(frozen=True)
 class EvalSchedule:
-    """Which epochs evaluate. ``semantics`` "reference": the MLCommons code's rule, every epoch
-    with ``epoch % evaluate_every == 0`` and ``epoch >= start_eval_at``; "project": ``start_eval_at``
-    and every ``evaluate_every`` epochs after it. The two agree when ``evaluate_every`` divides
-    ``start_eval_at`` (the MLPerf defaults at batch 2: 1000 and 20)."""
+    """Which epochs evaluate: ``start_eval_at`` and every ``evaluate_every`` epochs after it, the
+    current MLCommons code's rule (``next_eval_at`` starts at ``start_eval_at`` and grows by
+    ``evaluate_every``) under both ``--semantics`` values."""
 
     start_eval_at: int
     evaluate_every: int
     fail_epoch: int  # a run not converged by this epoch has failed (MLPerf)
-    semantics: str = "reference"
 
     def is_eval_epoch(self, epoch: int) -> bool:
-        if epoch < self.start_eval_at:
-            return False
-        if self.semantics == "project":
-            return (epoch - self.start_eval_at) % self.evaluate_every == 0
-        return epoch % self.evaluate_every == 0
+        return epoch >= self.start_eval_at and (epoch - self.start_eval_at) % self.evaluate_every == 0
 
     def next_eval_epoch(self, epoch: int) -> int:
         """The first evaluation epoch at or after ``epoch``."""
-        if self.semantics == "project":
-            if epoch <= self.start_eval_at:
-                return self.start_eval_at
-            return self.start_eval_at + -(-(epoch - self.start_eval_at) // self.evaluate_every) * self.evaluate_every
-        first = max(epoch, self.start_eval_at)
-        return -(-first // self.evaluate_every) * self.evaluate_every
+        if epoch <= self.start_eval_at:
+            return self.start_eval_at
+        return self.start_eval_at + -(-(epoch - self.start_eval_at) // self.evaluate_every) * self.evaluate_every
 
     @property
     def first_eval_epoch(self) -> int:
-        """The run's first evaluation epoch: under "reference" the first multiple of
-        ``evaluate_every`` at or after ``start_eval_at`` (not ``start_eval_at`` itself unless
-        ``evaluate_every`` divides it)."""
         return self.next_eval_epoch(1)
 
     def evaluations_through(self, epoch: int) -> int:
         """How many epochs from 1 to ``epoch`` evaluate."""
         if epoch < self.start_eval_at:
             return 0
-        if self.semantics == "project":
-            return (epoch - self.start_eval_at) // self.evaluate_every + 1
-        return epoch // self.evaluate_every - (max(self.start_eval_at, 1) - 1) // self.evaluate_every
+        return (epoch - self.start_eval_at) // self.evaluate_every + 1
 
 
 def eval_schedule(samples_per_epoch_: int, num_train_cases: int = 168, start_eval_at: int | None = None,

@@ -1,13 +1,15 @@
-"""``--semantics reference`` (closed runs) is the MLCommons code's sampling, gradient-accumulation
-tail and evaluation schedule; ``--semantics project`` keeps this project's fixes (open runs).
+"""``--semantics reference`` (closed runs) is the MLCommons code's sampling and gradient-accumulation
+tail; ``--semantics project`` keeps this project's fixes (open runs). Both evaluate on the current
+MLCommons code's epochs.
 
 Everywhere: hand-worked answers from the reference's rules (its ``randrange(size - patch)`` never
 draws the last position; a box longer than the patch is entered by ``randrange(difference)``;
-evaluation when ``epoch % every == 0 and epoch >= start``; the last partial accumulation of an
+evaluation at ``start`` and every ``every`` epochs after it; the last partial accumulation of an
 epoch dropped). With the real code (``UNET3D_REFERENCE_CODE`` = the ``image_segmentation/pytorch``
 folder of a mlcommons/training checkout; skipped without it): the set of crop positions the
 project's sampler draws equals the set the reference's ``RandBalancedCrop`` draws, uniform and
-foreground; its ``train`` loop evaluates on the same epochs and steps the optimizer as often.
+foreground; its ``train`` loop evaluates on the same epochs, stops a diverged run (mean_dice below
+1e-6) at the same evaluation and steps the optimizer as often.
 """
 import os
 import random
@@ -69,13 +71,13 @@ def test_foreground_boxes_break_ties_as_the_reference():
 
 
 def test_reference_evaluation_epochs_known_answer():
-    reference = EvalSchedule(10, 4, 100)
-    assert [e for e in range(1, 30) if reference.is_eval_epoch(e)] == [12, 16, 20, 24, 28]
-    assert [reference.next_eval_epoch(e) for e in (1, 12, 13, 29)] == [12, 12, 16, 32]
-    project = EvalSchedule(10, 4, 100, "project")
-    assert [e for e in range(1, 30) if project.is_eval_epoch(e)] == [10, 14, 18, 22, 26]
-    assert [project.next_eval_epoch(e) for e in (1, 10, 11, 29)] == [10, 10, 14, 30]
-    assert loop.next_eval_epoch(13, reference, 15) == 15      # capped at the last epoch
+    """``next_eval_at = start``, then ``+= every`` at each evaluation: 10, 14, 18, ... (not the
+    multiples of 4 from 10, 12, 16, ..., an old version's rule)."""
+    schedule = EvalSchedule(10, 4, 100)
+    assert [e for e in range(1, 30) if schedule.is_eval_epoch(e)] == [10, 14, 18, 22, 26]
+    assert [schedule.next_eval_epoch(e) for e in (1, 10, 11, 29)] == [10, 10, 14, 30]
+    assert schedule.first_eval_epoch == 10 and schedule.evaluations_through(29) == 5
+    assert loop.next_eval_epoch(11, schedule, 13) == 13      # capped at the last epoch
 
 
 class _Loader:
@@ -161,8 +163,10 @@ def test_crop_positions_are_the_references(crop_mode, same):
     assert (ours_foreground == theirs_foreground) is same, (sorted(ours_foreground ^ theirs_foreground))
 
 
-def _reference_train(training, ga_steps: int, batches: int, epochs: int, start: int, every: int):
-    """The reference's ``train`` on a one-weight model: (epochs it evaluated, optimizer steps)."""
+def _reference_train(training, ga_steps: int, batches: int, epochs: int, start: int, every: int,
+                     mean_dice: float = 0.5):
+    """The reference's ``train`` on a one-weight model whose every evaluation scores ``mean_dice``
+    (0.5: neither the target nor diverged): (epochs it evaluated, optimizer steps)."""
     evaluated, steps = [], []
     model = torch.nn.Conv3d(1, 1, 1, bias=False)
 
@@ -180,7 +184,7 @@ def _reference_train(training, ga_steps: int, batches: int, epochs: int, start: 
 
     def evaluate(flags, model, loader, loss_fn, score_fn, device, epoch=0, is_distributed=False):
         evaluated.append(epoch)
-        return {"mean_dice": 0.0}
+        return {"mean_dice": mean_dice}
 
     saved = {name: getattr(training, name) for name in ("get_optimizer", "evaluate", "mllog_start", "mllog_end",
                                                          "mllog_event")}
@@ -207,8 +211,19 @@ def test_evaluation_epochs_and_accumulation_tail_are_the_references():
 
     training = load_reference_train_loop(REAL)
     evaluated, steps = _reference_train(training, ga_steps=3, batches=4, epochs=30, start=10, every=4)
-    reference = EvalSchedule(10, 4, 1000)
-    assert evaluated == [e for e in range(1, 31) if reference.is_eval_epoch(e)]
-    assert evaluated != [e for e in range(1, 31) if EvalSchedule(10, 4, 1000, "project").is_eval_epoch(e)]
+    assert evaluated == [e for e in range(1, 31) if EvalSchedule(10, 4, 1000).is_eval_epoch(e)]
+    assert evaluated == [10, 14, 18, 22, 26, 30]  # the oracle checks the rule, not only our copy of it
     assert steps == project_optimizer_steps("reference", batches=4, ga_steps=3, epochs=30)[0]
     assert steps != project_optimizer_steps("project", batches=4, ga_steps=3, epochs=30)[0]
+
+
+@needs_real
+def test_a_diverged_evaluation_stops_the_run_as_the_references():
+    """mean_dice below 1e-6 at an evaluation: the reference stops after it, the project aborts."""
+    from runtime.mlcommons_reference import load_reference_train_loop
+
+    training = load_reference_train_loop(REAL)
+    evaluated, _ = _reference_train(training, ga_steps=1, batches=1, epochs=30, start=10, every=4, mean_dice=0.0)
+    assert evaluated == [10]
+    assert loop.run_status(10, 1.0, 0.0, fail_epoch=1000, quality_threshold=0.908)[0] == "aborted"
+    assert loop.run_status(10, 1.0, 0.5, fail_epoch=1000, quality_threshold=0.908)[0] is None

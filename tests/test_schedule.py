@@ -34,12 +34,9 @@ def test_eval_schedule_spec_examples(global_batch, first, every):
 
 
 def test_eval_schedule_explicit_values_win_and_epochs():
-    import dataclasses
-
     schedule = eval_schedule(168, 168, start_eval_at=3, evaluate_every=2)
-    assert [e for e in range(1, 10) if schedule.is_eval_epoch(e)] == [4, 6, 8]   # the reference: epoch % 2 == 0
-    project = dataclasses.replace(schedule, semantics="project")
-    assert [e for e in range(1, 10) if project.is_eval_epoch(e)] == [3, 5, 7, 9]
+    assert [e for e in range(1, 10) if schedule.is_eval_epoch(e)] == [3, 5, 7, 9]   # start, then every 2
+    assert [schedule.evaluations_through(e) for e in (2, 3, 4, 9)] == [0, 1, 1, 4]
     with pytest.raises(ValueError):
         eval_schedule(0)
 
@@ -57,13 +54,10 @@ def test_next_eval_epoch():
     from runtime.schedule import EvalSchedule
     from runtime.training.loop import next_eval_epoch
 
-    schedule = EvalSchedule(start_eval_at=10, evaluate_every=4, fail_epoch=100, semantics="project")
+    schedule = EvalSchedule(start_eval_at=10, evaluate_every=4, fail_epoch=100)
     assert [next_eval_epoch(e, schedule, 30) for e in (1, 9, 10, 11, 13, 14, 15)] == [10, 10, 10, 14, 14, 14, 18]
     assert next_eval_epoch(27, schedule, 28) == 28        # no evaluation left: the last epoch
     assert next_eval_epoch(1, EvalSchedule(50, 5, 100), 20) == 20
-    reference = EvalSchedule(start_eval_at=10, evaluate_every=4, fail_epoch=100)
-    assert [next_eval_epoch(e, reference, 30) for e in (1, 9, 10, 11, 12, 13, 17)] == [12, 12, 12, 12, 12, 16, 20]
-    assert next_eval_epoch(29, reference, 30) == 30
 
 
 @pytest.mark.parametrize("epoch,loss,dice,expected", [

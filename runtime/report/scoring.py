@@ -146,8 +146,7 @@ def run_schedule(attempts: Sequence[Attempt]) -> tuple[T.Schedule | None, str]:
     if len(epochs) < 2:
         return None, "fewer than 2 evaluations logged (the schedule's spacing is unknown)"
     every = min(b - a for a, b in zip(epochs, epochs[1:]))
-    # the logged first evaluation and every `every` epochs after it, whichever rule chose them
-    return T.Schedule(spe, epochs[0], every, "project"), ""
+    return T.Schedule(spe, epochs[0], every), ""  # the logged first evaluation, then every `every` epochs
 
 
 def predict_run(run: Run, throughput: float | None) -> tuple[dict | None, str | None]:

@@ -112,13 +112,12 @@ class Schedule:
     samples_per_epoch: int  # global samples trained per epoch
     start_eval_at: int
     evaluate_every: int
-    semantics: str = "reference"  # which epochs evaluate: runtime.schedule.EvalSchedule's rule
 
     def eval_schedule(self):
         """The evaluation epochs as the training loop decides them (one rule, in runtime.schedule)."""
         from runtime.schedule import EvalSchedule
 
-        return EvalSchedule(self.start_eval_at, self.evaluate_every, 0, self.semantics)
+        return EvalSchedule(self.start_eval_at, self.evaluate_every, 0)
 
     @property
     def first_eval_epoch(self) -> int:

@@ -311,7 +311,7 @@ def benchmark_schedule(cfg: Config, world_size: int) -> T.Schedule:
                                  f"on each of {world_size} ranks")
     given = {name: getattr(cfg, name) if name in cfg.explicit else None for name in ("start_eval_at", "evaluate_every")}
     schedule = eval_schedule(spe, T.TRAIN_CASES, given["start_eval_at"], given["evaluate_every"])
-    return T.Schedule(spe, schedule.start_eval_at, schedule.evaluate_every, cfg.semantics)
+    return T.Schedule(spe, schedule.start_eval_at, schedule.evaluate_every)
 
 
 def global_batch(cfg: Config, world_size: int) -> int:

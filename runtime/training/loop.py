@@ -64,21 +64,14 @@ class RunResult:
 # -- pure decisions ---------------------------------------------------------------------------
 
 def eval_schedule_of(cfg) -> EvalSchedule:
-    """The run's evaluation epochs (resolved values and ``--semantics``): the one the loop follows."""
-    return EvalSchedule(cfg.start_eval_at, cfg.evaluate_every, cfg.fail_epoch, cfg.semantics)
+    """The run's evaluation epochs (resolved values): the one the loop follows."""
+    return EvalSchedule(cfg.start_eval_at, cfg.evaluate_every, cfg.fail_epoch)
 
 
 def schedule_text(cfg) -> str:
-    """The schedule line's evaluation part, with the true first evaluation epoch: under
-    ``--semantics reference`` an epoch evaluates when ``evaluate_every`` divides it, so with
-    ``--start_eval_at 2 --evaluate_every 420`` the first evaluation is epoch 420, not 2."""
-    schedule = eval_schedule_of(cfg)
-    first = schedule.first_eval_epoch
-    text = f"first eval at epoch {first}"
-    if first != cfg.start_eval_at:
-        text += (f" (the first multiple of --evaluate_every {cfg.evaluate_every} from --start_eval_at "
-                 f"{cfg.start_eval_at}: --semantics {cfg.semantics})")
-    text += f", then every {cfg.evaluate_every}"
+    """The schedule line's evaluation part; says so when no evaluation falls within ``--epochs``."""
+    first = eval_schedule_of(cfg).first_eval_epoch
+    text = f"first eval at epoch {first}, then every {cfg.evaluate_every}"
     if first > cfg.epochs:
         text += f"; no evaluation within --epochs {cfg.epochs}"
     return text
