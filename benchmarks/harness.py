@@ -52,19 +52,6 @@ def timed(fn: Callable[[], object], number: int = 1) -> float:
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).timeit(number).median
 
 
-def alternate(fns: dict[str, Callable[[], object]], pairs: int, warmup: int = 1) -> dict[str, list[float]]:
-    """In one process: each of ``fns`` warmed up, then called once per pair in turn (the order
-    reversed every other pair); the seconds of each call."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in fns}
-    for r in range(pairs):
-        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            times[name].append(timed(fns[name]))
-    return times
-
-
 @dataclass
 class Run:
     """One child process: its measured ``value``, wall seconds, peak RSS GB, load before, output."""
