@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import header, lockstep, loads, ratios, report, run_child, table
+from benchmarks.harness import checked_variants, header, lockstep, loads, ratios, report, run_child, table
 
 VARIANTS = {"mlcommons": ["--backend", "torch", "--sw_batch_size", "1"],
             "torch_fp32": ["--backend", "torch", "--channels_last"],
@@ -105,15 +105,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.child_mlcommons:
         return run_mlcommons_child(args.child_mlcommons[0], args.child_mlcommons[1:])
-    names = [n for n in (args.variants or ",".join(n for n in VARIANTS if n != "mlcommons" or args.reference_code))
-             .split(",") if n]
-    if set(names) - set(VARIANTS) or ("mlcommons" in names and not args.reference_code):
-        raise SystemExit(f"bench_predict: --variants {args.variants}: choose from {list(VARIANTS)}; "
-                         "mlcommons needs --reference_code (image_segmentation/pytorch of a mlcommons/training checkout)")
-    if "mlcommons" in names:
-        from runtime.mlcommons_reference import check_reference_code
-
-        args.reference_code = check_reference_code(args.reference_code)
+    names, args.reference_code = checked_variants(
+        "bench_predict", args.variants or ",".join(n for n in VARIANTS if n != "mlcommons" or args.reference_code),
+        VARIANTS, args.reference_code)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_predict_"))
     work.mkdir(parents=True, exist_ok=True)
     scans, ckpt = make_inputs(args, work)

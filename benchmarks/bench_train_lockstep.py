@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.harness import ROOT, flop_count_per_sample, header, lockstep, loads, ratios, table
+from benchmarks.harness import ROOT, checked_variants, flop_count_per_sample, header, lockstep, loads, ratios, table
 
 VARIANTS = {"mlcommons": [], "fp32": [], "bf16": ["--amp", "--amp_dtype", "bf16"], "fast": ["--amp", "--channels_last", "--fused_optimizer"]}
 TIMED = re.compile(r"timed step \d+: ([0-9.]+) ms")
@@ -189,7 +189,6 @@ def command(args, side: int, batch: int, variant: str, r) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reference_code", default=os.environ.get("UNET3D_REFERENCE_CODE", ""))
     p.add_argument("--data_dir")
     p.add_argument("--shapes", nargs="+", default=["64x2", "128x1"], help="SIDExBATCH")
     p.add_argument("--isa", nargs="+", default=["native"], help="native and/or a ONEDNN_MAX_CPU_ISA value")
@@ -202,19 +201,15 @@ def main(argv=None) -> int:
     p.add_argument("--conv_side", type=int, default=64, help="the convolution rate's volume side (64: 64³)")
     p.add_argument("--per_layer", action="store_true",
                    help="print the convolution floor layer by layer: seconds, GFLOP/s, share of the best layer's rate")
+    p.add_argument("--reference_code", default=os.environ.get("UNET3D_REFERENCE_CODE", ""))
     p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mlcommons:
         return run_mlcommons_child(args.child_mlcommons[0], args.child_mlcommons[1:])
     from model.unet3d import Unet3D
-    from runtime.mlcommons_reference import check_reference_code
 
-    variants = args.variants.split(",")
-    if (set(variants) - set(VARIANTS)) or ("mlcommons" in variants and not args.reference_code):
-        raise SystemExit(f"--variants {args.variants}: choose from {list(VARIANTS)}; "
-                         "mlcommons needs --reference_code (or UNET3D_REFERENCE_CODE)")
-    if "mlcommons" in variants:
-        args.reference_code = check_reference_code(args.reference_code)
+    variants, args.reference_code = checked_variants("bench_train_lockstep", args.variants, VARIANTS,
+                                                     args.reference_code)
     if not args.data_dir:
         raise SystemExit("--data_dir: a folder of preprocessed training cases is needed")
     with torch.device("meta"):

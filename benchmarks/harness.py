@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -108,6 +109,20 @@ def ratios(values: dict[str, list[float]], baseline: str) -> dict[str, float]:
             for name, times in values.items()}
 
 
+def checked_variants(prog: str, text: str, known: Sequence[str], reference_code: str) -> tuple[list[str], str]:
+    """The variants of a comma list, one line naming the choices for an unknown one; with
+    ``mlcommons``, the reference folder checked (:mod:`runtime.mlcommons_reference`)."""
+    names = [name for name in text.split(",") if name]
+    if not names or set(names) - set(known) or ("mlcommons" in names and not reference_code):
+        raise SystemExit(f"{prog}: --variants {text}: choose from {list(known)}; mlcommons needs --reference_code "
+                         "(image_segmentation/pytorch of a mlcommons/training checkout; or UNET3D_REFERENCE_CODE)")
+    if "mlcommons" in names:
+        from runtime.mlcommons_reference import check_reference_code
+
+        reference_code = check_reference_code(reference_code)
+    return names, reference_code
+
+
 def report(text: str, out: str = "") -> None:
     """Print ``text`` after a blank line and, with ``out``, write it there too."""
     print("\n" + text, flush=True)
@@ -118,6 +133,16 @@ def report(text: str, out: str = "") -> None:
 def loads(runs: dict[str, list[Run]]) -> str:
     every = [run.load for rs in runs.values() for run in rs]
     return f"load average {min(every):.1f}-{max(every):.1f}"
+
+
+def result_numbers(output: str) -> dict:
+    """Status, seconds, best mean Dice and epochs of a training run's ``RUN_SUMMARY`` line ({}: none)."""
+    match = re.search(r"RUN_SUMMARY,image_segmentation,\d+,([\d.]+),(\w+),best_mean_dice=(-?[\d.nan]+),epochs=(\d+)",
+                      output)
+    if not match:
+        return {}
+    seconds, status, dice, epochs = match.groups()
+    return {"status": status, "seconds": float(seconds), "best_mean_dice": float(dice), "epochs": int(epochs)}
 
 
 def flop_count_per_sample(model: torch.nn.Module, input_shape: Sequence[int], in_channels: int = 1) -> tuple[int, int]:
