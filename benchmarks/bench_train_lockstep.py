@@ -71,6 +71,7 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     return 0
 
 
+# GFLOP/s of a 64-channel convolution (forward and backward), NCDHW and channels-last, per type given
 CONV_RATE = r"""
 import json, sys, torch, torch.nn.functional as F
 from benchmarks.harness import timed
@@ -91,6 +92,8 @@ print(json.dumps(out))
 """
 
 
+# Per key (type and layout): "seconds" per step of the network's convolutions alone, each at its shape
+# in the step, forward and backward, and "layers": [name, input shape, calls per step, s per call, GFLOP per call]
 CONV_FLOOR = r"""
 import collections, copy, json, sys, torch
 from benchmarks.harness import timed
@@ -108,8 +111,7 @@ hooks = [m.register_forward_hook(lambda m, i, o: layers.update([(m, tuple(i[0].s
 model(torch.empty(batch, 1, side, side, side, device="meta"))
 for hook in hooks:
     hook.remove()
-convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d))]
-assert sum(layers.values()) == len(convolutions), "every convolution once per step"
+assert sum(layers.values()) == len(hooks), "every convolution once per step"
 out = {}
 names = {m: name for name, m in model.named_modules()}
 # float32 channels-last training's layer choices (runtime.levers.cpu.convert) for this model
@@ -163,20 +165,6 @@ def child_json(script: str, args: list, env: dict, what: str):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def conv_floor(env: dict, side: int, batch: int, keys: list[str]) -> dict[str, dict]:
-    """Per key of ``keys`` (type and layout): ``seconds`` per step of the network's convolutions
-    alone, each at its shape in the step, forward and backward, and ``layers``: [name, input
-    shape, calls per step, seconds per call, GFLOP per call]."""
-    return child_json(CONV_FLOOR, [side, batch, *keys], env, "conv floor")
-
-
-def conv_rates(env: dict, side: int = 64) -> dict[str, float]:
-    """GFLOP/s of a 64-channel convolution, NCDHW and channels-last, in float32 and (uncapped
-    only: capped, training runs float32 and emulated bf16 takes minutes) bfloat16."""
-    types = ["float32"] if env.get("ONEDNN_MAX_CPU_ISA") else ["float32", "bfloat16"]
-    return child_json(CONV_RATE, [side, *types], env, "conv rate")
-
-
 def command(args, side: int, batch: int, variant: str, r) -> list[str]:
     """``main.py --benchmark`` for ``variant``; ``mlcommons``: this module's child with the reference."""
     flags = ["--exec_mode", "train", "--benchmark", "--benchmark_steps", str(args.steps), "--warmup_steps",
@@ -219,7 +207,9 @@ def main(argv=None) -> int:
         env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
         env.update({"ONEDNN_MAX_CPU_ISA": isa} if isa != "native" else {})
         env.update({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
-        rates = conv_rates(env, args.conv_side)
+        # capped, training runs float32 (and oneDNN's emulated bf16 takes minutes)
+        rates = child_json(CONV_RATE, [args.conv_side, "float32"] + (["bfloat16"] if isa == "native" else []), env,
+                           "conv rate")
         print(f"\n## {isa}, threads {args.threads or 'default'}: convolution rate (GFLOP/s) "
               + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()))
         for spec in args.shapes:
@@ -236,7 +226,7 @@ def main(argv=None) -> int:
             base = variants[0]
             print(loads(runs))
             speed = ratios(times, base)
-            floors = conv_floor(env, side, batch, sorted(set(keys.values())))
+            floors = child_json(CONV_FLOOR, [side, batch, *sorted(set(keys.values()))], env, "conv floor")
             rows, floor_lines = [], []
             for key, floor in floors.items():
                 gflop = sum(count * work for _, _, count, _, work in floor["layers"])
