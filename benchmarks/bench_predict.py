@@ -133,8 +133,8 @@ def main(argv=None) -> int:
                     measure=lambda name, r, text: summary_of(str(work / f"{name}-{r}"))["seconds"])
     base = names[0]
     speed = ratios({n: [run.value for run in rs] for n, rs in runs.items()}, base)
-    first = {n: summary_of(str(work / f"{n}-0")) for n in names}
     stage = {n: [summary_of(str(work / f"{n}-{r}")) for r in range(args.rounds)] for n in names}
+    first = {n: stage[n][0] for n in names}
     rows = [[n, f"`{' '.join(VARIANTS[n])}`" if n != "mlcommons" else "the MLCommons code, fp32",
              first[n]["windows"], statistics.median(r.value for r in runs[n]), f"{speed[n]:.2f}x",
              statistics.median(r.wall for r in runs[n]), max(r.rss_gb for r in runs[n]),
@@ -147,8 +147,7 @@ def main(argv=None) -> int:
         + loads(runs), "",
         table(["variant", "flags", "windows", "median s (scans, predict's summary)", f"vs {base} (median of rounds)",
                "median s (process)", "peak RSS GB", f"kidney+tumour voxels = {base}", "mean Dice vs label",
-               "median s inferring",
-               "median s other stages (read, preprocess, restore, write, preview)"], rows), "",
+               "median s inferring", "median s other stages (read, preprocess, restore, write, preview)"], rows), "",
         "conversion before the rounds (s, cached): " + (", ".join(f"{n} {s:.1f}" for n, s in setup.items()) or "none")])
     report(text, args.out)
     return 0

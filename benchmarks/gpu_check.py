@@ -23,8 +23,7 @@ from benchmarks.harness import ROOT, result_numbers, run_child, table, training_
 from data_loading.atomic import atomic_write
 
 DEADLINE_S = 570.0  # the whole check (--deadline); each step gets at most its own limit and what is left
-# what the ladder leaves for the steps after it (time to train, convergence), on a GPU
-AFTER_LADDER_S = 240.0
+AFTER_LADDER_S = 240.0  # what the ladder leaves for the steps after it (time to train, convergence), on a GPU
 SMOKE_NOTE = "CPU smoke path (no CUDA GPU, or --smoke): tiny shapes; these numbers say nothing about a GPU"
 # one thread on a CPU: OpenMP threads of tiny convolutions on a shared CPU oversubscribe its cores
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -164,7 +163,6 @@ def prediction(check: Check, smoke: bool, data_dir: Path) -> None:
                    "--benchmark_steps", "3", "--warmup_steps", "1"]
     else:
         data = ["--data_dir", str(data_dir)] if any(data_dir.glob("case_*_x.npy")) else ["--loader", "synthetic"]
-        # the fastest settings measured on an H100 (docs/performance.md, GPU throughput)
         command = [check.python, "main.py", *data, "--benchmark", *FASTEST_GPU,
                    "--benchmark_seconds", "30", "--warmup_steps", "5", "--num_workers", "8"]
     step = Step("time_to_train", command, 150 if smoke else 90,  # --benchmark writes no log: no --log_dir

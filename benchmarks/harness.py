@@ -1,9 +1,8 @@
-"""What the benchmarks share: in-process timing (``torch.utils.benchmark``), lock-step rounds of
-child processes (each variant once per round in a process of its own, the first rotating, so that
-a shared machine's load falls on all alike; each round's ratio against the baseline, then their
-median), the header line (date, CPU, ISA, load), markdown tables, FLOP counting and the synthetic
-training volume. ``python -m benchmarks.harness flops 128 128 128``: the network's FLOPs per sample.
-"""
+"""What the benchmarks share: in-process timing, lock-step rounds of child processes (each variant
+once per round in a process of its own, the first rotating, so that a shared machine's load falls
+on all alike; the median of the rounds' ratios against the baseline), the header line (date, CPU,
+ISA, load), markdown tables, FLOP counting and synthetic volumes.
+``python -m benchmarks.harness flops 128 128 128``: the network's FLOPs per sample."""
 from __future__ import annotations
 
 import argparse
@@ -83,8 +82,7 @@ def run_child(command: Sequence[str], log: Path, env: dict | None = None,
 
 
 def lockstep(names: Sequence[str], command: Callable[[str, int], Sequence[str]], rounds: int, work: Path,
-             measure: Callable[[str, int, str], float] | None = None, env: dict | None = None,
-             say: Callable[[str], None] = print) -> dict[str, list[Run]]:
+             measure: Callable[[str, int, str], float] | None = None, env: dict | None = None) -> dict[str, list[Run]]:
     """Each of ``names`` once per round, ``command(name, round)`` in a child process, the first
     variant rotating; ``measure(name, round, output)`` gives a run's value (default: its wall
     time). A failed child stops it with one line naming its log."""
@@ -99,7 +97,7 @@ def lockstep(names: Sequence[str], command: Callable[[str, int], Sequence[str]],
             if code != 0 or value is None:
                 raise SystemExit(f"{name} failed (exit {code}); see {log}")
             runs[name].append(Run(value, wall, rss, load, text))
-            say(f"round {r + 1} {name}: {value:.2f} s, process {wall:.1f} s, peak RSS {rss:.2f} GB, load {load:.1f}")
+            print(f"round {r + 1} {name}: {value:.2f} s, process {wall:.1f} s, peak RSS {rss:.2f} GB, load {load:.1f}")
     return runs
 
 
@@ -210,13 +208,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="FLOPs per sample of the network (forward, forward + backward)")
     p.add_argument("what", choices=["flops"])
     p.add_argument("shape", type=int, nargs=3)
-    p.add_argument("--filters", type=int, nargs=5, default=None)
     args = p.parse_args(argv)
     from model.unet3d import Unet3D
 
     with torch.device("meta"):
-        model = Unet3D(filters=tuple(args.filters)) if args.filters else Unet3D()
-    forward, total = flop_count_per_sample(model, args.shape)
+        forward, total = flop_count_per_sample(Unet3D(), args.shape)
     print(f"forward {forward} FLOP, forward + backward {total} FLOP per sample of {'x'.join(map(str, args.shape))}")
     return 0
 
