@@ -303,10 +303,6 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
     config = parse_args(argv0 + ["--cache", "memory", "--num_workers", str(args.plain_workers), "--loader", row.loader,
                                  "--batch_size", str(batch_size), "--warmup_steps", str(args.warmup),
                                  *[flag for lever in row.levers for flag in LEVERS[lever]]], prog="bench_throughput")
-    ok, reason = cuda_graphs_supported(device, config) if config.cuda_graphs else (True, "")
-    if not ok:
-        result.notes.append(f"n/a: {reason}")
-        return result
 
     def work():
         c = bench_components(config, device, loaders)
