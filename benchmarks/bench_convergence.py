@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks.harness import header, run_child, table
+from benchmarks.harness import header, result_numbers, run_child, table
 
 SETTINGS = {"fp32": [], "fast": ["--amp", "--channels_last"]}
 # scripts/demo.sh's training flags (`make demo-convergence`'s: target 0.6, at most 60 epochs); the
@@ -23,7 +23,6 @@ DEMO = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "6
         "--lr_warmup_epochs", "2", "--start_eval_at", "4", "--evaluate_every", "2", "--oversampling", "0.7",
         "--num_workers", "0", "--sw_batch_size", "2", "--semantics", "project"]
 NOT_REACHED = float("inf")  # a run that did not reach the target ranks after all that did
-RESULT = re.compile(r"RUN_SUMMARY,image_segmentation,\d+,([0-9.]+),(\w+),best_mean_dice=(-?[0-9.]+),epochs=(\d+)")
 
 
 def main(argv=None) -> int:
@@ -58,9 +57,10 @@ def main(argv=None) -> int:
                        "--log_dir", str(work / f"logs-seed{seed}-{setting}"), *DEMO, "--epochs", args.epochs,
                        "--quality_threshold", args.target, "--seed", str(seed), *SETTINGS[setting]]
             wall, _, _, text = run_child(command, log)
-            found = RESULT.search(text)
+            found = result_numbers(text)
             precision = re.search(r"^bf16: .*$", text, re.M)
-            _, status, dice, epochs = found.groups() if found else (None, f"failed (see {log})", None, None)
+            status, epochs = found.get("status", f"failed (see {log})"), found.get("epochs")
+            dice = f"{found['best_mean_dice']:.4f}" if found else None
             rows.append([seed, setting, status, epochs if status == "success" else "not reached", dice,
                          f"{wall:.0f}", precision.group(0) if precision else "float32"])
             print(f"seed {seed} {setting}: {status}, epochs {epochs}", flush=True)

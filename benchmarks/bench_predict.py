@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import header, lockstep, loads, ratios, report, run_child, table
+from benchmarks.harness import checked_variants, header, lockstep, loads, ratios, report, run_child, table
 
 VARIANTS = {"mlcommons": ["--backend", "torch", "--sw_batch_size", "1"],
             "torch_fp32": ["--backend", "torch", "--channels_last"],
@@ -105,15 +105,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.child_mlcommons:
         return run_mlcommons_child(args.child_mlcommons[0], args.child_mlcommons[1:])
-    names = [n for n in (args.variants or ",".join(n for n in VARIANTS if n != "mlcommons" or args.reference_code))
-             .split(",") if n]
-    if set(names) - set(VARIANTS) or ("mlcommons" in names and not args.reference_code):
-        raise SystemExit(f"bench_predict: --variants {args.variants}: choose from {list(VARIANTS)}; "
-                         "mlcommons needs --reference_code (image_segmentation/pytorch of a mlcommons/training checkout)")
-    if "mlcommons" in names:
-        from runtime.mlcommons_reference import check_reference_code
-
-        args.reference_code = check_reference_code(args.reference_code)
+    names, args.reference_code = checked_variants(
+        "bench_predict", args.variants or ",".join(n for n in VARIANTS if n != "mlcommons" or args.reference_code),
+        VARIANTS, args.reference_code)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_predict_"))
     work.mkdir(parents=True, exist_ok=True)
     scans, ckpt = make_inputs(args, work)
@@ -139,8 +133,8 @@ def main(argv=None) -> int:
                     measure=lambda name, r, text: summary_of(str(work / f"{name}-{r}"))["seconds"])
     base = names[0]
     speed = ratios({n: [run.value for run in rs] for n, rs in runs.items()}, base)
-    first = {n: summary_of(str(work / f"{n}-0")) for n in names}
     stage = {n: [summary_of(str(work / f"{n}-{r}")) for r in range(args.rounds)] for n in names}
+    first = {n: stage[n][0] for n in names}
     rows = [[n, f"`{' '.join(VARIANTS[n])}`" if n != "mlcommons" else "the MLCommons code, fp32",
              first[n]["windows"], statistics.median(r.value for r in runs[n]), f"{speed[n]:.2f}x",
              statistics.median(r.wall for r in runs[n]), max(r.rss_gb for r in runs[n]),
@@ -153,8 +147,7 @@ def main(argv=None) -> int:
         + loads(runs), "",
         table(["variant", "flags", "windows", "median s (scans, predict's summary)", f"vs {base} (median of rounds)",
                "median s (process)", "peak RSS GB", f"kidney+tumour voxels = {base}", "mean Dice vs label",
-               "median s inferring",
-               "median s other stages (read, preprocess, restore, write, preview)"], rows), "",
+               "median s inferring", "median s other stages (read, preprocess, restore, write, preview)"], rows), "",
         "conversion before the rounds (s, cached): " + (", ".join(f"{n} {s:.1f}" for n, s in setup.items()) or "none")])
     report(text, args.out)
     return 0

@@ -33,7 +33,7 @@ from runtime.evaluate.metrics import evaluate
 from runtime.levers.gpu.graphs import cuda_graphs_supported
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.inference.sliding_window import sliding_window_inference
-from runtime.report.summary import number_text
+from runtime.report.run_summary import number_text
 from runtime.resolve import resolve
 from runtime.training.loop import set_learning_rate, step_inputs
 
@@ -99,17 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep_batches", type=int, nargs="*", default=[4, 8], help="all levers at these batches too")
     p.add_argument("--max_batch_limit", type=int, default=64, help="upper bound of the largest-batch search")
     p.add_argument("--ceiling_tflops", type=float, default=790.0, help="dense bf16 H200: 790")
-    p.add_argument("--smoke_compile", action="store_true", help="keep the compile rows in --smoke (minutes on a CPU)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: its default)")
     p.add_argument("--data_dir", default="", help="write/keep the synthetic volumes here (default: a temp dir)")
     return p
-
-
-def write_volumes(folder: Path, args: argparse.Namespace) -> None:
-    """``--distinct`` training volumes and two evaluation volumes, linked to as many case ids as asked."""
-    rng = np.random.default_rng(2026)
-    write_blob_cases(folder, training_ids(args.cases), args.case_shape, rng, args.distinct)
-    write_blob_cases(folder, [] if args.no_eval else read_evaluation_ids()[:args.eval_volumes], args.eval_shape, rng, 2)
 
 
 def lever_unavailable(lever: str, device: torch.device, args, plain_config) -> str | None:
@@ -119,8 +111,8 @@ def lever_unavailable(lever: str, device: torch.device, args, plain_config) -> s
     if lever == "cuda_graphs":
         ok, reason = cuda_graphs_supported(device, plain_config)
         return None if ok else reason
-    if lever == "compile" and args.smoke and not args.smoke_compile:
-        return "skipped in --smoke (compiling takes minutes on a CPU; --smoke_compile keeps it)"
+    if lever == "compile" and args.smoke:
+        return "skipped in --smoke (compiling takes minutes on a CPU)"
     return None
 
 
@@ -311,10 +303,6 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
     config = parse_args(argv0 + ["--cache", "memory", "--num_workers", str(args.plain_workers), "--loader", row.loader,
                                  "--batch_size", str(batch_size), "--warmup_steps", str(args.warmup),
                                  *[flag for lever in row.levers for flag in LEVERS[lever]]], prog="bench_throughput")
-    ok, reason = cuda_graphs_supported(device, config) if config.cuda_graphs else (True, "")
-    if not ok:
-        result.notes.append(f"n/a: {reason}")
-        return result
 
     def work():
         c = bench_components(config, device, loaders)
@@ -407,8 +395,9 @@ def main(argv=None) -> int:
     folder = Path(args.data_dir or tempfile.mkdtemp(prefix="bench_throughput_"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        tick = time.perf_counter()
-        write_volumes(folder, args)
+        tick, rng = time.perf_counter(), np.random.default_rng(2026)   # --distinct and 2 evaluation volumes, linked
+        write_blob_cases(folder, training_ids(args.cases), args.case_shape, rng, args.distinct)
+        write_blob_cases(folder, [] if args.no_eval else read_evaluation_ids()[:args.eval_volumes], args.eval_shape, rng, 2)
         print(f"volumes in {folder} ({time.perf_counter() - tick:.1f} s)", flush=True)
         argv0 = ["--data_dir", str(folder), "--device", device.type, "--seed", "0", "--benchmark", "--input_shape",
                  *map(str, args.patch), "--val_input_shape", *map(str, args.patch), "--learning_rate", "0.01",

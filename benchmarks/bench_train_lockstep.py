@@ -2,20 +2,16 @@
 
 ``main.py --exec_mode train --benchmark`` per variant and round on ``--data_dir`` (training cases
 only): ``fp32``, ``bf16``, ``fast`` (``--amp --channels_last --fused_optimizer``) against the
-baseline ``mlcommons``, the reference's own network, loss, optimizer and step (``--reference_code``)
-on the project's step timer and loader; GFLOP/s beside each and its share of the convolution rate
-measured in the run, and the convolution floor: the network's own convolutions timed alone in each
-variant's type and layout, whose ratio to the baseline's step is the most a step on these kernels
-can gain.
-Beside the floor: its layers' rates and the floor if every layer ran at the best one's rate (the
-most a faster kernel for the weaker layers could give); ``--per_layer`` prints it layer by layer.
-``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``; ``--in_process``: the reference and the variants
-alternating step by step.
+baseline ``mlcommons``, the reference's network, loss, optimizer and step (``--reference_code``)
+on the project's step timer and loader. Beside each: GFLOP/s, its share of the convolution rate
+measured in the run, and the convolution floor (the network's convolutions timed alone in the
+variant's type and layout: the most a step on these kernels can gain), with its layers' rates and
+the floor if every layer ran at the best one's rate (``--per_layer``: layer by layer).
+``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import os
@@ -29,18 +25,31 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.harness import ROOT, alternate, flop_count_per_sample, header, lockstep, loads, ratios, table
+from benchmarks.harness import ROOT, checked_variants, flop_count_per_sample, header, lockstep, loads, ratios, table
 
 VARIANTS = {"mlcommons": [], "fp32": [], "bf16": ["--amp", "--amp_dtype", "bf16"], "fast": ["--amp", "--channels_last", "--fused_optimizer"]}
 TIMED = re.compile(r"timed step \d+: ([0-9.]+) ms")
 PRECISION = re.compile(r"^bf16: .*$", re.M)
 
 
-def reference_parts(code_dir: str):
-    """The reference's network, its loss, its optimizer (SGD, Nesterov, lr 1e-4) and its step as
-    its runtime/training.py runs it on a CPU (amp off, ga_steps 1)."""
+def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
+    """The ``mlcommons`` process: the reference's network, loss, optimizer (SGD, Nesterov, lr 1e-4)
+    and step as its runtime/training.py runs them on a CPU (amp off, ga_steps 1), handed to the
+    project's benchmark timer on the project's loader (the same data as main.py's)."""
+    from data_loading.data_loader import data_source
+    from runtime.arguments import parse_args
+    from runtime.build import Components
+    from runtime.distributed import DistInfo
     from runtime.mlcommons_reference import load_reference_training
+    from runtime.resolve import resolve
+    from runtime.training.benchmark import Budget, time_training
 
+    cpu = torch.device("cpu")
+    dist = DistInfo(rank=0, local_rank=0, world_size=1, device=cpu)
+    config = parse_args(flags)
+    data = data_source(config)
+    config = resolve(config, dist, data)
+    torch.manual_seed(config.seed)
     unet3d, dice_ce_loss, get_optimizer = load_reference_training(code_dir)
     model = unet3d(1, 3, "instancenorm", "relu")
     optimizer = get_optimizer(model.parameters(), SimpleNamespace(optimizer="sgd", learning_rate=1e-4, momentum=0.9,
@@ -53,26 +62,7 @@ def reference_parts(code_dir: str):
         optimizer.step()
         optimizer.zero_grad()
         return loss.detach()
-    return model, loss_fn, optimizer, step
 
-
-def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
-    """The ``mlcommons`` process: the reference's network, loss, optimizer and step handed to
-    the project's benchmark timer on the project's loader (the same data as main.py's)."""
-    from data_loading.data_loader import data_source
-    from runtime.arguments import parse_args
-    from runtime.build import Components
-    from runtime.distributed import DistInfo
-    from runtime.resolve import resolve
-    from runtime.training.benchmark import Budget, time_training
-
-    cpu = torch.device("cpu")
-    dist = DistInfo(rank=0, local_rank=0, world_size=1, device=cpu)
-    config = parse_args(flags)
-    data = data_source(config)
-    config = resolve(config, dist, data)
-    torch.manual_seed(config.seed)
-    model, loss_fn, optimizer, step = reference_parts(code_dir)
     train_loader, val_loader = data.loaders(config, 1, 0, cpu)
     parts = Components(config=config, dist=dist, model=model, optimizer=optimizer, scaler=None, loss_fn=loss_fn,
                        score_fn=None, autocast=nullcontext, step=step,
@@ -81,53 +71,7 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     return 0
 
 
-IN_PROCESS = {"fp32": {}, "bf16": {"amp": True}, "fast": {"amp": True, "channels_last": True, "fused_optimizer": True}}
-
-
-def project_step(side: int, batch: int, name: str):
-    """The project's step for ``name`` exactly as runtime.build builds it; the key of its
-    convolution rate."""
-    from model.losses import DiceCELoss
-    from runtime import build, resolve
-    from runtime.arguments import Config
-    from runtime.levers.cpu.convert import apply_levers, choose_levers
-    from runtime.optimizers import make_optimizer
-
-    cpu = torch.device("cpu")
-    cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp_dtype="bf16",
-                              input_shape=(side,) * 3, batch_size=batch, **IN_PROCESS[name])
-    torch.manual_seed(0)
-    cfg = resolve.fused_optimizer_from(resolve.cpu_training_precision(cfg, cpu, say=True), cpu)
-    model = build.build_model(cfg, cpu)
-    levers = choose_levers(True, "cpu", cfg.channels_last, cfg.amp_dtype if cfg.amp else None, cfg.normalization,
-                           cfg.compile, cfg.filters)
-    for lever in levers:
-        print(lever.why)
-    apply_levers(model, tuple(lever.name for lever in levers if lever.applied), cfg.compile)
-    autocast, scaler = build.autocast_factory(cfg, cpu)
-    step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 1e-4, 0.9, fused=cfg.fused_optimizer),
-                                  scaler, autocast, 1)
-    return model, step, ("bfloat16" if cfg.amp else "float32") + ("_cl" if cfg.channels_last else ""), cfg.channels_last
-
-
-def in_process(args, variants: list[str], side: int, batch: int) -> tuple[dict, dict]:
-    """The reference's step and the project's ``variants`` as runtime.build builds them, the same
-    starting weights and batch, alternating step by step in one process."""
-    g = torch.Generator().manual_seed(1)
-    image = torch.randn(batch, 1, side, side, side, generator=g)
-    label = torch.randint(0, 3, (batch, 1, side, side, side), generator=g, dtype=torch.uint8)
-    theirs, _, _, reference = reference_parts(args.reference_code)
-    fns, keys = {"mlcommons": lambda: reference(image, label)}, {"mlcommons": "float32"}
-    for name in variants:
-        if name == "mlcommons":
-            continue
-        model, step, keys[name], cl = project_step(side, batch, name)
-        x = image.contiguous(memory_format=torch.channels_last_3d) if cl else image
-        fns[name] = functools.partial(step, x, label)
-    theirs.load_state_dict({k: v.contiguous() for k, v in model.state_dict().items()})
-    return alternate(fns, args.steps, args.warmup_steps), keys
-
-
+# GFLOP/s of a 64-channel convolution (forward and backward), NCDHW and channels-last, per type given
 CONV_RATE = r"""
 import json, sys, torch, torch.nn.functional as F
 from benchmarks.harness import timed
@@ -148,6 +92,8 @@ print(json.dumps(out))
 """
 
 
+# Per key (type and layout): "seconds" per step of the network's convolutions alone, each at its shape
+# in the step, forward and backward, and "layers": [name, input shape, calls per step, s per call, GFLOP per call]
 CONV_FLOOR = r"""
 import collections, copy, json, sys, torch
 from benchmarks.harness import timed
@@ -165,8 +111,7 @@ hooks = [m.register_forward_hook(lambda m, i, o: layers.update([(m, tuple(i[0].s
 model(torch.empty(batch, 1, side, side, side, device="meta"))
 for hook in hooks:
     hook.remove()
-convolutions = [m for m in model.modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d))]
-assert sum(layers.values()) == len(convolutions), "every convolution once per step"
+assert sum(layers.values()) == len(hooks), "every convolution once per step"
 out = {}
 names = {m: name for name, m in model.named_modules()}
 # float32 channels-last training's layer choices (runtime.levers.cpu.convert) for this model
@@ -211,32 +156,27 @@ print(json.dumps(out))
 """
 
 
-def conv_floor(env: dict, side: int, batch: int, keys: list[str]) -> dict[str, dict]:
-    """Seconds per step of the network's convolutions alone (every Conv3d and ConvTranspose3d at
-    its shape in the step, forward and backward, timed one by one) in each of ``keys``'s type and
-    layout: the step these kernels allow when nothing else costs anything. Per key ``seconds``
-    and ``layers``: [name, input shape, calls per step, seconds per call, GFLOP per call]."""
-    done = subprocess.run([sys.executable, "-c", CONV_FLOOR, str(side), str(batch), *keys], env=env,
-                          capture_output=True, text=True, cwd=ROOT)
+def child_json(script: str, args: list, env: dict, what: str):
+    """The JSON that ``script`` (run with ``args`` in a fresh process under ``env``) prints last."""
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True,
+                          cwd=ROOT)
     if done.returncode:
-        raise SystemExit(f"conv floor measurement failed: {done.stderr.strip().splitlines()[-1:]}")
+        raise SystemExit(f"{what} measurement failed: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def conv_rates(env: dict, side: int = 64) -> dict[str, float]:
-    """GFLOP/s of the convolution in float32 and (without an ISA cap: capped, training runs
-    float32 and oneDNN's emulated bf16 takes minutes) bfloat16, NCDHW and channels-last; freed
-    host memory reused (runtime.levers.cpu.host_memory), so that page faults do not count as the kernel's."""
-    types = ["float32"] if env.get("ONEDNN_MAX_CPU_ISA") else ["float32", "bfloat16"]
-    done = subprocess.run([sys.executable, "-c", CONV_RATE, str(side), *types], env=env, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode:
-        raise SystemExit(f"conv rate measurement failed: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def command(args, side: int, batch: int, variant: str, r) -> list[str]:
+    """``main.py --benchmark`` for ``variant``; ``mlcommons``: this module's child with the reference."""
+    flags = ["--exec_mode", "train", "--benchmark", "--benchmark_steps", str(args.steps), "--warmup_steps",
+             str(args.warmup_steps), "--data_dir", args.data_dir, "--input_shape", *[str(side)] * 3, "--batch_size",
+             str(batch), "--num_workers", "0", "--seed", "1", *VARIANTS[variant]]
+    if variant == "mlcommons":
+        return [sys.executable, "-m", "benchmarks.bench_train_lockstep", "--child_mlcommons", args.reference_code, *flags]
+    return [sys.executable, "main.py", *flags]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reference_code", default=os.environ.get("UNET3D_REFERENCE_CODE", ""))
     p.add_argument("--data_dir")
     p.add_argument("--shapes", nargs="+", default=["64x2", "128x1"], help="SIDExBATCH")
     p.add_argument("--isa", nargs="+", default=["native"], help="native and/or a ONEDNN_MAX_CPU_ISA value")
@@ -247,26 +187,18 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of every process (0: torch's default)")
     p.add_argument("--work", default="/tmp/bench_train_lockstep")
     p.add_argument("--conv_side", type=int, default=64, help="the convolution rate's volume side (64: 64³)")
-    p.add_argument("--in_process", action="store_true", help="alternate the steps in one process instead (a capped --isa needs the cap on the whole command)")
-    p.add_argument("--reuse_memory", action="store_true",
-                   help="--in_process: both steps with freed host memory reused (runtime.levers.cpu.host_memory), as the "
-                        "project trains on a CPU; without it both run as the reference does")
     p.add_argument("--per_layer", action="store_true",
                    help="print the convolution floor layer by layer: seconds, GFLOP/s, share of the best layer's rate")
+    p.add_argument("--reference_code", default=os.environ.get("UNET3D_REFERENCE_CODE", ""))
     p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_mlcommons:
         return run_mlcommons_child(args.child_mlcommons[0], args.child_mlcommons[1:])
     from model.unet3d import Unet3D
-    from runtime.mlcommons_reference import check_reference_code
 
-    variants = args.variants.split(",")
-    if (set(variants) - set(VARIANTS)) or ("mlcommons" in variants and not args.reference_code):
-        raise SystemExit(f"--variants {args.variants}: choose from {list(VARIANTS)}; "
-                         "mlcommons needs --reference_code (or UNET3D_REFERENCE_CODE)")
-    if "mlcommons" in variants or args.in_process:
-        args.reference_code = check_reference_code(args.reference_code)
-    if not args.data_dir and not args.in_process:
+    variants, args.reference_code = checked_variants("bench_train_lockstep", args.variants, VARIANTS,
+                                                     args.reference_code)
+    if not args.data_dir:
         raise SystemExit("--data_dir: a folder of preprocessed training cases is needed")
     with torch.device("meta"):
         model = Unet3D()
@@ -275,44 +207,26 @@ def main(argv=None) -> int:
         env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
         env.update({"ONEDNN_MAX_CPU_ISA": isa} if isa != "native" else {})
         env.update({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
-        rates = conv_rates(env, args.conv_side)
+        # capped, training runs float32 (and oneDNN's emulated bf16 takes minutes)
+        rates = child_json(CONV_RATE, [args.conv_side, "float32"] + (["bfloat16"] if isa == "native" else []), env,
+                           "conv rate")
         print(f"\n## {isa}, threads {args.threads or 'default'}: convolution rate (GFLOP/s) "
               + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()))
         for spec in args.shapes:
             side, batch = (int(v) for v in spec.split("x"))
             flops = flop_count_per_sample(model, (side,) * 3)[1] * batch
-            if args.in_process:
-                if os.environ.get("ONEDNN_MAX_CPU_ISA", "native") != isa:
-                    raise SystemExit(f"--in_process --isa {isa}: set the cap on the whole command "
-                                     f"(ONEDNN_MAX_CPU_ISA={isa} python -m benchmarks.bench_train_lockstep ...)")
-                torch.set_num_threads(args.threads or torch.get_num_threads())
-                if args.reuse_memory:
-                    from runtime.levers.cpu.host_memory import reuse_freed_memory
-                    print(f"host memory reuse in this process: {reuse_freed_memory() or 'on'}")
-                times, keys = in_process(args, variants, side, batch)
-                lines, base = {}, "mlcommons"
-            else:
-                def command(v, r):
-                    flags = ["--exec_mode", "train", "--benchmark", "--benchmark_steps", str(args.steps),
-                             "--warmup_steps", str(args.warmup_steps), "--data_dir", args.data_dir,
-                             "--input_shape", *[str(side)] * 3, "--batch_size", str(batch), "--num_workers", "0",
-                             "--seed", "1", *VARIANTS[v]]
-                    if v == "mlcommons":
-                        return [sys.executable, "-m", "benchmarks.bench_train_lockstep", "--child_mlcommons",
-                                args.reference_code, *flags]
-                    return [sys.executable, "main.py", *flags]
-
-                runs = lockstep(variants, command, args.rounds, Path(args.work) / f"{isa}-{spec}", env=env,
-                                measure=lambda v, r, text: statistics.median(float(t) / 1e3 for t in TIMED.findall(text))
-                                if TIMED.search(text) else None)
-                times = {v: [run.value for run in rs] for v, rs in runs.items()}
-                lines = {v: (PRECISION.search(rs[0].text) or [""])[0] for v, rs in runs.items()}
-                keys = {v: ("bfloat16" if v in ("bf16", "fast") and "training in bf16" in lines[v] else "float32")
-                        + ("_cl" if v == "fast" else "") for v in variants}
-                base = variants[0]
-                print(loads(runs))
+            runs = lockstep(variants, functools.partial(command, args, side, batch), args.rounds,
+                            Path(args.work) / f"{isa}-{spec}", env=env,
+                            measure=lambda v, r, text: statistics.median(float(t) / 1e3 for t in TIMED.findall(text))
+                            if TIMED.search(text) else None)
+            times = {v: [run.value for run in rs] for v, rs in runs.items()}
+            lines = {v: (PRECISION.search(rs[0].text) or [""])[0] for v, rs in runs.items()}
+            keys = {v: ("bfloat16" if v in ("bf16", "fast") and "training in bf16" in lines[v] else "float32")
+                    + ("_cl" if v == "fast" else "") for v in variants}
+            base = variants[0]
+            print(loads(runs))
             speed = ratios(times, base)
-            floors = conv_floor(env, side, batch, sorted(set(keys.values())))
+            floors = child_json(CONV_FLOOR, [side, batch, *sorted(set(keys.values()))], env, "conv floor")
             rows, floor_lines = [], []
             for key, floor in floors.items():
                 gflop = sum(count * work for _, _, count, _, work in floor["layers"])
@@ -335,8 +249,8 @@ def main(argv=None) -> int:
                 rows.append([v, step, f"{speed[v]:.2f}x", f"{gflops:.0f}",
                              f"{gflops / rates[keys[v]]:.0%} of {keys[v]} {rates[keys[v]]:.0f}",
                              f"{floors[keys[v]]:.2f} ({floors[keys[v]] / step:.0%})",
-                             f"{statistics.median(times[base]) / floors[keys[v]]:.2f}x", lines.get(v) or keys[v]])
-            print(f"\n{spec}, {isa}" + (", in one process" if args.in_process else "") + "\n" + table(
+                             f"{statistics.median(times[base]) / floors[keys[v]]:.2f}x", lines[v] or keys[v]])
+            print(f"\n{spec}, {isa}\n" + table(
                 ["variant", "s/step (median)", f"vs {base} (median of rounds)", "GFLOP/s", "of the conv rate",
                  "conv floor s/step (of the step)", f"{base}'s step / floor", "precision"], rows) + "\n\n"
                   + "\n".join(floor_lines), flush=True)

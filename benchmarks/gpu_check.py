@@ -19,12 +19,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.harness import ROOT, run_child, table, training_ids, write_blob_cases
+from benchmarks.harness import ROOT, result_numbers, run_child, table, training_ids, write_blob_cases
 from data_loading.atomic import atomic_write
 
 DEADLINE_S = 570.0  # the whole check (--deadline); each step gets at most its own limit and what is left
-# what the ladder leaves for the steps after it (time to train, convergence), on a GPU
-AFTER_LADDER_S = 240.0
+AFTER_LADDER_S = 240.0  # what the ladder leaves for the steps after it (time to train, convergence), on a GPU
 SMOKE_NOTE = "CPU smoke path (no CUDA GPU, or --smoke): tiny shapes; these numbers say nothing about a GPU"
 # one thread on a CPU: OpenMP threads of tiny convolutions on a shared CPU oversubscribe its cores
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -76,16 +75,6 @@ def prediction_numbers(output: str) -> dict:
     return found
 
 
-def result_numbers(output: str) -> dict:
-    """The training run's ``RUN_SUMMARY,image_segmentation,seed,seconds,status,best_mean_dice=..,epochs=..`` line."""
-    match = re.search(r"^RUN_SUMMARY,image_segmentation,(\d+),([\d.]+),(\w+),best_mean_dice=([\d.nan]+),epochs=(\d+)",
-                      output, re.MULTILINE)
-    if not match:
-        return {}
-    _, seconds, status, dice, epochs = match.groups()
-    return {"status": status, "seconds": float(seconds), "best_mean_dice": float(dice), "epochs": int(epochs)}
-
-
 @dataclass
 class Step:
     name: str
@@ -102,7 +91,7 @@ class Check:
     def __init__(self, out: Path, python: str, deadline_s: float = DEADLINE_S):
         self.out, self.python, self.start, self.deadline_s = out, python, time.monotonic(), deadline_s
         self.steps: list[Step] = []
-        self.tiny_data = out / "tiny_data"  # the smoke path's data (write_tiny_data)
+        self.tiny_data = out / "tiny_data"  # the smoke path's data
 
     def left(self) -> float:
         return self.deadline_s - (time.monotonic() - self.start)
@@ -140,17 +129,6 @@ def cuda_tests(check: Check, smoke: bool) -> None:
         step.numbers = junit_counts(junit)
 
 
-def write_tiny_data(folder: Path, train: int = 4, evaluate: int = 2, shape=(40, 40, 40)) -> Path:
-    """``train`` training cases and ``evaluate`` of the evaluation ids: tiny blob volumes."""
-    import numpy as np
-
-    from data_loading.dataset import read_evaluation_ids
-
-    folder.mkdir(parents=True, exist_ok=True)
-    write_blob_cases(folder, training_ids(train) + read_evaluation_ids()[:evaluate], shape, np.random.default_rng(0))
-    return folder
-
-
 def convergence(check: Check, smoke: bool) -> None:
     if smoke:
         step = Step("convergence", [check.python, "main.py", "--data_dir", str(check.tiny_data), *TINY,
@@ -185,7 +163,6 @@ def prediction(check: Check, smoke: bool, data_dir: Path) -> None:
                    "--benchmark_steps", "3", "--warmup_steps", "1"]
     else:
         data = ["--data_dir", str(data_dir)] if any(data_dir.glob("case_*_x.npy")) else ["--loader", "synthetic"]
-        # the fastest settings measured on an H100 (docs/performance.md, GPU throughput)
         command = [check.python, "main.py", *data, "--benchmark", *FASTEST_GPU,
                    "--benchmark_seconds", "30", "--warmup_steps", "5", "--num_workers", "8"]
     step = Step("time_to_train", command, 150 if smoke else 90,  # --benchmark writes no log: no --log_dir
@@ -225,8 +202,13 @@ def main(argv=None) -> int:
     if smoke:
         print(f"gpu-check: {SMOKE_NOTE}", flush=True)
     check = Check(out, sys.executable, args.deadline)
-    if smoke:
-        check.tiny_data = write_tiny_data(out / "tiny_data")
+    if smoke:   # 4 training and 2 evaluation cases: tiny blob volumes
+        import numpy as np
+
+        from data_loading.dataset import read_evaluation_ids
+
+        check.tiny_data.mkdir(exist_ok=True)
+        write_blob_cases(check.tiny_data, training_ids(4) + read_evaluation_ids()[:2], (40, 40, 40), np.random.default_rng(0))
     cuda_tests(check, smoke)
     ladder(check, smoke, out / "data", reserve_s=AFTER_LADDER_S)
     prediction(check, smoke, out / "data")

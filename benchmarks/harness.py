@@ -1,14 +1,14 @@
-"""What the benchmarks share: in-process timing (``torch.utils.benchmark``), lock-step rounds of
-child processes (each variant once per round in a process of its own, the first rotating, so that
-a shared machine's load falls on all alike; each round's ratio against the baseline, then their
-median), the header line (date, CPU, ISA, load), markdown tables, FLOP counting and the synthetic
-training volume. ``python -m benchmarks.harness flops 128 128 128``: the network's FLOPs per sample.
-"""
+"""What the benchmarks share: in-process timing, lock-step rounds of child processes (each variant
+once per round in a process of its own, the first rotating, so that a shared machine's load falls
+on all alike; the median of the rounds' ratios against the baseline), the header line (date, CPU,
+ISA, load), markdown tables, FLOP counting and synthetic volumes.
+``python -m benchmarks.harness flops 128 128 128``: the network's FLOPs per sample."""
 from __future__ import annotations
 
 import argparse
 import itertools
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -52,19 +52,6 @@ def timed(fn: Callable[[], object], number: int = 1) -> float:
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).timeit(number).median
 
 
-def alternate(fns: dict[str, Callable[[], object]], pairs: int, warmup: int = 1) -> dict[str, list[float]]:
-    """In one process: each of ``fns`` warmed up, then called once per pair in turn (the order
-    reversed every other pair); the seconds of each call."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in fns}
-    for r in range(pairs):
-        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            times[name].append(timed(fns[name]))
-    return times
-
-
 @dataclass
 class Run:
     """One child process: its measured ``value``, wall seconds, peak RSS GB, load before, output."""
@@ -95,8 +82,7 @@ def run_child(command: Sequence[str], log: Path, env: dict | None = None,
 
 
 def lockstep(names: Sequence[str], command: Callable[[str, int], Sequence[str]], rounds: int, work: Path,
-             measure: Callable[[str, int, str], float] | None = None, env: dict | None = None,
-             say: Callable[[str], None] = print) -> dict[str, list[Run]]:
+             measure: Callable[[str, int, str], float] | None = None, env: dict | None = None) -> dict[str, list[Run]]:
     """Each of ``names`` once per round, ``command(name, round)`` in a child process, the first
     variant rotating; ``measure(name, round, output)`` gives a run's value (default: its wall
     time). A failed child stops it with one line naming its log."""
@@ -111,7 +97,7 @@ def lockstep(names: Sequence[str], command: Callable[[str, int], Sequence[str]],
             if code != 0 or value is None:
                 raise SystemExit(f"{name} failed (exit {code}); see {log}")
             runs[name].append(Run(value, wall, rss, load, text))
-            say(f"round {r + 1} {name}: {value:.2f} s, process {wall:.1f} s, peak RSS {rss:.2f} GB, load {load:.1f}")
+            print(f"round {r + 1} {name}: {value:.2f} s, process {wall:.1f} s, peak RSS {rss:.2f} GB, load {load:.1f}")
     return runs
 
 
@@ -119,6 +105,20 @@ def ratios(values: dict[str, list[float]], baseline: str) -> dict[str, float]:
     """Per variant: the median over rounds of ``baseline / variant`` (above 1: faster)."""
     return {name: statistics.median(b / v for b, v in zip(values[baseline], times))
             for name, times in values.items()}
+
+
+def checked_variants(prog: str, text: str, known: Sequence[str], reference_code: str) -> tuple[list[str], str]:
+    """The variants of a comma list, one line naming the choices for an unknown one; with
+    ``mlcommons``, the reference folder checked (:mod:`runtime.mlcommons_reference`)."""
+    names = [name for name in text.split(",") if name]
+    if not names or set(names) - set(known) or ("mlcommons" in names and not reference_code):
+        raise SystemExit(f"{prog}: --variants {text}: choose from {list(known)}; mlcommons needs --reference_code "
+                         "(image_segmentation/pytorch of a mlcommons/training checkout; or UNET3D_REFERENCE_CODE)")
+    if "mlcommons" in names:
+        from runtime.mlcommons_reference import check_reference_code
+
+        reference_code = check_reference_code(reference_code)
+    return names, reference_code
 
 
 def report(text: str, out: str = "") -> None:
@@ -131,6 +131,16 @@ def report(text: str, out: str = "") -> None:
 def loads(runs: dict[str, list[Run]]) -> str:
     every = [run.load for rs in runs.values() for run in rs]
     return f"load average {min(every):.1f}-{max(every):.1f}"
+
+
+def result_numbers(output: str) -> dict:
+    """Status, seconds, best mean Dice and epochs of a training run's ``RUN_SUMMARY`` line ({}: none)."""
+    match = re.search(r"RUN_SUMMARY,image_segmentation,\d+,([\d.]+),(\w+),best_mean_dice=(-?[\d.nan]+),epochs=(\d+)",
+                      output)
+    if not match:
+        return {}
+    seconds, status, dice, epochs = match.groups()
+    return {"status": status, "seconds": float(seconds), "best_mean_dice": float(dice), "epochs": int(epochs)}
 
 
 def flop_count_per_sample(model: torch.nn.Module, input_shape: Sequence[int], in_channels: int = 1) -> tuple[int, int]:
@@ -198,13 +208,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="FLOPs per sample of the network (forward, forward + backward)")
     p.add_argument("what", choices=["flops"])
     p.add_argument("shape", type=int, nargs=3)
-    p.add_argument("--filters", type=int, nargs=5, default=None)
     args = p.parse_args(argv)
     from model.unet3d import Unet3D
 
     with torch.device("meta"):
-        model = Unet3D(filters=tuple(args.filters)) if args.filters else Unet3D()
-    forward, total = flop_count_per_sample(model, args.shape)
+        forward, total = flop_count_per_sample(Unet3D(), args.shape)
     print(f"forward {forward} FLOP, forward + backward {total} FLOP per sample of {'x'.join(map(str, args.shape))}")
     return 0
 
