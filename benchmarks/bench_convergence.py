@@ -1,11 +1,8 @@
-"""Convergence with the fast CPU settings against float32 (the baseline): the demo's small network
-(``make demo-convergence``'s training command in ``scripts/demo.sh``) trained to its target per
-setting and seed, on the demo's preprocessed data (``--data_dir``); the epoch each run reached the
-target at (its RUN_SUMMARY line).
-``fast``: ``--amp --channels_last`` (bf16 where the CPU has native bf16 dot products; the run says).
-Then, per setting, the epochs over the seeds and whether the two settings' epochs can be told
-apart: the exact two-sided Mann-Whitney U test (scipy), no assumption on how epochs spread.
-"""
+"""Convergence with the fast CPU settings against float32 (the baseline): the demo's small network (its training
+command in ``scripts/demo.sh``) trained to its target per setting and seed on the demo's preprocessed data
+(``--data_dir``); the epoch each run reached the target at. ``fast``: ``--amp --channels_last`` (bf16 where the
+CPU has native bf16 dot products; the run says). Then whether the settings' epochs can be told apart: the exact
+two-sided Mann-Whitney U test (scipy), no assumption on how epochs spread."""
 from __future__ import annotations
 
 import argparse
@@ -16,8 +13,8 @@ from pathlib import Path
 from benchmarks.harness import header, result_numbers, run_child, table
 
 SETTINGS = {"fp32": [], "fast": ["--amp", "--channels_last"]}
-# scripts/demo.sh's training flags (`make demo-convergence`'s: target 0.6, at most 60 epochs); the
-# project's crop sampler, the only one when docs/performance.md's convergence runs were measured
+# scripts/demo.sh's training flags (`make demo-convergence`: target 0.6, at most 60 epochs); the project's sampler,
+# the only one when docs/performance.md's convergence runs were measured
 DEMO = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "64", "--batch_size", "2",
         "--optimizer", "adam", "--learning_rate", "0.003", "--init_learning_rate", "0.0003",
         "--lr_warmup_epochs", "2", "--start_eval_at", "4", "--evaluate_every", "2", "--oversampling", "0.7",
@@ -71,11 +68,9 @@ def main(argv=None) -> int:
 
 
 def compare(epochs: dict[str, list[float]]) -> str:
-    """Each setting's epochs to the target (mean and range of the runs that reached it) and, for two
-    settings with three runs or more each, the exact two-sided Mann-Whitney U p-value of their
-    difference; with the same seeds for both, the sign test over the seeds' pairs. A run that never
-    reached the target (aborted by the benchmark's divergence rule, or out of epochs) ranks after
-    every run that did; two such runs of one seed are a tie."""
+    """Each setting's epochs to the target (mean and range of the runs that reached it); for two settings of three
+    runs or more, the exact two-sided Mann-Whitney U p-value and, with the same seeds, the sign test over their pairs.
+    A run that never reached the target (diverged, or out of epochs) ranks after every one that did; two tie."""
     from scipy.stats import binomtest, mannwhitneyu
 
     lines = []

@@ -1,9 +1,7 @@
-"""Training data pipeline throughput: samples/s of ``--patch`` crops, the reference's per-sample way
-(the baseline: whole-volume ``np.load`` and, for foreground crops, whole-volume ``np.unique`` +
-``scipy.ndimage.label``; also labelling every sample) against this pipeline's ``none``, ``memory``
-(0 and 2 workers) and ``device`` caches (its batched torch path on the CPU; on CUDA too where there
-is one), on ``--cases`` random-blob volumes of ``--shape`` (KiTS19 sizes after preprocessing).
-"""
+"""Training data pipeline throughput: samples/s of ``--patch`` crops, the reference's per-sample way (the baseline:
+whole-volume ``np.load`` and, for foreground crops, ``np.unique`` + ``scipy.ndimage.label``; also labelling every
+sample) against this pipeline's ``none``, ``memory`` (0 and 2 workers) and ``device`` caches (batched torch path
+on the CPU, and CUDA where there is one), on ``--cases`` random-blob volumes of ``--shape`` (KiTS19 sizes)."""
 from __future__ import annotations
 
 import argparse

@@ -1,11 +1,9 @@
 """CPU predict through its command line, per backend, lock-step against the real MLCommons code.
 
-``main.py --exec_mode predict`` per variant and round on the same scans: ``torch_fp32``,
-``openvino_fp32``, ``openvino_int8`` against the baseline ``mlcommons`` (the MLCommons code's network
-and window from ``--reference_code``, fp32, one window per forward, in predict's scan loop). Times
-from predict's own summary (inferring apart from the other stages); OpenVINO's conversion timed apart.
-Scans: ``--input``, else one synthetic KiTS-size scan; weights: ``--ckpt``, else random.
-"""
+``main.py --exec_mode predict`` per variant and round on the same scans: ``torch_fp32``, ``openvino_fp32``,
+``openvino_int8`` against ``mlcommons`` (the MLCommons network and window from ``--reference_code``, fp32, one
+window per forward, in predict's scan loop); times from predict's own summary, OpenVINO's conversion apart.
+Scans: ``--input``, else one synthetic KiTS-size scan; weights: ``--ckpt``, else random."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.harness import checked_variants, header, lockstep, loads, ratios, report, run_child, table
+from benchmarks.harness import (checked_variants, header, lockstep, loads, parse_with_reference, ratios, report,
+                                run_child, table)
 
 VARIANTS = {"mlcommons": ["--backend", "torch", "--sw_batch_size", "1"],
             "torch_fp32": ["--backend", "torch", "--channels_last"],
@@ -100,11 +99,7 @@ def main(argv=None) -> int:
     p.add_argument("--roi", type=int, default=128)
     p.add_argument("--workdir", default="", help="scans, outputs, caches (default: a temporary folder)")
     p.add_argument("--out", default="", help="also write the markdown report here")
-    p.add_argument("--reference_code", default=os.environ.get("UNET3D_REFERENCE_CODE", ""))
-    p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child_mlcommons:
-        return run_mlcommons_child(args.child_mlcommons[0], args.child_mlcommons[1:])
+    args = parse_with_reference(p, argv, run_mlcommons_child)
     names, args.reference_code = checked_variants(
         "bench_predict", args.variants or ",".join(n for n in VARIANTS if n != "mlcommons" or args.reference_code),
         VARIANTS, args.reference_code)

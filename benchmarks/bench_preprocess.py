@@ -1,8 +1,7 @@
-"""Preprocessing throughput: cases per minute of ``preprocess_dataset.py`` with 1 worker process (the
-baseline) and with 2, in lock-step rounds, each into a fresh results folder and timed from the
-outside as a user sees it, on ``--cases`` synthetic KiTS19 cases of the ``--size`` preset
-(``realistic``: 512 x 512 in-plane, 300-600 slices), the raw files in the page cache for all alike.
-"""
+"""Preprocessing throughput: cases per minute of ``preprocess_dataset.py`` with 1 worker process (the baseline)
+and with 2, in lock-step rounds, each into a fresh results folder and timed from the outside as a user sees it,
+on ``--cases`` synthetic KiTS19 cases of the ``--size`` preset (``realistic``: 512 x 512 in-plane, 300-600
+slices), the raw files in the page cache for all alike."""
 from __future__ import annotations
 
 import argparse

@@ -1,9 +1,7 @@
-"""Training and evaluation throughput (GPU; ``--smoke``: tiny CPU shapes): this application's own
-training step on the real data pipeline over synthetic volumes, ``plain`` (the baseline: fp32,
-NCDHW, memory cache, eager) against the speed levers added one after another (``--rows ladder``),
-alone (``single``), with ``--loader synthetic`` and at larger batches (``sweep``); evaluation plain
-against bf16 + several windows per forward + channels-last (+ compile on a GPU).
-"""
+"""Training and evaluation throughput (GPU; ``--smoke``: tiny CPU shapes): this application's training step on
+the real data pipeline over synthetic volumes, ``plain`` (fp32, NCDHW, memory cache, eager) against the speed
+levers one after another (``--rows ladder``), alone, with ``--loader synthetic`` and at larger batches;
+evaluation plain against bf16 + several windows per forward + channels-last (+ compile on a GPU)."""
 from __future__ import annotations
 
 import argparse
@@ -46,7 +44,7 @@ LABELS = {k: k if k == "channels_last" else k.replace("_", " ") for k in LEVERS}
 ROW_GROUPS = ("ladder", "single", "synthetic", "sweep")
 SMOKE = dict(filters=[4, 8, 16, 32, 32], patch=[64], batch_size=1, steps=2, warmup=1, plain_workers=0,
              cases=4, distinct=2, case_shape=[72, 80, 80], eval_volumes=1, eval_shape=[64, 96, 96],
-             sweep_batches=[2], max_batch_limit=4, device="cpu")
+             sweep_batches=[2], max_batch_limit=4)
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU smoke test")
     p.add_argument("--out", default="", help="also write the tables as markdown to this file")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--rows", default=",".join(ROW_GROUPS), help="row groups besides plain, comma-separated")
     p.add_argument("--levers", nargs="*", default=[], metavar="LEVER+LEVER[@BATCH]",
                    help=f"rows of exactly these levers, after the groups' rows (levers: {', '.join(LEVERS)}), "
@@ -261,9 +258,8 @@ def search_largest(runs, limit: int) -> tuple[int, str]:
 
 
 class LoaderCache:
-    """A data source that keeps the last loaders for the next row with the same data settings
-    (building one labels every case's components); one alive at most (a device cache would
-    count towards another row's peak memory)."""
+    """A data source that keeps the last loaders for the next row with the same data settings (building them
+    labels every case's components); one alive at most (a device cache counts towards a row's peak memory)."""
     key, loaders_ = None, None
 
     def summary(self, config):
@@ -280,8 +276,7 @@ class LoaderCache:
 
 
 def guarded(result: Result, device: torch.device, work) -> Result:
-    """``work()`` with the peak GPU memory of it in ``result``; out of memory or a failure becomes
-    a note (one failing lever must not hide the other rows)."""
+    """``work()``, its peak GPU memory in ``result``; out of memory or a failure is a note (not hiding other rows)."""
     free_memory(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -385,7 +380,7 @@ def main(argv=None) -> int:
     patch = "x".join(map(str, args.patch))
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    device = D.select_device(args.device, 0)
+    device = D.select_device("cpu" if args.smoke else "auto", 0)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
@@ -417,17 +412,15 @@ def main(argv=None) -> int:
 
         results: list[Result] = []
         loaders = LoaderCache()
-        # Untimed: process-wide first-use costs (allocator growth, kernel/primitive caches, the
-        # first DataLoader start) would otherwise all land on the plain row.
+        # untimed: process-wide first-use costs (allocator, kernel caches, first DataLoader) would land on plain
         run_train_row(TrainRow("process warm-up", ()), argparse.Namespace(**{**vars(args), "steps": 1}),
                       argv0, device, args.batch_size, loaders)
         dropped: set[str] = set()
         for row in train_rows(groups, args):
             skipped = {lever: lever_unavailable(lever, device, args, plain_config) for lever in row.levers}
-            new = row.levers[-1] if row.levers else None
-            if new is not None and skipped.get(new) and (len(row.levers) == 1 or row.name.startswith("+")):
-                results.append(Result(row, notes=[f"n/a: {skipped[new]}"]))
-                print(f"{row.name}: n/a ({skipped[new]})", flush=True)
+            if row.levers and (why := skipped[row.levers[-1]]) and (len(row.levers) == 1 or row.name.startswith("+")):
+                results.append(Result(row, notes=[f"n/a: {why}"]))
+                print(f"{row.name}: n/a ({why})", flush=True)
                 continue
             active = tuple(lever for lever in row.levers if not skipped[lever])
             dropped |= set(row.levers) - set(active)

@@ -1,14 +1,11 @@
 """The CPU training step through the command users run, lock-step against the real MLCommons code.
 
-``main.py --exec_mode train --benchmark`` per variant and round on ``--data_dir`` (training cases
-only): ``fp32``, ``bf16``, ``fast`` (``--amp --channels_last --fused_optimizer``) against the
-baseline ``mlcommons``, the reference's network, loss, optimizer and step (``--reference_code``)
-on the project's step timer and loader. Beside each: GFLOP/s, its share of the convolution rate
-measured in the run, and the convolution floor (the network's convolutions timed alone in the
-variant's type and layout: the most a step on these kernels can gain), with its layers' rates and
-the floor if every layer ran at the best one's rate (``--per_layer``: layer by layer).
-``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``.
-"""
+``main.py --exec_mode train --benchmark`` per variant and round on ``--data_dir``'s training cases: ``fp32``,
+``bf16``, ``fast`` (``--amp --channels_last --fused_optimizer``) against ``mlcommons``, the reference's network,
+loss, optimizer and step (``--reference_code``) on the project's step timer and loader. Beside each: GFLOP/s, its
+share of the convolution rate measured in the run, and the convolution floor (the network's convolutions timed
+alone in the variant's type and layout: the most a step on these kernels can gain), with the floor if every layer
+ran at the best one's rate (``--per_layer``: layer by layer). ``--isa AVX2``: under ``ONEDNN_MAX_CPU_ISA``."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +22,8 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.harness import ROOT, checked_variants, flop_count_per_sample, header, lockstep, loads, ratios, table
+from benchmarks.harness import (ROOT, checked_variants, flop_count_per_sample, header, lockstep, loads,
+                                parse_with_reference, ratios, table)
 
 VARIANTS = {"mlcommons": [], "fp32": [], "bf16": ["--amp", "--amp_dtype", "bf16"], "fast": ["--amp", "--channels_last", "--fused_optimizer"]}
 TIMED = re.compile(r"timed step \d+: ([0-9.]+) ms")
@@ -33,9 +31,8 @@ PRECISION = re.compile(r"^bf16: .*$", re.M)
 
 
 def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
-    """The ``mlcommons`` process: the reference's network, loss, optimizer (SGD, Nesterov, lr 1e-4)
-    and step as its runtime/training.py runs them on a CPU (amp off, ga_steps 1), handed to the
-    project's benchmark timer on the project's loader (the same data as main.py's)."""
+    """The ``mlcommons`` process: the reference's network, loss, optimizer (SGD, Nesterov, lr 1e-4) and step as its
+    runtime/training.py runs them on a CPU (amp off, ga_steps 1), on the project's step timer and loader."""
     from data_loading.data_loader import data_source
     from runtime.arguments import parse_args
     from runtime.build import Components
@@ -114,7 +111,6 @@ for hook in hooks:
 assert sum(layers.values()) == len(hooks), "every convolution once per step"
 out = {}
 names = {m: name for name, m in model.named_modules()}
-# float32 channels-last training's layer choices (runtime.levers.cpu.convert) for this model
 apply_levers(model, (SPLIT_CONCATENATION, WIDEST_NCDHW), compile=False)
 in_ncdhw = {block[0] for block in model.modules() if isinstance(block, FastConvBlock) and block.ncdhw}
 after_concatenation = {block.conv1[0] for block in model.modules()
@@ -130,9 +126,8 @@ for key in keys:
         layer = layer.to(dtype=dtype, memory_format=layer_mf)
         x = torch.randn(shape, dtype=dtype).contiguous(memory_format=layer_mf).requires_grad_(shape[1] > 1)
         wanted = ([x] if x.requires_grad else []) + list(layer.parameters())
-        # as channels-last CPU training computes them: the transposed convolutions as one GEMM each,
-        # in float32 the convolution after a concatenation as one per part and the widest
-        # blocks' convolutions in NCDHW (runtime.levers.cpu.convert)
+        # as channels-last CPU training computes them (runtime.levers.cpu.convert): transposed convolutions as one
+        # GEMM each; in float32 one convolution per part after a concatenation, the widest blocks' in NCDHW
         if isinstance(layer, torch.nn.ConvTranspose3d) and key.endswith("_cl"):
             run = lambda: transposed_conv_as_gemm(x, layer.weight, layer.bias)
         elif m in after_concatenation and key == "float32_cl":
@@ -189,11 +184,7 @@ def main(argv=None) -> int:
     p.add_argument("--conv_side", type=int, default=64, help="the convolution rate's volume side (64: 64³)")
     p.add_argument("--per_layer", action="store_true",
                    help="print the convolution floor layer by layer: seconds, GFLOP/s, share of the best layer's rate")
-    p.add_argument("--reference_code", default=os.environ.get("UNET3D_REFERENCE_CODE", ""))
-    p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child_mlcommons:
-        return run_mlcommons_child(args.child_mlcommons[0], args.child_mlcommons[1:])
+    args = parse_with_reference(p, argv, run_mlcommons_child)
     from model.unet3d import Unet3D
 
     variants, args.reference_code = checked_variants("bench_train_lockstep", args.variants, VARIANTS,

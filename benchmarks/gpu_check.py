@@ -1,11 +1,9 @@
 """``make gpu-check``: what one GPU says about this application, in one command and under 10 minutes.
 
-Each step with its own time limit: the CUDA tests (those skipped without CUDA; this module is their
-pytest plugin), the throughput ladder, the predicted MLPerf time to train (``main.py --benchmark``)
-and a short convergence run (``scripts/demo.sh``), in that order: the ladder gets what the others
-leave; without CUDA (or ``--smoke``) the same on tiny CPU shapes, which say so. Logs and
-``summary.md``/``summary.json`` in ``--out``; exit 0: all ok.
-"""
+Each step under its own time limit, in this order: the CUDA tests (this module is their pytest plugin), the
+throughput ladder (given what the later steps leave), the predicted MLPerf time to train (``main.py --benchmark``)
+and a short convergence run (``scripts/demo.sh``); without CUDA (or ``--smoke``) the same on tiny CPU shapes,
+which say so. Logs and ``summary.md``/``summary.json`` in ``--out``; exit 0: all ok."""
 from __future__ import annotations
 
 import argparse
@@ -25,10 +23,8 @@ from data_loading.atomic import atomic_write
 DEADLINE_S = 570.0  # the whole check (--deadline); each step gets at most its own limit and what is left
 AFTER_LADDER_S = 240.0  # what the ladder leaves for the steps after it (time to train, convergence), on a GPU
 SMOKE_NOTE = "CPU smoke path (no CUDA GPU, or --smoke): tiny shapes; these numbers say nothing about a GPU"
-# one thread on a CPU: OpenMP threads of tiny convolutions on a shared CPU oversubscribe its cores
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-# the fastest training settings measured on one H100 (docs/performance.md, GPU throughput); bf16
-# named, since fp16 (what --amp picks on CUDA) keeps CUDA graphs off
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny convolutions' OpenMP threads oversubscribe a shared CPU
+# the fastest settings on one H100 (docs/performance.md); bf16 named: fp16 (--amp on CUDA) keeps CUDA graphs off
 FASTEST_GPU = ["--amp", "--amp_dtype", "bf16", "--channels_last", "--compile", "--cuda_graphs", "--cudnn_benchmark"]
 # tiny network and shapes of the smoke path (batch norm: instance norm needs a bigger bottleneck)
 TINY = ["--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32", "--val_input_shape", "32", "32",
@@ -199,10 +195,9 @@ def main(argv=None) -> int:
     smoke = args.smoke or not torch.cuda.is_available()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if smoke:
-        print(f"gpu-check: {SMOKE_NOTE}", flush=True)
     check = Check(out, sys.executable, args.deadline)
     if smoke:   # 4 training and 2 evaluation cases: tiny blob volumes
+        print(f"gpu-check: {SMOKE_NOTE}", flush=True)
         import numpy as np
 
         from data_loading.dataset import read_evaluation_ids

@@ -1,8 +1,6 @@
-"""What the benchmarks share: in-process timing, lock-step rounds of child processes (each variant
-once per round in a process of its own, the first rotating, so that a shared machine's load falls
-on all alike; the median of the rounds' ratios against the baseline), the header line (date, CPU,
-ISA, load), markdown tables, FLOP counting and synthetic volumes.
-``python -m benchmarks.harness flops 128 128 128``: the network's FLOPs per sample."""
+"""What the benchmarks share: timing, lock-step rounds of child processes (each variant once per round, the
+first rotating, so that a shared machine's load falls on all alike), the header line, markdown tables, FLOP
+counting, synthetic volumes. ``python -m benchmarks.harness flops 128 128 128``: the network's FLOPs per sample."""
 from __future__ import annotations
 
 import argparse
@@ -45,8 +43,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
 
 
 def timed(fn: Callable[[], object], number: int = 1) -> float:
-    """Seconds per call of ``fn`` over ``number`` calls (``torch.utils.benchmark.Timer``) with the
-    process's threads (the Timer's own default is one thread)."""
+    """Seconds per call of ``fn`` over ``number`` calls, on the process's threads (the Timer's default: one)."""
     from torch.utils import benchmark
 
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()).timeit(number).median
@@ -64,9 +61,8 @@ class Run:
 
 def run_child(command: Sequence[str], log: Path, env: dict | None = None,
               timeout: float | None = None) -> tuple[float, float, int, str]:
-    """``(wall seconds, peak RSS GB, exit code, output)`` of ``command`` run from the repository
-    root, its output (stdout and stderr) in ``log``. With ``timeout``: a session of its own, stopped
-    with every process it started after ``timeout`` seconds, exit code 124 (as ``timeout(1)``)."""
+    """``(wall seconds, peak RSS GB, exit code, output)`` of ``command`` run from the repository root, its output
+    in ``log``; with ``timeout``: in a session of its own, killed with its processes after that, exit code 124."""
     start = time.perf_counter()
     with open(log, "w") as handle:
         process = subprocess.Popen(list(command), cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
@@ -83,9 +79,8 @@ def run_child(command: Sequence[str], log: Path, env: dict | None = None,
 
 def lockstep(names: Sequence[str], command: Callable[[str, int], Sequence[str]], rounds: int, work: Path,
              measure: Callable[[str, int, str], float] | None = None, env: dict | None = None) -> dict[str, list[Run]]:
-    """Each of ``names`` once per round, ``command(name, round)`` in a child process, the first
-    variant rotating; ``measure(name, round, output)`` gives a run's value (default: its wall
-    time). A failed child stops it with one line naming its log."""
+    """Each of ``names`` once per round, ``command(name, round)`` in a child process, the first rotating;
+    ``measure(name, round, output)``: a run's value (default: wall time); a failed child stops it, naming its log."""
     runs = {name: [] for name in names}
     work.mkdir(parents=True, exist_ok=True)
     for r in range(rounds):
@@ -119,6 +114,17 @@ def checked_variants(prog: str, text: str, known: Sequence[str], reference_code:
 
         reference_code = check_reference_code(reference_code)
     return names, reference_code
+
+
+def parse_with_reference(p: argparse.ArgumentParser, argv, child: Callable[[str, list[str]], int]):
+    """``p``'s arguments, ``--reference_code`` and the hidden ``--child_mlcommons CODE FLAGS...``: the ``mlcommons``
+    variant's process, ``child(CODE, FLAGS)``, which exits with its code."""
+    p.add_argument("--reference_code", default=os.environ.get("UNET3D_REFERENCE_CODE", ""))
+    p.add_argument("--child_mlcommons", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child_mlcommons:
+        raise SystemExit(child(args.child_mlcommons[0], args.child_mlcommons[1:]))
+    return args
 
 
 def report(text: str, out: str = "") -> None:
@@ -172,36 +178,31 @@ def training_ids(count: int) -> list[str]:
 
 def write_blob_cases(folder: Path, ids: Sequence[str], shape, rng: np.random.Generator,
                      distinct: int | None = None) -> None:
-    """:func:`write_blob_case` for the first ``distinct`` of ``ids`` (default: all), the others
-    links to them in turn (the pipeline treats every id as a case; the page cache holds one copy)."""
-    sources = list(ids[:len(ids) if distinct is None else min(distinct, len(ids))])
+    """Preprocessed-looking cases for the first ``distinct`` of ``ids`` (default: all): a noise image, two kidney
+    ellipsoids (class 1), a tumour (class 2) in one, a few small spurious components of each class; the other ids
+    link to them in turn (the pipeline treats every id as a case; the page cache holds one copy)."""
+    sources, shape = list(ids[:len(ids) if distinct is None else min(distinct, len(ids))]), tuple(shape)
+    d, h, w = shape
+    z, y, x = np.ogrid[:d, :h, :w]
     for case_id in sources:
-        write_blob_case(folder, case_id, tuple(shape), rng)
+        label = np.zeros(shape, np.uint8)
+        for side in (0.27, 0.73):
+            c = (d * rng.uniform(0.4, 0.6), h * rng.uniform(0.4, 0.6), w * side)
+            r = rng.uniform(25, 45, 3)
+            label[((z - c[0]) / r[0]) ** 2 + ((y - c[1]) / r[1]) ** 2 + ((x - c[2]) / r[2]) ** 2 < 1] = 1
+        c, r = (d * 0.5, h * 0.5, w * 0.27), rng.uniform(8, 20)
+        label[((z - c[0]) ** 2 + (y - c[1]) ** 2 + (x - c[2]) ** 2) < r ** 2] = 2
+        for cls in (1, 2):
+            for _ in range(6):
+                p = [int(rng.integers(0, s - 4)) for s in shape]
+                label[p[0]:p[0] + 3, p[1]:p[1] + 3, p[2]:p[2] + 3] = cls
+        image = rng.standard_normal(shape, dtype=np.float32) + label.astype(np.float32)
+        np.save(folder / f"case_{case_id}_x.npy", image[None])
+        np.save(folder / f"case_{case_id}_y.npy", label[None])
     for i, case_id in enumerate(ids[len(sources):]):
         for suffix in ("x", "y"):
             if not (folder / f"case_{case_id}_{suffix}.npy").exists():
                 os.symlink(f"case_{sources[i % len(sources)]}_{suffix}.npy", folder / f"case_{case_id}_{suffix}.npy")
-
-
-def write_blob_case(folder: Path, case_id: str, shape, rng: np.random.Generator) -> None:
-    """A preprocessed-looking case: a noise image, two kidney ellipsoids (class 1), a tumour
-    (class 2) in one, and a few small spurious components of each class."""
-    d, h, w = shape
-    z, y, x = np.ogrid[:d, :h, :w]
-    label = np.zeros(shape, np.uint8)
-    for side in (0.27, 0.73):
-        c = (d * rng.uniform(0.4, 0.6), h * rng.uniform(0.4, 0.6), w * side)
-        r = rng.uniform(25, 45, 3)
-        label[((z - c[0]) / r[0]) ** 2 + ((y - c[1]) / r[1]) ** 2 + ((x - c[2]) / r[2]) ** 2 < 1] = 1
-    c, r = (d * 0.5, h * 0.5, w * 0.27), rng.uniform(8, 20)
-    label[((z - c[0]) ** 2 + (y - c[1]) ** 2 + (x - c[2]) ** 2) < r ** 2] = 2
-    for cls in (1, 2):
-        for _ in range(6):
-            p = [int(rng.integers(0, s - 4)) for s in shape]
-            label[p[0]:p[0] + 3, p[1]:p[1] + 3, p[2]:p[2] + 3] = cls
-    image = rng.standard_normal(shape, dtype=np.float32) + label.astype(np.float32)
-    np.save(folder / f"case_{case_id}_x.npy", image[None])
-    np.save(folder / f"case_{case_id}_y.npy", label[None])
 
 
 def main(argv=None) -> int:
