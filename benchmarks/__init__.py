@@ -1,2 +1,1 @@
-"""The benchmarks: each ``python -m benchmarks.NAME`` from the repository root answers one question
-(docs/performance.md, "Current numbers"); :mod:`benchmarks.harness` is what they share."""
+"""Each ``python -m benchmarks.NAME`` answers one question (docs/performance.md); ``harness`` is what they share."""

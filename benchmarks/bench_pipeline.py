@@ -99,9 +99,8 @@ def main(argv=None) -> None:
     patch = (args.patch,) * 3
     base = dataclasses.replace(Config(), data_dir=str(folder), input_shape=patch, seed=0, batch_size=args.batch_size,
                                oversampling=args.oversampling, benchmark=True, prefetch=2)
-    rows = [("naive (reference-like, 1 process)", *time_naive(folder, ids, patch, args.oversampling, args.naive_samples)),
-            ("naive, labelling every sample",
-             *time_naive(folder, ids, patch, args.oversampling, args.naive_samples, True))]
+    rows = [(label, *time_naive(folder, ids, patch, args.oversampling, args.naive_samples, every)) for label, every
+            in [("naive (reference-like, 1 process)", False), ("naive, labelling every sample", True)]]
     for label, cache, workers, device, samples in [
             ("cache none, 0 workers", "none", 0, None, args.samples),
             ("cache memory, 0 workers", "memory", 0, None, args.samples),

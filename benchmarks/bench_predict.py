@@ -1,9 +1,9 @@
 """CPU predict through its command line, per backend, lock-step against the real MLCommons code.
 
-``main.py --exec_mode predict`` per variant and round on the same scans: ``torch_fp32``, ``openvino_fp32``,
-``openvino_int8`` against ``mlcommons`` (the MLCommons network and window from ``--reference_code``, fp32, one
-window per forward, in predict's scan loop); times from predict's own summary, OpenVINO's conversion apart.
-Scans: ``--input``, else one synthetic KiTS-size scan; weights: ``--ckpt``, else random."""
+``main.py --exec_mode predict`` per variant and round on the same scans (``--input``, else one synthetic KiTS-size
+scan; weights: ``--ckpt``, else random): ``torch_fp32``, ``openvino_fp32``, ``openvino_int8`` against ``mlcommons``
+(the MLCommons network and window from ``--reference_code``, fp32, one window per forward, in predict's scan loop);
+times from predict's own summary, OpenVINO's conversion apart."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,9 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from benchmarks.harness import (checked_variants, header, lockstep, loads, parse_with_reference, ratios, report,
                                 run_child, table)
@@ -26,8 +29,6 @@ VARIANTS = {"mlcommons": ["--backend", "torch", "--sw_batch_size", "1"],
 def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     """The ``mlcommons`` process: predict's scan loop with the reference's network and window as
     its predict function (``windows``: those the reference's network ran on)."""
-    import torch
-
     from runtime import checkpoint as ckpt
     from runtime.arguments import parse_args
     from runtime.distributed import DistInfo
@@ -47,8 +48,6 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
 
 def make_inputs(args, work: Path) -> tuple[str, str]:
     """``(scans, checkpoint)``: given, or written into ``work``."""
-    import torch
-
     from data_loading import synthetic
     from model.unet3d import Unet3D
 
@@ -79,7 +78,6 @@ def summary_of(out: str) -> dict:
 def agreement(out: str, base: str, cases: list[str]) -> float:
     """The share of the kidney-or-tumour voxels of ``out`` or ``base`` labelled alike (the one metric)."""
     import nibabel
-    import numpy as np
 
     from model.losses import foreground_agreement
     counts = [foreground_agreement(*(np.asarray(nibabel.load(os.path.join(o, f"{c}.nii.gz")).dataobj)

@@ -125,7 +125,7 @@ def train_rows(groups: set[str], args) -> list[TrainRow]:
         rows += [TrainRow(f"all levers, batch {b}", LADDER, batch_size=b)
                  for b in args.sweep_batches if b != args.batch_size]
         rows.append(TrainRow("all levers, largest batch", LADDER, batch_size="max"))
-    return rows + [lever_row(text) for text in args.levers]
+    return rows
 
 
 def lever_row(text: str) -> TrainRow:
@@ -375,8 +375,7 @@ def main(argv=None) -> int:
     if len(args.patch) not in (1, 3):
         raise SystemExit(f"bench_throughput: --patch takes 1 or 3 sizes, got {args.patch}")
     args.patch = args.patch * 3 if len(args.patch) == 1 else args.patch
-    for text in args.levers:   # a wrong --levers stops here, before any volume is written
-        lever_row(text)
+    extra_rows = [lever_row(text) for text in args.levers]   # a wrong --levers stops here, before any volume is written
     patch = "x".join(map(str, args.patch))
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -416,7 +415,7 @@ def main(argv=None) -> int:
         run_train_row(TrainRow("process warm-up", ()), argparse.Namespace(**{**vars(args), "steps": 1}),
                       argv0, device, args.batch_size, loaders)
         dropped: set[str] = set()
-        for row in train_rows(groups, args):
+        for row in train_rows(groups, args) + extra_rows:
             skipped = {lever: lever_unavailable(lever, device, args, plain_config) for lever in row.levers}
             if row.levers and (why := skipped[row.levers[-1]]) and (len(row.levers) == 1 or row.name.startswith("+")):
                 results.append(Result(row, notes=[f"n/a: {why}"]))

@@ -24,6 +24,7 @@ import torch
 
 from benchmarks.harness import (ROOT, checked_variants, flop_count_per_sample, header, lockstep, loads,
                                 parse_with_reference, ratios, table)
+from model.unet3d import Unet3D
 
 VARIANTS = {"mlcommons": [], "fp32": [], "bf16": ["--amp", "--amp_dtype", "bf16"], "fast": ["--amp", "--channels_last", "--fused_optimizer"]}
 TIMED = re.compile(r"timed step \d+: ([0-9.]+) ms")
@@ -185,8 +186,6 @@ def main(argv=None) -> int:
     p.add_argument("--per_layer", action="store_true",
                    help="print the convolution floor layer by layer: seconds, GFLOP/s, share of the best layer's rate")
     args = parse_with_reference(p, argv, run_mlcommons_child)
-    from model.unet3d import Unet3D
-
     variants, args.reference_code = checked_variants("bench_train_lockstep", args.variants, VARIANTS,
                                                      args.reference_code)
     if not args.data_dir:

@@ -1,9 +1,8 @@
 """``make gpu-check``: what one GPU says about this application, in one command and under 10 minutes.
 
-Each step under its own time limit, in this order: the CUDA tests (this module is their pytest plugin), the
-throughput ladder (given what the later steps leave), the predicted MLPerf time to train (``main.py --benchmark``)
-and a short convergence run (``scripts/demo.sh``); without CUDA (or ``--smoke``) the same on tiny CPU shapes,
-which say so. Logs and ``summary.md``/``summary.json`` in ``--out``; exit 0: all ok."""
+Each step under its own time limit, in order: the CUDA tests, the throughput ladder (given what the later steps
+leave), the predicted MLPerf time to train (``main.py --benchmark``), a short convergence run (scripts/demo.sh);
+without CUDA on tiny CPU shapes, which say so. Logs, summary.md and summary.json in ``--out``; exit 0: all ok."""
 from __future__ import annotations
 
 import argparse
@@ -17,12 +16,16 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from benchmarks.harness import ROOT, result_numbers, run_child, table, training_ids, write_blob_cases
 from data_loading.atomic import atomic_write
+from data_loading.dataset import read_evaluation_ids
 
 DEADLINE_S = 570.0  # the whole check (--deadline); each step gets at most its own limit and what is left
 AFTER_LADDER_S = 240.0  # what the ladder leaves for the steps after it (time to train, convergence), on a GPU
-SMOKE_NOTE = "CPU smoke path (no CUDA GPU, or --smoke): tiny shapes; these numbers say nothing about a GPU"
+SMOKE_NOTE = "CPU smoke path (no CUDA GPU): tiny shapes; these numbers say nothing about a GPU"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny convolutions' OpenMP threads oversubscribe a shared CPU
 # the fastest settings on one H100 (docs/performance.md); bf16 named: fp16 (--amp on CUDA) keeps CUDA graphs off
 FASTEST_GPU = ["--amp", "--amp_dtype", "bf16", "--channels_last", "--compile", "--cuda_graphs", "--cudnn_benchmark"]
@@ -39,7 +42,7 @@ def is_cuda_test(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """With ``-p benchmarks.gpu_check``: keep the CUDA tests only."""
+    """With ``-p benchmarks.gpu_check`` (as this check runs them): keep the CUDA tests only."""
     dropped = [item for item in items if not is_cuda_test(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -187,21 +190,14 @@ def summary_markdown(steps: list[Step], smoke: bool, device: str, seconds: float
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for the logs, summary.md and summary.json")
-    parser.add_argument("--smoke", action="store_true", help="the CPU smoke path even where CUDA is available")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds for the whole check")
     args = parser.parse_args(argv)
-    import torch
-
-    smoke = args.smoke or not torch.cuda.is_available()
+    smoke = not torch.cuda.is_available()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     check = Check(out, sys.executable, args.deadline)
     if smoke:   # 4 training and 2 evaluation cases: tiny blob volumes
         print(f"gpu-check: {SMOKE_NOTE}", flush=True)
-        import numpy as np
-
-        from data_loading.dataset import read_evaluation_ids
-
         check.tiny_data.mkdir(exist_ok=True)
         write_blob_cases(check.tiny_data, training_ids(4) + read_evaluation_ids()[:2], (40, 40, 40), np.random.default_rng(0))
     cuda_tests(check, smoke)
