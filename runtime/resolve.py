@@ -323,11 +323,9 @@ def resolve_predict(config: Config, device: torch.device) -> Config:
         config = replace(config, normalization="batchnorm")
     if config.int8 and device.type != "cpu":
         raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
-    if config.amp:
-        config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
-    precision = "int8" if config.int8 else precision_text(config)
-    config = decided(config, "precision", precision, "", "--int8" if config.int8 else
-                     f"--amp --amp_dtype {asked.amp_dtype}" if asked.amp else "float32")
+    config = precision_from(config, device, say=False)  # predict: no CPU training fallback
+    if config.int8:
+        config = decided(config, "precision", "int8", "", "--int8")
     config = backend_from(replace(config, device=device.type), device)
     if config.int8:  # the set itself is read per run or per scan (runtime.predict.api.Segmenter.calibration)
         source = config.int8_calibration or "each scan"
