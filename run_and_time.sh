@@ -31,7 +31,7 @@
 #   QUALITY_THRESHOLD NUM_WORKERS GA_STEPS, and a recipe's settings (OPTIMIZER LEARNING_RATE
 #   INIT_LEARNING_RATE LR_WARMUP_EPOCHS LR_DECAY_EPOCHS LR_DECAY_FACTOR MOMENTUM WEIGHT_DECAY
 #   GLOBAL_BATCH_SIZE), each overriding the recipe's value
-#   NPROC_PER_NODE  more than 1: torchrun --standalone on this node's GPUs
+#   NPROC_PER_NODE  more than 1: torchrun ($PYTHON -m torch.distributed.run) --standalone on this node
 #   PYTHON          the interpreter (default: python, else python3)
 #   DRY_RUN=1       print the commands, shell-quoted, one per line, instead of running them
 set -euo pipefail
@@ -141,7 +141,7 @@ fi
 
 launcher=("$PYTHON")
 if (( NPROC_PER_NODE > 1 )); then
-    launcher=(torchrun --standalone --nproc_per_node "$NPROC_PER_NODE")
+    launcher=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC_PER_NODE")
 fi
 
 clear_page_cache

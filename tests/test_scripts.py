@@ -412,7 +412,8 @@ def test_run_and_time_hyper_parameters_come_from_the_environment(tmp_path):
                     LEARNING_RATE="0.5", MAX_EPOCHS="10", NPROC_PER_NODE="2")
     proc = run_script(RUN_AND_TIME, env, "3", cwd=tmp_path)
     _, train = the_command(commands(proc.stdout), str(ROOT / "main.py"))
-    assert train[:4] == ["torchrun", "--standalone", "--nproc_per_node", "2"]
+    # torchrun of the same interpreter, not whichever torchrun is first on PATH
+    assert train[:6] == ["python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     flags = main_py_args(train)
     assert option(flags, "--learning_rate") == "0.5" and option(flags, "--epochs") == "10"
 
