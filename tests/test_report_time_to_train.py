@@ -77,9 +77,11 @@ def test_a_run_without_what_the_prediction_needs_says_why(tmp_path, change, note
     assert row.split("|")[5].strip() == "-"
 
 
-@pytest.mark.parametrize("batch, basis", [(2, "a lower bound: no RCP at global batch 2, the smallest (at 28) bounds it"),
-                                          (40, "interpolated between the RCPs at global batches 28 and 56"),
-                                          (56, "RCP at global batch 56")])
+@pytest.mark.parametrize("batch, basis", [
+    (2, "a lower bound: no RCP at global batch 2, the smallest (at 28) bounds it"),
+    (40, "interpolated between the RCPs at global batches 28 and 56"),
+    (56, "RCP at global batch 56"),
+])
 def test_the_report_says_what_the_prediction_stands_on(tmp_path, batch, basis):
     """Never another batch's RCP without a word: the report's prediction line names the RCP at
     the run's global batch, the interpolation, or the lower bound."""
