@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # The MLPerf timed run, as the reference's run_and_time.sh: clear the caches, train to the
-# target quality with the reference's hyper-parameters, print the start and end times. The
-# program logs the MLPerf `cache_clear` event (true only when the cache was dropped) and prints
-# the final RESULT line.
+# target quality, print the start and end times and the reference's result line
+# `RESULT,image_segmentation,<seed>,<seconds>,<user>,<start>`. The program logs the MLPerf
+# `cache_clear` event (true only when the cache was dropped).
 #
 #   ./run_and_time.sh [SEED] [more main.py flags...]
+#   RECIPE=gbs28 NPROC_PER_NODE=4 ./run_and_time.sh     # a recipe an MLPerf RCP stands behind
 #
-# Settings (environment variables, defaults = the reference's timed run):
+# Settings (environment variables):
+#   RECIPE          scripts/recipes/<RECIPE>.sh: the hyper-parameters of one GLOBAL batch: gbs28,
+#                   gbs56, gbs64, gbs84 (those of the MLPerf 4.0.0 RCPs) or gbs2 (the reference's
+#                   1-GPU run, no 4.0.0 RCP); the batch per process is the global batch /
+#                   (NPROC_PER_NODE x GA_STEPS), refused when it does not divide. Unset: the
+#                   reference's 1-GPU hyper-parameters at BATCH_SIZE (default 2) per process, with
+#                   a warning that no RCP stands behind them. docs/submission.md, "Recipes".
 #   DATASET_DIR     preprocessed dataset; unset = an embedded synthetic dataset is generated
 #                   and preprocessed first (SYNTHETIC_DIR, SYNTHETIC_CASES, SYNTHETIC_SEED)
 #   RESULTS_DIR     for the logs (LOG_DIR) and the checkpoint (SAVE_CKPT_PATH); default
@@ -18,9 +25,13 @@
 #                   is written on the clock); CKPT_DURING_RUN=1 also writes it at every
 #                   evaluation and on a signal (--ckpt_during_run: resumable, but then the run
 #                   is not an MLPerf result and its log says so)
-#   MAX_EPOCHS QUALITY_THRESHOLD START_EVAL_AT EVALUATE_EVERY OPTIMIZER LEARNING_RATE
-#   INIT_LEARNING_RATE LR_WARMUP_EPOCHS MOMENTUM BATCH_SIZE GA_STEPS NUM_WORKERS
-#   NPROC_PER_NODE  more than 1: torchrun --standalone on this node's GPUs
+#   MAX_EPOCHS      default auto: the rules' non-convergence limit for the run's global batch
+#   START_EVAL_AT EVALUATE_EVERY  passed only when set (default: the rules' schedule, computed
+#                   by main.py from the run's global batch; a hand-set one makes the run open)
+#   QUALITY_THRESHOLD NUM_WORKERS GA_STEPS, and a recipe's settings (OPTIMIZER LEARNING_RATE
+#   INIT_LEARNING_RATE LR_WARMUP_EPOCHS LR_DECAY_EPOCHS LR_DECAY_FACTOR MOMENTUM WEIGHT_DECAY
+#   GLOBAL_BATCH_SIZE), each overriding the recipe's value
+#   NPROC_PER_NODE  more than 1: torchrun ($PYTHON -m torch.distributed.run) --standalone on this node
 #   PYTHON          the interpreter (default: python, else python3)
 #   DRY_RUN=1       print the commands, shell-quoted, one per line, instead of running them
 set -euo pipefail
@@ -36,17 +47,8 @@ if [[ $SEED == -1 ]]; then
 fi
 
 PYTHON=${PYTHON:-$(command -v python || command -v python3 || echo python)}
-MAX_EPOCHS=${MAX_EPOCHS:-4000}
+MAX_EPOCHS=${MAX_EPOCHS:-auto}
 QUALITY_THRESHOLD=${QUALITY_THRESHOLD:-0.908}
-START_EVAL_AT=${START_EVAL_AT:-1000}
-EVALUATE_EVERY=${EVALUATE_EVERY:-20}
-OPTIMIZER=${OPTIMIZER:-sgd}
-LEARNING_RATE=${LEARNING_RATE:-0.8}
-INIT_LEARNING_RATE=${INIT_LEARNING_RATE:-1e-4}
-LR_WARMUP_EPOCHS=${LR_WARMUP_EPOCHS:-200}
-MOMENTUM=${MOMENTUM:-0.9}
-BATCH_SIZE=${BATCH_SIZE:-2}
-GA_STEPS=${GA_STEPS:-1}
 NUM_WORKERS=${NUM_WORKERS:-8}
 NPROC_PER_NODE=${NPROC_PER_NODE:-1}
 CKPT_DURING_RUN=${CKPT_DURING_RUN:-0}
@@ -67,6 +69,23 @@ SYNTHETIC_SEED=${SYNTHETIC_SEED:-0}
 
 # shellcheck source=scripts/lib/run.sh
 source "$REPO_DIR/scripts/lib/run.sh"
+# shellcheck source=scripts/lib/recipe.sh
+source "$REPO_DIR/scripts/lib/recipe.sh"
+
+# The recipe's flags, checked before anything is prepared or created.
+if [[ ! $NPROC_PER_NODE =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: NPROC_PER_NODE must be a positive integer, got '$NPROC_PER_NODE'" >&2
+    exit 1
+fi
+recipe_args "$NPROC_PER_NODE" "$@"
+# The rules' evaluation schedule unless set by hand (main.py computes it from the global batch).
+schedule=()
+if [[ -n ${START_EVAL_AT:-} ]]; then
+    schedule+=(--start_eval_at "$START_EVAL_AT")
+fi
+if [[ -n ${EVALUATE_EVERY:-} ]]; then
+    schedule+=(--evaluate_every "$EVALUATE_EVERY")
+fi
 
 # The embedded dataset: small synthetic KiTS19-like cases, generated and preprocessed once
 # (a marker file records a finished preparation; a half-written one is redone).
@@ -122,7 +141,7 @@ fi
 
 launcher=("$PYTHON")
 if (( NPROC_PER_NODE > 1 )); then
-    launcher=(torchrun --standalone --nproc_per_node "$NPROC_PER_NODE")
+    launcher=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NPROC_PER_NODE")
 fi
 
 clear_page_cache
@@ -139,17 +158,12 @@ run "${launcher[@]}" "$REPO_DIR/main.py" \
     --seed "$SEED" \
     --epochs "$MAX_EPOCHS" \
     --quality_threshold "$QUALITY_THRESHOLD" \
-    --start_eval_at "$START_EVAL_AT" \
-    --evaluate_every "$EVALUATE_EVERY" \
-    --optimizer "$OPTIMIZER" \
-    --learning_rate "$LEARNING_RATE" \
-    --init_learning_rate "$INIT_LEARNING_RATE" \
-    --lr_warmup_epochs "$LR_WARMUP_EPOCHS" \
-    --momentum "$MOMENTUM" \
-    --batch_size "$BATCH_SIZE" \
-    --ga_steps "$GA_STEPS" \
+    ${schedule[@]+"${schedule[@]}"} \
+    "${RECIPE_ARGS[@]}" \
     --num_workers "$NUM_WORKERS" \
     "$@" || status=$?
 end=$(date +%s)
 say "ENDING TIMING RUN AT $(date '+%Y-%m-%d %r') ($(( end - start )) s, exit status $status)"
+# The reference's result line (its run_and_time.sh): benchmark, seed, seconds, user, start.
+say "RESULT,image_segmentation,$SEED,$(( end - start )),${USER:-$(id -un)},$start_fmt"
 exit "$status"

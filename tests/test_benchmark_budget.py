@@ -61,8 +61,9 @@ def test_training_benchmark_predicts_the_time_to_train(tmp_path, capsys):
     # the evaluation pass: one volume with a step budget, the other two by their windows
     line = next(line for line in out.splitlines() if line.startswith("evaluation: "))
     assert "1 of 3 evaluation volumes timed, the rest extrapolated" in line and "scaled to 42" in line
+    # no RCP at global batch 2: the one at 28 bounds it, and the output says so
     assert "time to train (MLPerf, predicted): global batch 2 on 1 rank(s)" in out
-    assert "RCP unet3d_ref_28 (100 reference runs" in out and "no RCP at global batch 2" in out
+    assert "RCP unet3d_ref_28 as a LOWER BOUND: no RCP at global batch 2" in out and "(100 reference runs" in out
     assert "168 samples per epoch, evaluations from epoch 1000 every 20" in out
     assert "score (mean of 40 runs less the 4 fastest and 4 slowest)" in out
 

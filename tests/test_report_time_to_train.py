@@ -75,3 +75,21 @@ def test_a_run_without_what_the_prediction_needs_says_why(tmp_path, change, note
     assert summary.predicted is None and any(note in n for n in summary.notes), summary.notes
     row = next(line for line in Path(result["summary_md"]).read_text().splitlines() if line.startswith("| x1"))
     assert row.split("|")[5].strip() == "-"
+
+
+@pytest.mark.parametrize("batch, basis", [
+    (2, "a lower bound: no RCP at global batch 2, the smallest (at 28) bounds it"),
+    (40, "interpolated between the RCPs at global batches 28 and 56"),
+    (56, "RCP at global batch 56"),
+])
+def test_the_report_says_what_the_prediction_stands_on(tmp_path, batch, basis):
+    """Never another batch's RCP without a word: the report's prediction line names the RCP at
+    the run's global batch, the interpolation, or the lower bound."""
+    write_run(tmp_path / "b", global_batch=batch)
+    result = make_report([str(tmp_path / "b")], str(tmp_path / "out"), check=False, draw=False)
+    assert result["runs"][0].predicted["rcp_basis"] == basis
+    markdown = Path(result["summary_md"]).read_text().splitlines()
+    line = next(line for line in markdown if line.startswith("- b (seed 1):"))
+    assert line.endswith(basis), line
+    row = next(line for line in markdown if line.startswith("| b (seed 1)"))
+    assert ("a lower bound)" in row) == (batch == 2), row

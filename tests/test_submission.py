@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,7 +149,8 @@ def test_the_accelerators_are_described_from_torch(monkeypatch):
 # -- the driver ------------------------------------------------------------------------------------------------
 
 
-def test_dry_run_gives_every_run_its_folder_and_seed(tmp_path, capsys):
+def test_dry_run_gives_every_run_its_folder_and_seed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DATASET_DIR", str(tmp_path))
     assert submission_main(["runs", "--output", str(tmp_path / "runs"), "--runs", "3", "--dry_run",
                             "--", "--data_dir", "/d"]) == 0
     printed = capsys.readouterr().out.splitlines()
@@ -171,16 +173,27 @@ def test_slurm_submits_one_job_per_run_with_its_seed_and_folder(tmp_path, monkey
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     out = tmp_path / "runs"
     said = []
-    assert run_sweep(str(out), 2, ["--epochs", "9"], slurm=True, first_seed=11, sbatch_args=["-p", "gpu"],
+    flags = ["--epochs", "9", "--submission_division", "open"]  # --first_seed: open division only
+    assert run_sweep(str(out), 2, flags, slurm=True, first_seed=11, sbatch_args=["-p", "gpu"],
                      say=said.append) == 0
     jobs = lines(record)
     assert len(jobs) == 2
     for name, seed, job in zip(run_names(2), (11, 12), jobs):
         assert f"--export ALL,SEED={seed},RESULTS_DIR={out / name} -p gpu " in job
-        assert job.endswith("single_node.sbatch --epochs 9")
+        assert job.endswith("single_node.sbatch --epochs 9 --submission_division open")
     assert json.loads((out / "seeds.json").read_text()) == {"run_00": 11, "run_01": 12}
+    assert json.loads((out / "jobs.json").read_text()) == {"run_00": "7", "run_01": "7"}
+    # the jobs are still queued (squeue knows them): nothing is submitted again
+    (bin_dir / "squeue").write_text('#!/bin/sh\necho PENDING\n')
+    (bin_dir / "squeue").chmod(0o755)
     run_sweep(str(out), 2, slurm=True, say=said.append)
-    assert len(lines(record)) == 2 and sum("not run again" in s for s in said) == 2
+    assert len(lines(record)) == 2 and sum("its job 7 is pending: not submitted again" in s for s in said) == 2
+    # one ran (its log reached run_start), the other's job left the queue without: that one again
+    (out / "run_00" / "unet3d.log").write_text(':::MLLOG {"key": "run_start", "value": null}\n')
+    (bin_dir / "squeue").write_text('#!/bin/sh\necho "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
+    run_sweep(str(out), 2, slurm=True, recipe="gbs28", say=said.append)
+    assert len(lines(record)) == 3 and f"RESULTS_DIR={out / 'run_01'},RECIPE=gbs28 " in lines(record)[-1]
+    assert any("run_00" in s and "holds a run, not run again" in s for s in said)
 
 
 def test_local_runs_each_in_its_folder_with_its_seed(data, tmp_path):
@@ -196,6 +209,91 @@ def test_local_runs_each_in_its_folder_with_its_seed(data, tmp_path):
         assert logged == [seeds[name]], (out / f"{name}.console.txt").read_text()[-2000:]
     assert set(REQUIRED_FIELDS) - set(json.loads((out / "system-fields.json").read_text())) == {
         "submitter", "system_name", "division", "status"}
+
+
+FAKE_RUN_AND_TIME = """#!/usr/bin/env bash
+# stands in for run_and_time.sh: what reached it, then the exit status asked for
+printf '%s %s %s %s\\n' "$1" "$PYTHON" "$RESULTS_DIR" "${RECIPE:-}" >> "$FAKE_RECORD"
+exit "${FAKE_EXIT:-0}"
+"""
+
+
+@pytest.fixture
+def fake_repo(tmp_path, monkeypatch):
+    """The driver's checkout replaced by one whose run_and_time.sh records its arguments and
+    environment (``FAKE_RECORD``); DATASET_DIR set to a folder."""
+    from runtime.submission import driver
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "run_and_time.sh").write_text(FAKE_RUN_AND_TIME)
+    monkeypatch.setattr(driver, "REPO", str(repo))
+    record = tmp_path / "record.txt"
+    monkeypatch.setenv("FAKE_RECORD", str(record))
+    monkeypatch.setenv("DATASET_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no venv's python on PATH: the driver must say which
+    return record
+
+
+def test_local_runs_get_the_drivers_own_interpreter_and_recipe(fake_repo, tmp_path):
+    out = tmp_path / "runs"
+    assert run_sweep(str(out), 2, recipe="gbs56", say=lambda line: None) == 0
+    recorded = [line.split() for line in lines(fake_repo)]
+    assert [r[1] for r in recorded] == [sys.executable] * 2 and [r[3] for r in recorded] == ["gbs56"] * 2
+    assert [r[2] for r in recorded] == [str(out / n) for n in run_names(2)]
+
+
+@pytest.mark.parametrize("dataset, message", [(None, "DATASET_DIR is not set"),
+                                              ("nowhere", "DATASET_DIR=.*nowhere: no such folder")])
+def test_a_missing_dataset_is_refused_before_the_first_run(fake_repo, tmp_path, monkeypatch, capsys, dataset, message):
+    if dataset is None:
+        monkeypatch.delenv("DATASET_DIR")
+    else:
+        monkeypatch.setenv("DATASET_DIR", str(tmp_path / dataset))
+    for dry in ([], ["--dry_run"]):
+        assert submission_main(["runs", "--output", str(tmp_path / "runs"), "--runs", "2", *dry]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(message, err), err
+    assert not fake_repo.exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_folder_without_run_start_runs_again_and_its_files_are_kept(fake_repo, tmp_path):
+    """run_00: an attempt that failed before the clock (a log without run_start) runs again;
+    run_01: a run (run_start in its log) and run_02: a run moved aside into previous-* are kept."""
+    out = tmp_path / "runs"
+    for name in run_names(3):
+        (out / name).mkdir(parents=True)
+    (out / "run_00" / "unet3d.log").write_text(':::MLLOG {"key": "init_start", "value": null}\n')
+    (out / "run_00.console.txt").write_text("the first attempt's console\n")
+    (out / "run_01" / "unet3d.log").write_text(':::MLLOG {"key": "run_start", "value": null}\n')
+    (out / "run_02" / "previous-20260101-000000").mkdir()
+    (out / "run_02" / "previous-20260101-000000" / "unet3d.log").write_text(':::MLLOG {"key": "run_start"}\n')
+    said = []
+    assert run_sweep(str(out), 3, say=said.append) == 0
+    assert [line.split()[2] for line in lines(fake_repo)] == [str(out / "run_00")]
+    assert (out / "run_00" / "unet3d.log").exists()  # the training moves it aside; the driver never deletes
+    console = lines(out / "run_00.console.txt")
+    assert console[0] == "the first attempt's console" and console[1].startswith("=== run_00: seed ")
+    assert sum("holds a run, not run again" in line for line in said) == 2
+
+
+def test_first_seed_is_refused_for_a_closed_submission(fake_repo, tmp_path, capsys):
+    out = str(tmp_path / "runs")
+    assert submission_main(["runs", "--output", out, "--runs", "2", "--first_seed", "5"]) == 1
+    assert "--first_seed 5" in capsys.readouterr().err and not fake_repo.exists()  # nothing ran
+    assert submission_main(["runs", "--output", out, "--runs", "2", "--first_seed", "5", "--",
+                            "--submission_division", "closed"]) == 1
+    assert "not allowed in the closed division" in capsys.readouterr().err
+    assert submission_main(["runs", "--output", out, "--runs", "2", "--first_seed", "5", "--",
+                            "--submission_division", "open"]) == 0
+    assert [line.split()[0] for line in lines(fake_repo)] == ["5", "6"]
+
+
+@pytest.mark.parametrize("args, message", [(["--recipe", "gbs99"], "--recipe gbs99: no such recipe"),
+                                           (["--recipe", "gbs28", "--launcher", "main"], "--launcher run_and_time")])
+def test_a_recipe_that_cannot_apply_is_refused(fake_repo, tmp_path, capsys, args, message):
+    assert submission_main(["runs", "--output", str(tmp_path / "runs"), *args]) == 1
+    assert message in capsys.readouterr().err and not fake_repo.exists()
 
 
 # -- the package ------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 mlperf-logging ships them, the schedule's evaluations and the 40-run score rule, with known
 answers (the facts of ../shared/docs/mlperf-results.md, enumeration, numpy)."""
 import itertools
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -54,10 +55,90 @@ def test_the_score_rule_is_mlperfs_for_unet3d():
     assert T.DROPPED_EACH_END == 4
 
 
-@pytest.mark.parametrize("batch, nearest", [(1, 28), (2, 28), (28, 28), (42, 28), (43, 56), (60, 56),
-                                            (61, 64), (64, 64), (74, 64), (75, 84), (500, 84)])
-def test_nearest_rcp(batch, nearest):
-    assert T.nearest_rcp(T.load_rcps(), batch).global_batch == nearest
+@pytest.mark.parametrize("batch, kind, basis", [
+    (28, T.MEASURED, (28,)), (56, T.MEASURED, (56,)), (64, T.MEASURED, (64,)), (84, T.MEASURED, (84,)),
+    (40, T.INTERPOLATED, (28, 56)), (29, T.INTERPOLATED, (28, 56)),
+    (60, T.INTERPOLATED, (56, 84)), (70, T.INTERPOLATED, (56, 84)),  # 64 is pruned: its mean is above the line
+    (2, T.LOWER_BOUND, (28,)), (16, T.LOWER_BOUND, (28,)), (1, T.LOWER_BOUND, (28,)),
+])
+def test_the_rcp_of_a_global_batch_is_its_own_interpolated_or_a_lower_bound(batch, kind, basis):
+    """What the official checker holds a run at each global batch to (rcp_checker.check_directory):
+    its RCP; the two around it among the pruned RCPs; below the smallest, the smallest."""
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    rcp = T.rcp_for(T.load_rcps(), batch)
+    assert rcp.kind == kind
+    assert (rcp.between if kind == T.INTERPOLATED else (rcp.global_batch,)) == basis
+    checker = rcp_checker.RCP_Checker("training", "4.0.0", "unet3d", False)
+    if kind == T.INTERPOLATED:
+        low = checker._find_top_min_rcp(batch, "pruned_rcps")["BS"]
+        high = checker._find_bottom_max_rcp(batch, "pruned_rcps")["BS"]
+        assert (low, high) == basis
+    elif kind == T.LOWER_BOUND:
+        assert checker._find_top_min_rcp(batch, "pruned_rcps") is None
+        assert checker._find_min_rcp("pruned_rcps")["BS"] == basis[0]
+    assert T.rcp_basis(rcp, batch).startswith({T.MEASURED: "RCP at", T.INTERPOLATED: "interpolated",
+                                               T.LOWER_BOUND: "a lower bound"}[kind])
+
+
+@pytest.mark.parametrize("batch", [85, 500])
+def test_above_the_largest_rcp_there_is_no_prediction(batch):
+    with pytest.raises(T.TimeToTrainError, match=f"no RCP at global batch {batch} or above.*Missing RCP"):
+        T.rcp_for(T.load_rcps(), batch)
+
+
+def _rcp_file(tmp_path, means: dict[int, int]) -> Path:
+    """An RCP file of 12 runs per global batch around each mean (samples, multiples of 168)."""
+    offsets = [-5, -4, -3, -2, -1, 0, 0, 1, 2, 3, 4, 5]
+    records = {f"unet3d_ref_{batch}": {"Benchmark": "unet3d", "BS": batch, "Hyperparams": {},
+                                       "Epochs to converge": [(mean + 40 * o) * 168 for o in offsets]}
+               for batch, mean in means.items()}
+    path = tmp_path / "rcps_unet3d.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.mark.parametrize("means, kept", [
+    (None, [28, 56, 84]),                                                # the installed file: 64 pruned
+    ({8: 2300, 16: 2000, 32: 2400, 48: 2200, 64: 2500}, [16, 48, 64]),  # 8 slower than 16; 32 above 16-48
+    ({16: 2000, 24: 2020, 32: 2080, 40: 2300}, [16, 24, 32, 40]),       # convex: all kept
+])
+def test_pruning_is_the_official_checkers(tmp_path, means, kept):
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    path = Path(str(T.rcp_path())) if means is None else _rcp_file(tmp_path, means)
+    with open(path) as handle:
+        checker = rcp_checker.RCP_Checker("training", "4.0.0", "unet3d", False, rcp_file=handle)
+    assert sorted(record["BS"] for record in checker.pruned_rcp_data.values()) == kept
+    assert sorted(T.pruned(T.load_rcps(path))) == kept
+
+
+@pytest.mark.parametrize("batch, low, high", [(30, 28, 56), (40, 28, 56), (60, 56, 84), (70, 56, 84), (83, 56, 84)])
+def test_an_interpolated_rcp_has_the_checkers_interpolated_mean_and_spread(batch, low, high):
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    checker = rcp_checker.RCP_Checker("training", "4.0.0", "unet3d", False)
+    by_batch = {record["BS"]: record for record in checker.rcp_data.values()}
+    _, official = checker._create_interp_rcp(batch, by_batch[low], by_batch[high])
+    rcp = T.rcp_for(T.load_rcps(), batch)
+    assert rcp.name == f"unet3d_interp_{batch}" and rcp.between == (low, high)
+    assert T.olympic_mean(rcp.samples) == pytest.approx(official["RCP Mean"], rel=0.005)
+    assert float(np.std(rcp.samples)) == pytest.approx(official["RCP Stdev"], rel=0.03)
+    assert T.olympic_mean(T.load_rcps()[56].samples) == pytest.approx(by_batch[56]["RCP Mean"])
+
+
+def test_the_prediction_at_global_batch_2_says_it_is_a_lower_bound_from_batch_28():
+    """No 4.0.0 RCP at global batch 2: never silently batch 28's."""
+    p = T.predict(1.0, 100.0, 2, T.Schedule(168, 1000, 20))
+    assert p.rcp.kind == T.LOWER_BOUND and p.rcp.global_batch == 28
+    text = "\n".join(T.prediction_lines(p, [28, 56, 64, 84]))
+    assert "RCP unet3d_ref_28 as a LOWER BOUND: no RCP at global batch 2 (mlperf-logging training_4.0.0 has " \
+           "them at 28, 56, 64, 84)" in text
+    lines = T.prediction_lines(p, [28, 56, 64, 84])
+    assert lines[2].endswith("; a lower bound") and lines[3].endswith("; a lower bound")  # one run, the score
+    assert p.as_dict()["rcp_kind"] == T.LOWER_BOUND and "lower bound" in p.as_dict()["rcp_basis"]
+    share = "\n".join(T.evaluation_share_lines(3.0, 2, T.Schedule(168, 1000, 20)))
+    assert share.endswith("; a lower bound") and "LOWER BOUND: no RCP at global batch 2" in share
 
 
 @pytest.mark.parametrize("spe, start, every, samples, epoch, evaluations", [
@@ -134,8 +215,9 @@ def test_prediction_text_names_the_rcp_the_band_and_the_rule():
     assert "global batch 56 on 8 rank(s)" in text and "unet3d_ref_56 (197 reference runs" in text
     assert "mean of 40 runs less the 4 fastest and 4 slowest" in text and "5th-95th percentile" in text
     assert f"{p.score_s / 60:.2f} min expected" in text
-    small = "\n".join(T.prediction_lines(T.predict(1.0, 100.0, 2, T.Schedule(168, 1000, 20)), [28, 56]))
-    assert "no RCP at global batch 2: the nearest (28" in small and " days" in small
+    small = "\n".join(T.prediction_lines(T.predict(1.0, 100.0, 40, T.Schedule(168, 1000, 20)), [28, 56]))
+    assert "RCP unet3d_interp_40: no RCP at global batch 40" in small and "between those at 28 and 56" in small
+    assert " days" in small
 
 
 @pytest.mark.parametrize("semantics", ["reference", "project"])

@@ -26,8 +26,9 @@ def predicted_text(predicted: dict | None) -> str:
     """One run's predicted MLPerf time to train: mean (5th-95th percentile), or "-"."""
     if not predicted:
         return "-"
+    bound = ", a lower bound" if predicted.get("rcp_kind") == "lower bound" else ""
     return (f"{duration_text(predicted['run_mean_s'])} ({duration_text(predicted['run_p5_s'])} - "
-            f"{duration_text(predicted['run_p95_s'])})")
+            f"{duration_text(predicted['run_p95_s'])}{bound})")
 
 
 def _run_row(s: RunSummary) -> str:
@@ -63,7 +64,8 @@ def summary_markdown(summaries: Sequence[RunSummary], empty: Sequence[str], scor
                   "and 4 slowest:", ""]
         lines += [f"- {s.label}: {duration_text(s.predicted['score_s'])} expected (5th-95th percentile "
                   f"{duration_text(s.predicted['score_p5_s'])} - {duration_text(s.predicted['score_p95_s'])}), "
-                  f"RCP at global batch {s.predicted['rcp_global_batch']}" for s in predicted]
+                  + (s.predicted.get("rcp_basis") or f"RCP at global batch {s.predicted['rcp_global_batch']}")
+                  for s in predicted]
         lines.append("")
     failing = [(s, c) for s in summaries for c in s.compliance if c.problems]
     if failing:

@@ -10,12 +10,17 @@ score is the mean of 40 such runs less the 4 fastest and the 4 slowest. One run 
 batch come from MLCommons' reference convergence points (RCPs), which ship in the installed
 ``mlperf-logging`` package (``rcp_checker/training_4.0.0/rcps_unet3d.json``, read where the
 package is installed, never copied): per global batch, the samples to converge of many reference
-runs (samples = epochs x 168). A run converges at the first evaluation epoch by which it has
-trained an RCP run's samples, so the evaluations it pays for follow from its schedule
-(``start_eval_at``, ``evaluate_every``). Each reference run gives one run time: their mean and
-5th-95th percentiles are one run's band; the expected score is the mean of the 40-run rule over
-draws from them (exact order statistics), its band the 5th-95th percentiles of that rule over
-many drawn sets of 40.
+runs (samples = epochs x 168). At a global batch without an RCP the prediction follows what the
+official RCP checker (``rcp_checker.check_directory``) holds such a run to: between two RCPs (of
+its pruned set) their interpolation, made here from their quantiles (the checker interpolates
+their means linearly in the global batch); below the smallest RCP the smallest, as a lower bound
+(the checker accepts a run there only if it converges no faster); above the largest none (the
+checker fails it: "Missing RCP"). The output says which. A run converges at the first evaluation
+epoch by which it has trained an RCP run's samples, so the evaluations it pays for follow from
+its schedule (``start_eval_at``, ``evaluate_every``). Each reference run gives one run time: their
+mean and 5th-95th percentiles are one run's band; the expected score is the mean of the 40-run
+rule over draws from them (exact order statistics), its band the 5th-95th percentiles of that
+rule over many drawn sets of 40.
 
 Standard library only at import (the report reads runs without numpy): numpy is imported where
 the score's band is drawn.
@@ -47,14 +52,21 @@ class TimeToTrainError(RuntimeError):
 
 # ------------------------------------------------------------------------------- the RCPs
 
+MEASURED, INTERPOLATED, LOWER_BOUND = "measured", "interpolated", "lower bound"
+
+
 @dataclass(frozen=True)
 class Rcp:
     """One reference convergence point: a global batch and the samples to converge of each of
-    its reference runs."""
+    its reference runs. ``kind``: measured (a record of the file), interpolated (between the
+    records at the global batches ``between``) or lower bound (the smallest record, standing
+    for a smaller global batch that has none)."""
 
     name: str
     global_batch: int
     samples: tuple[int, ...]
+    kind: str = MEASURED
+    between: tuple[int, ...] = ()
 
     @property
     def epochs(self) -> tuple[float, ...]:
@@ -98,9 +110,69 @@ def installed_rcps() -> dict[int, Rcp]:
     return load_rcps()
 
 
-def nearest_rcp(rcps: dict[int, Rcp], global_batch: int) -> Rcp:
-    """The RCP of the global batch nearest ``global_batch`` (the smaller one on a tie)."""
-    return rcps[min(rcps, key=lambda batch: (abs(batch - global_batch), batch))]
+def olympic_mean(values: Sequence[float], drop: int = DROPPED_EACH_END) -> float:
+    """The mean less the ``drop`` smallest and largest: the RCP checker's "RCP Mean" of unet3d."""
+    kept = sorted(values)[drop:len(values) - drop]
+    return sum(kept) / len(kept)
+
+
+def pruned(rcps: dict[int, Rcp]) -> dict[int, Rcp]:
+    """The RCPs the official checker keeps for its default (pruned) pass (``RCP_Checker.
+    _prune_rcps``): none below the global batch that converges fastest, then, from the smallest up,
+    each dropped that converges slower than the interpolation of its two neighbours."""
+    means = {batch: olympic_mean(rcp.samples) for batch, rcp in rcps.items()}
+    fastest = min(means, key=lambda batch: (means[batch], batch))
+    kept = sorted(batch for batch in rcps if batch >= fastest)
+    i = 1
+    while i < len(kept) - 1:
+        low, batch, high = kept[i - 1], kept[i], kept[i + 1]
+        if means[batch] > means[low] + (means[high] - means[low]) * (batch - low) / (high - low):
+            del kept[i]
+            i -= 1
+        i += 1
+    return {batch: rcps[batch] for batch in kept}
+
+
+def interpolated(low: Rcp, high: Rcp, global_batch: int) -> Rcp:
+    """An RCP at ``global_batch`` between ``low`` and ``high``: each quantile interpolated linearly
+    in the global batch (its mean about the interpolation of theirs, the checker's)."""
+    weight = (global_batch - low.global_batch) / (high.global_batch - low.global_batch)
+    count = max(len(low.samples), len(high.samples))
+    quantiles = [100.0 * i / (count - 1) for i in range(count)]
+    samples = tuple(round((1 - weight) * percentile(low.samples, q) + weight * percentile(high.samples, q))
+                    for q in quantiles)
+    return Rcp(f"unet3d_interp_{global_batch}", global_batch, samples, INTERPOLATED,
+               (low.global_batch, high.global_batch))
+
+
+def rcp_for(rcps: dict[int, Rcp], global_batch: int) -> Rcp:
+    """The RCP a run at ``global_batch`` is predicted from: the one at that batch; else, as the
+    official checker decides, the interpolation of the nearest below and above it among the
+    pruned RCPs, or below the smallest the smallest, as a lower bound; none above the largest
+    (the checker fails such a run: one line)."""
+    if global_batch in rcps:
+        return rcps[global_batch]
+    kept = pruned(rcps)
+    below = [batch for batch in kept if batch < global_batch]
+    above = [batch for batch in kept if batch > global_batch]
+    if below and above:
+        return interpolated(kept[max(below)], kept[min(above)], global_batch)
+    if above:
+        smallest = kept[min(above)]
+        return Rcp(smallest.name, smallest.global_batch, smallest.samples, LOWER_BOUND, (smallest.global_batch,))
+    known = ", ".join(str(batch) for batch in sorted(rcps))
+    raise TimeToTrainError(f"no RCP at global batch {global_batch} or above (mlperf-logging {RCP_RULESET} has them "
+                           f"at {known}): rcp_checker fails such a run (\"Missing RCP\") unless its submission "
+                           "brings RCPs of its own")
+
+
+def rcp_basis(rcp: Rcp, global_batch: int) -> str:
+    """What a prediction stands on, in a few words."""
+    if rcp.kind == INTERPOLATED:
+        return f"interpolated between the RCPs at global batches {rcp.between[0]} and {rcp.between[1]}"
+    if rcp.kind == LOWER_BOUND:
+        return f"a lower bound: no RCP at global batch {global_batch}, the smallest (at {rcp.global_batch}) bounds it"
+    return f"RCP at global batch {rcp.global_batch}"
 
 
 # --------------------------------------------------------------------------- one run's time
@@ -226,6 +298,7 @@ class Prediction:
         low, high = self.run_band_s
         return {"global_batch": self.global_batch, "world_size": self.world_size, "rcp": self.rcp.name,
                 "rcp_global_batch": self.rcp.global_batch, "rcp_runs": len(self.rcp.samples),
+                "rcp_kind": self.rcp.kind, "rcp_basis": rcp_basis(self.rcp, self.global_batch),
                 "train_throughput": self.train_throughput, "eval_seconds": self.eval_seconds,
                 "run_mean_s": self.run_mean_s, "run_p5_s": low, "run_p95_s": high,
                 "score_s": self.score_s, "score_p5_s": self.score_band_s[0], "score_p95_s": self.score_band_s[1],
@@ -241,11 +314,11 @@ def _positive(value: float, what: str) -> float:
 def predict(train_throughput: float, eval_seconds: float, global_batch: int, schedule: Schedule,
             world_size: int = 1, rcps: dict[int, Rcp] | None = None) -> Prediction:
     """The time to train at ``train_throughput`` samples/s and ``eval_seconds`` per evaluation
-    (both over all ranks), for ``global_batch`` on ``schedule``, from the RCP at the nearest
-    global batch (``rcps``: default the installed package's)."""
+    (both over all ranks), for ``global_batch`` on ``schedule``, from :func:`rcp_for`'s RCP
+    (``rcps``: default the installed package's)."""
     train_throughput = _positive(train_throughput, "the training throughput")
     eval_seconds = _positive(eval_seconds, "the seconds per evaluation")
-    rcp = nearest_rcp(installed_rcps() if rcps is None else rcps, global_batch)
+    rcp = rcp_for(installed_rcps() if rcps is None else rcps, global_batch)
     runs = tuple(run_time(s, schedule, train_throughput, eval_seconds) for s in rcp.samples)
     seconds = [r.seconds for r in runs]
     return Prediction(global_batch, world_size, rcp, schedule, train_throughput, eval_seconds, runs,
@@ -269,16 +342,21 @@ def band_text(low: float, high: float) -> str:
 
 
 def rcp_text(rcp: Rcp, global_batch: int, rcps_batches: Sequence[int] = ()) -> str:
+    """The RCP line: which reference runs, and when the run's global batch has none, what stands
+    in for them and why (never silently another batch's)."""
     epochs = rcp.epochs
-    mean = sum(epochs) / len(epochs)
-    text = (f"RCP {rcp.name} ({len(epochs)} reference runs, mlperf-logging {RCP_RULESET}): epochs to converge "
-            f"mean {mean:.0f}, 5th-95th percentile {percentile(epochs, BAND[0]):.0f}-"
-            f"{percentile(epochs, BAND[1]):.0f}")
-    if rcp.global_batch != global_batch:
-        known = ", ".join(str(b) for b in sorted(rcps_batches)) if rcps_batches else str(rcp.global_batch)
-        text += (f"; no RCP at global batch {global_batch}: the nearest ({rcp.global_batch}; RCPs exist for "
-                 f"{known}) stands in")
-    return text
+    spread = (f"epochs to converge mean {sum(epochs) / len(epochs):.0f}, 5th-95th percentile "
+              f"{percentile(epochs, BAND[0]):.0f}-{percentile(epochs, BAND[1]):.0f}")
+    known = ", ".join(str(b) for b in sorted(rcps_batches)) or "?"
+    if rcp.kind == INTERPOLATED:
+        return (f"RCP {rcp.name}: no RCP at global batch {global_batch} (mlperf-logging {RCP_RULESET} has them at "
+                f"{known}): interpolated between those at {rcp.between[0]} and {rcp.between[1]}, as rcp_checker "
+                f"interpolates; {spread}")
+    if rcp.kind == LOWER_BOUND:
+        return (f"RCP {rcp.name} as a LOWER BOUND: no RCP at global batch {global_batch} (mlperf-logging "
+                f"{RCP_RULESET} has them at {known}); rcp_checker accepts a run below the smallest only if it "
+                f"converges no faster than the one at {rcp.global_batch} ({len(epochs)} reference runs: {spread})")
+    return f"RCP {rcp.name} ({len(epochs)} reference runs, mlperf-logging {RCP_RULESET}): {spread}"
 
 
 def schedule_text(schedule: Schedule) -> str:
@@ -288,6 +366,7 @@ def schedule_text(schedule: Schedule) -> str:
 
 def prediction_lines(p: Prediction, rcps_batches: Sequence[int] = ()) -> list[str]:
     low, high = p.run_band_s
+    bound = "; a lower bound" if p.rcp.kind == LOWER_BOUND else ""
     return [
         f"time to train (MLPerf, predicted): global batch {p.global_batch} on {p.world_size} rank(s), "
         f"{p.train_throughput:.4g} samples/s, {p.eval_seconds:.4g} s per evaluation of the {EVAL_CASES} cases; "
@@ -295,10 +374,10 @@ def prediction_lines(p: Prediction, rcps_batches: Sequence[int] = ()) -> list[st
         "  " + rcp_text(p.rcp, p.global_batch, rcps_batches),
         f"  one run: mean {duration_text(p.run_mean_s)} (5th-95th percentile {band_text(low, high)}) = "
         f"training {duration_text(p.mean_of('train_seconds'))} + {p.mean_of('evaluations'):.1f} evaluations x "
-        f"{p.eval_seconds:.4g} s = {duration_text(p.mean_of('eval_seconds'))}",
+        f"{p.eval_seconds:.4g} s = {duration_text(p.mean_of('eval_seconds'))}{bound}",
         f"  score (mean of {SUBMISSION_RUNS} runs less the {DROPPED_EACH_END} fastest and {DROPPED_EACH_END} "
         f"slowest): {duration_text(p.score_s)} expected (5th-95th percentile {band_text(*p.score_band_s)}); "
-        "initialisation not timed",
+        f"initialisation not timed{bound}",
     ]
 
 
@@ -308,15 +387,16 @@ def evaluation_share_lines(eval_seconds: float, global_batch: int, schedule: Sch
     training part needs the training throughput)."""
     eval_seconds = _positive(eval_seconds, "the seconds per evaluation")
     rcps = installed_rcps() if rcps is None else rcps
-    rcp = nearest_rcp(rcps, global_batch)
+    rcp = rcp_for(rcps, global_batch)
     counts = [schedule.evaluations(schedule.converged_epoch(s)) for s in rcp.samples]
     mean = sum(counts) / len(counts)
     low, high = percentile(counts, BAND[0]), percentile(counts, BAND[1])
+    bound = "; a lower bound" if rcp.kind == LOWER_BOUND else ""
     return [
         f"time to train (MLPerf, predicted): its evaluations at global batch {global_batch} on {world_size} "
         f"rank(s), {eval_seconds:.4g} s per evaluation of the {EVAL_CASES} cases; " + schedule_text(schedule),
         "  " + rcp_text(rcp, global_batch, list(rcps)),
         f"  evaluations in one run: mean {mean:.1f} = {duration_text(mean * eval_seconds)} (5th-95th percentile "
         f"{low:.0f}-{high:.0f} = {band_text(low * eval_seconds, high * eval_seconds)}); the training part: "
-        "--exec_mode train --benchmark measures it and predicts the whole",
+        f"--exec_mode train --benchmark measures it and predicts the whole{bound}",
     ]

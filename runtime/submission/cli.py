@@ -1,6 +1,7 @@
 """An MLPerf Training submission of unet3d, from the runs to the checked package.
 
-    python -m runtime.submission runs --output RUNS [--runs 40] [--slurm] [-- main.py flags...]
+    DATASET_DIR=DATA python -m runtime.submission runs --output RUNS [--recipe gbs28] [--runs 40] [--slurm]
+        [-- main.py flags...]
     python -m runtime.submission package RUNS --output PACKAGE [--system_fields FILE.json]
     python -m runtime.submission describe --output FILE.json
 
@@ -39,7 +40,11 @@ def parser() -> argparse.ArgumentParser:
     runs.add_argument("--output", required=True, help="the sweep's folder (RUNS)")
     runs.add_argument("--runs", type=int, default=40, help="how many runs (unet3d's submission: 40)")
     runs.add_argument("--first_seed", type=int, default=None,
-                      help="seeds first_seed, first_seed+1, ... (default: each drawn from the OS)")
+                      help="seeds first_seed, first_seed+1, ... (default: each drawn from the OS); open division "
+                           "only (-- --submission_division open): closed seeds come from the OS or the clock")
+    runs.add_argument("--recipe", default="",
+                      help="scripts/recipes/RECIPE.sh for every run (RECIPE=... to run_and_time.sh or the job): "
+                           "gbs28, gbs56, gbs64, gbs84 (the MLPerf 4.0.0 RCPs'), gbs2 (the reference's 1-GPU run)")
     runs.add_argument("--launcher", choices=["run_and_time", "main"], default="run_and_time",
                       help="run_and_time: ./run_and_time.sh SEED with RESULTS_DIR set (the reference's timed "
                            "run); main: python main.py --seed SEED --log_dir FOLDER")
@@ -79,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return run_sweep(args.output, args.runs, _flags(args.flags), args.launcher, args.first_seed, args.slurm,
-                             args.job_script, shlex.split(args.sbatch_args), args.dry_run)
+                             args.job_script, shlex.split(args.sbatch_args), args.dry_run, recipe=args.recipe)
         except (DriverError, OSError) as error:
             return _error(error)
     if args.command == "describe":

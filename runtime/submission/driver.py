@@ -2,15 +2,21 @@
 other, or as one SLURM job each.
 
     RUNS/run_00 .. run_<N-1>/   each run's --log_dir (RESULTS_DIR of run_and_time.sh / the job)
-    RUNS/run_<i>.console.txt    a local run's stdout and stderr
+    RUNS/run_<i>.console.txt    a local run's stdout and stderr (each attempt appended)
     RUNS/seeds.json             the seed of every run (drawn once, kept for a run not yet made)
+    RUNS/jobs.json              --slurm: the job id of every run submitted
     RUNS/system-fields.json     a local sweep: the system description's fields of this machine
 
-A run folder that exists is never run again: the same command continues an interrupted sweep,
-and ``--runs`` larger than before adds runs.
+A run folder that holds a run (an MLPerf log that reached ``run_start``, in the folder or moved
+aside into its ``previous-*``) is never run again: the same command continues an interrupted
+sweep, and ``--runs`` larger than before adds runs. A folder without one (an attempt that failed
+before the clock started) runs again: its files are moved aside by the training itself
+(``previous-<time>/``), never deleted; under ``--slurm`` only once its job is no longer queued or
+running (``squeue``).
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
@@ -20,12 +26,16 @@ import sys
 import time
 from typing import Callable, Sequence
 
+from runtime.report.runs import mlperf_logs, read_json_lines
+from runtime.run_files import MLLOG_PREFIX, PREVIOUS_RUN_PREFIX, RUN_START
 from runtime.submission import system as S
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEEDS_FILE = "seeds.json"
+JOBS_FILE = "jobs.json"
 SYSTEM_FIELDS_FILE = "system-fields.json"
 LAUNCHERS = ("run_and_time", "main")
+RECIPES_DIR = os.path.join(REPO, "scripts", "recipes")
 
 
 class DriverError(Exception):
@@ -63,21 +73,74 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(temporary, path)
 
 
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise DriverError(f"cannot read {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise DriverError(f"cannot read {path}: not a JSON object")
+    return data
+
+
+def holds_a_run(folder: str) -> bool:
+    """Whether ``folder`` holds a run: an MLPerf log of it (or of an attempt moved aside into its
+    ``previous-*``) with a ``run_start`` event. An attempt that never reached it is not a run."""
+    folders = [folder] + sorted(glob.glob(os.path.join(glob.escape(folder), PREVIOUS_RUN_PREFIX + "*")))
+    for path in (log for f in folders if os.path.isdir(f) for log in mlperf_logs(f)):
+        try:
+            records, _ = read_json_lines(path, MLLOG_PREFIX)
+        except OSError:
+            return True  # unreadable: never run over it
+        if any(record.get("key") == RUN_START for record in records):
+            return True
+    return False
+
+
+def division_of(flags: Sequence[str]) -> str:
+    """The ``--submission_division`` the flags give main.py (the last one wins; closed by default)."""
+    division = "closed"
+    for index, flag in enumerate(flags):
+        if flag == "--submission_division" and index + 1 < len(flags):
+            division = flags[index + 1]
+        elif flag.startswith("--submission_division="):
+            division = flag.split("=", 1)[1]
+    return division
+
+
+def job_state(job_id: str) -> str | None:
+    """``squeue``'s state of a job ('' once it has left the queue), None when it cannot tell."""
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode == 0:
+        return proc.stdout.strip()
+    return "" if "invalid job id" in proc.stderr.lower() else None
+
+
 def commands(output: str, names: Sequence[str], seeds: dict, flags: Sequence[str], launcher: str,
-             slurm: bool, job_script: str, sbatch_args: Sequence[str]) -> list[tuple[str, list[str], dict]]:
+             slurm: bool, job_script: str, sbatch_args: Sequence[str],
+             recipe: str = "") -> list[tuple[str, list[str], dict]]:
     """(name, command, extra environment) of every run."""
     planned = []
     for name in names:
         folder = os.path.join(output, name)
         seed = str(seeds[name])
         if slurm:
-            # the job scripts take the run's seed and folder from the environment (common.sh)
-            command = ["sbatch", "--job-name", f"unet3d-{name}", "--export", f"ALL,SEED={seed},RESULTS_DIR={folder}",
-                       *sbatch_args, job_script, *flags]
+            # the job scripts take the run's seed, folder and recipe from the environment (common.sh)
+            export = f"ALL,SEED={seed},RESULTS_DIR={folder}" + (f",RECIPE={recipe}" if recipe else "")
+            command = ["sbatch", "--job-name", f"unet3d-{name}", "--export", export, *sbatch_args, job_script, *flags]
             planned.append((name, command, {}))
         elif launcher == "run_and_time":
-            planned.append((name, ["bash", os.path.join(REPO, "run_and_time.sh"), seed, *flags],
-                            {"RESULTS_DIR": folder, "LOG_DIR": folder}))
+            # this interpreter (a venv's, say) runs the training, not whichever python is on PATH
+            env = {"RESULTS_DIR": folder, "LOG_DIR": folder, "PYTHON": sys.executable}
+            if recipe:
+                env["RECIPE"] = recipe
+            planned.append((name, ["bash", os.path.join(REPO, "run_and_time.sh"), seed, *flags], env))
         else:
             planned.append((name, [sys.executable, os.path.join(REPO, "main.py"), "--seed", seed, "--log_dir", folder,
                                    *flags], {}))
@@ -86,7 +149,8 @@ def commands(output: str, names: Sequence[str], seeds: dict, flags: Sequence[str
 
 def run_sweep(output: str, count: int, flags: Sequence[str] = (), launcher: str = "run_and_time",
               first_seed: int | None = None, slurm: bool = False, job_script: str = "",
-              sbatch_args: Sequence[str] = (), dry_run: bool = False, say: Callable[[str], None] = print) -> int:
+              sbatch_args: Sequence[str] = (), dry_run: bool = False, say: Callable[[str], None] = print,
+              recipe: str = "") -> int:
     """Run (or submit, or print with ``dry_run``) the runs of ``output`` not made yet. Returns 0
     when every run started here exited 0 (every job was submitted), else 4."""
     output = os.path.abspath(output)
@@ -96,26 +160,54 @@ def run_sweep(output: str, count: int, flags: Sequence[str] = (), launcher: str 
         raise DriverError(f"--launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
     if os.path.exists(output) and not os.path.isdir(output):
         raise DriverError(f"--output {output} is a file, not a folder")
+    if first_seed is not None and division_of(flags) != "open":
+        raise DriverError(f"--first_seed {first_seed}: seeds {first_seed}, {first_seed + 1}, ... are not allowed in "
+                          "the closed division (the rules: from the clock, the OS's randomness or an RNG seeded "
+                          "from them); leave it out, or give `-- --submission_division open`")
+    if recipe:
+        names_there = sorted(n[:-3] for n in os.listdir(RECIPES_DIR) if n.endswith(".sh"))
+        if recipe not in names_there:
+            raise DriverError(f"--recipe {recipe}: no such recipe in {RECIPES_DIR} ({', '.join(names_there)})")
+        if launcher == "main" and not slurm:
+            raise DriverError(f"--recipe {recipe}: recipes are run_and_time.sh's and the job scripts' "
+                              "(--launcher run_and_time or --slurm)")
+    if not slurm and launcher == "run_and_time":
+        dataset = os.environ.get("DATASET_DIR", "")
+        if not dataset:
+            raise DriverError("DATASET_DIR is not set: run_and_time.sh would train every run on generated synthetic "
+                              "data; set it to the preprocessed KiTS19 folder")
+        if not os.path.isdir(dataset):
+            raise DriverError(f"DATASET_DIR={dataset}: no such folder")
     job_script = os.path.abspath(job_script or os.path.join(REPO, "scripts", "slurm", "single_node.sbatch"))
     if slurm and not os.path.isfile(job_script):
         raise DriverError(f"--job_script {job_script} not found")
     if slurm and "," in output:
         raise DriverError(f"--output {output}: a comma in the path would break sbatch --export")
-    seeds_path = os.path.join(output, SEEDS_FILE)
-    known = {}
-    if os.path.isfile(seeds_path):
-        try:
-            with open(seeds_path, encoding="utf-8") as handle:
-                known = json.load(handle)
-        except (OSError, ValueError) as error:
-            raise DriverError(f"cannot read {seeds_path}: {error}") from None
+    seeds_path, jobs_path = os.path.join(output, SEEDS_FILE), os.path.join(output, JOBS_FILE)
+    known, jobs = _read_json(seeds_path), _read_json(jobs_path)
     names = run_names(count)
     seeds = plan_seeds(names, known, first_seed)
-    todo = [n for n in names if not os.path.exists(os.path.join(output, n))]
+    todo = []
     for name in names:
-        if name not in todo:
-            say(f"{name}: {os.path.join(output, name)} exists, not run again")
-    planned = commands(output, todo, seeds, flags, launcher, slurm, job_script, sbatch_args)
+        folder = os.path.join(output, name)
+        if not os.path.exists(folder):
+            todo.append(name)
+        elif holds_a_run(folder):
+            say(f"{name}: {folder} holds a run, not run again")
+        elif not slurm:
+            say(f"{name}: {folder} holds no run (no run_start): run again, its files kept aside")
+            todo.append(name)
+        elif name not in jobs:
+            say(f"{name}: {folder} holds no run yet and no job of it is known: not submitted again")
+        else:
+            state = job_state(str(jobs[name]))
+            if state == "":
+                say(f"{name}: {folder} holds no run and its job {jobs[name]} has left the queue: submitted again")
+                todo.append(name)
+            else:
+                why = f"its job {jobs[name]} is {state.lower()}" if state else f"squeue cannot tell of job {jobs[name]}"
+                say(f"{name}: {folder} holds no run yet, {why}: not submitted again")
+    planned = commands(output, todo, seeds, flags, launcher, slurm, job_script, sbatch_args, recipe)
     if dry_run:
         for name, command, env in planned:
             say(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, command)]))
@@ -130,16 +222,27 @@ def run_sweep(output: str, count: int, flags: Sequence[str] = (), launcher: str 
     failed = 0
     for name, command, env in planned:
         if slurm:
-            os.makedirs(os.path.join(output, name))
+            folder = os.path.join(output, name)
+            made = not os.path.exists(folder)
+            os.makedirs(folder, exist_ok=True)
             proc = subprocess.run(command, capture_output=True, text=True)
             if proc.returncode != 0:
-                os.rmdir(os.path.join(output, name))  # empty, made just above: the run can be submitted again
+                if made:
+                    os.rmdir(folder)  # empty, made just above: the run can be submitted again
                 raise DriverError(f"sbatch for {name} failed (exit {proc.returncode}): "
                                   f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
+            submitted = proc.stdout.strip().split()
+            if submitted and submitted[-1].isdigit():
+                jobs[name] = submitted[-1]
+                _write_json(jobs_path, jobs)
             say(f"{name}: seed {seeds[name]}, {proc.stdout.strip()}")
             continue
         started = time.monotonic()
-        with open(os.path.join(output, f"{name}.console.txt"), "w", encoding="utf-8") as console:
+        # appended: an earlier attempt's console is kept
+        with open(os.path.join(output, f"{name}.console.txt"), "a", encoding="utf-8") as console:
+            console.write(f"=== {name}: seed {seeds[name]}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                          f"{shlex.join(command)}\n")
+            console.flush()
             code = subprocess.run(command, cwd=REPO, env={**os.environ, **env}, stdout=console,
                                   stderr=subprocess.STDOUT).returncode
         failed += code != 0

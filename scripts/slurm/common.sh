@@ -25,7 +25,15 @@
 #   CODE_DIR      checkout that holds main.py, as seen in the container (Apptainer mounts
 #                 $HOME; a checkout elsewhere is bound at the same path; /opt/unet3d is the
 #                 copy inside an image built from apptainer.def)
-#   SEED, LEARNING_RATE, ... the reference's hyper-parameters (see training_args)
+#   RECIPE        scripts/recipes/<RECIPE>.sh, the hyper-parameters of one global batch
+#                 (gbs28, gbs56, gbs64, gbs84: those of the MLPerf 4.0.0 RCPs; gbs2: the
+#                 reference's 1-GPU run); the batch per process is the global batch / (nodes x
+#                 GPUS_PER_NODE x GA_STEPS), refused when it does not divide. Unset: the
+#                 reference's 1-GPU hyper-parameters at BATCH_SIZE (default 2) per process, with a
+#                 warning that no RCP stands behind them (scripts/lib/recipe.sh)
+#   SEED, LEARNING_RATE, ... a recipe's settings override it (see training_args); MAX_EPOCHS
+#                 default auto (the rules' limit for the global batch); START_EVAL_AT and
+#                 EVALUATE_EVERY are passed only when set (default: the rules' schedule)
 #   EXTRA_ARGS    more main.py flags as one string; flags after the job script's name also pass
 #   DRY_RUN=1     print each command, shell-quoted, one per line, instead of running it
 
@@ -35,6 +43,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib/run.sh"
 # forward_usr1 PID: SIGUSR1 to PID once it has a handler for it.
 # shellcheck source=scripts/lib/forward.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/forward.sh"
+# recipe_args PROCESSES FLAGS...: a recipe's main.py flags (RECIPE_ARGS).
+# shellcheck source=scripts/lib/recipe.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/recipe.sh"
 
 die() {
     printf 'error: %s\n' "$*" >&2
@@ -111,36 +122,36 @@ set_common_defaults() {
     fi
 }
 
-# The reference's timed-run hyper-parameters, each overridable from the environment,
-# then EXTRA_ARGS (word-split on purpose: it is a flag string), then the job's own arguments.
-# Sets the array TRAIN_ARGS.
+# The timed run's flags: the recipe's hyper-parameters for NNODES x GPUS_PER_NODE processes
+# (scripts/lib/recipe.sh; each setting overridable from the environment), the rules' schedule
+# unless START_EVAL_AT / EVALUATE_EVERY are set, then EXTRA_ARGS (word-split on purpose: it is a
+# flag string), then the job's own arguments. Sets the array TRAIN_ARGS.
 training_args() {
+    local extra=()
+    if [[ -n ${EXTRA_ARGS:-} ]]; then
+        read -r -a extra <<< "$EXTRA_ARGS"
+    fi
+    recipe_args $(( ${NNODES:-1} * GPUS_PER_NODE )) ${extra[@]+"${extra[@]}"} "$@"
     TRAIN_ARGS=(
         --data_dir "$DATA_IN_JOB"
         --log_dir "$RESULTS_IN_JOB"
         --save_ckpt_path "$RESULTS_IN_JOB/checkpoint.pt"
         --seed "${SEED:--1}"
-        --epochs "${MAX_EPOCHS:-4000}"
+        --epochs "${MAX_EPOCHS:-auto}"
         --quality_threshold "${QUALITY_THRESHOLD:-0.908}"
-        --start_eval_at "${START_EVAL_AT:-1000}"
-        --evaluate_every "${EVALUATE_EVERY:-20}"
-        --optimizer "${OPTIMIZER:-sgd}"
-        --learning_rate "${LEARNING_RATE:-0.8}"
-        --init_learning_rate "${INIT_LEARNING_RATE:-1e-4}"
-        --lr_warmup_epochs "${LR_WARMUP_EPOCHS:-200}"
-        --momentum "${MOMENTUM:-0.9}"
-        --batch_size "${BATCH_SIZE:-2}"
-        --num_workers "$NUM_WORKERS"
     )
+    if [[ -n ${START_EVAL_AT:-} ]]; then
+        TRAIN_ARGS+=(--start_eval_at "$START_EVAL_AT")
+    fi
+    if [[ -n ${EVALUATE_EVERY:-} ]]; then
+        TRAIN_ARGS+=(--evaluate_every "$EVALUATE_EVERY")
+    fi
+    TRAIN_ARGS+=("${RECIPE_ARGS[@]}" --num_workers "$NUM_WORKERS")
     case ${CKPT_DURING_RUN:-0} in
         0) ;;
         1) TRAIN_ARGS+=(--ckpt_during_run) ;;
         *) die "CKPT_DURING_RUN must be 0 or 1, got '$CKPT_DURING_RUN'" ;;
     esac
-    local extra=()
-    if [[ -n ${EXTRA_ARGS:-} ]]; then
-        read -r -a extra <<< "$EXTRA_ARGS"
-    fi
     # ${a[@]+"${a[@]}"}: an empty array under `set -u` is an error before bash 4.4.
     TRAIN_ARGS+=(${extra[@]+"${extra[@]}"} "$@")
 }
