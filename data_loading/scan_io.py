@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -396,7 +397,26 @@ def nifti_reference(affine: np.ndarray, shape: Sequence[int], spacing: Sequence[
 class DicomSeries:
     uid: str
     files: tuple[str, ...]  # sorted by position along the slice normal (GDCM)
-    description: str = ""
+    description: str = ""  # SeriesDescription (0008,103E)
+    number: str = ""  # SeriesNumber (0020,0011)
+    image_type: str = ""  # ImageType (0008,0008), e.g. ORIGINAL\PRIMARY\LOCALIZER
+
+    @property
+    def label(self) -> str:
+        """The series in a file name: ``s<SeriesNumber>_<description>`` (characters other than
+        letters and digits as ``_``), or its SeriesInstanceUID when it has neither."""
+        description = re.sub(r"[^A-Za-z0-9]+", "_", self.description).strip("_")[:48]
+        parts = ([f"s{re.sub(r'[^A-Za-z0-9]+', '_', self.number)}"] if self.number else []) + (
+            [description] if description else [])
+        return "_".join(parts) or self.uid
+
+    @property
+    def localizer(self) -> bool:
+        """A localiser (scout, topogram): ImageType's LOCALIZER, or a description that says so."""
+        return "LOCALIZER" in self.image_type.upper() or bool(LOCALIZER_WORDS.search(self.description))
+
+
+LOCALIZER_WORDS = re.compile(r"locali[sz]er|scout|topogram|surview|scanogram|survey", re.IGNORECASE)
 
 
 def dicom_series_in(folder: str) -> list[DicomSeries]:
@@ -406,18 +426,20 @@ def dicom_series_in(folder: str) -> list[DicomSeries]:
     series = []
     for uid in reader.GetGDCMSeriesIDs(folder):
         files = tuple(reader.GetGDCMSeriesFileNames(folder, uid))
-        series.append(DicomSeries(uid, files, _description(sitk, files[0]) if files else ""))
+        series.append(DicomSeries(uid, files, *(_series_tags(sitk, files[0]) if files else ())))
     return series
 
 
-def _description(sitk, path: str) -> str:
+def _series_tags(sitk, path: str) -> tuple[str, str, str]:
+    """SeriesDescription, SeriesNumber and ImageType of the DICOM file ``path`` ("" when absent)."""
     reader = sitk.ImageFileReader()
     reader.SetFileName(path)
     try:
         reader.ReadImageInformation()
-        return reader.GetMetaData("0008|103e").strip() if reader.HasMetaDataKey("0008|103e") else ""
     except RuntimeError:
-        return ""
+        return "", "", ""
+    return tuple(reader.GetMetaData(key).strip() if reader.HasMetaDataKey(key) else ""
+                 for key in ("0008|103e", "0020|0011", "0008|0008"))
 
 
 def describe_series(series: Sequence[DicomSeries]) -> str:
@@ -554,7 +576,7 @@ def sitk_header(path: str) -> tuple[tuple[int, ...], tuple[float, ...], np.ndarr
     return tuple(int(s) for s in size), spacing, lps_affine(direction, spacing, origin)
 
 
-def _detached_data_file(path: str) -> str | None:
+def detached_data_file(path: str) -> str | None:
     """The data file a ``.mhd`` (``ElementDataFile``) or ``.nhdr`` (``data file``) header names,
     when it is one plain file beside it."""
     try:
@@ -578,7 +600,7 @@ def input_files(path: str) -> list[str]:
     if os.path.isfile(path) and is_nifti_name(path):
         return [path]
     if os.path.isfile(path) and is_scan_name(path):
-        data = _detached_data_file(path) if _lower(path).endswith((".mhd", ".nhdr")) else None
+        data = detached_data_file(path) if _lower(path).endswith((".mhd", ".nhdr")) else None
         return [path] + ([data] if data else [])
     return list(dicom_series_of(path).files)
 
