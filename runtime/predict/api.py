@@ -6,6 +6,7 @@
     result = segmenter.segment_file("scan.nii.gz")        # any orientation; NRRD, MHA, DICOM too
     labels, probabilities = segmenter.segment_array(volume, affine, probabilities=True)
     segmenter = Segmenter.from_network(network, PredictOptions(window=(128, 128, 128)))  # built already
+    dice = score(result.labels, truth)                    # Dice: NaN for a label absent from both
 
 ``--exec_mode predict`` runs every scan through a :class:`Segmenter` made from its resolved
 config (:meth:`Segmenter.from_config`), so the command line and the notebook share one code
@@ -25,6 +26,7 @@ from data_loading.scans import RawScan, read_scan
 from runtime.arguments import Config, UsageError, replace, validate
 from runtime.checkpoint import Saved
 from runtime.inference.backends import int8_calibration, say_on, window_predictor
+from runtime.predict.records import Dice, score  # noqa: F401 - the API's Dice (NaN: a label absent from both)
 from runtime.predict.scan import (EnsembleInference, ScanInference, Segmentation, StageTimer, load_trained_model,
                                   segment_volume)
 
