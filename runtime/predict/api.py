@@ -248,6 +248,14 @@ class Segmenter:
                       spacing: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Segment a 3-D CT volume (HU) whose voxel-to-world ``affine`` is nibabel's (RAS+ world,
         e.g. ``nibabel.load(f).affine``), in any axis order: ``(labels, probabilities)``, labels
-        uint8 of ``array``'s shape and axes, probabilities float32 (3, *array.shape) or None."""
+        uint8 of ``array``'s shape and axes, probabilities float32 (3, *array.shape) or None.
+        Without ``spacing`` (mm per array axis), the affine's voxel sizes are used, and one line
+        says so (``np.eye(4)``: 1 mm voxels)."""
+        if spacing is None:
+            from nibabel.affines import voxel_sizes
+
+            sizes = [float(f"{s:.6g}") for s in voxel_sizes(np.asarray(affine, dtype=np.float64))]
+            self._say(f"array: no spacing given: {sizes} mm per axis assumed, the affine's voxel sizes "
+                      "(give spacing= if they are not)")
         result = self.segment_raw(raw_from_array(array, affine, spacing), probabilities, "array")
         return result.labels, result.probabilities
