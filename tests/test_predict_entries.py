@@ -169,3 +169,36 @@ def test_a_summary_whose_json_lines_alone_failed_says_which(tmp_path, capsys, ch
     assert f"cannot write {tmp_path / 'out' / 'summary.jsonl'}: {os.strerror(errno.ENOSPC)}" in stderr, stderr
     assert f"summary in {tmp_path / 'out' / 'summary.csv'} (summary.jsonl not written)" in stdout, stdout
     assert "not written)" not in stdout.replace("(summary.jsonl not written)", "")
+
+
+# ----------------------------------------------------------------------------- evaluate beside a training run
+
+
+def test_evaluate_in_a_training_runs_folder_writes_files_of_its_own(tmp_path, capsys):
+    """--log_dir a training run's folder: its log.json and MLPerf log stay byte for byte, no
+    eval_cases.csv appears; evaluate's record and per-case Dice are in evaluate.json and
+    evaluate_cases.csv. In a folder of its own, evaluate writes log.json and eval_cases.csv as before."""
+    import json
+
+    import fake_data
+    from main_runs import call
+
+    checkpoint = trained_on(tmp_path / "c.pt", (32, 32, 32), filters=(2, 4, 4, 8, 8), normalization="batchnorm")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.json").write_text(json.dumps({"time": 1.0, "kind": "train", "epoch": 1, "loss": 0.5, "lr": 0.1,
+                                              "throughput": 1.0}) + "\n")
+    (run / "unet3d.log").write_text(':::MLLOG {"key": "run_start"}\n')
+    before = {name: (run / name).read_bytes() for name in ("log.json", "unet3d.log")}
+    common = ["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", checkpoint,
+              "--device", "cpu", "--val_input_shape", "32", "32", "32"]
+    code, out, err = call([*common, "--log_dir", str(run)], capsys, fake_data.FakeData(2, 1))
+    assert code == 0, err
+    assert {name: (run / name).read_bytes() for name in before} == before
+    assert sorted(os.listdir(run)) == ["evaluate.json", "evaluate_cases.csv", "log.json", "unet3d.log"]
+    records = [json.loads(line) for line in open(run / "evaluate.json")]
+    assert [r["kind"] for r in records] == ["backend", "eval"] and records[1]["checkpoint"] == checkpoint
+    assert "holds a training run" in out
+    code, out, err = call([*common, "--log_dir", str(tmp_path / "alone")], capsys, fake_data.FakeData(2, 1))
+    assert code == 0, err
+    assert sorted(os.listdir(tmp_path / "alone")) == ["eval_cases.csv", "log.json"]
