@@ -202,3 +202,41 @@ def test_evaluate_in_a_training_runs_folder_writes_files_of_its_own(tmp_path, ca
     code, out, err = call([*common, "--log_dir", str(tmp_path / "alone")], capsys, fake_data.FakeData(2, 1))
     assert code == 0, err
     assert sorted(os.listdir(tmp_path / "alone")) == ["eval_cases.csv", "log.json"]
+
+
+# ----------------------------------------------------------------------------- files nibabel reads
+
+
+def test_a_4d_file_of_one_volume_and_a_file_stating_no_orientation_are_read_as_nibabel_reads_them(
+        tmp_path, capsys, checkpoint, cheap_network):
+    """(X, Y, Z, 1): segmented as the (X, Y, Z) file with the same header, a 3-D output, one
+    line saying so. sform and qform codes 0: segmented as the same array with nibabel's own
+    ``img.affine`` for it (its fallback from pixdim) stated as sform, one line saying so."""
+    from test_orientation import kits_image
+
+    image = kits_image()
+    data = np.asarray(image.dataobj)
+    plain, odd = tmp_path / "plain", tmp_path / "odd"
+    os.makedirs(plain)
+    os.makedirs(odd)
+    nibabel.save(image, str(plain / "four_d.nii.gz"))
+    nibabel.save(nibabel.Nifti1Image(data[..., None], image.affine, image.header), str(odd / "four_d.nii.gz"))
+    bare = nibabel.Nifti1Image(data, None)
+    bare.header.set_zooms(image.header.get_zooms())
+    nibabel.save(bare, str(odd / "bare.nii.gz"))
+    bare = nibabel.load(str(odd / "bare.nii.gz"))
+    assert int(bare.header["sform_code"]) == 0 == int(bare.header["qform_code"])
+    stated = nibabel.Nifti1Image(data, bare.affine)  # the oracle: nibabel's affine of the bare file
+    stated.header.set_sform(bare.affine, code=1)
+    stated.header.set_zooms(image.header.get_zooms())
+    nibabel.save(stated, str(plain / "bare.nii.gz"))
+    code, stdout, stderr = predict(capsys, odd, tmp_path / "out_odd", checkpoint)
+    assert code == 0 and "2 segmented" in stdout, stderr
+    assert f"{odd / 'four_d.nii.gz'}: shape {data.shape + (1,)} read as the 3-D volume {data.shape}" in stdout
+    assert f"{odd / 'bare.nii.gz'}: sform_code and qform_code are 0" in stdout and "fallback affine" in stdout
+    assert predict(capsys, plain, tmp_path / "out_plain", checkpoint)[0] == 0
+    for name in ("four_d", "bare"):
+        ours = nibabel.load(str(tmp_path / "out_odd" / f"{name}.nii.gz"))
+        theirs = nibabel.load(str(tmp_path / "out_plain" / f"{name}.nii.gz"))
+        assert ours.shape == data.shape and np.allclose(ours.affine, theirs.affine), name
+        assert np.array_equal(np.asarray(ours.dataobj), np.asarray(theirs.dataobj)), name
