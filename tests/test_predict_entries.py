@@ -174,6 +174,7 @@ def test_a_summary_whose_json_lines_alone_failed_says_which(tmp_path, capsys, ch
 # ----------------------------------------------------------------------------- evaluate beside a training run
 
 
+@pytest.mark.slow  # two evaluate runs: about 5 s of CPU
 def test_evaluate_in_a_training_runs_folder_writes_files_of_its_own(tmp_path, capsys):
     """--log_dir a training run's folder: its log.json and MLPerf log stay byte for byte, no
     eval_cases.csv appears; evaluate's record and per-case Dice are in evaluate.json and
