@@ -67,7 +67,7 @@ def summary_of(out: str) -> dict:
     from runtime.predict.records import STAGES
 
     rows = [json.loads(line) for line in open(os.path.join(out, "summary.jsonl"))]
-    cases = [r for r in rows if r["case"] != "mean"]
+    cases = [r for r in rows if r["case"] not in ("mean", "count")]
     dice = [r["mean_dice"] for r in cases if r.get("mean_dice") is not None]
     stages = {s: sum(r.get(f"{s}_seconds") or 0 for r in cases) for s in STAGES}
     return {"seconds": sum(r["seconds"] for r in cases), "windows": sum(r.get("windows") or 0 for r in cases),

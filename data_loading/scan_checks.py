@@ -66,6 +66,8 @@ def read_header(path: str) -> ScanHeader:
         if isinstance(exc, ScanError):
             raise
         raise ScanError(f"{path}: unreadable or corrupt NIfTI ({reason_text(exc)})") from None
+    if len(shape) > 3 and all(s == 1 for s in shape[3:]):
+        shape = shape[:3]  # (X, Y, Z, 1): read as 3-D, as nibabel's squeeze_image (data_loading.scan_io.squeezed)
     if len(shape) != 3:
         raise ScanError(f"{path}: expected a 3-D volume, got shape {shape}")
     return ScanHeader(shape, spacing)

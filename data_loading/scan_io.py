@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from data_loading.dataset import DataError
-from data_loading.nifti_read import PreprocessError, load_image
+from data_loading.nifti_read import PreprocessError, load_image, read_nifti, read_voxels
 
 KITS_CODES = ("I", "P", "L")  # KiTS19's array axes as preprocessing reads them: slices, height, width
 SHEAR_TOLERANCE = 1e-3  # |cos| between two affine columns above this (about 0.06 degrees): sheared
@@ -169,6 +170,8 @@ def nifti_affine(header, path: str) -> tuple[np.ndarray, str]:
     """The affine that orients a NIfTI file, and which one it is: the sform if its code is
     non-zero and it is usable, else the qform likewise; :class:`ScanError` naming ``path``
     when neither is (a sheared sform is refused, not passed over: it is the scan's geometry)."""
+    if int(header["sform_code"]) == 0 and int(header["qform_code"]) == 0:  # nibabel's own fallback
+        return np.asarray(header.get_base_affine(), dtype=np.float64), FALLBACK_FORM
     reasons = []
     for form in ("sform", "qform"):
         code = int(header[f"{form}_code"])
@@ -188,6 +191,28 @@ def nifti_affine(header, path: str) -> tuple[np.ndarray, str]:
         reasons.append(f"{form} {problem}")
     raise ScanError(f"{path}: no usable orientation ({', '.join(reasons)}): the scan's orientation "
                     "cannot be read")
+
+
+FALLBACK_FORM = "fallback affine from pixdim"  # sform and qform codes 0: nibabel's img.affine then
+
+
+def fallback_note(path: str, affine: np.ndarray) -> str:
+    """The line saying that a NIfTI file states no orientation and how it is read."""
+    return (f"{path}: sform_code and qform_code are 0 (no orientation stated): read as nibabel reads it, with its "
+            f"fallback affine from pixdim (axes {''.join(aff2codes(affine))}, voxel sizes "
+            f"{[float(f'{v:.6g}') for v in voxel_sizes(affine)]} mm)")
+
+
+def squeezed(nifti, path: str) -> tuple[object, str]:
+    """A NIfTI image of shape (X, Y, Z, 1[, 1...]) as the 3-D image nibabel's ``squeeze_image``
+    makes of it, and the line saying so; any other image as it is, and ""."""
+    shape = tuple(int(s) for s in nifti.shape)
+    if len(shape) <= 3 or any(s != 1 for s in shape[3:]):
+        return nifti, ""
+    from nibabel.funcs import squeeze_image
+
+    return squeeze_image(nifti), (f"{path}: shape {shape} read as the 3-D volume {shape[:3]} (its trailing axes of "
+                                  "length 1 dropped, as nibabel's squeeze_image does); the segmentation is 3-D")
 
 
 def nifti_orientation(nifti, path: str) -> Orientation:
@@ -396,7 +421,26 @@ def nifti_reference(affine: np.ndarray, shape: Sequence[int], spacing: Sequence[
 class DicomSeries:
     uid: str
     files: tuple[str, ...]  # sorted by position along the slice normal (GDCM)
-    description: str = ""
+    description: str = ""  # SeriesDescription (0008,103E)
+    number: str = ""  # SeriesNumber (0020,0011)
+    image_type: str = ""  # ImageType (0008,0008), e.g. ORIGINAL\PRIMARY\LOCALIZER
+
+    @property
+    def label(self) -> str:
+        """The series in a file name: ``s<SeriesNumber>_<description>`` (characters other than
+        letters and digits as ``_``), or its SeriesInstanceUID when it has neither."""
+        description = re.sub(r"[^A-Za-z0-9]+", "_", self.description).strip("_")[:48]
+        parts = ([f"s{re.sub(r'[^A-Za-z0-9]+', '_', self.number)}"] if self.number else []) + (
+            [description] if description else [])
+        return "_".join(parts) or self.uid
+
+    @property
+    def localizer(self) -> bool:
+        """A localiser (scout, topogram): ImageType's LOCALIZER, or a description that says so."""
+        return "LOCALIZER" in self.image_type.upper() or bool(LOCALIZER_WORDS.search(self.description))
+
+
+LOCALIZER_WORDS = re.compile(r"locali[sz]er|scout|topogram|surview|scanogram|survey", re.IGNORECASE)
 
 
 def dicom_series_in(folder: str) -> list[DicomSeries]:
@@ -406,18 +450,20 @@ def dicom_series_in(folder: str) -> list[DicomSeries]:
     series = []
     for uid in reader.GetGDCMSeriesIDs(folder):
         files = tuple(reader.GetGDCMSeriesFileNames(folder, uid))
-        series.append(DicomSeries(uid, files, _description(sitk, files[0]) if files else ""))
+        series.append(DicomSeries(uid, files, *(_series_tags(sitk, files[0]) if files else ())))
     return series
 
 
-def _description(sitk, path: str) -> str:
+def _series_tags(sitk, path: str) -> tuple[str, str, str]:
+    """SeriesDescription, SeriesNumber and ImageType of the DICOM file ``path`` ("" when absent)."""
     reader = sitk.ImageFileReader()
     reader.SetFileName(path)
     try:
         reader.ReadImageInformation()
-        return reader.GetMetaData("0008|103e").strip() if reader.HasMetaDataKey("0008|103e") else ""
     except RuntimeError:
-        return ""
+        return "", "", ""
+    return tuple(reader.GetMetaData(key).strip() if reader.HasMetaDataKey(key) else ""
+                 for key in ("0008|103e", "0020|0011", "0008|0008"))
 
 
 def describe_series(series: Sequence[DicomSeries]) -> str:
@@ -554,7 +600,7 @@ def sitk_header(path: str) -> tuple[tuple[int, ...], tuple[float, ...], np.ndarr
     return tuple(int(s) for s in size), spacing, lps_affine(direction, spacing, origin)
 
 
-def _detached_data_file(path: str) -> str | None:
+def detached_data_file(path: str) -> str | None:
     """The data file a ``.mhd`` (``ElementDataFile``) or ``.nhdr`` (``data file``) header names,
     when it is one plain file beside it."""
     try:
@@ -578,7 +624,7 @@ def input_files(path: str) -> list[str]:
     if os.path.isfile(path) and is_nifti_name(path):
         return [path]
     if os.path.isfile(path) and is_scan_name(path):
-        data = _detached_data_file(path) if _lower(path).endswith((".mhd", ".nhdr")) else None
+        data = detached_data_file(path) if _lower(path).endswith((".mhd", ".nhdr")) else None
         return [path] + ([data] if data else [])
     return list(dicom_series_of(path).files)
 
@@ -612,14 +658,37 @@ def _finite_float32(array: np.ndarray, path: str) -> np.ndarray:
     return image
 
 
-def read_nifti_volume(path: str) -> Volume:
+def _squeezed_image(path: str) -> tuple[np.ndarray, list[float], object, str] | None:
+    """:func:`load_image`'s values for a file of shape (X, Y, Z, 1) (:func:`squeezed`), and the
+    line saying so; None for any other file (read by :func:`load_image` itself)."""
     try:
-        image, spacing, nifti = load_image(path)  # exactly preprocessing's reading
+        nifti = read_nifti(path)
+        if len(nifti.shape) <= 3:
+            return None
+        nifti, note = squeezed(nifti, path)
+        if not note:
+            return None
+        image = read_voxels(nifti, path).astype(np.float32)
     except PreprocessError as exc:
         raise ScanError(str(exc)) from None
+    return _finite_float32(image, path)[None], nifti.header["pixdim"][1:4].tolist(), nifti, note
+
+
+def read_nifti_volume(path: str) -> Volume:
+    squeezed_image = _squeezed_image(path)
+    if squeezed_image is not None:
+        image, spacing, nifti, shape_note = squeezed_image
+    else:
+        shape_note = ""
+        try:
+            image, spacing, nifti = load_image(path)  # exactly preprocessing's reading
+        except PreprocessError as exc:
+            raise ScanError(str(exc)) from None
     affine, form = nifti_affine(nifti.header, path)
     orientation = orientation_from_affine(affine, nifti.shape, path, form)
     spacing, note = nifti_spacing(spacing, affine, form, path)  # pixdim, the very list, unless it disagrees
+    notes = [shape_note] + ([fallback_note(path, affine)] if form == FALLBACK_FORM else []) + [note]
+    note = "\n".join(n for n in notes if n)
     if orientation.identity:
         return Volume(image, spacing, orientation, spacing, nifti, note)
     return Volume(orientation.to_kits(image[0])[None], orientation.spacing_to_kits(spacing), orientation,
@@ -664,7 +733,10 @@ def header_geometry(path: str) -> tuple[tuple[int, ...], tuple[float, ...], Orie
         except Exception as exc:  # noqa: BLE001 - nibabel's many header errors: one line
             raise ScanError(f"{path}: unreadable or corrupt NIfTI ({type(exc).__name__})") from None
         shape = tuple(int(s) for s in nifti.shape)
-        orientation = nifti_orientation(nifti, path)
+        if len(shape) > 3 and all(s == 1 for s in shape[3:]):
+            shape = shape[:3]  # (X, Y, Z, 1): read as 3-D (squeezed)
+        affine, form = nifti_affine(nifti.header, path)
+        orientation = orientation_from_affine(affine, shape, path, form)
         pixdim = [float(s) for s in nifti.header["pixdim"][1:4]]
         spacing = tuple(nifti_spacing(pixdim, orientation.affine, "affine", path)[0])
         return shape, spacing, orientation

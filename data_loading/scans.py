@@ -31,7 +31,7 @@ import numpy as np
 from data_loading import scan_io
 from data_loading.atomic import atomic_write
 from data_loading.nifti_read import PreprocessError, read_nifti, read_voxels
-from data_loading.preprocessing import (IMAGE_FILE, LABEL_FILE, _case_dirs, min_shape_padding, preprocess_arrays,
+from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, _case_dirs, min_shape_padding, preprocess_arrays,
                                         resampled_shape, validated_label)
 from data_loading.scan_io import NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name, scan_name
 
@@ -43,11 +43,22 @@ GZIP_LEVEL = 1  # nibabel's own default: labels compress well even at the fastes
 
 @dataclass(frozen=True)
 class Scan:
-    """One scan to segment: output name, image file and, when it lies beside, the ground truth."""
+    """One scan to segment: output name, image file and, when it lies beside, the ground truth.
+
+    An entry of ``--input`` that is not segmented is a ``Scan`` too, so that the summary names
+    it: ``left_out`` says why it is no scan (a text file, a localiser series, an empty folder),
+    ``unreadable`` why a scan it may be cannot be read (a broken link, a folder that cannot be
+    listed, a second scan of the same output name): that one fails."""
 
     name: str
     image_path: str
     label_path: str | None = None
+    left_out: str = ""
+    unreadable: str = ""
+
+    @property
+    def is_scan(self) -> bool:
+        return not (self.left_out or self.unreadable)
 
 
 @dataclass(frozen=True)
@@ -103,15 +114,37 @@ def _kits_case(folder: str, name: str) -> Scan:
 
 def _dicom_scan(path: str) -> Scan:
     """The DICOM series ``path`` names (a folder holding one series, or a file of a series),
-    named by its folder (and its SeriesInstanceUID when the folder holds several)."""
+    named by its folder (and the series' number and description when the folder holds several:
+    :attr:`data_loading.scan_io.DicomSeries.label`)."""
     folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
     name = os.path.basename(os.path.normpath(os.path.abspath(folder)))
     series = scan_io.dicom_series_of(path)
-    if not os.path.isdir(path) and len(scan_io.dicom_series_in(folder)) > 1:
-        name = f"{name}_{series.uid}"
+    if not os.path.isdir(path):
+        others = [s for s in scan_io.dicom_series_in(folder) if s.files]
+        if len(others) > 1:
+            name = f"{name}_{_series_labels(others)[series.uid]}"
     return Scan(name, path)
 
 
+MIN_SERIES_SLICES = 10  # a series of fewer images is no CT volume to segment (a localiser, a dose report)
+
+
+def _series_labels(series: Sequence[scan_io.DicomSeries]) -> dict[str, str]:
+    """Each series' label (:attr:`~data_loading.scan_io.DicomSeries.label`), its UID added
+    where two of the folder's would be the same."""
+    labels = [s.label for s in series]
+    return {s.uid: label if labels.count(label) == 1 else f"{label}_{s.uid}" for s, label in zip(series, labels)}
+
+
+def series_left_out(series: scan_io.DicomSeries) -> str:
+    """Why a series found in a folder is not segmented, or "": a localiser, or fewer than
+    :data:`MIN_SERIES_SLICES` images."""
+    shown = f"series {series.number or series.uid}" + (f" '{series.description}'" if series.description else "")
+    if series.localizer:
+        return f"{shown}: a localiser ({series.image_type or series.description}, {len(series.files)} images)"
+    if len(series.files) < MIN_SERIES_SLICES:
+        return f"{shown}: {len(series.files)} images, too few slices for a CT volume (fewer than {MIN_SERIES_SLICES})"
+    return ""
 def is_record(stored) -> bool:
     """Whether ``stored`` (a JSON value read back) is a record of predict
     (:mod:`runtime.predict.provenance`)."""
@@ -150,6 +183,7 @@ def predict_outputs_in(folder: str, names: Sequence[str]) -> set[str]:
 
 
 SERIES_DEPTH = 4  # patient / study / series folders below --input (and a PACS export's DICOM/ above them)
+SUMMARY_NAMES = ("summary.csv", "summary.jsonl")  # predict's summary, when --output_dir is the scans' folder
 
 
 def _has_dicom(folder: str, names: Sequence[str]) -> bool:
@@ -157,30 +191,48 @@ def _has_dicom(folder: str, names: Sequence[str]) -> bool:
                if os.path.isfile(os.path.join(folder, n)))
 
 
-def dicom_series_below(root: str) -> list[Scan]:
-    """Every DICOM series in the folders below ``root`` (up to :data:`SERIES_DEPTH` levels: a
-    folder per patient, and the study and series folders under it, as TCIA downloads and PACS
-    exports lay them out), one scan each, named by its folder's path below ``root`` with ``_``
-    between the parts (``patient1_study_series``), sorted by name. A folder holding several
-    series is refused (the one-folder rule), and so are two folders whose names would collide;
-    :class:`ScanError` naming them."""
-    scans: dict[str, Scan] = {}
-    for folder, subfolders, names in os.walk(root):
+def _unreadable(name: str, path: str, exc: OSError) -> Scan:
+    return Scan(name, path, unreadable=f"{path}: cannot be read ({exc.strerror or type(exc).__name__})")
+
+
+def series_scans(folder: str, name: str) -> list[Scan]:
+    """The DICOM series of ``folder`` (not its subfolders), each a scan named ``name`` (the
+    folder's only series) or ``name_<label>`` (:func:`_series_labels`: one folder, several
+    series, each segmented on its own); localisers and series of too few images
+    (:func:`series_left_out`) are left out, named. A series of a folder of several is given by
+    its first file (a file chooses its series)."""
+    try:
+        series = [one for one in scan_io.dicom_series_in(folder) if one.files]
+    except ScanError as exc:  # SimpleITK not installed
+        return [Scan(name, folder, unreadable=str(exc))]
+    if len(series) == 1:
+        why = series_left_out(series[0])
+        return [Scan(name, folder, left_out=why)]
+    labels = _series_labels(series)
+    return [Scan(f"{name}_{labels[one.uid]}", one.files[0], left_out=series_left_out(one)) for one in series]
+
+
+def dicom_series_below(root: str, start: str | None = None) -> list[Scan]:
+    """Every DICOM series in ``start`` (default ``root``) and the folders below it (up to
+    :data:`SERIES_DEPTH` levels below ``root``: a folder per patient, and the study and series
+    folders under it, as TCIA downloads and PACS exports lay them out), one scan each, named by
+    its folder's path below ``root`` with ``_`` between the parts (``patient1_study_series``),
+    each series of a folder holding several its own scan (:func:`series_scans`); a folder that
+    cannot be listed is an unreadable entry; sorted by name."""
+    start = start or root
+    found: list[Scan] = []
+
+    def refused(exc: OSError) -> None:
+        found.append(_unreadable("_".join(os.path.relpath(exc.filename, root).split(os.sep)) + "/",
+                                 exc.filename, exc))
+
+    for folder, subfolders, names in os.walk(start, onerror=refused):
         depth = os.path.relpath(folder, root).count(os.sep) + 1 if folder != root else 0
         subfolders[:] = sorted(d for d in subfolders if not d.startswith(".")) if depth < SERIES_DEPTH else []
         if folder == root or not _has_dicom(folder, [n for n in names if not n.startswith(".")]):
             continue
-        series = [one for one in scan_io.dicom_series_in(folder) if one.files]
-        if len(series) > 1:
-            raise ScanError(scan_io.several_series_message(folder, series))
-        if not series:
-            continue  # a DICOMDIR, a report: DICOM files that hold no image series
-        name = "_".join(os.path.relpath(folder, root).split(os.sep))
-        if name in scans:
-            raise ScanError(f"--input {root}: the DICOM series in {scans[name].image_path} and {folder} would both "
-                            f"be written as {name}{OUTPUT_SUFFIX}")
-        scans[name] = Scan(name, folder)
-    return [scans[name] for name in sorted(scans)]
+        found += series_scans(folder, "_".join(os.path.relpath(folder, root).split(os.sep)))
+    return sorted(found, key=lambda scan: scan.name)
 
 
 def _needs_simpleitk(names: Sequence[str], where: str) -> None:
@@ -189,17 +241,113 @@ def _needs_simpleitk(names: Sequence[str], where: str) -> None:
         scan_io.simpleitk(os.path.join(where, others[0]) if where else others[0])
 
 
-def find_scans(input_path: str) -> list[Scan]:
-    """The scans ``--input`` names, sorted by name.
+def _kits_cases(root: str) -> list[Scan]:
+    """The case folders of a KiTS19 tree ``root``, each a scan (or left out without its image)."""
+    return [_kits_case(os.path.join(root, name), name) if os.path.isfile(os.path.join(root, name, IMAGE_FILE))
+            else Scan(name + "/", os.path.join(root, name), left_out=f"a case folder without {IMAGE_FILE}")
+            for name in _case_dirs(root)]
+
+
+def folder_scans(root: str, name: str) -> list[Scan]:
+    """What the folder ``name`` of ``--input`` ``root`` holds: a KiTS19 case (``imaging.nii.gz``
+    inside), a KiTS19 tree (``case_XXXXX/`` folders, as the KiTS19 repository's ``data/``), or
+    DICOM series (:func:`dicom_series_below`); else one entry left out, saying what it holds."""
+    path = os.path.join(root, name)
+    try:
+        names = sorted(n for n in os.listdir(path) if not n.startswith("."))
+    except OSError as exc:
+        return [_unreadable(name + "/", path, exc)]
+    if IMAGE_FILE in names and os.path.isfile(os.path.join(path, IMAGE_FILE)):
+        return [_kits_case(path, name)]
+    cases = _kits_cases(path)
+    if cases:
+        return cases
+    if _CASE_NAME.match(name):
+        return [Scan(name + "/", path, left_out=f"a case folder without {IMAGE_FILE}")]
+    series = dicom_series_below(root, path)
+    if series:
+        return series
+    files = [n for n in names if is_scan_name(n) and os.path.isfile(os.path.join(path, n))]
+    if not names:
+        why = "an empty folder"
+    elif files:
+        why = (f"a folder of {len(files)} scan file{'s' if len(files) > 1 else ''} (folders of scan files are not "
+               f"searched: give it as --input to segment them)")
+    else:
+        why = "a folder holding no scan (no DICOM series, imaging.nii.gz or case_XXXXX folder)"
+    if is_scan_name(name):
+        why = f"a folder named like a scan file: {why}"
+    return [Scan(name + "/", path, left_out=why)]
+
+
+def _data_files(folder: str, names: Sequence[str]) -> set[str]:
+    """The data files that ``.mhd``/``.nhdr`` headers among ``names`` name: part of their scan."""
+    found = set()
+    for name in names:
+        if _lower_name(name).endswith((".mhd", ".nhdr")):
+            data = scan_io.detached_data_file(os.path.join(folder, name))
+            if data and os.path.dirname(os.path.abspath(data)) == os.path.abspath(folder):
+                found.add(os.path.basename(data))
+    return found
+
+
+def _lower_name(name: str) -> str:
+    return name.lower()
+
+
+def _entry(root: str, name: str) -> list[Scan] | None:
+    """The scans (or the entry left out, or unreadable) of one entry ``name`` of the folder
+    ``root``; None for a DICOM file (the folder's own series: :func:`series_scans`)."""
+    path = os.path.join(root, name)
+    if os.path.islink(path) and not os.path.exists(path):
+        return [Scan(name, path, unreadable=f"{path}: a broken symbolic link (to {os.readlink(path)})")]
+    if os.path.isdir(path):
+        return folder_scans(root, name)
+    if not os.path.isfile(path):
+        return [Scan(name, path, left_out="neither a file nor a folder (a device, a pipe or a socket)")]
+    if is_scan_name(name):
+        return [Scan(scan_name(name), path)]
+    if scan_io.looks_like_dicom(path):
+        return None
+    if not os.access(path, os.R_OK):
+        return [Scan(name, path, unreadable=f"{path}: cannot be read (permission denied)")]
+    return [Scan(name, path, left_out="not a scan file (.nii, .nii.gz, .nrrd, .nhdr, .mha, .mhd, DICOM)")]
+
+
+def _one_name_each(found: Sequence[Scan], root: str) -> list[Scan]:
+    """``found`` sorted by name, every name once: a second scan that would be written under the
+    name of an earlier one fails, named by its path below ``root``."""
+    seen: dict[str, Scan] = {}
+    out = []
+    for scan in sorted(found, key=lambda s: (s.name, s.image_path)):
+        first = seen.get(scan.name)
+        if first is None:
+            seen[scan.name] = scan
+            out.append(scan)
+            continue
+        shown = os.path.relpath(scan.image_path, root)
+        out.append(Scan(shown, scan.image_path, unreadable=(
+            f"--input {root}: {first.image_path} and {scan.image_path} would both be written as "
+            f"{scan.name}{OUTPUT_SUFFIX}; the first is segmented")))
+    return sorted(out, key=lambda s: s.name)
+
+
+def find_inputs(input_path: str) -> list[Scan]:
+    """Every entry of ``--input``, sorted by name: the scans to segment and, for a folder, each
+    entry that is no scan (``left_out``) or cannot be read (``unreadable``), so that none is
+    passed over without a word.
 
     One scan file (``.nii``/``.nii.gz``; ``.nrrd``/``.nhdr``/``.mha``/``.mhd`` and a DICOM
     file, which names its series, through SimpleITK); a KiTS19 case folder (``imaging.nii.gz``
-    inside); a KiTS19 tree (``case_XXXXX/`` folders, or its parent with ``data/``), named by case
-    folder with ``segmentation.nii.gz`` as ground truth where present; a folder of scan files,
-    named by file (but the segmentations a record of predict there says it wrote); a folder
-    holding one DICOM series (several are named and refused: one file of the series to segment
-    chooses it), named by the folder; or a folder of folders of DICOM series (patients, their
-    studies and series: :func:`dicom_series_below`), each series a scan named by its path.
+    inside); or a folder, each of whose entries (hidden ones aside) is, side by side: a scan
+    file, named by file; a KiTS19 case folder (``case_XXXXX/``, ``segmentation.nii.gz`` as
+    ground truth where present) or a KiTS19 tree (such folders in a folder, as ``data/``),
+    named by case; a folder of DICOM series (patients, their studies and series:
+    :func:`dicom_series_below`), each series a scan named by its path; the folder's own DICOM
+    files, its series named by the folder. The segmentations, records and summary of an earlier
+    run into the same folder (a record of predict there says it wrote them), and the data files
+    of ``.mhd``/``.nhdr`` headers, are no entries of their own. A folder holding no scan at all
+    is one :class:`ScanError` line.
     """
     if os.path.isfile(input_path):
         if is_scan_name(input_path):
@@ -213,37 +361,34 @@ def find_scans(input_path: str) -> list[Scan]:
         raise ScanError(f"--input {input_path}: no such file or folder")
     if os.path.isfile(os.path.join(input_path, IMAGE_FILE)):
         return [_kits_case(input_path, os.path.basename(os.path.normpath(input_path)))]
-    root = input_path
-    cases = _case_dirs(root)
-    if not cases and os.path.isdir(os.path.join(input_path, "data")):
-        root = os.path.join(input_path, "data")
-        cases = _case_dirs(root)
-    if cases:
-        return [_kits_case(os.path.join(root, name), name) for name in cases]
-    entries = sorted(f for f in os.listdir(input_path)
-                     if not f.startswith(".") and os.path.isfile(os.path.join(input_path, f)))
-    made = predict_outputs_in(input_path, entries)
-    files = [f for f in entries if is_scan_name(f) and f not in made]
-    if not files:
-        top = any(scan_io.looks_like_dicom(os.path.join(input_path, f)) for f in entries)
-        if top and scan_io.dicom_series_in(input_path):
-            return [_dicom_scan(input_path)]
-        below = dicom_series_below(input_path) if any(
-            os.path.isdir(os.path.join(input_path, d)) and not d.startswith(".") for d in os.listdir(input_path)) else []
-        if below:
-            return below
-        if top:
-            return [_dicom_scan(input_path)]
+    try:
+        names = sorted(n for n in os.listdir(input_path) if not n.startswith("."))
+    except OSError as exc:
+        raise ScanError(f"--input {input_path}: cannot be read ({exc.strerror})") from None
+    made = predict_outputs_in(input_path, names)
+    ours = made | _data_files(input_path, names) | {
+        n for n in names if n.endswith(RECORD_SUFFIX) and n[: -len(RECORD_SUFFIX)] + OUTPUT_SUFFIX in made}
+    if made:
+        ours |= set(SUMMARY_NAMES)
+    found: list[Scan] = []
+    own_series = False
+    for name in names:
+        if name in ours:
+            continue
+        scans = _entry(input_path, name)
+        own_series |= scans is None
+        found += scans or []
+    if own_series:
+        found += series_scans(input_path, os.path.basename(os.path.normpath(os.path.abspath(input_path))))
+    if not any(scan.is_scan or scan.unreadable for scan in found):
         raise ScanError(f"--input {input_path}: no scan files (.nii, .nii.gz, .nrrd, .nhdr, .mha, .mhd), no "
                         "DICOM series and no case_XXXXX folders in it")
-    _needs_simpleitk(files, input_path)
-    seen: dict[str, str] = {}
-    for f in files:
-        if scan_name(f) in seen:
-            raise ScanError(f"--input {input_path}: {seen[scan_name(f)]} and {f} would both be written "
-                            f"as {scan_name(f)}{OUTPUT_SUFFIX}")
-        seen[scan_name(f)] = f
-    return [Scan(scan_name(f), os.path.join(input_path, f)) for f in files]
+    return _one_name_each(found, input_path)
+
+
+def find_scans(input_path: str) -> list[Scan]:
+    """The scans ``--input`` names (:func:`find_inputs`, without the entries that are none)."""
+    return [scan for scan in find_inputs(input_path) if scan.is_scan]
 
 
 def output_path(output_dir: str, scan: Scan) -> str:

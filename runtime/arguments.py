@@ -346,9 +346,10 @@ def _predict_flags(g, d: Config) -> None:
                    help="(new) predict: a PNG per case, axial, coronal and sagittal views through the most tumour "
                         "(needs matplotlib)")
     g.add_argument("--force", action="store_true",
-                   help="(new) predict: segment every scan again (default: an existing output is reused "
-                        "when its record says it was made the way this run would make it, else "
-                        "segmented again)")
+                   help="(new) predict: segment every scan again, replacing the outputs of another model too "
+                        "(default: an existing output is reused when its record says it was made the way "
+                        "this run would make it, segmented again when made otherwise by the same weights, "
+                        "and kept when other weights made it)")
     g.add_argument("--save_probabilities", action="store_true",
                    help="(new) predict: also write <case>.npz, the softmax (key 'probabilities', float16, classes "
                         "first) in the scan's own grid and axis order, whose argmax is the segmentation")

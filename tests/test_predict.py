@@ -352,7 +352,8 @@ def test_good_and_bad_scans_in_one_folder(tmp_path, tiny_checkpoint, capsys):
     assert "failed scans: corrupt, four_d" in stdout
     assert sorted(os.listdir(out)) == ["good.nii.gz", "good.provenance.json", "summary.csv", "summary.jsonl"]
     rows = list(csv.DictReader(open(out / "summary.csv")))
-    assert [(r["case"], r["status"]) for r in rows] == [("corrupt", "failed"), ("four_d", "failed"), ("good", "segmented")]
+    assert [(r["case"], r["status"]) for r in rows] == [("corrupt", "failed"), ("four_d", "failed"), ("good", "segmented"),
+                                                        ("notes.txt", "left out")]
     good = rows[2]  # each stage's seconds recorded, adding up to no more than the scan's
     stages = [float(good[f"{stage}_seconds"]) for stage in ("read", "preprocess", "infer", "restore", "write")]
     assert all(t > 0 for t in stages) and sum(stages) <= float(good["seconds"]) and good["preview_seconds"] == ""

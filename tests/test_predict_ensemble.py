@@ -154,9 +154,12 @@ def test_an_ensemble_of_a_checkpoint_with_itself_is_that_checkpoint(tmp_path, ca
     row = next(csv.DictReader(open(tmp_path / "self" / "summary.csv")))
     assert row["weights_sha256"] == f"{single['weights_sha256']} {single['weights_sha256']}"
     assert row["probabilities"] == "scan.npz"
-    # an ensemble's output is not taken for the single checkpoint's, nor the other way round
-    code, stdout, _ = predict(capsys, tmp_path / "in", tmp_path / "self", [a])
-    assert code == 0 and "replaced an earlier output made with weights_sha256" in stdout
+    # an ensemble's output is not taken for the single checkpoint's, nor the other way round: it
+    # is another model's, kept (exit 1) unless --force replaces it
+    code, stdout, stderr = predict(capsys, tmp_path / "in", tmp_path / "self", [a])
+    assert code == 1 and "1 kept" in stdout and "made by another model" in stderr
+    code, stdout, _ = predict(capsys, tmp_path / "in", tmp_path / "self", [a], "--force")
+    assert code == 0 and "replaced an earlier output of another model" in stdout
 
 
 @pytest.mark.parametrize("tta", [False, True], ids=["softmax", "tta"])

@@ -84,15 +84,19 @@ def test_a_folder_of_patients_dicom_series_is_segmented_series_by_series(tmp_pat
     code, stdout, stderr = predict(capsys, root, tmp_path / "out", checkpoint)
     assert code == 0 and "3 segmented" in stdout, stderr
     names = sorted(folder.replace("/", "_") for folder in SERIES)
-    assert sorted(rows(tmp_path / "out")) == names
+    assert sorted(rows(tmp_path / "out")) == sorted(["README.txt", *names])  # every entry of --input named
+    assert rows(tmp_path / "out")["README.txt"]["status"] == "left out"
     assert predict(capsys, nifti, tmp_path / "ref", checkpoint)[0] == 0
     labels = {name: kits_labels(str(tmp_path / "out" / f"{name}.nii.gz")) for name in names}
     for name in names:
         assert np.array_equal(labels[name], kits_labels(str(tmp_path / "ref" / f"{name}.nii.gz"))), name
     assert not np.array_equal(labels[names[0]], labels[names[1]])
-    # the one-folder rule stays: a second series in a patient's folder refuses the batch, naming it
+    # a second series in a patient's folder: each series its own scan, named after its number and
+    # description; the batch goes on
     write_dicom_series(sitk, root / "patient2" / "CT", base, "1.2.826.0.1.3680043.9.7.2.9", names=[
-        f"X{i}.dcm" for i in range(base.shape[0])])
-    code, _, stderr = predict(capsys, root, tmp_path / "again", checkpoint)
-    assert code == 1 and stderr.count("\n") == 1 and str(root / "patient2" / "CT") in stderr, stderr
-    assert "2 DICOM series" in stderr
+        f"X{i}.dcm" for i in range(base.shape[0])], number=7, description="CT VENOUS")
+    code, stdout, stderr = predict(capsys, root, tmp_path / "again", checkpoint)
+    assert code == 0 and "4 segmented" in stdout, stderr
+    assert {"patient2_CT_CT_ABDOMEN", "patient2_CT_s7_CT_VENOUS"} <= set(rows(tmp_path / "again"))
+    assert np.array_equal(kits_labels(str(tmp_path / "again" / "patient2_CT_s7_CT_VENOUS.nii.gz")),
+                          kits_labels(str(tmp_path / "ref" / "patient1_study1_series1.nii.gz")))  # base, unrolled

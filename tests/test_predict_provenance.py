@@ -177,21 +177,48 @@ def test_the_same_checkpoint_reuses_its_outputs_and_records_what_made_them(tmp_p
     assert rows(out)["one"]["weights_sha256"] == made["weights_sha256"]
 
 
-def test_a_second_checkpoint_replaces_the_first_ones_segmentations(tmp_path, capsys, two_checkpoints):
-    """The second network's output in the first one's folder is the one it makes in an empty
-    folder, voxel for voxel, with its own record; nothing of the first one stays."""
+def test_a_cohort_is_kept_another_model_replaces_nothing_without_force(tmp_path, capsys, two_checkpoints,
+                                                                       cheap_network):
+    """A cohort predicted a subset at a time into one folder: the summary holds every scan's row
+    (the newest per scan, each with the weights that made it). A second checkpoint into that
+    folder replaces nothing (status "kept", exit 1, named); with --force its outputs and records
+    replace the first one's, and the lines name them."""
     first, second = two_checkpoints
-    folder = scan_folder(tmp_path / "in")
-    shared, alone = tmp_path / "shared", tmp_path / "alone"
-    assert predict(capsys, folder, shared, first)[0] == 0
-    by_first = record(shared)["weights_sha256"]
-    assert predict(capsys, folder, alone, second)[0] == 0
-    code, stdout, _ = predict(capsys, folder, shared, second)
-    assert code == 0 and "1 segmented, 0 skipped" in stdout
-    assert "replaced 1 earlier output made otherwise" in stdout and "made with weights_sha256" in stdout
-    assert np.array_equal(labels_of(shared / "scan.nii.gz"), labels_of(alone / "scan.nii.gz"))
-    assert record(shared)["weights_sha256"] == record(alone)["weights_sha256"] != by_first
-    assert rows(shared)["scan"]["status"] == "segmented"
+    folder = scan_folder(tmp_path / "in", ("a", "b", "c"))
+    subset = tmp_path / "subset"
+    os.makedirs(subset)
+    for name in ("a", "b"):
+        os.link(os.path.join(folder, f"{name}.nii.gz"), subset / f"{name}.nii.gz")
+    shared = tmp_path / "shared"
+    assert predict(capsys, subset, shared, first)[0] == 0
+    by_first = record(shared, "a")["weights_sha256"]
+    earlier = {case: (shared / f"{case}.nii.gz").read_bytes() for case in ("a", "b")}
+    code, stdout, stderr = predict(capsys, folder, shared, second)  # a, b: the first model's; c: new
+    assert code == 1 and "1 segmented, 0 skipped" in stdout and "2 kept" in stdout, stdout
+    assert "kept (the output of another model; --force replaces it): a, b" in stdout
+    assert stderr.count("made by another model") == 2 and by_first[:12] in stderr, stderr
+    table = rows(shared)
+    assert sorted(table) == ["a", "b", "c"]  # no ground truth: no mean
+    assert [table[c]["weights_sha256"] == by_first for c in "abc"] == [True, True, False]
+    assert [table[c]["status"] for c in "abc"] == ["kept", "kept", "segmented"]
+    for case in ("a", "b"):
+        assert (shared / f"{case}.nii.gz").read_bytes() == earlier[case]
+        assert record(shared, case)["weights_sha256"] == by_first
+    # one scan again with the first model: its row the newest, every other row kept
+    only_a = tmp_path / "only_a"
+    os.makedirs(only_a)
+    os.link(os.path.join(folder, "a.nii.gz"), only_a / "a.nii.gz")
+    code, stdout, _ = predict(capsys, only_a, shared, first)
+    assert code == 0 and "0 segmented, 1 skipped" in stdout
+    assert {c: rows(shared)[c]["status"] for c in "abc"} == {"a": "skipped", "b": "kept", "c": "segmented"}
+    # --force: the second model's outputs replace the first's, named
+    code, stdout, _ = predict(capsys, folder, shared, second, "--force")
+    assert code == 0 and "3 segmented, 0 skipped" in stdout, stdout
+    assert "replaced the outputs of another model (--force): a, b" in stdout
+    assert "replaced an earlier output of another model (weights " + by_first[:12] in stdout
+    for case in "abc":
+        assert record(shared, case)["weights_sha256"] == rows(shared)[case]["weights_sha256"] != by_first
+        assert rows(shared)[case]["status"] == "segmented"
 
 
 def other_value(value):
@@ -215,8 +242,11 @@ def test_a_record_that_differs_in_any_one_field_is_segmented_again(tmp_path, cap
     made = record(out)
     for field in MADE_BY:
         (out / "scan.provenance.json").write_text(json.dumps(dict(made, **{field: other_value(made[field])})))
-        code, stdout, _ = predict(capsys, folder, out, first)
-        assert code == 0 and "1 segmented, 0 skipped" in stdout and f"made with {field} " in stdout, field
+        # other weights: another model, whose output only --force replaces
+        force = ["--force"] if field == "weights_sha256" else []
+        code, stdout, _ = predict(capsys, folder, out, first, *force)
+        assert code == 0 and "1 segmented, 0 skipped" in stdout, field
+        assert (f"made with {field} " if not force else "of another model") in stdout, field
         assert record(out) == made, field
 
 
@@ -261,8 +291,9 @@ def test_what_this_run_changes_is_what_its_record_says(tmp_path, capsys, two_che
 
 def test_a_failed_replacement_leaves_neither_the_old_output_nor_a_record(tmp_path, capsys, two_checkpoints,
                                                                           monkeypatch, cheap_network):
-    """The second network fails to write its segmentation: exit code 1, the first network's
-    segmentation and record are gone (never shown as the second one's), no temporary file left."""
+    """A run made otherwise (another overlap) fails to write its segmentation: exit code 1, the
+    first run's segmentation and record are gone (never shown as the second one's), no temporary
+    file left."""
     import runtime.predict.scan as scan_module
 
     first, second = two_checkpoints
@@ -274,7 +305,7 @@ def test_a_failed_replacement_leaves_neither_the_old_output_nor_a_record(tmp_pat
         raise OSError(28, os.strerror(28), path)
 
     monkeypatch.setattr(scan_module, "write_segmentation", no_space)
-    code, _, stderr = predict(capsys, folder, out, second)
+    code, _, stderr = predict(capsys, folder, out, first, "--overlap", "0.25")
     assert code == 1 and "scan.nii.gz" in stderr
     assert sorted(os.listdir(out)) == ["summary.csv", "summary.jsonl"]
     assert rows(out)["scan"]["status"] == "failed"
@@ -339,10 +370,11 @@ def test_kits_scores_on_hand_built_label_volumes():
     other = CaseResult("other", "segmented", "other.nii.gz", (2, 5, 1), SPACING, 0.0, 0.0)
     other.score(truth, truth)  # perfect: every score 1
     table = list(csv.DictReader(summary_texts([result, other])["summary.csv"].splitlines()))
-    assert [row["case"] for row in table] == ["case", "other", "mean"]
+    assert [row["case"] for row in table] == ["case", "other", "count", "mean"]
     assert float(table[0]["kits_kidney_dice"]) == pytest.approx(5 / 6, rel=1e-5)
-    assert float(table[2]["kits_kidney_dice"]) == pytest.approx((5 / 6 + 1) / 2, rel=1e-5)
-    assert float(table[2]["l1_dice"]) == pytest.approx(0.875, rel=1e-5)
+    assert float(table[3]["kits_kidney_dice"]) == pytest.approx((5 / 6 + 1) / 2, rel=1e-5)
+    assert float(table[3]["l1_dice"]) == pytest.approx(0.875, rel=1e-5)
+    assert table[2]["l1_dice"] == "2"  # the scans behind each mean
 
 
 def test_kits_scores_of_a_segmented_scan_against_its_ground_truth(tmp_path):

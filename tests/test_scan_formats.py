@@ -9,6 +9,7 @@ of the same volume, and its prediction is that NIfTI's voxel for voxel. The geom
 are SimpleITK's own: its NIfTI writer (LPS direction cosines to a RAS affine) and its
 ``DICOMOrient``; nibabel maps segmentations back to the KiTS19 layout.
 """
+import csv
 import locale
 import os
 import random
@@ -36,12 +37,13 @@ def kits_volume():
     return nibabel.Nifti1Image(data, image.affine, image.header)
 
 
-def write_dicom_series(sitk, folder, image, uid, description="CT ABDOMEN", names=None, seed=0):
+def write_dicom_series(sitk, folder, image, uid, description="CT ABDOMEN", names=None, seed=0, number=None,
+                       image_type=None):
     """``image`` (a KiTS19-layout nibabel image: slices running Inferior, rows Posterior, columns
     Left) as a DICOM series: one file per slice, ImagePositionPatient from the image's affine in
     LPS, rows along +y and columns along +x (ImageOrientationPatient 1\\0\\0\\0\\1\\0), values
-    stored through RescaleSlope/Intercept. Files named in a shuffled order; returns the names by
-    slice of ``image``."""
+    stored through RescaleSlope/Intercept; SeriesNumber ``number`` and ImageType ``image_type``
+    when given. Files named in a shuffled order; returns the names by slice of ``image``."""
     os.makedirs(folder, exist_ok=True)
     data, affine = np.asarray(image.dataobj), image.affine
     depth, height, width = data.shape
@@ -55,14 +57,15 @@ def write_dicom_series(sitk, folder, image, uid, description="CT ABDOMEN", names
     # writes a decimal string such as ImagePositionPatient: put the test process's locale back
     saved = locale.setlocale(locale.LC_ALL)
     try:
+        extra = {key: value for key, value in (("0020|0011", number), ("0008|0008", image_type)) if value is not None}
         _write_slices(sitk, writer, folder, data, names, uid, description, depth, affine,
-                      (spacing_d, spacing_h, spacing_w))
+                      (spacing_d, spacing_h, spacing_w), extra)
     finally:
         locale.setlocale(locale.LC_ALL, saved)
     return names
 
 
-def _write_slices(sitk, writer, folder, data, names, uid, description, depth, affine, spacing):
+def _write_slices(sitk, writer, folder, data, names, uid, description, depth, affine, spacing, extra=None):
     spacing_d, spacing_h, spacing_w = spacing
     for d in range(depth):
         ras = affine @ np.array([d, 0, 0, 1.0])
@@ -72,7 +75,8 @@ def _write_slices(sitk, writer, folder, data, names, uid, description, depth, af
         tags = {"0008|0060": "CT", "0020|000d": "1.2.826.0.1.3680043.9.7.1", "0020|000e": uid,
                 "0008|0018": f"{uid}.{d + 1}", "0008|103e": description, "0020|0013": str(depth - d),
                 "0020|0032": "\\".join(f"{p:g}" for p in position), "0020|0037": "1\\0\\0\\0\\1\\0",
-                "0018|0050": f"{spacing_d:g}", "0028|1053": f"{SLOPE:g}", "0028|1052": f"{INTERCEPT:g}"}
+                "0018|0050": f"{spacing_d:g}", "0028|1053": f"{SLOPE:g}", "0028|1052": f"{INTERCEPT:g}",
+                **{key: str(value) for key, value in (extra or {}).items()}}
         for key, value in tags.items():
             slice_image.SetMetaData(key, value)
         writer.SetFileName(os.path.join(str(folder), names[d]))
@@ -151,21 +155,27 @@ def test_writing_and_reading_a_series_leave_the_locale_as_it_was(tmp_path, sitk)
     assert text.read_text() == "Größe ✓"        # the test process's own text I/O, as the suite does it
 
 
-def test_several_series_in_one_folder_are_named_and_one_file_chooses(tmp_path, sitk, tiny_checkpoint, capsys):
+def test_several_series_in_one_folder_each_its_own_scan_a_localiser_left_out(tmp_path, sitk, tiny_checkpoint,
+                                                                              capsys):
+    """A folder holding a diagnostic series and a 6-image localiser: the diagnostic one is
+    segmented, named after its number and description, the localiser left out and named with its
+    reason in the output and the summary (exit 0); one file of the localiser chooses it."""
     folder = tmp_path / "study"
     first, second = "1.2.826.0.1.3680043.9.7.1.1", "1.2.826.0.1.3680043.9.7.1.2"
-    write_dicom_series(sitk, folder, kits_volume(), first)
+    write_dicom_series(sitk, folder, kits_volume(), first, number=3)
     small = nibabel.Nifti1Image(np.asarray(kits_volume().dataobj)[:6], kits_volume().affine, kits_volume().header)
     chosen = write_dicom_series(sitk, folder, small, second, description="LOCALIZER",
-                                names=[f"B{i}.dcm" for i in range(6)])
-    code, _, stderr = predict(capsys, tiny_checkpoint, folder, tmp_path / "out")
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert code == 1 and len(lines) == 1 and "Traceback" not in stderr, stderr
-    assert str(folder) in lines[0] and first in lines[0] and second in lines[0] and "LOCALIZER" in lines[0]
-    assert "2 DICOM series" in lines[0] and "give one file" in lines[0]
+                                names=[f"B{i}.dcm" for i in range(6)], number=1)
+    code, stdout, stderr = predict(capsys, tiny_checkpoint, folder, tmp_path / "out")
+    assert code == 0 and "Traceback" not in stderr and "1 segmented" in stdout, stderr
+    table = {row["case"]: row for row in csv.DictReader(open(tmp_path / "out" / "summary.csv"))}
+    assert table["study_s3_CT_ABDOMEN"]["status"] == "segmented"
+    assert table["study_s1_LOCALIZER"]["status"] == "left out" and "localiser" in table["study_s1_LOCALIZER"]["error"]
+    assert "study_s1_LOCALIZER (series 1 'LOCALIZER': a localiser" in stdout
+    assert nibabel.load(str(tmp_path / "out" / "study_s3_CT_ABDOMEN.nii.gz")).shape == kits_volume().shape[::-1]
     code, _, stderr = predict(capsys, tiny_checkpoint, folder / chosen[2], tmp_path / "out")
     assert code == 0, stderr
-    written = nibabel.load(str(tmp_path / "out" / f"study_{second}.nii.gz"))
+    written = nibabel.load(str(tmp_path / "out" / "study_s1_LOCALIZER.nii.gz"))
     assert written.shape == (small.shape[2], small.shape[1], 6)
     # what the output was made from: the chosen series' files, by position (slices run Superior)
     assert input_files(str(folder / chosen[0])) == [str(folder / name) for name in chosen[::-1]]

@@ -1,11 +1,16 @@
 """The body of ``--exec_mode evaluate`` (``runtime.app.MODES``): the scores first (stdout), then
-the files, so that a full disk loses no number."""
+the files, so that a full disk loses no number. In a ``--log_dir`` that holds a training run,
+evaluate's records and per-case Dice go to files of its own (``evaluate.json``,
+``evaluate_cases.csv``), never into the run's ``log.json`` or ``eval_cases.csv``."""
 from __future__ import annotations
+
+import dataclasses
 
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.evaluate.components import evaluation_components
-from runtime.evaluate.report import explain_scores, write_case_scores
+from runtime.evaluate.report import (OWN_CASES, OWN_RECORDS, OwnRecords, explain_scores, holds_training_run,
+                                     write_case_scores)
 from runtime.mode import Session
 from runtime.resolve import window_line
 from runtime.run_files import BACKEND, EVAL
@@ -18,6 +23,12 @@ def evaluate_body(session: Session) -> int:
     if parts is None:
         return 0
     out, components = parts
+    log_dir = components.config.log_dir
+    own = holds_training_run(log_dir)  # before this run writes anything
+    if own:
+        out = dataclasses.replace(out, metrics=OwnRecords(log_dir, out.metrics.enabled))
+        out.say(f"--log_dir {log_dir} holds a training run: evaluate writes {OWN_RECORDS} and {OWN_CASES} there, "
+                "never the run's own files")
     components = evaluation_components(components, out)  # PyTorch or OpenVINO (resolved --backend)
     cases: list[dict] = []
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
@@ -34,5 +45,6 @@ def evaluate_body(session: Session) -> int:
     out.metrics.write(BACKEND, backend=components.config.backend, why=components.config.why("backend"))
     out.metrics.write(EVAL, epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
     if out.is_main:
-        out.say(f"per-case Dice: {write_case_scores(components.config.log_dir, cases)}")
+        written = write_case_scores(log_dir, cases, OWN_CASES) if own else write_case_scores(log_dir, cases)
+        out.say(f"per-case Dice: {written}")
     return 0

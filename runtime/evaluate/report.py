@@ -11,7 +11,9 @@ causes (padding, label resampling, grid).
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
+import json
 import os
 from typing import Sequence
 
@@ -20,7 +22,13 @@ import numpy as np
 from data_loading.atomic import atomic_write
 from data_loading.write_errors import write_or_raise
 from runtime.outputs import OutputError
-from runtime.run_files import EVAL_CASES_COLUMNS, EVAL_CASES_CSV
+from runtime.run_files import (EVAL_CASES_COLUMNS, EVAL_CASES_CSV, METRICS_LOG, MLPERF_LOG, RESULT, RESUMED_LOG_GLOB,
+                               TRAIN)
+from runtime.run_log import MetricsWriter
+
+# evaluate's own files in a folder that holds a training run (never the run's log.json, eval_cases.csv)
+OWN_RECORDS = "evaluate.json"
+OWN_CASES = "evaluate_cases.csv"
 
 SCORED = ("scored: the benchmark's Dice on the preprocessed volumes (resampled to 1.6 x 1.2 x 1.2 mm, "
           "min-shape padding and the benchmark's resampled labels included), the mean over cases")
@@ -67,10 +75,40 @@ def case_scores_csv(cases: Sequence[dict]) -> str:
     return text.getvalue()
 
 
-def write_case_scores(log_dir: str, cases: Sequence[dict]) -> str:
-    """``<log_dir>/eval_cases.csv`` written atomically; :class:`OutputError` (one line) when it
-    cannot be written."""
-    path = os.path.join(log_dir, EVAL_CASES_CSV)
+def holds_training_run(log_dir: str) -> bool:
+    """Whether ``log_dir`` holds a training run's files: its MLPerf log, or a ``log.json`` with a
+    training record (``train`` or ``result``)."""
+    try:
+        names = os.listdir(log_dir)
+    except OSError:
+        return False
+    if MLPERF_LOG in names or any(fnmatch.fnmatchcase(n, RESUMED_LOG_GLOB) for n in names):
+        return True
+    try:
+        with open(os.path.join(log_dir, METRICS_LOG), encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    if json.loads(line).get("kind") in (TRAIN, RESULT):
+                        return True
+                except (ValueError, AttributeError):
+                    continue
+    except OSError:
+        return False
+    return False
+
+
+class OwnRecords(MetricsWriter):
+    """:class:`runtime.run_log.MetricsWriter` into ``<log_dir>/evaluate.json`` (:data:`OWN_RECORDS`)."""
+
+    def __init__(self, log_dir: str, enabled: bool):
+        super().__init__(log_dir, enabled)
+        self.path = os.path.join(log_dir, OWN_RECORDS)
+
+
+def write_case_scores(log_dir: str, cases: Sequence[dict], name: str = EVAL_CASES_CSV) -> str:
+    """``<log_dir>/<name>`` (default ``eval_cases.csv``) written atomically; :class:`OutputError`
+    (one line) when it cannot be written."""
+    path = os.path.join(log_dir, name)
     data = case_scores_csv(cases).encode("utf-8")
     write_or_raise(lambda: atomic_write(path, lambda handle: handle.write(data)),
                      lambda reason, _: OutputError(f"cannot write {path!r}: {reason} (the scores are printed above)"))

@@ -6,6 +6,7 @@
     result = segmenter.segment_file("scan.nii.gz")        # any orientation; NRRD, MHA, DICOM too
     labels, probabilities = segmenter.segment_array(volume, affine, probabilities=True)
     segmenter = Segmenter.from_network(network, PredictOptions(window=(128, 128, 128)))  # built already
+    dice = score(result.labels, truth)                    # Dice: NaN for a label absent from both
 
 ``--exec_mode predict`` runs every scan through a :class:`Segmenter` made from its resolved
 config (:meth:`Segmenter.from_config`), so the command line and the notebook share one code
@@ -25,6 +26,7 @@ from data_loading.scans import RawScan, read_scan
 from runtime.arguments import Config, UsageError, replace, validate
 from runtime.checkpoint import Saved
 from runtime.inference.backends import int8_calibration, say_on, window_predictor
+from runtime.predict.records import Dice, score  # noqa: F401 - the API's Dice (NaN: a label absent from both)
 from runtime.predict.scan import (EnsembleInference, ScanInference, Segmentation, StageTimer, load_trained_model,
                                   segment_volume)
 
@@ -246,6 +248,14 @@ class Segmenter:
                       spacing: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Segment a 3-D CT volume (HU) whose voxel-to-world ``affine`` is nibabel's (RAS+ world,
         e.g. ``nibabel.load(f).affine``), in any axis order: ``(labels, probabilities)``, labels
-        uint8 of ``array``'s shape and axes, probabilities float32 (3, *array.shape) or None."""
+        uint8 of ``array``'s shape and axes, probabilities float32 (3, *array.shape) or None.
+        Without ``spacing`` (mm per array axis), the affine's voxel sizes are used, and one line
+        says so (``np.eye(4)``: 1 mm voxels)."""
+        if spacing is None:
+            from nibabel.affines import voxel_sizes
+
+            sizes = [float(f"{s:.6g}") for s in voxel_sizes(np.asarray(affine, dtype=np.float64))]
+            self._say(f"array: no spacing given: {sizes} mm per axis assumed, the affine's voxel sizes "
+                      "(give spacing= if they are not)")
         result = self.segment_raw(raw_from_array(array, affine, spacing), probabilities, "array")
         return result.labels, result.probabilities

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 from data_loading.scan_checks import check_header
 from data_loading.scan_io import input_digest, input_files
-from data_loading.scans import Scan, ScanError, find_scans, output_path
+from data_loading.scans import Scan, ScanError, find_inputs, output_path
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
@@ -90,6 +90,30 @@ def preview_path(output_dir: str, scan: Scan) -> str:
     return os.path.join(output_dir, f"{scan.name}.png")
 
 
+def another_model(stored: dict | None, current: dict) -> bool:
+    """Whether the record ``stored`` says its output was made by other weights than ``current``'s
+    (another model: its output is kept without ``--force``)."""
+    return stored is not None and "weights_sha256" in stored and stored["weights_sha256"] != current["weights_sha256"]
+
+
+def model_text(record: dict) -> str:
+    """The model of a record in words: its weights' digest(s) and checkpoint(s)."""
+    checkpoint = record.get("checkpoint")
+    checkpoint = " ".join(checkpoint) if isinstance(checkpoint, list) else checkpoint
+    return f"weights {_short(record.get('weights_sha256'))}" + (f" of {checkpoint}" if checkpoint else "")
+
+
+def _short(value) -> str:
+    return "+".join(str(v)[:12] for v in value) if isinstance(value, list) else str(value)[:12]
+
+
+def entry_result(scan: Scan) -> CaseResult:
+    """The result of an entry of ``--input`` that is no scan (left out) or cannot be read (failed)."""
+    if scan.unreadable:
+        return CaseResult(scan.name, "failed", scan.image_path, error=scan.unreadable)
+    return CaseResult(scan.name, "left out", scan.image_path, error=scan.left_out)
+
+
 def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
     """Segment (or reuse) one scan, its header checked before any voxel is read; every failure
     inside it (bad input, out of memory, an allocator error, a full output disk) is its result.
@@ -98,7 +122,12 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
     one made otherwise is removed first, with its record and preview, so that a failure of this
     run never leaves another run's segmentation behind. The new record is written before the
     scan is segmented and takes its place only after the segmentation has taken its own.
-    Only files a record says predict wrote are replaced or removed (:class:`NotOurs`)."""
+    Only files a record says predict wrote are replaced or removed (:class:`NotOurs`). An output
+    of another model (other weights: :func:`another_model`) is kept, status "kept", unless
+    ``--force``; replaced with it, the result says so. An entry of ``--input`` that is no scan
+    is its result as it is (:func:`entry_result`)."""
+    if not scan.is_scan:
+        return entry_result(scan)
     path = output_path(config.output_dir, scan)
     record = record_path(path)
     png, npz = preview_path(config.output_dir, scan), probabilities_path(config.output_dir, scan)
@@ -116,19 +145,27 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
             if os.path.lexists(target) and os.path.basename(target) not in owned:
                 raise not_ours(target)
         replaced = ""
-        if os.path.exists(path) and not config.force:
+        if os.path.exists(path):
             current["input_sha256"] = input_digest(scan.image_path)
             replaced = difference(stored, why_none, current)
             if replaced is None and config.save_probabilities and not (stored.get("probabilities")
                                                                        and os.path.exists(npz)):
                 replaced = "without saved probabilities"
-            if replaced is None:
+            if another_model(stored, current) and not config.force:
+                result = summarise_existing(scan, path)
+                result.status, result.provenance = "kept", stored
+                result.error = (f"{path} was made by another model ({model_text(stored)}): kept; --force "
+                                "replaces it")
+                return result
+            if replaced is None and not config.force:
                 result = summarise_existing(scan, path)
                 result.provenance = stored
                 return result
+            if replaced and another_model(stored, current):
+                replaced = f"of another model ({model_text(stored)})"
         # what claims or shows an earlier output goes first (only what its record says predict
         # wrote); with --force the output itself is kept until the new one replaces it
-        for stale in (record, png, npz) + ((path,) if replaced else ()):
+        for stale in (record, png, npz) + ((path,) if replaced and not config.force else ()):
             if stale == record or os.path.basename(stale) in owned:
                 remove_output(stale)
         for leftover, _ in leftovers:
@@ -179,9 +216,9 @@ def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_p
         else:
             result = predict_one(scan, infer, config)
             full_disk = result.error if result.full_disk else None
-        if result.status == "failed" or (result.error and result.status != "not run"):
+        if result.status in ("failed", "kept") or (result.error and result.status not in ("not run", "left out")):
             write(f"main.py: error: {result.error}", sys.stderr)
-        if result.status != "failed":
+        if result.status not in ("failed", "kept"):
             write(result.line())
         results.append(result)
     return results
@@ -222,6 +259,7 @@ def check_outputs(config: Config, scans: Sequence[Scan]) -> None:
     """Before any work: no name predict may write in ``--output_dir`` is a file of an input scan
     (every file of each scan, its ground truth too: ``os.path.samefile``), and a summary there
     is predict's own; else one :class:`UsageError` line naming the clash."""
+    scans = [scan for scan in scans if scan.is_scan]
     inputs: dict[tuple[int, int], str] = {}
     for scan in scans:
         try:
@@ -249,9 +287,10 @@ def check_outputs(config: Config, scans: Sequence[Scan]) -> None:
 
 
 def scans_to_predict(config: Config) -> list[Scan]:
-    """The scans of ``--input``, none of whose files (nor a file of someone else) would be written
+    """The scans of ``--input`` and its entries that are none (:func:`data_loading.scans.find_inputs`:
+    each named in the summary), none of whose files (nor a file of someone else) would be written
     over (:func:`check_outputs`); ``--preview`` needs matplotlib (all checked before any work)."""
-    scans = find_scans(config.input)
+    scans = find_inputs(config.input)
     check_outputs(config, scans)
     if config.preview:
         from runtime.predict.preview import matplotlib_missing

@@ -9,14 +9,23 @@ scores (``kits_kidney_dice``: labels 1 and 2 together against 1 and 2 together, 
 Every row of a segmentation also carries the record of what made it
 (:mod:`runtime.predict.provenance`).
 
-The summary is never lost: when the output disk cannot take it, one line says so and the rows
-are printed on stdout instead.
+A label absent from both the ground truth and the prediction has nothing to score: its Dice is
+NaN for that scan and it is left out of every mean (nnU-Net's rule; MONAI's ``ignore_empty``
+agrees wherever the ground truth holds the label), where the benchmark's formula would give 1.0
+(:func:`score`). The summary's ``mean`` row holds each column's mean over the scans it is
+defined for, and the ``count`` row before it how many scans that is.
+
+The summary is a cohort's: each run's rows replace those of the same scans and every other row
+of the folder's earlier summary is kept (:func:`earlier_rows`), so that predicting a subset
+never loses the rest. It is never lost: when the output disk cannot take a file of it, one line
+names that file and the rows are printed on stdout instead.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -35,7 +44,47 @@ STAGE_FIELDS = tuple(f"{stage}_seconds" for stage in STAGES)
 SUMMARY_FIELDS = ("case", "status", "shape", "spacing", "kidney_ml", "tumour_ml", "seconds", *STAGE_FIELDS, "windows",
                   *DICE_FIELDS, "image", "error", *PROVENANCE_FIELDS)
 # segmented | skipped (its output was made the same way) | failed | not run (stopped: the output disk is full)
-STATUSES = ("segmented", "skipped", "failed", "not run")
+# | kept (the output of another model, kept: --force replaces it) | left out (an entry of --input that is
+# no scan: its reason in ``error``)
+STATUSES = ("segmented", "skipped", "failed", "not run", "kept", "left out")
+AGGREGATES = ("count", "mean")  # the rows after the scans': how many scans each mean is over, the means
+
+
+@dataclass(frozen=True)
+class Dice:
+    """One scan's Dice against its ground truth (same grid), predict's definition: the
+    benchmark's per-label formula (:func:`model.losses.label_map_dice`), except that a label
+    absent from both is NaN (nothing to score) rather than 1.0. ``l1_dice`` label 1 (kidney
+    without tumour), ``l2_dice`` label 2 (tumour), ``mean_dice`` their mean over the labels
+    that are scored (NaN when neither is), ``kits_kidney_dice`` labels 1 and 2 as one (KiTS19's
+    "Kidney"), ``kits_tumour_dice`` label 2 (KiTS19's "Tumour")."""
+
+    l1_dice: float
+    l2_dice: float
+    mean_dice: float
+    kits_kidney_dice: float
+    kits_tumour_dice: float
+
+
+def score(labels: np.ndarray, truth: np.ndarray) -> Dice:
+    """:class:`Dice` of the label map ``labels`` against ``truth`` (same shape)."""
+    labels, truth = np.asarray(labels), np.asarray(truth)
+    l1, l2 = (value if (labels == c).any() or (truth == c).any() else math.nan
+              for c, value in zip((1, 2), label_map_dice(labels, truth)))
+    scored = [v for v in (l1, l2) if not math.isnan(v)]
+    (kidney,) = label_map_dice(labels > 0, truth > 0, classes=(True,))
+    kidney = kidney if (labels > 0).any() or (truth > 0).any() else math.nan
+    return Dice(l1, l2, sum(scored) / len(scored) if scored else math.nan, kidney, l2)
+
+
+def _number(value) -> float | None:
+    """A Dice of a row as a float (NaN: not scored), or None when the row has none."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass
@@ -69,20 +118,17 @@ class CaseResult:
     replaced: str = ""
 
     def score(self, labels: np.ndarray, truth: np.ndarray) -> None:
-        """The Dice of ``labels`` against ``truth`` (same grid): the benchmark's per label and
-        their mean, and KiTS19's "Kidney" (labels 1 and 2 as one) and "Tumour" (label 2)."""
-        self.l1_dice, self.l2_dice = label_map_dice(labels, truth)
-        self.mean_dice = (self.l1_dice + self.l2_dice) / 2
-        (self.kits_kidney_dice,) = label_map_dice(np.asarray(labels) > 0, np.asarray(truth) > 0, classes=(True,))
-        self.kits_tumour_dice = self.l2_dice
+        """The :class:`Dice` of ``labels`` against ``truth`` (same grid) into this result."""
+        for name, value in asdict(score(labels, truth)).items():
+            setattr(self, name, value)
 
     def line(self) -> str:
         """One console line."""
-        if self.status in ("failed", "not run"):
+        if self.status in ("failed", "not run", "left out", "kept"):
             return f"{self.case}: {self.status}: {self.error}"
         text = (f"{self.case}: {self.status}, {'x'.join(map(str, self.shape))} voxels, "
                 f"kidney {self.kidney_ml:.1f} mL, tumour {self.tumour_ml:.1f} mL")
-        if self.mean_dice is not None:
+        if self.mean_dice is not None:  # nan: a label absent from both, not scored
             text += (f", dice l1 {self.l1_dice:.4f} l2 {self.l2_dice:.4f}, KiTS19 kidney (1+2) "
                      f"{self.kits_kidney_dice:.4f} tumour {self.kits_tumour_dice:.4f}")
         text += f", {self.seconds:.1f} s" if self.seconds is not None else ""
@@ -94,27 +140,85 @@ class CaseResult:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("segmented", "skipped") and not self.error
+        """Nothing went wrong: segmented or reused without an error, or an entry that is no scan."""
+        return self.status == "left out" or (self.status in ("segmented", "skipped") and not self.error)
 
 
-def summary_rows(results: Sequence[CaseResult]) -> list[dict]:
-    """One dict per case (``SUMMARY_FIELDS``), sorted by case, and a final ``mean`` row with the
-    mean Dice over the cases that have a ground truth (when any has)."""
+def result_row(result: CaseResult) -> dict:
+    """The summary row (``SUMMARY_FIELDS``) of one result."""
+    row = {k: v for k, v in asdict(result).items() if k in SUMMARY_FIELDS}
+    row["shape"] = list(result.shape) if result.shape else None
+    row["spacing"] = list(result.spacing) if result.spacing else None
+    row.update({f"{stage}_seconds": result.stages.get(stage) for stage in STAGES})
+    row.update({k: result.provenance.get(k) for k in PROVENANCE_FIELDS})
+    return row
+
+
+def aggregate_rows(rows: Sequence[dict]) -> list[dict]:
+    """The ``count`` and ``mean`` rows of the scans' ``rows`` (none when no scan has a ground
+    truth): per Dice column, how many scans score it (a number, not NaN) and their mean."""
+    scored = {key: [v for v in (_number(row.get(key)) for row in rows) if v is not None and not math.isnan(v)]
+              for key in DICE_FIELDS}
+    with_truth = sum(any(_number(row.get(key)) is not None for key in DICE_FIELDS) for row in rows)
+    if not with_truth:
+        return []
+    count = {k: None for k in SUMMARY_FIELDS}
+    count.update(case="count", status="scans behind each mean", error="")
+    mean = {k: None for k in SUMMARY_FIELDS}
+    mean.update(case="mean", status=f"{with_truth} cases", error="")
+    for key, values in scored.items():
+        count[key] = len(values)
+        mean[key] = float(np.mean(values)) if values else math.nan
+    return [count, mean]
+
+
+def summary_rows(results: Sequence[CaseResult], earlier: Sequence[dict] = ()) -> list[dict]:
+    """One dict per scan (``SUMMARY_FIELDS``), sorted by case: this run's results, and the rows of
+    ``earlier`` (an earlier summary's scans) for every other scan; then the ``count`` and ``mean``
+    rows over them all (:func:`aggregate_rows`)."""
+    ours = {r.case: result_row(r) for r in results}
+    kept = {row["case"]: {k: row.get(k) for k in SUMMARY_FIELDS} for row in earlier
+            if isinstance(row, dict) and row.get("case") not in ours and row.get("status") in STATUSES}
+    rows = [row for _, row in sorted({**kept, **ours}.items())]
+    return rows + aggregate_rows(rows)
+
+
+def earlier_rows(output_dir: str) -> list[dict]:
+    """The scans' rows of the summary already in ``output_dir`` (``summary.jsonl``, else
+    ``summary.csv``: a disk that took only one of them), without its ``count`` and ``mean``
+    rows; none when there is none or it cannot be read (the caller checked that a summary
+    there is predict's: :func:`runtime.predict.folder.check_outputs`)."""
+    try:
+        with open(os.path.join(output_dir, "summary.jsonl"), encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle if line.strip()]
+    except (OSError, ValueError):
+        rows = _csv_rows(os.path.join(output_dir, "summary.csv"))
+    return [row for row in rows if isinstance(row, dict) and row.get("status") in STATUSES]
+
+
+def _csv_rows(path: str) -> list[dict]:
+    """The rows of a ``summary.csv``, numbers read back as numbers (``x``-joined lists as lists)."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            table = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+    numbers = {"kidney_ml", "tumour_ml", "seconds", "windows", "overlap", *STAGE_FIELDS, *DICE_FIELDS}
     rows = []
-    for r in sorted(results, key=lambda r: r.case):
-        row = {k: v for k, v in asdict(r).items() if k in SUMMARY_FIELDS}
-        row["shape"] = list(r.shape) if r.shape else None
-        row["spacing"] = list(r.spacing) if r.spacing else None
-        row.update({f"{stage}_seconds": r.stages.get(stage) for stage in STAGES})
-        row.update({k: r.provenance.get(k) for k in PROVENANCE_FIELDS})
+    for raw in table:
+        row = {}
+        for key, value in raw.items():
+            if key is None or value is None or value == "":
+                row[key] = None
+            elif key in numbers:
+                row[key] = _number(value)
+            elif key in ("shape", "spacing", "window_shape"):
+                row[key] = [float(v) if "." in v else int(v) for v in value.split("x")] if value else None
+            elif key == "int8" or key == "tta":
+                row[key] = value == "True"
+            else:
+                row[key] = value
         rows.append(row)
-    scored = [r for r in results if r.mean_dice is not None]
-    if scored:
-        mean = {k: None for k in SUMMARY_FIELDS}
-        mean.update(case="mean", status=f"{len(scored)} cases", error="")
-        for key in DICE_FIELDS:
-            mean[key] = float(np.mean([getattr(r, key) for r in scored]))
-        rows.append(mean)
     return rows
 
 
@@ -130,9 +234,10 @@ def _csv_value(value) -> str:
     return str(value)
 
 
-def summary_texts(results: Sequence[CaseResult]) -> dict[str, str]:
-    """``{"summary.csv": text, "summary.jsonl": text}`` (the same rows)."""
-    rows = summary_rows(results)
+def summary_texts(results: Sequence[CaseResult], earlier: Sequence[dict] = ()) -> dict[str, str]:
+    """``{"summary.csv": text, "summary.jsonl": text}`` (the same rows, :func:`summary_rows`; a
+    Dice not scored is ``nan`` in the CSV and ``NaN`` in the JSON lines, as Python writes it)."""
+    rows = summary_rows(results, earlier)
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(SUMMARY_FIELDS)
@@ -141,49 +246,102 @@ def summary_texts(results: Sequence[CaseResult]) -> dict[str, str]:
     return {"summary.csv": text.getvalue(), "summary.jsonl": "".join(json.dumps(row) + "\n" for row in rows)}
 
 
-def write_summary(output_dir: str, results: Sequence[CaseResult]) -> None:
-    """``summary.csv`` and ``summary.jsonl``, each written atomically."""
-    for name, text in summary_texts(results).items():
+def write_summary(output_dir: str, results: Sequence[CaseResult]) -> list[str]:
+    """``summary.csv`` and ``summary.jsonl`` (this run's rows and the earlier summary's others:
+    :func:`earlier_rows`), each written atomically; the names written, in that order. A file that
+    cannot be written raises :class:`SummaryWriteError` naming it and what was written before."""
+    written: list[str] = []
+    for name, text in summary_texts(results, earlier_rows(output_dir)).items():
         data = text.encode("utf-8")
-        atomic_write(os.path.join(output_dir, name), lambda handle, data=data: handle.write(data))
+        try:
+            atomic_write(os.path.join(output_dir, name), lambda handle, data=data: handle.write(data))
+        except Exception as exc:  # noqa: BLE001 - a write failure is one line, anything else a bug
+            reason = write_failure(exc)
+            if reason is None:
+                raise
+            raise SummaryWriteError(name, reason, written) from exc
+        written.append(name)
+    return written
 
 
-def save_summary(output_dir: str, results: Sequence[CaseResult]) -> bool:
-    """:func:`write_summary`; when the output disk refuses it, one stderr line names the file
-    and the reason, and the rows go to stdout instead. Returns whether the files were written."""
+class SummaryWriteError(OSError):
+    """A file of the summary (``name``) that could not be written (``reason``); ``written``: the
+    summary's files written before it."""
+
+    def __init__(self, name: str, reason: str, written: Sequence[str]):
+        super().__init__(f"cannot write {name}: {reason}")
+        self.name, self.reason, self.written = name, reason, list(written)
+
+
+def save_summary(output_dir: str, results: Sequence[CaseResult]) -> list[str]:
+    """:func:`write_summary`; when the output disk refuses a file of it, one stderr line names
+    that file and the reason, and the rows go to stdout instead. Returns the names written (a
+    list that is false when none was)."""
     try:
-        write_summary(output_dir, results)
-        return True
-    except Exception as exc:  # noqa: BLE001 - a write failure is one line, anything else a bug
-        reason = write_failure(exc)
-        if reason is None:
-            raise
-    print(f"main.py: error: cannot write the summary in {output_dir}: {reason}; its rows follow on stdout",
-          file=sys.stderr)
-    sys.stdout.write(summary_texts(results)["summary.jsonl"])
-    return False
+        return write_summary(output_dir, results)
+    except SummaryWriteError as exc:
+        failure = exc
+    print(f"main.py: error: cannot write {os.path.join(output_dir, failure.name)}: {failure.reason}; the "
+          "summary's rows follow on stdout", file=sys.stderr)
+    sys.stdout.write(summary_texts(results, earlier_rows(output_dir))["summary.jsonl"])
+    return failure.written
 
 
-def print_outcome(results: Sequence[CaseResult], output_dir: str, summary_written: bool = True) -> int:
-    """Print the run's outcome; the exit code: 1 if any scan failed or was not run (or a
-    preview or the summary is missing), else 0."""
+def summary_place(output_dir: str, written: Sequence[str] | bool) -> str:
+    """Where the summary is, in words: its CSV (or JSON lines), and which of its files was not
+    written (``written``: the names :func:`save_summary` wrote; True: both)."""
+    written = list(SUMMARY_NAMES) if written is True else list(written or ())
+    if not written:
+        return "the lines above (not written)"
+    missing = [n for n in SUMMARY_NAMES if n not in written]
+    return os.path.join(output_dir, written[0]) + (f" ({', '.join(missing)} not written)" if missing else "")
+
+
+SUMMARY_NAMES = ("summary.csv", "summary.jsonl")
+
+
+def _mean_text(values: Sequence[float]) -> str:
+    values = [v for v in values if not math.isnan(v)]
+    return f"{np.mean(values):.4f} over {len(values)}" if values else "none"
+
+
+def print_outcome(results: Sequence[CaseResult], output_dir: str, written: Sequence[str] | bool = True) -> int:
+    """Print the run's outcome: the scans found and what became of each, the entries of
+    ``--input`` left out (no scans) and why, the mean Dice of this run's scans; the exit code: 1
+    if any scan failed, was not run or kept (or a preview or a file of the summary is missing),
+    else 0."""
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
-    where = os.path.join(output_dir, "summary.csv") if summary_written else "the lines above (not written)"
+    where = summary_place(output_dir, written)
     replaced = sum(bool(r.replaced) for r in results)
-    print(f"predict: {counts['segmented']} segmented, {counts['skipped']} skipped (output made the same way "
-          f"already; --force redoes them), {counts['failed']} failed"
-          + (f", {counts['not run']} not run" if counts["not run"] else "") + f" of {len(results)} scans"
+    found = len(results) - counts["left out"]
+    print(f"predict: {found} scan{'' if found == 1 else 's'} found: {counts['segmented']} segmented, "
+          f"{counts['skipped']} skipped (output made the same way already; --force redoes them), "
+          f"{counts['failed']} failed"
+          + (f", {counts['not run']} not run" if counts["not run"] else "")
+          + (f", {counts['kept']} kept (the output of another model; --force replaces it)" if counts["kept"] else "")
+          + f" of {found} scans"
           + (f"; replaced {replaced} earlier output{'' if replaced == 1 else 's'} made otherwise" if replaced else "")
+          + (f"; {counts['left out']} entr{'y' if counts['left out'] == 1 else 'ies'} of --input left out (no scans)"
+             if counts["left out"] else "")
           + f"; summary in {where}")
     scored = [r for r in results if r.mean_dice is not None]
     if scored:
-        print(f"mean_dice {np.mean([r.mean_dice for r in scored]):.4f} over {len(scored)} cases with ground truth "
-              f"(KiTS19 kidney {np.mean([r.kits_kidney_dice for r in scored]):.4f}, tumour "
-              f"{np.mean([r.kits_tumour_dice for r in scored]):.4f})")
-    failed = sorted(r.case for r in results if r.status == "failed")
-    if failed:
-        print(f"failed scans: {', '.join(failed)}")
-    not_run = sorted(r.case for r in results if r.status == "not run")
-    if not_run:
-        print(f"not run (the output disk is full): {', '.join(not_run)}")
-    return 0 if summary_written and all(r.ok for r in results) else 1
+        def over(key):
+            return _mean_text([getattr(r, key) for r in scored])
+
+        print(f"mean_dice {over('mean_dice')} of {len(scored)} cases with ground truth (l1 {over('l1_dice')}, "
+              f"l2 {over('l2_dice')}; KiTS19 kidney {over('kits_kidney_dice')}, tumour {over('kits_tumour_dice')}; "
+              "a label absent from both the ground truth and the prediction is not scored)")
+    for status, title in (("failed", "failed scans"), ("not run", "not run (the output disk is full)"),
+                          ("kept", "kept (the output of another model; --force replaces it)")):
+        names = sorted(r.case for r in results if r.status == status)
+        if names:
+            print(f"{title}: {', '.join(names)}")
+    others = sorted((r for r in results if r.replaced.startswith("of another model")), key=lambda r: r.case)
+    if others:
+        print(f"replaced the outputs of another model (--force): {', '.join(r.case for r in others)}")
+    left = sorted((r for r in results if r.status == "left out"), key=lambda r: r.case)
+    if left:
+        print(f"left out: {'; '.join(f'{r.case} ({r.error})' for r in left)}")
+    complete = bool(written) and (written is True or len(list(written)) == len(SUMMARY_NAMES))
+    return 0 if complete and all(r.ok for r in results) else 1
