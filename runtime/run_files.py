@@ -91,6 +91,12 @@ TRAIN = "train"  # after every training epoch
 EVAL = "eval"  # after every evaluation; ``--exec_mode evaluate`` adds the checkpoint's path
 RESULT = "result"  # training's status at its end (MLPerf's run_stop knows success and aborted only)
 BACKEND = "backend"  # ``--exec_mode evaluate``: the backend used and why (``--backend``)
+BENCHMARK = "benchmark"  # ``--benchmark --log_dir``: the timing, once, at its end, in the reference's keys
+# The reference's --benchmark statistics (its PerformanceCallback, mode "train"; this project's
+# evaluate --benchmark the same with "eval"): samples/s (mean of each timed step's) and step
+# latency in ms (mean, 90th, 95th, 99th percentile).
+BENCHMARK_STATS = ("throughput_train", "latency_train_mean", "latency_train_90", "latency_train_95", "latency_train_99",
+                   "throughput_eval", "latency_eval_mean", "latency_eval_90", "latency_eval_95", "latency_eval_99")
 
 RECORD_KEYS: dict[str, tuple[str, ...]] = {
     TRAIN: ("epoch", "loss", "lr", "throughput"),  # throughput: samples/s over the epoch, all ranks
@@ -98,6 +104,8 @@ RECORD_KEYS: dict[str, tuple[str, ...]] = {
     EVAL: ("epoch", "checkpoint", "mean_dice", "l1_dice", "l2_dice", "eval_loss", "eval_cases"),
     RESULT: ("status", "epoch", "epochs"),  # status: success | aborted | preempted | finished
     BACKEND: ("backend", "why"),
+    # timed_iterations: steps (volumes) timed; eval_seconds: one evaluation of the 42 cases, where timed
+    BENCHMARK: (*BENCHMARK_STATS, "timed_iterations", "eval_seconds"),
 }
 
 
