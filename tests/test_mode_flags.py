@@ -43,7 +43,8 @@ def test_every_flag_of_help_has_an_entry_and_every_entry_is_a_flag():
     dests = {action.dest for action in parser._actions if action.option_strings}
     assert set(FLAG_MODES) <= dests
     # a flag no mode reads is one the reference's scripts pass (accepted only)
-    assert all((FLAG_MODES[name] or name in ACCEPTED_ONLY) and FLAG_MODES[name] <= set(RUN_MODES) for name in FLAG_MODES)
+    assert all((FLAG_MODES[name] or name in ACCEPTED_ONLY) and FLAG_MODES[name] <= set(RUN_MODES)
+               for name in FLAG_MODES)
 
 
 def test_a_flag_added_without_an_entry_is_found():
