@@ -128,4 +128,10 @@ EVAL_CASES_COLUMNS = ("case", "kidney_dice", "tumour_dice", "mean_dice", "eval_l
 # -- thresholds -------------------------------------------------------------------------------
 
 QUALITY_THRESHOLD = 0.908  # the benchmark's target mean Dice (--quality_threshold's default)
+
+# -- MLPerf's messaging guidelines: said beside every score the report and the package write ------
+
+UNVERIFIED = ("Unverified: 3D U-Net left MLPerf Training after v4.0 and no MLCommons round reviews its results, so a "
+              "score made now is unverified under the MLPerf results messaging guidelines. Result not verified by "
+              "MLCommons Association.")
 DIVERGED_DICE = 1e-6  # training stops a run as diverged when an evaluation's mean Dice is below this
