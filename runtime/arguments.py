@@ -205,7 +205,8 @@ def _process_flags(g, d: Config) -> None:
                         "predict: segment the raw NIfTI scans of --input into --output_dir")
     g.add_argument("--benchmark", action="store_true",
                    help="time iterations and print the predicted MLPerf time to train (training: the steps, then "
-                        "one evaluation pass); no evaluation schedule, no checkpoints")
+                        "one evaluation pass); no evaluation schedule, no checkpoints; with --log_dir given, its "
+                        "numbers in <log_dir>/log.json under the reference's keys")
     _benchmark_budget_flags(g, d)
     g.add_argument("--seed", type=int, default=d.seed, help="master seed; -1 = random from the OS")
     g.add_argument("--verbose", "-v", action="store_true", help="progress bars")
