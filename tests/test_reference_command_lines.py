@@ -102,7 +102,7 @@ def test_reference_statistics_known_answers():
                                                       "latency_eval_95", "latency_eval_99"}
 
 
-@pytest.mark.parametrize("mode", ["train", "evaluate"])
+@pytest.mark.parametrize("mode", ["train", pytest.param("evaluate", marks=pytest.mark.slow)])
 def test_benchmark_with_log_dir_writes_the_reference_keys_there(tmp_path, capsys, monkeypatch, tiny_checkpoint, mode):
     """``--benchmark --log_dir DIR`` (refused before) writes one benchmark record to DIR/log.json:
     the reference's keys, from the steps the run printed; without --log_dir nothing is written."""
