@@ -126,6 +126,8 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
     # disable=None: no bar when stderr is not a terminal (logs, CI)
     with tqdm(total=len(todo), unit="case", disable=None) as bar:
         def report(stats: pp.CaseStats) -> None:
+            if stats.warning:
+                bar.write(stats.warning, file=sys.stderr)
             bar.write(stats.line())
             bar.update()
 

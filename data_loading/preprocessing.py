@@ -25,6 +25,7 @@ import json
 import os
 import re
 import statistics
+import sys
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -53,11 +54,14 @@ _CASE_DIR = re.compile(r"^case_(\d{5})$")
 @dataclass(frozen=True)
 class RawCase:
     """One raw KiTS19 case. For ids >= 210 (outside the benchmark) ``label_path`` is the
-    ``segmentation.nii.gz`` a later KiTS (21, 23) puts there, or None where there is none."""
+    ``segmentation.nii.gz`` a later KiTS (21, 23) puts there, or None where there is none.
+    ``kits19``: one of KiTS19's 210 cases (id < 210, in a folder with no synthetic marker), read
+    by the reference's rules, whatever its header says (:func:`load_pair`)."""
 
     case_id: int
     image_path: str
     label_path: str | None
+    kits19: bool = True
 
     @property
     def name(self) -> str:
@@ -72,6 +76,7 @@ class CaseStats:
     shape: tuple[int, ...]
     mean: float
     std: float
+    warning: str = ""  # one line about the case's input (a KiTS19 header that disagrees with itself)
 
     def line(self) -> str:
         return f"{self.name}: shape {self.shape}, mean {self.mean:.4f}, std {self.std:.4f}"
@@ -98,6 +103,9 @@ def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
     if not names:
         raise PreprocessError(f"--data_dir {data_dir}: no case_XXXXX folders in it "
                               "(nor in its data/ folder)")
+    from data_loading.synthetic import read_marker
+
+    kits19 = all(read_marker(folder) is None for folder in {data_dir, root})  # not generated data
     labelled, unlabelled = [], []
     for name in names:
         case_id = int(_CASE_DIR.match(name).group(1))
@@ -105,13 +113,14 @@ def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
         image_path = os.path.join(folder, IMAGE_FILE)
         if case_id >= FIRST_UNLABELLED_ID:
             label_path = os.path.join(folder, LABEL_FILE)
-            unlabelled.append(RawCase(case_id, image_path, label_path if os.path.isfile(label_path) else None))
+            unlabelled.append(RawCase(case_id, image_path, label_path if os.path.isfile(label_path) else None,
+                                      kits19=False))
             continue
         label_path = os.path.join(folder, LABEL_FILE)
         for path in (image_path, label_path):
             if not os.path.isfile(path):
                 raise PreprocessError(f"{path}: missing (case {name} is in the labelled range)")
-        labelled.append(RawCase(case_id, image_path, label_path))
+        labelled.append(RawCase(case_id, image_path, label_path, kits19=kits19))
     return labelled, unlabelled
 
 
@@ -134,17 +143,19 @@ def _case_dirs(root: str) -> list[str]:
 # ----------------------------------------------------------------------------- per-case steps
 
 
-def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
+def load_pair(case: RawCase, warn: Callable[[str], None] | None = None) -> tuple[np.ndarray, np.ndarray, list[float]]:
     """Image float32 (1, D, H, W), label uint8 (1, D, H, W) and the spacing (3 floats).
 
     Raises :class:`PreprocessError` for unreadable files, NaN or infinite intensities, label
     values outside {0, 1, 2} (checked before the uint8 cast would wrap them), an image whose
-    ``pixdim[1:4]`` disagrees with its own affine (the spacing is ``pixdim``, the reference's
-    reading; the orientation is the affine's: two spacings for one file) and a label not on
-    the image's voxel grid. A label stored in another axis order or with axes flipped (the same
-    voxels in space, as its affine says) is brought to the image's axes exactly
-    (:func:`data_loading.scan_io.label_on_scan_grid`); a label on the image's grid is used as
-    read, so KiTS19's outputs stay byte-identical.
+    ``pixdim[1:4]`` disagrees with its own affine (the orientation is the affine's: two spacings
+    for one file) unless it is one of KiTS19's cases (``case.kits19``), and a label not on the
+    image's voxel grid. KiTS19's own cases are read by the reference's rule, ``pixdim``, whatever
+    the affine says (the benchmark's files, which ``checksum.json`` verifies, are made so): a
+    disagreement is one line through ``warn`` (default: printed on stderr) naming the case. A label
+    stored in another axis order or with axes flipped (the same voxels in space, as its affine
+    says) is brought to the image's axes exactly (:func:`data_loading.scan_io.label_on_scan_grid`);
+    a label on the image's grid is used as read, so KiTS19's outputs stay byte-identical.
     """
     from data_loading import scan_io
 
@@ -152,9 +163,12 @@ def load_pair(case: RawCase) -> tuple[np.ndarray, np.ndarray, list[float]]:
     image_affine = scan_io.file_affine(image_nifti)
     if scan_io.spacing_disagrees(spacing, image_affine):
         sizes = [float(f"{s:.6g}") for s in scan_io.voxel_sizes(image_affine)]
-        raise PreprocessError(f"{case.image_path}: pixdim[1:4] {[float(f'{p:.6g}') for p in spacing]} mm "
-                              f"disagrees with the affine's voxel sizes {sizes} mm (case {case.name}: "
-                              "which spacing is the scan's?)")
+        disagree = (f"{case.image_path}: pixdim[1:4] {[float(f'{p:.6g}') for p in spacing]} mm disagrees with the "
+                    f"affine's voxel sizes {sizes} mm")
+        if not case.kits19:
+            raise PreprocessError(f"{disagree} (case {case.name}, not KiTS19's: which spacing is the scan's?)")
+        line = f"warning: {disagree}; case {case.name} is KiTS19's: pixdim used, as the reference reads it"
+        (warn or (lambda text: print(text, file=sys.stderr)))(line)
     label_nifti = read_nifti(case.label_path)
     label = validated_label(read_voxels(label_nifti, case.label_path), case.name)
     try:
@@ -364,7 +378,8 @@ def process_case(case: RawCase, results_dir: str, torch_threads: int | None = No
     ``torch_threads`` limits torch's threads for the resampling only (None: leave as set), so
     a case that fails to load never pays for importing torch.
     """
-    image, label, spacing = load_pair(case)
+    warnings: list[str] = []
+    image, label, spacing = load_pair(case, warn=warnings.append)
     shape = image.shape[1:]
     with _torch_threads(torch_threads):
         image, label = preprocess_arrays(image, label, spacing)
@@ -373,7 +388,7 @@ def process_case(case: RawCase, results_dir: str, torch_threads: int | None = No
     save_atomic(y_path, label)
     save_geometry(results_dir, case.name, shape, spacing)
     return CaseStats(case.name, tuple(image.shape), float(image.mean(dtype=np.float64)),
-                     float(image.std(dtype=np.float64)))
+                     float(image.std(dtype=np.float64)), " ".join(warnings))
 
 
 def median_line(stats: Sequence[CaseStats]) -> str:

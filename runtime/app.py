@@ -84,13 +84,18 @@ def _train_outputs(config: Config) -> list[Output]:
                                if config.save_ckpt_path else [])
 
 
+def _benchmark_outputs(config: Config) -> list[Output]:
+    return _log_dir(config) if "log_dir" in config.explicit else []
+
+
 MODES: dict[str, Mode] = {
     # training saves a checkpoint at the next step when signalled
     "train": Mode(train_body, outputs=_train_outputs, stop_at_once=False,
                   mlperf_run=True, writes_metrics=True),
     "evaluate": Mode(evaluate_body, outputs=_log_dir, writes_metrics=True),
-    # --benchmark (train or evaluate): writes nothing
-    "benchmark": Mode(benchmark_body),
+    # --benchmark (train or evaluate): writes nothing, but log.json's benchmark record where
+    # --log_dir is given (the reference's --benchmark writes its throughput to <log_dir>/log.json)
+    "benchmark": Mode(benchmark_body, outputs=_benchmark_outputs, writes_metrics=True),
     "predict": Mode(predict_body, outputs=lambda config: [Output(config.output_dir, "--output_dir")],
                     source=predict_source),
 }

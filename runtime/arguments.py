@@ -205,7 +205,8 @@ def _process_flags(g, d: Config) -> None:
                         "predict: segment the raw NIfTI scans of --input into --output_dir")
     g.add_argument("--benchmark", action="store_true",
                    help="time iterations and print the predicted MLPerf time to train (training: the steps, then "
-                        "one evaluation pass); no evaluation schedule, no checkpoints")
+                        "one evaluation pass); no evaluation schedule, no checkpoints; with --log_dir given, its "
+                        "numbers in <log_dir>/log.json under the reference's keys")
     _benchmark_budget_flags(g, d)
     g.add_argument("--seed", type=int, default=d.seed, help="master seed; -1 = random from the OS")
     g.add_argument("--verbose", "-v", action="store_true", help="progress bars")
@@ -259,6 +260,9 @@ def _shape_flags(g, d: Config) -> None:
     g.add_argument("--layout", default="NCDHW", choices=["NCDHW"],
                    help="accepted for the reference's scripts, which pass it; --channels_last picks the "
                         "memory layout")
+    g.add_argument("--pad_mode", default="reflect", choices=["constant", "edge", "reflect", "median", "symmetric"],
+                   help="accepted for the reference's scripts and read by no mode, as in the reference, whose "
+                        "sliding window pads with a constant whatever it says")
     g.add_argument("--input_shape", nargs="+", type=int, default=list(d.input_shape), help="training patch")
     g.add_argument("--val_input_shape", nargs="+", type=int, default=list(d.val_input_shape),
                    help="sliding-window size; predict's default is the checkpoint's training patch "
@@ -546,10 +550,12 @@ def _benchmark_errors(cfg: Config) -> list[str]:
 MODE_ERRORS = {"train": _train_errors, "evaluate": _evaluate_errors, "predict": _predict_errors}
 
 
-# Which run modes each flag means something in (issue 42): a flag given on the command line in a
-# mode that does not use it is refused in one line naming the flag and the mode (a default is never
-# refused). Every flag of the parser has an entry (tests/test_mode_flags.py checks it against
-# --help): a new flag needs one.
+# Which run modes each flag means something in (issue 42): a flag of this project's own given on the
+# command line in a mode that does not use it is refused in one line naming the flag and the mode
+# (a default is never refused); a flag of the MLCommons reference (REFERENCE_FLAGS) is accepted
+# there, as the reference's one parser accepts every flag in every mode, and one line says it has
+# no effect (issue 48). Every flag of the parser has an entry (tests/test_mode_flags.py checks it
+# against --help): a new flag needs one.
 TRAIN, TRAIN_BENCHMARK, EVALUATE, EVALUATE_BENCHMARK, PREDICT = (
     "train", "train --benchmark", "evaluate", "evaluate --benchmark", "predict")
 RUN_MODES = (TRAIN, TRAIN_BENCHMARK, EVALUATE, EVALUATE_BENCHMARK, PREDICT)
@@ -563,7 +569,7 @@ _SCHEDULE = _TRAINING | {EVALUATE_BENCHMARK}  # --benchmark predicts a time to t
 FLAG_MODES: dict[str, frozenset[str]] = {
     # data and files
     "data_dir": _DATASET,
-    "log_dir": frozenset({TRAIN, EVALUATE}),  # --benchmark writes nothing; predict writes to --output_dir
+    "log_dir": _DATASET,  # --benchmark: log.json's benchmark record, as the reference's; predict: --output_dir
     "save_ckpt_path": frozenset({TRAIN}),
     "load_ckpt_path": _ALL,
     "resume": frozenset({TRAIN}),
@@ -595,6 +601,7 @@ FLAG_MODES: dict[str, frozenset[str]] = {
     "start_eval_at": _SCHEDULE,
     # shapes
     "layout": _ALL,  # accepted for the reference's scripts (ACCEPTED_ONLY); no mode reads it
+    "pad_mode": frozenset(),  # accepted for the reference's scripts (ACCEPTED_ONLY); read nowhere, as there
     "input_shape": _TRAINING,
     "val_input_shape": _ALL,
     # optimisation
@@ -642,23 +649,60 @@ def _mode_names(modes) -> str:
     return ", ".join(mode for mode in RUN_MODES if mode in modes)
 
 
-def unused_flag_errors(cfg: Config) -> list[str]:
-    """One message naming every flag given explicitly (``cfg.explicit``) that does nothing in
-    this run's mode, and the mode; none when every given flag is used (defaults never count)."""
+# The flags of the MLCommons reference's parser (image_segmentation/pytorch/runtime/arguments.py),
+# by Config field (argparse dest): it accepts each of them in every mode, so a script may pass one
+# set of flags to train and evaluate. Given where they do nothing here they are accepted with one
+# line saying so (:func:`no_effect_line`), never refused; predict (this project's own mode) takes
+# them the same way.
+REFERENCE_FLAGS = frozenset({
+    "data_dir", "log_dir", "save_ckpt_path", "load_ckpt_path", "loader", "local_rank", "epochs",
+    "quality_threshold", "ga_steps", "warmup_steps", "batch_size", "layout", "input_shape", "val_input_shape",
+    "seed", "num_workers", "exec_mode", "benchmark", "amp", "optimizer", "learning_rate", "init_learning_rate",
+    "lr_warmup_epochs", "lr_decay_epochs", "lr_decay_factor", "lamb_betas", "momentum", "weight_decay",
+    "evaluate_every", "start_eval_at", "verbose", "normalization", "activation", "pad_mode", "oversampling",
+    "overlap", "include_background", "cudnn_benchmark", "cudnn_deterministic"})
+
+
+def unused_flags(cfg: Config) -> list[str]:
+    """The flags (Config fields) given explicitly (``cfg.explicit``) that do nothing in this run's
+    mode, in :data:`FLAG_MODES`'s order (defaults never count)."""
     mode = run_mode(cfg)
-    unused = [name for name in FLAG_MODES if name in cfg.explicit and mode not in FLAG_MODES[name]]
+    return [name for name in FLAG_MODES if name in cfg.explicit and mode not in FLAG_MODES[name]]
+
+
+def _unused_text(names: Sequence[str], mode: str) -> str:
+    """``--a, --b do nothing in --exec_mode M (where they apply)`` for the flags ``names``."""
+    groups: dict[str, list[str]] = {}  # the modes that use them -> the flags
+    for name in names:
+        groups.setdefault(_mode_names(FLAG_MODES[name]) or "no mode", []).append(f"--{name}")
+    flags = ", ".join(f"--{name}" for name in names)
+    verb = "does" if len(names) == 1 else "do"
+    if len(groups) == 1:
+        where = f"{'it applies' if len(names) == 1 else 'they apply'} to {next(iter(groups))}"
+    else:
+        where = "; ".join(f"{', '.join(flags_of)}: {modes}" for modes, flags_of in groups.items())
+    return f"{flags} {verb} nothing in --exec_mode {mode} ({where})"
+
+
+def unused_flag_errors(cfg: Config) -> list[str]:
+    """One message naming every flag of this project's own (not :data:`REFERENCE_FLAGS`) given
+    explicitly that does nothing in this run's mode, and the mode; none when there is none."""
+    unused = [name for name in unused_flags(cfg) if name not in REFERENCE_FLAGS]
     if not unused:
         return []
-    groups: dict[str, list[str]] = {}  # the modes that use them -> the flags
-    for name in unused:
-        groups.setdefault(_mode_names(FLAG_MODES[name]), []).append(f"--{name}")
+    return [f"{_unused_text(unused, run_mode(cfg))}; drop {'it' if len(unused) == 1 else 'them'}"]
+
+
+def no_effect_line(cfg: Config) -> str:
+    """The one line naming the reference's flags (:data:`REFERENCE_FLAGS`) given explicitly that do
+    nothing in this run's mode ("" when none): accepted, as the reference accepts them."""
+    unused = [name for name in unused_flags(cfg) if name in REFERENCE_FLAGS]
+    if not unused:
+        return ""
     flags = ", ".join(f"--{name}" for name in unused)
-    verb, pronoun = ("does", "it") if len(unused) == 1 else ("do", "them")
-    if len(groups) == 1:
-        where = f"{'it applies' if len(unused) == 1 else 'they apply'} to {next(iter(groups))}"
-    else:
-        where = "; ".join(f"{', '.join(names)}: {modes}" for modes, names in groups.items())
-    return [f"{flags} {verb} nothing in --exec_mode {mode} ({where}); drop {pronoun}"]
+    verb, noun, pronoun = ("has", "flag", "it") if len(unused) == 1 else ("have", "flags", "them")
+    return (f"{flags} {verb} no effect in --exec_mode {run_mode(cfg)} (the MLCommons reference's {noun}: "
+            f"accepted, as its parser accepts {pronoun} in every mode)")
 
 
 def used_in(mode: str, argv: Sequence[str]) -> list[str]:
@@ -686,8 +730,9 @@ def validate(cfg: Config) -> list[str]:
 
 
 # The reference's flags accepted for its scripts and kept in no Config field: --layout (one
-# choice, NCDHW; --channels_last picks the memory layout).
-ACCEPTED_ONLY = ("layout",)
+# choice, NCDHW; --channels_last picks the memory layout) and --pad_mode (the reference reads it
+# nowhere: its sliding window pads with a constant).
+ACCEPTED_ONLY = ("layout", "pad_mode")
 
 
 def config_from_namespace(ns: argparse.Namespace, explicit: frozenset = frozenset()) -> Config:

@@ -49,7 +49,12 @@ class Mode:
     # an MLPerf training run: writes the MLPerf log (one run per folder: the last run's files are
     # moved aside first) and says in it whether the attempt started from a checkpoint
     mlperf_run: bool = False
-    writes_metrics: bool = False  # writes log.json in --log_dir
+    writes_metrics: bool = False  # writes log.json in --log_dir, when --log_dir is one of its outputs
+
+    def writes_metrics_for(self, config: Config) -> bool:
+        """Whether a run of ``config`` writes ``log.json``: a mode that writes it, into a
+        ``--log_dir`` that is one of this run's outputs (checked and locked first)."""
+        return self.writes_metrics and any(output.flag == "--log_dir" for output in self.outputs(config))
 
 
 @dataclass

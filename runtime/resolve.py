@@ -23,7 +23,7 @@ import sys
 import torch
 
 from runtime import distributed as D
-from runtime.arguments import Config, UsageError, replace
+from runtime.arguments import Config, UsageError, no_effect_line, replace
 from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed, weights_digest
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
@@ -357,6 +357,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     """
     device = dist_info.device
     check_benchmark_budget(config)
+    say_no_effect(config, dist_info)
     if saved is not None:
         config = architecture_from(config, saved)
     config = host_memory_from(window_from(config, saved), device)
@@ -369,6 +370,15 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     config = levers_from(cuda_graphs_from(replace(config, device=device.type), dist_info), dist_info)
     config = division_from(config, flag_reasons(config), dist_info)
     return config if data is None else resolve_data(config, dist_info, data.summary(config))
+
+
+def say_no_effect(config: Config, dist_info: D.DistInfo) -> None:
+    """The one line naming the reference's flags given that do nothing in this mode (accepted, as
+    its one parser accepts them: ``runtime.arguments.no_effect_line``), on rank 0's stderr (stdout
+    is evaluate's result)."""
+    line = no_effect_line(config)
+    if line and dist_info.is_main:
+        print(f"note: {line}", file=sys.stderr)
 
 
 def window_batch_decided(config: Config, asked: int, why: str) -> Config:

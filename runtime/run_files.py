@@ -91,6 +91,12 @@ TRAIN = "train"  # after every training epoch
 EVAL = "eval"  # after every evaluation; ``--exec_mode evaluate`` adds the checkpoint's path
 RESULT = "result"  # training's status at its end (MLPerf's run_stop knows success and aborted only)
 BACKEND = "backend"  # ``--exec_mode evaluate``: the backend used and why (``--backend``)
+BENCHMARK = "benchmark"  # ``--benchmark --log_dir``: the timing, once, at its end, in the reference's keys
+# The reference's --benchmark statistics (its PerformanceCallback, mode "train"; this project's
+# evaluate --benchmark the same with "eval"): samples/s (mean of each timed step's) and step
+# latency in ms (mean, 90th, 95th, 99th percentile).
+BENCHMARK_STATS = ("throughput_train", "latency_train_mean", "latency_train_90", "latency_train_95", "latency_train_99",
+                   "throughput_eval", "latency_eval_mean", "latency_eval_90", "latency_eval_95", "latency_eval_99")
 
 RECORD_KEYS: dict[str, tuple[str, ...]] = {
     TRAIN: ("epoch", "loss", "lr", "throughput"),  # throughput: samples/s over the epoch, all ranks
@@ -98,6 +104,8 @@ RECORD_KEYS: dict[str, tuple[str, ...]] = {
     EVAL: ("epoch", "checkpoint", "mean_dice", "l1_dice", "l2_dice", "eval_loss", "eval_cases"),
     RESULT: ("status", "epoch", "epochs"),  # status: success | aborted | preempted | finished
     BACKEND: ("backend", "why"),
+    # timed_iterations: steps (volumes) timed; eval_seconds: one evaluation of the 42 cases, where timed
+    BENCHMARK: (*BENCHMARK_STATS, "timed_iterations", "eval_seconds"),
 }
 
 
@@ -120,4 +128,10 @@ EVAL_CASES_COLUMNS = ("case", "kidney_dice", "tumour_dice", "mean_dice", "eval_l
 # -- thresholds -------------------------------------------------------------------------------
 
 QUALITY_THRESHOLD = 0.908  # the benchmark's target mean Dice (--quality_threshold's default)
+
+# -- MLPerf's messaging guidelines: said beside every score the report and the package write ------
+
+UNVERIFIED = ("Unverified: 3D U-Net left MLPerf Training after v4.0 and no MLCommons round reviews its results, so a "
+              "score made now is unverified under the MLPerf results messaging guidelines. Result not verified by "
+              "MLCommons Association.")
 DIVERGED_DICE = 1e-6  # training stops a run as diverged when an evaluation's mean Dice is below this

@@ -13,8 +13,8 @@ TINY = ["--loader", "synthetic", "--filters", "2", "4", "4", "8", "8", "--input_
         "--optimizer", "adam", "--learning_rate", "0.01", "--seed", "7", "--device", "cpu", "--num_workers", "0"]
 
 
-# used_in(mode, argv): argv without the flags that do nothing in mode, which mode refuses: the
-# training flags of TINY and SMALL, for an evaluate run of the same network.
+# used_in(mode, argv): argv without the flags that do nothing in mode (refused there, or named in a
+# note): the training flags of TINY and SMALL, for an evaluate run of the same network.
 EVAL_SMALL = used_in("evaluate", SMALL)  # the network, its window and the seed
 EVAL_TINY = used_in("evaluate", TINY)
 

@@ -46,12 +46,13 @@ def test_eval_every_alias_and_float_betas(tmp_path):
 
 
 def test_every_flag_has_a_config_field():
-    """Every flag but those accepted only for the reference's scripts (--layout), which none has."""
+    """Every flag but those accepted only for the reference's scripts (--layout, --pad_mode), which
+    none has."""
     fields = {f.name for f in dataclasses.fields(Config)}
     for action in build_parser()._actions:
         if action.dest not in ("help", "version"):   # argparse's own actions: they exit
             assert (action.dest in fields) is (action.dest not in ACCEPTED_ONLY), action.dest
-    assert ACCEPTED_ONLY == ("layout",)
+    assert ACCEPTED_ONLY == ("layout", "pad_mode")
 
 
 def test_layout_is_accepted_and_kept_nowhere(tmp_path):
@@ -59,6 +60,17 @@ def test_layout_is_accepted_and_kept_nowhere(tmp_path):
     assert "layout" in cfg.explicit and not hasattr(cfg, "layout")
     help_text = " ".join(build_parser().format_help().split())
     assert "accepted for the reference's scripts" in help_text and "--channels_last picks" in help_text
+
+
+def test_pad_mode_takes_the_references_choices_kept_nowhere_with_its_note(tmp_path):
+    """The reference's --pad_mode (read by none of its modes: its sliding window pads with a
+    constant) is accepted with its five choices; one line says it has no effect."""
+    from runtime.arguments import no_effect_line
+
+    for choice in ("constant", "edge", "reflect", "median", "symmetric"):
+        cfg = parse_args(["--data_dir", str(tmp_path), "--pad_mode", choice])
+        assert "pad_mode" in cfg.explicit and not hasattr(cfg, "pad_mode")
+        assert no_effect_line(cfg).startswith("--pad_mode has no effect in --exec_mode train")
 
 
 BAD = [

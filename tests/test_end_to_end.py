@@ -18,7 +18,7 @@ from runtime.checkpoint import load_checkpoint, model_state_from
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--filters", "4", "8", "16", "32", "32", "--input_shape", "32", "32", "64",
          "--val_input_shape", "32", "32", "64", "--num_workers", "0", "--seed", "3"]
-EVAL_SMALL = used_in("evaluate", SMALL)  # evaluate refuses the training flags
+EVAL_SMALL = used_in("evaluate", SMALL)  # without the training flags, which have no effect in evaluate
 # ids 0..12: evaluation ids 00000 00003 00005 00006 00012 (an odd number), 8 training cases
 CASES = range(13)
 
@@ -118,15 +118,20 @@ def torchrun(*args, nproc=2):
 @pytest.mark.parametrize("normalization", ["instancenorm", "batchnorm"])
 def test_torchrun_two_process_evaluation_equals_one_process(small_data, tmp_path, normalization):
     """5 cases on 2 ranks (unequal numbers of windows): same scores as one process. Batch norm
-    has buffers, which a DDP-wrapped forward would broadcast and so deadlock here."""
+    has buffers, which a DDP-wrapped forward would broadcast and so deadlock here. The two ranks
+    are launched as the reference's users launch them, with the training flags too (issue 48):
+    one line (rank 0's) says those have no effect, and the scores are the same."""
     checkpoint = str(tmp_path / "random.pt")
     write_checkpoint(checkpoint, architecture((4, 8, 16, 32, 32), normalization))
     common = ["--exec_mode", "evaluate", "--data_dir", small_data, "--load_ckpt_path", checkpoint,
-              "--sw_batch_size", "2", "--normalization", normalization, *EVAL_SMALL]
-    one = main_py(*common, "--log_dir", str(tmp_path / "one"))
+              "--sw_batch_size", "2", "--normalization", normalization]
+    one = main_py(*common, *EVAL_SMALL, "--log_dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
-    two = torchrun(*common, "--log_dir", str(tmp_path / "two"))
+    training = ["--batch_size", "2", "--optimizer", "sgd", "--learning_rate", "0.8", "--epochs", "4000",
+                "--start_eval_at", "1000", "--evaluate_every", "20"]
+    two = torchrun(*common, *SMALL, *training, "--log_dir", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[:6000]
+    assert two.stderr.count("have no effect in --exec_mode evaluate") == 1 and "--input_shape" in two.stderr
     a, b = eval_record(tmp_path / "one"), eval_record(tmp_path / "two")
     assert a["eval_cases"] == b["eval_cases"] == 5
     for key in ("mean_dice", "l1_dice", "l2_dice", "eval_loss"):

@@ -166,9 +166,10 @@ def test_preprocessing_refuses_a_mismatched_case_in_one_line(tmp_path, capsys, p
         write_kits_case(tmp_path / "raw", 4, lambda img: kits_nifti(np.asarray(img.dataobj),
                                                                     origin=(0.0, 0.0, 0.0)))
         named = ["case_00004/segmentation.nii.gz", "case_00004/imaging.nii.gz"]
-    else:  # pixdim says 5 mm slices, the affine 2.5 mm
+    else:  # pixdim says 5 mm slices, the affine 2.5 mm, in generated data (KiTS19's: a warning, test_preprocess.py)
         write_kits_case(tmp_path / "raw", 4, image_pixdim=(5.0, 1.5, 1.7))
-        named = ["case_00004/imaging.nii.gz", "pixdim", "affine"]
+        synthetic.write_marker(str(tmp_path / "raw"), seed=0, size="small", ids=[4])
+        named = ["case_00004/imaging.nii.gz", "pixdim", "affine", "not KiTS19"]
     code = preprocess_dataset.main(["--data_dir", str(tmp_path / "raw"), "--results_dir", str(tmp_path / "out"),
                                     "--num_workers", "1"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

@@ -572,3 +572,56 @@ def test_the_synthetic_marker_survives_preprocessing_and_changes_no_array(tmp_pa
         fresh_x, fresh_y = reference_transcription(marked / case)
         assert (outs["marked"] / f"{case}_x.npy").read_bytes() == npy_bytes(fresh_x)
         assert (outs["marked"] / f"{case}_y.npy").read_bytes() == npy_bytes(fresh_y)
+
+
+# ----------------------------------------------------------------------------- a header at odds with itself
+
+
+def write_stale_pixdim_case(raw_dir, case_id, pixdim=(3.2, 1.5, 0.9), spacing=(1.6, 1.5, 1.8), shape=(14, 18, 16)):
+    """A case whose image's ``pixdim[1:4]`` says ``pixdim`` while its affine (sform and qform,
+    KiTS19's form) says ``spacing``: the two spacings of one file disagree; the label agrees."""
+    rng = np.random.default_rng(case_id)
+    label = (rng.random(shape) < 0.2).astype(np.uint8) + (rng.random(shape) < 0.1)
+    ct = (rng.normal(60, 90, shape) + 120 * label).astype(np.int16)
+    folder = raw_dir / f"case_{case_id:05d}"
+    folder.mkdir(parents=True)
+    for name, array, zooms in (("imaging.nii.gz", ct, pixdim), ("segmentation.nii.gz", label, spacing)):
+        image = nibabel.Nifti1Image(array, synthetic.kits_affine(spacing))
+        image.header.set_qform(image.affine, code=1)
+        image.header.set_sform(image.affine, code=1)
+        image.header.set_zooms(zooms)  # over the affine's: a stale pixdim
+        nibabel.save(image, str(folder / name))
+    written = nibabel.load(str(folder / "imaging.nii.gz"))
+    assert written.header["pixdim"][1:4].tolist() == [float(F32(p)) for p in pixdim]
+    assert not np.allclose(nibabel.affines.voxel_sizes(written.affine), pixdim)  # nibabel: they disagree
+    return folder
+
+
+def test_a_kits19_case_whose_pixdim_disagrees_is_made_as_the_reference_makes_it_with_one_warning(tmp_path, capsys):
+    """KiTS19's own cases (issue 48, item 9) are never refused: the reference reads pixdim, and the
+    files must be its files (checksum.json). One warning line names the case; the outputs are the
+    reference's calls on the same files, byte for byte (resampled by pixdim, not by the affine)."""
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    case_dir = write_stale_pixdim_case(raw, 4)
+    code = preprocess_dataset.main(["--data_dir", str(raw), "--results_dir", str(out), "--num_workers", "1"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 0
+    assert len(err) == 1 and err[0].startswith("warning: ") and "case_00004" in err[0] and "pixdim" in err[0], err
+    ref_x, ref_y = reference_transcription(case_dir)
+    # resampled by pixdim (the float32 header's): 28 x 22 x 11 voxels; by the affine it would be 14 x 22 x 24
+    by_pixdim = [int(float(F32(p)) / t * n) for p, t, n in zip((3.2, 1.5, 0.9), TARGET, (14, 18, 16))]
+    assert json.loads((out / "case_00004_geometry.json").read_text())["resampled_shape"] == by_pixdim == [28, 22, 11]
+    assert (out / "case_00004_x.npy").read_bytes() == npy_bytes(ref_x)
+    assert (out / "case_00004_y.npy").read_bytes() == npy_bytes(ref_y)
+
+
+def test_other_data_whose_pixdim_disagrees_is_still_refused_in_one_line(tmp_path, capsys):
+    """The same case in a folder marked as generated, not KiTS19 (data_loading.synthetic's marker):
+    which spacing is the scan's has no reference answer there; refused, naming the case."""
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    write_stale_pixdim_case(raw, 4)
+    synthetic.write_marker(str(raw), seed=0, size="small", ids=[4])
+    code = preprocess_dataset.main(["--data_dir", str(raw), "--results_dir", str(out), "--num_workers", "1"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1 and len(err) == 1 and "case_00004" in err[0] and "not KiTS19" in err[0], err
+    assert not (out / "case_00004_x.npy").exists()

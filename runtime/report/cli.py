@@ -22,7 +22,8 @@ from runtime.report.files import ReportError
 from runtime.report.run_summary import number_text, predicted_text, time_text, write_summaries
 from runtime.report.runs import collect_runs
 from runtime.report.scoring import RunSummary, score_runs, summarize_run
-from runtime.run_files import CURVES_PNG, METRICS_LOG, MLPERF_LOG, QUALITY_THRESHOLD, SUMMARY_JSON, SUMMARY_MD
+from runtime.run_files import (CURVES_PNG, METRICS_LOG, MLPERF_LOG, QUALITY_THRESHOLD, SUMMARY_JSON, SUMMARY_MD,
+                               UNVERIFIED)
 
 
 def _output_folder(output: str) -> None:
@@ -106,5 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               + (f"; predicted time to train at its speed {predicted_text(s.predicted)}" if s.predicted else "")
               + ("" if s.is_result else f"; not an MLPerf result: {s.not_a_result[0]}"))
     print(result["score"].text)
+    print(UNVERIFIED)
     print(f"report: {result['summary_md']}" + (f" and {result['curves']}" if result["curves"] else ""))
     return 0

@@ -10,7 +10,7 @@ from typing import Sequence
 from runtime.report.files import atomic_write
 from runtime.report.scoring import RunSummary, Score
 from runtime.report.time_to_train import duration_text
-from runtime.run_files import METRICS_LOG, MLPERF_LOG, SUMMARY_JSON, SUMMARY_MD
+from runtime.run_files import METRICS_LOG, MLPERF_LOG, SUMMARY_JSON, SUMMARY_MD, UNVERIFIED
 
 
 def number_text(value, spec: str, unit: str = "") -> str:
@@ -55,7 +55,7 @@ def summary_markdown(summaries: Sequence[RunSummary], empty: Sequence[str], scor
               "| best mean Dice (epoch) | target reached at epoch | mean throughput | compliance |",
               "|---|---|---|---|---|---|---|---|---|"]
     lines += [_run_row(s) for s in summaries]
-    lines += ["", f"**Score**: {score.text}.", ""]
+    lines += ["", f"**Score**: {score.text}.", "", UNVERIFIED, ""]
     predicted = [s for s in summaries if s.predicted]
     if predicted:
         lines += ["**Predicted** MLPerf time to train at each run's speed (its mean training throughput, median "

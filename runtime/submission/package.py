@@ -29,7 +29,7 @@ from data_loading.write_errors import failure_reason
 from runtime.report.compliance import check_compliance
 from runtime.report.runs import find_runs, mlperf_logs
 from runtime.report.scoring import olympic_score
-from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP
+from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, UNVERIFIED
 from runtime.submission import system as S
 from runtime.submission.validity import NOT_A_RESULT, NOT_CONVERGED, RESULT, Validity, judge_events, read_events
 
@@ -336,7 +336,7 @@ def report_markdown(report: dict) -> str:
              f"Package: `{report['package']}` ({report['division']} division, status {report['status']}). "
              f"{len(packed)} run(s) packed of the {report['expected_runs']} unet3d needs; "
              f"{len(left)} left out. Global batch size(s): {', '.join(map(str, report['global_batch_sizes'])) or '?'}.",
-             "", f"**{report['score']}**", "", "## The official checkers", ""]
+             "", f"**{report['score']}**", "", UNVERIFIED, "", "## The official checkers", ""]
     if not report["checkers"]:
         lines.append("Not run (`--no_check`).")
     for name, verdict in report["checkers"].items():

@@ -1,6 +1,9 @@
 """``--benchmark``: time training steps or sliding-window evaluations (no checkpoints, no
 evaluation schedule), statistics from :mod:`runtime.training.latency`, and the predicted MLPerf
-time to train (:mod:`runtime.report.time_to_train`).
+time to train (:mod:`runtime.report.time_to_train`). With ``--log_dir`` given, ``log.json`` there
+gets one ``benchmark`` record with the reference's keys (``throughput_train``,
+``latency_train_mean``, ``latency_train_90/95/99``; evaluate: ``_eval``), where the reference's
+``--benchmark`` writes them.
 
 Training times its steps after ``--warmup_steps``, then one evaluation pass over this rank's
 evaluation volumes (the seconds one evaluation costs), and prints the predicted time to train at
@@ -33,7 +36,8 @@ from runtime.inference.predictor import build_predictor, options_from
 from runtime.report import time_to_train as T
 from runtime.schedule import eval_schedule, samples_per_epoch
 from runtime.inference.sliding_window import sliding_window_inference
-from runtime.training.latency import format_summary, latency_summary
+from runtime.run_files import BENCHMARK
+from runtime.training.latency import format_summary, latency_summary, reference_stats
 from runtime.training.loop import Reporters, set_learning_rate, step_inputs
 
 
@@ -337,6 +341,14 @@ def say_prediction(out: Reporters, lines) -> None:
         out.say(f"time to train: not predicted: {error}")
 
 
+def write_record(out: Reporters, times: Sequence[float], items: int, mode: str, eval_seconds: float | None) -> None:
+    """``log.json``'s benchmark record (``--log_dir`` given; rank 0): the reference's statistics
+    of ``times`` (:func:`~runtime.training.latency.reference_stats`), where its ``--benchmark``
+    writes them, and the seconds of one evaluation where measured."""
+    extra = {} if eval_seconds is None else {"eval_seconds": eval_seconds}
+    out.metrics.write(BENCHMARK, **reference_stats(times, items, mode), timed_iterations=len(times), **extra)
+
+
 def benchmark_train(components: Components, out: Reporters) -> dict:
     """Time the training steps, then one evaluation pass; print both and the predicted MLPerf
     time to train."""
@@ -349,11 +361,13 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
         out.say(line)
     eval_seconds, how = time_evaluation_pass(components, out, budget)
     if eval_seconds is None:
+        write_record(out, times, cfg.batch_size * world, "train", None)
         out.say(f"time to train: not predicted: {how} (nothing to time an evaluation with)")
         return summary
     eval_seconds, scaled = per_benchmark_evaluation(eval_seconds, cfg.num_eval_cases)
     out.say(f"evaluation: {eval_seconds:.4g} s per evaluation on {world} rank(s) ({how}){scaled}")
     summary = {**summary, "eval_seconds": eval_seconds}
+    write_record(out, times, cfg.batch_size * world, "train", eval_seconds)
 
     def lines():
         rcps = T.installed_rcps()
@@ -393,6 +407,7 @@ def benchmark_evaluate(components: Components, out: Reporters) -> dict:
     out.say(f"evaluation: {eval_seconds:.4g} s per evaluation of the {T.EVAL_CASES} cases on {world} rank(s) "
             "(from the throughput)")
     summary = {**summary, "eval_seconds": eval_seconds}
+    write_record(out, times, world, "eval", eval_seconds)
     say_prediction(out, lambda: T.evaluation_share_lines(eval_seconds, global_batch(cfg, world),
                                                          benchmark_schedule(cfg, world), world))
     return summary

@@ -26,3 +26,19 @@ def format_summary(prefix: str, summary: dict[str, float], unit: str) -> str:
             f"{summary['latency_mean_ms']:.1f} ms, p90 {summary['latency_p90_ms']:.1f} ms, p95 "
             f"{summary['latency_p95_ms']:.1f} ms, p99 {summary['latency_p99_ms']:.1f} ms "
             f"({summary['timed_iterations']} timed iterations)")
+
+
+def reference_stats(seconds: Sequence[float], items_per_iteration: int, mode: str) -> dict[str, float]:
+    """The MLCommons reference's ``--benchmark`` statistics of the iterations that took ``seconds``
+    each, under its keys (``runtime.run_files.BENCHMARK_STATS``; ``mode`` "train" or "eval"):
+    ``throughput_<mode>`` is the mean of each iteration's items/s (not items over the total time,
+    :func:`latency_summary`'s), ``latency_<mode>_mean`` and ``_90``/``_95``/``_99`` in ms (numpy's
+    linear percentiles)."""
+    if len(seconds) == 0:
+        raise ValueError("no timed iteration: raise --epochs or lower --warmup_steps")
+    ms = 1e3 * np.asarray(seconds, dtype=np.float64)
+    stats = {f"throughput_{mode}": float(np.mean(1e3 * items_per_iteration / ms)),
+             f"latency_{mode}_mean": float(ms.mean())}
+    for level in (90, 95, 99):
+        stats[f"latency_{mode}_{level}"] = float(np.percentile(ms, level))
+    return stats

@@ -72,7 +72,7 @@ def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None) -
               "(--ckpt_during_run or --ckpt_every_epochs), so this run is not an MLPerf result")
     return Reporters(
         mlperf=mlperf,
-        metrics=MetricsWriter(config.log_dir, enabled=main and mode.writes_metrics),
+        metrics=MetricsWriter(config.log_dir, enabled=main and mode.writes_metrics_for(config)),
         progress=make_progress(config, main), preempt=session.preempt, is_main=main, curves=curves)
 
 
