@@ -47,10 +47,10 @@ NOT_A_RESULT = "not a result"
 INFINITE = (NOT_CONVERGED, FAILED)  # the kinds that count as infinite in the olympic score
 
 # How to drop the page cache where users run, for the one line that says a run did not.
-CACHE_FIX = ("drop it before every run: as root or with passwordless `sudo -n sysctl vm.drop_caches=3` "
-             "(run_and_time.sh and the SLURM jobs try both), a SLURM `Prolog=` script "
-             "(scripts/slurm/prolog_drop_caches.sh), or on the host before `apptainer exec`/`podman run` (the "
-             "image runs as non-root and cannot); docs/submission.md, \"The page cache\"")
+CACHE_FIX = ("drop it right before every run: as root, with passwordless `sudo -n sysctl vm.drop_caches=3` "
+             "(run_and_time.sh and the SLURM jobs try both), with scripts/slurm/prolog_drop_caches.sh as the "
+             "SLURM `Prolog=`, or in a container (non-root, it cannot) on the host before `apptainer exec`/`podman "
+             "run`, passing UNET3D_CACHE_DROPPED_AT=$(date +%s); docs/submission.md, \"The page cache\"")
 
 BENCHMARK = "unet3d"
 # the compliance checker's problem lines that a run which did not reach the target fails by
