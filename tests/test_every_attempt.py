@@ -10,7 +10,6 @@ that text."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 

@@ -4,9 +4,10 @@
 
 A RUN_DIR is any ``--log_dir`` of main.py (``log.json``, ``unet3d.log`` and, after a resume,
 ``unet3d.resumed-<time>.log``); a folder without those files (a sweep's parent) expands to the
-run folders below it, and a folder's ``previous-<time>/`` folders (earlier attempts moved out of the
-way of a new run) are runs of their own: every attempt is listed and counted. Writes ``DIR/curves.png`` (when matplotlib is installed), ``DIR/summary.md``
-and ``DIR/summary.json``, each atomically.
+run folders below it, and a folder's ``previous-<time>/`` folders (earlier attempts moved out of
+the way of a new run) are runs of their own: every attempt is listed and counted. Writes
+``DIR/curves.png`` (when matplotlib is installed), ``DIR/summary.md`` and ``DIR/summary.json``,
+each atomically.
 """
 from __future__ import annotations
 
