@@ -103,9 +103,14 @@ prepare_synthetic() {
     run touch "$data/.complete"
 }
 
-# Drop the page cache so that the timed run reads its data cold, as the reference asks (root
-# or `sudo -n sysctl`; CLEAR_CACHES=0 skips it). The program is told whether it happened
-# (UNET3D_CACHE_CLEARED) and logs the MLPerf `cache_clear` event with that value.
+# Drop the page cache so that the timed run reads its data cold ("You must flush the cache or
+# restart the system prior to benchmarking"; CLEAR_CACHES=0 skips it). The ways that work
+# (scripts/lib/drop_page_cache.sh): root, `sudo -n sysctl`, a SLURM Prolog= that dropped it
+# when the job started (scripts/slurm/prolog_drop_caches.sh), or, in a container, which runs
+# as non-root and cannot, the host: drop it there right before starting the container and pass
+# `--env UNET3D_CACHE_DROPPED_AT=$(date +%s)`. The program is told whether it happened
+# (UNET3D_CACHE_CLEARED) and logs the MLPerf `cache_clear` event with that value: a closed run
+# logged false is no result (docs/submission.md, "The page cache").
 clear_page_cache() {
     if [[ ${DRY_RUN:-0} == 1 ]]; then
         echo 'sync; echo 3 > /proc/sys/vm/drop_caches'

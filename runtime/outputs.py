@@ -14,7 +14,8 @@
 * :func:`move_previous_run`: a new training run in a used ``--log_dir`` moves every file of the
   last run (``run_files.run_file_names``: its MLPerf logs, resumed attempts' included, log.json,
   eval_cases.csv, curves.png) and the last run's ``--save_ckpt_path`` into one folder of their
-  own, ``<log_dir>/previous-<time>``; nothing is deleted or overwritten.
+  own, ``<log_dir>/previous-<time>``; nothing is deleted or overwritten, and the report and the
+  package still read it: an attempt of the folder (a crashed one counts as a failed run).
 """
 from __future__ import annotations
 
@@ -391,7 +392,7 @@ def move_previous_run(log_dir: str, checkpoint: str = "") -> list[str]:
             for path in paths:
                 os.rename(path, os.path.join(folder, os.path.basename(path)))
             lines.append(f"--log_dir: moved the previous run's files ({', '.join(os.path.basename(p) for p in paths)}) "
-                         f"to {folder}")
+                         f"to {folder} (still an attempt of this folder for the report and the package)")
     except OSError as err:
         raise OutputError(f"cannot move the previous run's files in {log_dir!r} out of the way: "
                           f"{failure_reason(err)} ({err.filename})") from None

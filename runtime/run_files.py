@@ -15,7 +15,9 @@ A ``--log_dir`` holds:
 * ``eval_cases.csv`` (``--exec_mode evaluate``): one row per case, :data:`EVAL_CASES_COLUMNS`.
 * ``curves.png`` (``--plot``).
 * ``previous-<time>/``: a new training run in a used folder moves the last run's files (and its
-  checkpoint) there first (:func:`run_file_names`, ``runtime.outputs.move_previous_run``).
+  checkpoint) there first (:func:`run_file_names`, ``runtime.outputs.move_previous_run``); the
+  report and the package read each such folder as an attempt of its own (a crashed one is a
+  failed run).
 
 An attempt's MLPerf log holds :data:`RESUMED_FROM_CHECKPOINT` or :data:`CHECKPOINTS_ON_THE_CLOCK`
 (this project's own keys, before ``run_start``), or :data:`NOT_CLOSED` (after ``run_start``: a log
@@ -49,7 +51,8 @@ RESUMED_LOG_GLOB = resumed_log_name("*")
 
 # A new training run in a used --log_dir moves every file of the last run (these names, and the
 # resumed attempts' logs) into a folder of its own, ``previous-<time of the last run's newest
-# file>[.n]``, so that a folder holds one run; the report does not search those folders.
+# file>[.n]``, so that a folder holds one run's files; the report and the package read each of
+# those folders as one more attempt of the folder (``runtime.report.runs.folder_runs``).
 PREVIOUS_RUN_PREFIX = "previous-"
 
 
@@ -64,6 +67,8 @@ MLLOG_PREFIX = ":::MLLOG "
 RUN_START = "run_start"
 RUN_STOP = "run_stop"
 SEED = "seed"
+CACHE_CLEAR = "cache_clear"  # true only when the page cache was dropped before the run
+SUBMISSION_DIVISION = "submission_division"
 # read for the predicted time to train (runtime/report/time_to_train.py)
 GLOBAL_BATCH_SIZE = "global_batch_size"
 SAMPLES_PER_EPOCH = "samples_per_epoch"

@@ -138,9 +138,10 @@ def test_a_new_run_moves_every_file_of_the_last_run_out_of_its_way(tmp_path, cap
         ["checkpoint.pt", "log.json", "notes.txt", "unet3d.log", previous])
     assert sum(line.startswith("--log_dir: moved the previous run's files") for line in out.splitlines()) == 1
     report = make_report([str(log_dir)], str(tmp_path / "report"), check=False, draw=False, say=lambda _: None)
-    (summary,) = report["runs"]
+    earlier, summary = report["runs"]  # the moved run is listed as an attempt of the folder, apart
+    assert earlier.folder == str(log_dir / previous) and earlier.attempts == 2 and not earlier.is_result
     assert summary.attempts == 1 and summary.status != "success" and summary.time_to_target_s is None
-    assert find_runs(str(tmp_path)) == [str(log_dir)]  # previous-* is not searched as a run of its own
+    assert find_runs(str(tmp_path)) == [str(log_dir)]  # previous-* is read with its folder, not as one more
 
 
 def test_a_new_run_keeps_the_last_runs_checkpoint_elsewhere_aside(tmp_path, capsys):

@@ -166,7 +166,7 @@ def test_score_over_run_folders(tmp_path):
     for name, seconds in [("a", 60), ("b", 120), ("c", 180), ("d", 600)]:
         good_run(tmp_path / "sweep" / name, seconds)
     result = make_report([str(tmp_path / "sweep")], str(tmp_path / "out"), check=False, draw=False,
-                           say=lambda line: None)
+                         say=lambda line: None, drop=1)
     assert [s.label for s in result["runs"]] == ["a (seed 1)", "b (seed 1)", "c (seed 1)", "d (seed 1)"]
     assert result["score"].minutes == 2.5  # mean of 2 and 3 minutes after dropping 1 and 10
     document = json.loads(Path(result["summary_json"]).read_text())
@@ -178,7 +178,8 @@ def test_score_over_run_folders(tmp_path):
 def test_score_needs_three_runs(tmp_path):
     good_run(tmp_path / "a", 60)
     good_run(tmp_path / "b", 120)
-    result = make_report([str(tmp_path)], str(tmp_path / "out"), check=False, draw=False, say=lambda line: None)
+    result = make_report([str(tmp_path)], str(tmp_path / "out"), check=False, draw=False, say=lambda line: None,
+                         drop=1)
     assert result["score"].minutes is None and "3 needed" in result["score"].text
 
 

@@ -76,6 +76,7 @@ def test_case_csv_columns_are_the_keys_of_a_case_score():
 def test_mlperf_names_are_mlperf_loggings():
     constants = pytest.importorskip("mlperf_logging.mllog.constants")
     assert (F.RUN_START, F.RUN_STOP, F.SEED) == (constants.RUN_START, constants.RUN_STOP, constants.SEED)
+    assert (F.CACHE_CLEAR, F.SUBMISSION_DIVISION) == (constants.CACHE_CLEAR, constants.SUBMISSION_DIVISION)
     assert F.MLLOG_PREFIX == ":::MLLOG "  # mllog's line prefix, which its default formatter writes
     from runtime.arguments import Config
 

@@ -69,14 +69,16 @@ def one_run(data, tmp_path_factory):
 # -- the rule ---------------------------------------------------------------------------------------------------
 
 
-def test_a_complete_run_counts_and_a_crashed_or_resumed_one_is_not_a_result(one_run, tmp_path):
+def test_a_complete_run_counts_a_crashed_one_fails_and_a_resumed_one_is_not_a_result(one_run, tmp_path):
     events = V.read_events(str(one_run / "unet3d.log"))
     verdict = V.judge_events(events)
     assert verdict.counts and verdict.kind in (V.RESULT, V.NOT_CONVERGED)
-    no_stop = [e for e in events if e["key"] != "run_stop"]
-    assert V.judge_events(no_stop) == V.Validity(V.NOT_A_RESULT, V.classify(None).reason)
-    assert "no run_stop" in V.judge_events(no_stop).reason
-    assert "no run_start" in V.judge_events([e for e in events if e["key"] not in ("run_start", "run_stop")]).reason
+    assert "cache_clear false" in verdict.note  # an open run: said, still counted
+    no_stop = [e for e in events if e["key"] != "run_stop"]  # killed after run_start: a failed run
+    assert V.judge_events(no_stop).kind == V.FAILED and V.judge_events(no_stop).counts
+    assert V.judge_events(no_stop).infinite and "no run_stop" in V.judge_events(no_stop).reason
+    no_start = V.judge_events([e for e in events if e["key"] not in ("run_start", "run_stop")])
+    assert no_start.kind == V.NOT_A_RESULT and "no run_start: not a run" in no_start.reason
     start = next(i for i, e in enumerate(events) if e["key"] == "run_start")
     resumed = events[:start] + [{"key": "resumed_from_checkpoint", "value": "/c.pt", "metadata": {"epoch": 3}}] \
         + events[start:]
@@ -97,17 +99,19 @@ def test_a_run_that_missed_the_target_counts_as_failed_unless_the_checker_finds_
     assert V.classify("success", attempts=2).kind == V.NOT_A_RESULT
 
 
-def test_the_reports_score_leaves_out_a_run_without_run_stop(one_run, tmp_path):
-    """The report's score applies the package's rule: a run that crashed (no run_stop) is left
-    out, with why, where it used to count as a failed run."""
+def test_the_reports_score_counts_a_run_without_run_stop_as_failed(one_run, tmp_path):
+    """The report's score applies the package's rule: a run that crashed after run_start (no
+    run_stop) is a failed run (infinite), where it used to be left out."""
     sweep = tmp_path / "sweep"
     for name in ("a", "b", "c", "crashed"):
         shutil.copytree(one_run, sweep / name)
     without(sweep / "crashed" / "unet3d.log", "run_stop")
-    report = make_report([str(sweep)], str(tmp_path / "report"), check=False, draw=False, say=lambda _: None)
+    report = make_report([str(sweep)], str(tmp_path / "report"), check=False, draw=False, say=lambda _: None,
+                         drop=1)
     score = report["score"]
-    assert score.successful + score.failed == 3, score.text
-    assert "crashed" in score.text and "no run_stop" in score.text
+    assert score.successful + score.failed == 4 and "crashed (seed 5)" in score.scored, score.text
+    (crashed,) = [s for s in report["runs"] if s.label.startswith("crashed")]
+    assert crashed.time_to_target_s is None and crashed.mlperf_status is None
 
 
 # -- the system description ----------------------------------------------------------------------------------
@@ -335,16 +339,20 @@ def test_two_runs_with_one_seed_fail_the_official_seed_checker(one_run, tmp_path
 
 @pytest.mark.slow
 def test_the_official_package_checker_accepts_a_package_of_the_projects_own_runs(data, tmp_path):
-    """40 tiny open-division runs (each in its own folder, its own seed), plus a run that wrote
-    checkpoints on the clock and one that crashed (no run_stop): the package holds the 40,
-    the report names the two left out and why, and mlperf_logging's package checker, run as
-    its command line on the package, finds no error."""
+    """39 tiny open-division runs (each in its own folder, its own seed), one of them killed
+    after run_start (its log cut before run_stop) and run again in the same folder, which moves
+    the killed attempt into previous-<time>/; plus a run that wrote checkpoints on the clock.
+    The package holds the 40 attempts, the killed one as a failed run; the report names the one
+    left out and why; mlperf_logging's package checker, run as its command line on the package,
+    accepts it (a non-compliant file is a failed run, up to 4 for unet3d)."""
     sweep = tmp_path / "sweep"
-    for index in range(40):
+    for index in range(39):
+        if index == 7:  # the attempt SIGKILLed after run_start, then the rerun
+            tiny_run(data, sweep / "run_07", 300)
+            without(sweep / "run_07" / "unet3d.log", "run_stop")
         tiny_run(data, sweep / f"run_{index:02d}", 100 + index)
+    (killed,) = [p for p in (sweep / "run_07").iterdir() if p.name.startswith("previous-")]
     tiny_run(data, sweep / "on_the_clock", 200, "--save_ckpt_path", str(tmp_path / "c.pt"), "--ckpt_during_run")
-    shutil.copytree(sweep / "run_00", sweep / "crashed")
-    without(sweep / "crashed" / "unet3d.log", "run_stop")
     out = tmp_path / "package"
     report = assemble([str(sweep)], str(out), say=lambda _: None)
 
@@ -352,8 +360,9 @@ def test_the_official_package_checker_accepts_a_package_of_the_projects_own_runs
     assert sorted(os.listdir(results)) == sorted(f"result_{i}.txt" for i in range(40))
     runs = {Path(r["folder"]).name: r for r in report["runs"]}
     assert runs["on_the_clock"]["packed_as"] is None and "checkpoints" in runs["on_the_clock"]["reason"]
-    assert runs["crashed"]["packed_as"] is None and "no run_stop" in runs["crashed"]["reason"]
-    assert (results / runs["run_07"]["packed_as"]).read_bytes() == (sweep / "run_07" / "unet3d.log").read_bytes()
+    assert runs[killed.name]["kind"] == V.FAILED and runs[killed.name]["packed_as"]
+    assert (results / runs[killed.name]["packed_as"]).read_bytes() == (killed / "unet3d.log").read_bytes()
+    assert (results / runs["run_08"]["packed_as"]).read_bytes() == (sweep / "run_08" / "unet3d.log").read_bytes()
 
     # the oracle, independently: the official package checker's command line on the package
     log = tmp_path / "checker.log"
@@ -362,8 +371,9 @@ def test_the_official_package_checker_accepts_a_package_of_the_projects_own_runs
     text = log.read_text()
     assert "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS" in text, text[-3000:]
     assert "System description checker passed for cpu-tiny" in text and text.count("Running compliance on file") == 40
+    assert "accepting this under olympic scoring" in text  # the killed attempt: a failed run
     assert report["accepted"] and report["checkers"]["package_checker"]["passed"]
     # what the checker could not check is said; for an open package the seed and RCP checks are not its
     markdown = (out / "report.md").read_text()
     assert "## What the checkers could not check" in markdown and "closed-division packages only" in markdown
-    assert "on_the_clock" in markdown and "crashed" in markdown
+    assert "on_the_clock" in markdown and f"run_07/{killed.name}" in markdown

@@ -4,8 +4,10 @@
 
 A RUN_DIR is any ``--log_dir`` of main.py (``log.json``, ``unet3d.log`` and, after a resume,
 ``unet3d.resumed-<time>.log``); a folder without those files (a sweep's parent) expands to the
-run folders below it. Writes ``DIR/curves.png`` (when matplotlib is installed), ``DIR/summary.md``
-and ``DIR/summary.json``, each atomically.
+run folders below it, and a folder's ``previous-<time>/`` folders (earlier attempts moved out of
+the way of a new run) are runs of their own: every attempt is listed and counted. Writes
+``DIR/curves.png`` (when matplotlib is installed), ``DIR/summary.md`` and ``DIR/summary.json``,
+each atomically.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from runtime.report.figure import MissingMatplotlib, write_figure
 from runtime.report.files import ReportError
 from runtime.report.run_summary import number_text, predicted_text, time_text, write_summaries
 from runtime.report.runs import collect_runs
-from runtime.report.scoring import RunSummary, score_runs, summarize_run
+from runtime.report.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, RunSummary, score_runs, summarize_run
 from runtime.run_files import (CURVES_PNG, METRICS_LOG, MLPERF_LOG, QUALITY_THRESHOLD, SUMMARY_JSON, SUMMARY_MD,
                                UNVERIFIED)
 
@@ -34,8 +36,8 @@ def _output_folder(output: str) -> None:
 
 
 def make_report(paths: Sequence[str], output: str, threshold: float = QUALITY_THRESHOLD,
-                ruleset: str = DEFAULT_RULESET, check: bool = True, drop: int = 1, draw: bool = True,
-                say: Callable[[str], None] = print) -> dict:
+                ruleset: str = DEFAULT_RULESET, check: bool = True, drop: int = DROPPED_EACH_END, draw: bool = True,
+                say: Callable[[str], None] = print, window: int = SUBMISSION_RUNS) -> dict:
     """Write curves.png, summary.md and summary.json for the runs under ``paths`` into ``output``.
 
     Returns {"runs", "no_run", "summary_md", "summary_json", "curves" (None without matplotlib),
@@ -62,7 +64,7 @@ def make_report(paths: Sequence[str], output: str, threshold: float = QUALITY_TH
             curves = CURVES_PNG
     except MissingMatplotlib as error:
         say(f"{CURVES_PNG} not written: {error}")
-    score = score_runs(summaries, drop)
+    score = score_runs(summaries, drop, window)
     md, js = write_summaries(output, summaries, empty, score, threshold, ruleset, curves)
     return {"runs": summaries, "no_run": empty, "summary_md": md, "summary_json": js,
             "curves": os.path.join(output, curves) if curves else None, "score": score}
@@ -82,14 +84,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help=f"compliance checker ruleset (default {DEFAULT_RULESET})")
     parser.add_argument("--no_compliance", action="store_true", help="skip the compliance checker")
     parser.add_argument("--no_curves", action="store_true", help=f"write the summary only, no {CURVES_PNG}")
-    parser.add_argument("--drop", type=int, default=1,
-                        help="runs dropped at each end for the score (MLPerf drops 4 of unet3d's 40); "
-                             "a score needs 2*drop+1 runs")
+    parser.add_argument("--drop", type=int, default=DROPPED_EACH_END,
+                        help=f"runs dropped at each end for the score (default {DROPPED_EACH_END}, as unet3d's "
+                             f"{SUBMISSION_RUNS}-run score); a score needs 2*drop+1 runs")
+    parser.add_argument("--window", type=int, default=SUBMISSION_RUNS,
+                        help=f"of more counted runs than this (default {SUBMISSION_RUNS}), the score is over this many "
+                             "consecutive runs by start time, those whose score is closest to the median of every "
+                             "such window's (the rules' choice)")
     args = parser.parse_args(argv)
     if not 0 < args.quality_threshold <= 1:
         parser.error(f"--quality_threshold {args.quality_threshold}: must be in (0, 1]")
     if args.drop < 1:
         parser.error(f"--drop {args.drop}: must be at least 1")
+    if args.window < 2 * args.drop + 1:
+        parser.error(f"--window {args.window}: must be at least 2*--drop+1 ({2 * args.drop + 1})")
     return args
 
 
@@ -97,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         result = make_report(args.runs, args.output, args.quality_threshold, args.ruleset,
-                             check=not args.no_compliance, drop=args.drop, draw=not args.no_curves)
+                             check=not args.no_compliance, drop=args.drop, draw=not args.no_curves,
+                             window=args.window)
     except (ReportError, OSError) as error:
         print(f"report: {str(error).splitlines()[0] if str(error) else type(error).__name__}", file=sys.stderr)
         return 1

@@ -2,7 +2,9 @@
 
 A run folder is any ``--log_dir`` of main.py (``log.json``, ``unet3d.log`` and, after a resume,
 ``unet3d.resumed-<time>.log``); a folder without those files (a sweep's parent) expands to the
-run folders below it.
+run folders below it. A ``previous-<time>/`` folder inside a run folder (an earlier attempt that a
+new run in the same ``--log_dir`` moved out of its way) is read as a run of its own: every attempt
+of every folder is listed (:func:`folder_runs`), a crashed one included.
 
 Files are read as they are found on disk: a last line cut by a run still writing, a run that
 crashed before its first evaluation, a diverged run (NaN loss), a resumed run with several MLPerf
@@ -19,10 +21,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, EVAL, EVAL_START, EVAL_STOP, GLOBAL_BATCH_SIZE, METRICS_LOG,
-                               MLLOG_PREFIX, MLPERF_LOG, NOT_CLOSED, PREVIOUS_RUN_PREFIX, RECORD_HEADER, RESULT,
-                               RESUMED_FROM_CHECKPOINT, RESUMED_LOG_GLOB, RUN_START, RUN_STOP, SAMPLES_PER_EPOCH, SEED,
-                               TRAIN, TRAIN_SAMPLES)
+from runtime.run_files import (CACHE_CLEAR, CHECKPOINTS_ON_THE_CLOCK, EVAL, EVAL_START, EVAL_STOP,
+                               GLOBAL_BATCH_SIZE, METRICS_LOG, MLLOG_PREFIX, MLPERF_LOG, NOT_CLOSED,
+                               PREVIOUS_RUN_PREFIX, RECORD_HEADER, RESULT, RESUMED_FROM_CHECKPOINT, RESUMED_LOG_GLOB,
+                               RUN_START, RUN_STOP, SAMPLES_PER_EPOCH, SEED, SUBMISSION_DIVISION, TRAIN,
+                               TRAIN_SAMPLES)
 
 SEARCH_DEPTH = 4  # how deep a sweep's parent folder is searched for runs
 
@@ -68,6 +71,9 @@ class Attempt:
     # why this attempt is not an MLPerf result, from its own log (runtime/run_files.py's events):
     # it started from a checkpoint, or wrote checkpoints between run_start and run_stop
     not_a_result: tuple[str, ...] = ()
+    # the log's cache_clear (None: not logged) and submission_division, before its run_start
+    cache_clear: bool | None = None
+    division: str | None = None
 
     @property
     def seconds(self) -> float | None:
@@ -244,6 +250,8 @@ def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, li
     head = events[:first] if starts else events
     body = events[first:]
     seeds = [e.get("value") for e in head if e.get("key") == SEED]
+    cache = [e.get("value") for e in head if e.get("key") == CACHE_CLEAR]
+    divisions = [e.get("value") for e in head if e.get("key") == SUBMISSION_DIVISION]
     stops = [e for e in body if e.get("key") == RUN_STOP]
     times = [e["time_ms"] for e in body if isinstance(e.get("time_ms"), (int, float))]
     start_ms = body[0].get("time_ms") if starts else None
@@ -260,7 +268,8 @@ def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, li
                    notes=tuple(notes), global_batch=_run_int(head, body, GLOBAL_BATCH_SIZE),
                    samples_per_epoch=_run_int(head, body, SAMPLES_PER_EPOCH),
                    train_samples=_run_int(head, body, TRAIN_SAMPLES),
-                   evals=evaluation_times(body), not_a_result=not_a_result(own)), notes
+                   evals=evaluation_times(body), not_a_result=not_a_result(own),
+                   cache_clear=cache[-1] if cache else None, division=divisions[-1] if divisions else None), notes
 
 
 def mlperf_logs(folder: str) -> list[str]:
@@ -270,8 +279,32 @@ def mlperf_logs(folder: str) -> list[str]:
     return logs + sorted(glob.glob(os.path.join(glob.escape(folder), RESUMED_LOG_GLOB)))
 
 
-def is_run_folder(folder: str) -> bool:
+def holds_run_files(folder: str) -> bool:
+    """Whether ``folder`` itself holds a run's files (log.json or an MLPerf log)."""
     return os.path.isfile(os.path.join(folder, METRICS_LOG)) or bool(mlperf_logs(folder))
+
+
+def previous_runs(folder: str) -> list[str]:
+    """The ``previous-<time>`` folders of ``folder`` that hold a run's files: earlier attempts that
+    a new run in the same ``--log_dir`` moved out of its way (``runtime.outputs.move_previous_run``),
+    sorted by name (their time)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in names
+            if n.startswith(PREVIOUS_RUN_PREFIX) and os.path.isdir(os.path.join(folder, n))
+            and holds_run_files(os.path.join(folder, n))]
+
+
+def folder_runs(folder: str) -> list[str]:
+    """Every attempt of the run folder ``folder``: its ``previous-*`` folders, then itself when
+    it holds a run's files."""
+    return previous_runs(folder) + ([folder] if holds_run_files(folder) else [])
+
+
+def is_run_folder(folder: str) -> bool:
+    return holds_run_files(folder) or bool(previous_runs(folder))
 
 
 def _read_metrics(folder: str) -> tuple[list[TrainPoint], list[EvalPoint], str | None, list[str]]:
@@ -330,15 +363,22 @@ def find_runs(path: str, depth: int = SEARCH_DEPTH) -> list[str]:
     found = []
     for name in sorted(os.listdir(path)):
         child = os.path.join(path, name)
-        # previous-*: an earlier run moved out of the way of a new one (give it by name to see it)
+        # previous-*: an earlier attempt of its parent, read with it (folder_runs)
         if not name.startswith((".", PREVIOUS_RUN_PREFIX)) and os.path.isdir(child):
             found += find_runs(child, depth - 1)
     return found
 
 
+def _name(folder: str) -> str:
+    """A folder's name; ``<parent>/previous-<time>`` for an earlier attempt of a run folder."""
+    path = os.path.abspath(folder)
+    name = os.path.basename(path)
+    return f"{os.path.basename(os.path.dirname(path))}/{name}" if name.startswith(PREVIOUS_RUN_PREFIX) else name
+
+
 def run_labels(folders: Sequence[str], seeds: Sequence[int | None]) -> list[str]:
     """Folder names, or paths below the folders' common parent where names repeat; plus the seed."""
-    names = [os.path.basename(os.path.abspath(f)) for f in folders]
+    names = [_name(f) for f in folders]
     if len(set(names)) < len(names):
         root = os.path.commonpath([os.path.abspath(f) for f in folders])
         names = [os.path.relpath(os.path.abspath(f), root) for f in folders]
@@ -346,11 +386,12 @@ def run_labels(folders: Sequence[str], seeds: Sequence[int | None]) -> list[str]
 
 
 def collect_runs(paths: Iterable[str]) -> tuple[list[Run], list[str]]:
-    """The runs under ``paths`` (each folder once, labelled uniquely), and the paths without any."""
+    """The runs under ``paths`` (each folder once, each earlier attempt in its ``previous-*``
+    folders a run of its own, labelled uniquely), and the paths without any."""
     folders: list[str] = []
     empty: list[str] = []
     for path in paths:
-        found = find_runs(path)
+        found = [attempt for folder in find_runs(path) for attempt in folder_runs(folder)]
         if not found:
             empty.append(path)
         folders += [f for f in found if f not in folders]

@@ -1,5 +1,7 @@
 """The numbers of a run and of several: outcome, run time, time to target, best and reached
-Dice, the time axis of the curves, and the MLPerf-style olympic score."""
+Dice, the time axis of the curves, and the MLPerf-style olympic score (unet3d's: 40 runs, the 4
+fastest and the 4 slowest dropped; of more runs, the 40 consecutive ones the rules pick,
+:func:`rules_window`)."""
 from __future__ import annotations
 
 import math
@@ -12,7 +14,10 @@ from runtime.report import time_to_train as T
 from runtime.report.compliance import Compliance
 from runtime.report.runs import Attempt, EvalPoint, Run
 from runtime.run_files import DIVERGED_DICE
-from runtime.submission.validity import Validity, classify
+from runtime.submission.validity import Validity, classify, page_cache
+
+SUBMISSION_RUNS = T.SUBMISSION_RUNS  # unet3d's result: 40 runs ...
+DROPPED_EACH_END = T.DROPPED_EACH_END  # ... less the 4 fastest and the 4 slowest
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,10 @@ class RunSummary:
     not_a_result: tuple[str, ...] = ()
     # the last MLPerf log's run_stop status (success | aborted; None: no run_stop); "" unknown
     mlperf_status: str | None = ""
+    # the run's first run_start (ms since the Unix epoch; None: none), and whether its last MLPerf
+    # log reached run_start (None: unknown)
+    start_ms: int | None = None
+    started: bool | None = None
 
     @property
     def is_result(self) -> bool:
@@ -51,6 +60,8 @@ class Score:
     failed: int  # runs with an MLPerf log that did not reach the target (or have not yet)
     drop: int
     text: str
+    # the labels of the runs the score is over (the rules' window of SUBMISSION_RUNS when more count)
+    scored: tuple[str, ...] = ()
 
 
 def finite(x: float | None) -> bool:
@@ -136,6 +147,35 @@ def olympic_score(times: Sequence[float], failed: int = 0, drop: int = 1) -> flo
     return sum(kept) / len(kept) if kept else None
 
 
+def window_scores(minutes: Sequence[float | None], runs: int = SUBMISSION_RUNS,
+                  drop: int = DROPPED_EACH_END) -> list[float]:
+    """The olympic score of every ``runs`` consecutive runs of ``minutes`` (in start order; None:
+    a failed or not converged run, infinite): one per window, ``math.inf`` for a window with more
+    failed runs than ``drop`` (no score)."""
+    scores = []
+    for first in range(len(minutes) - runs + 1):
+        window = minutes[first:first + runs]
+        times = [m for m in window if m is not None]
+        score = olympic_score(times, len(window) - len(times), drop)
+        scores.append(math.inf if score is None else score)
+    return scores
+
+
+def rules_window(minutes: Sequence[float | None], runs: int = SUBMISSION_RUNS, drop: int = DROPPED_EACH_END) -> int:
+    """Of more than ``runs`` runs (``minutes`` in start order, None for a failed run), the first
+    index of the ``runs`` consecutive ones whose olympic score is closest to the median of every
+    such window's score (a failed run counts as infinite; a window with too many is infinite);
+    the earliest window on a tie. The rules ("Benchmark Results", v4.0): the N consecutive runs
+    by start time whose olympic score is closest to the median; read here as the median of the
+    windows' scores (docs/submission.md, "Which runs are packed"). 0 for ``runs`` or fewer."""
+    if len(minutes) <= runs:
+        return 0
+    scores = window_scores(minutes, runs, drop)
+    middle = statistics.median(scores)
+    distance = [0.0 if score == middle else abs(score - middle) for score in scores]
+    return distance.index(min(distance))
+
+
 def run_schedule(attempts: Sequence[Attempt]) -> tuple[T.Schedule | None, str]:
     """The schedule the run's MLPerf logs show: samples per epoch, the first evaluated epoch and
     the spacing of the evaluations; ``(None, why not)`` without them."""
@@ -178,6 +218,8 @@ def run_not_a_result(run: Run) -> tuple[str, ...]:
     own events (``Attempt.not_a_result``) and, for logs written before those events existed, a
     run of several attempts (the clock may not be paused)."""
     reasons = [f"{os.path.basename(a.path)}: {why}" for a in run.attempts for why in a.not_a_result]
+    reasons += [f"{os.path.basename(a.path)}: {why}" for a in run.attempts
+                for why in [page_cache(a.division, a.cache_clear)[0]] if why]
     if len(run.attempts) > 1 and not any(a.not_a_result for a in run.attempts[1:]):
         reasons.append(f"{len(run.attempts)} attempts (a resumed run: the clock was paused)")
     return tuple(reasons)
@@ -199,6 +241,8 @@ def summarize_run(run: Run, threshold: float) -> RunSummary:
     seeds = [a.seed for a in run.attempts if a.seed is not None]
     reasons = run_not_a_result(run)
     notes += [f"not an MLPerf result, left out of the score: {why}" for why in reasons]
+    notes += [f"{os.path.basename(a.path)}: {note}" for a in run.attempts
+              for note in [page_cache(a.division, a.cache_clear)[1]] if note]
     return RunSummary(
         folder=run.folder, label=run.label, status=status,
         epochs=run.train[-1].epoch if run.train else None, seed=seeds[0] if seeds else None,
@@ -206,7 +250,9 @@ def summarize_run(run: Run, threshold: float) -> RunSummary:
         best_mean_dice=best.mean_dice if best else None, best_epoch=best.epoch if best else None,
         reached_epoch=reached_epoch(run.evals, threshold),
         mean_throughput=mean_throughput, attempts=len(run.attempts), notes=tuple(notes), predicted=predicted,
-        not_a_result=reasons, mlperf_status=run.attempts[-1].status if run.attempts else None)
+        not_a_result=reasons, mlperf_status=run.attempts[-1].status if run.attempts else None,
+        start_ms=next((a.start_ms for a in run.attempts if a.start_ms is not None), None),
+        started=run.attempts[-1].start_ms is not None if run.attempts else None)
 
 
 def run_validity(summary: RunSummary) -> Validity:
@@ -217,33 +263,50 @@ def run_validity(summary: RunSummary) -> Validity:
         status = {"success": "success", "incomplete": None, "no MLPerf log": None}.get(summary.status, "aborted")
     checked = [c for c in summary.compliance if c.checked]
     problems = [p for c in checked for p in c.problems] if checked else None
-    return classify(status, summary.not_a_result, problems)
+    return classify(status, summary.not_a_result, problems, starts=0 if summary.started is False else 1)
 
 
-def score_runs(summaries: Sequence[RunSummary], drop: int = 1) -> Score:
-    """The olympic score over the runs that have an MLPerf log and are MLPerf results, in
-    minutes (MLPerf's unit); a run that is not a result (``RunSummary.not_a_result``) is left
-    out, and the text says which and why. Which runs count is ``run_validity``'s, the rule the
-    submission package applies too (``runtime.submission.validity``)."""
+def score_runs(summaries: Sequence[RunSummary], drop: int = DROPPED_EACH_END, window: int = SUBMISSION_RUNS) -> Score:
+    """The olympic score over the runs that have an MLPerf log and count, in minutes (MLPerf's
+    unit): a run that did not reach the target, or crashed after run_start (no run_stop), counts
+    as a failed run (infinite); a run that is not a result (``RunSummary.not_a_result``, or no
+    run_start) is left out, and the text says which and why. Which runs count is
+    ``run_validity``'s, the rule the submission package applies too
+    (``runtime.submission.validity``). Of more than ``window`` counted runs, the score is over
+    the ``window`` consecutive ones (by start time) the rules pick (:func:`rules_window`)."""
     judged = [(s, run_validity(s)) for s in summaries if s.attempts]
     left_out = [(s, v) for s, v in judged if not v.counts]
-    summaries = [s for s, v in judged if v.counts]
+    counted = sorted((s for s, v in judged if v.counts),
+                     key=lambda s: (s.start_ms is None, s.start_ms or 0, s.folder))
+    outside = []
+    if len(counted) > window:
+        minutes_in_order = [s.time_to_target_s / 60.0 if s.time_to_target_s is not None else None for s in counted]
+        first = rules_window(minutes_in_order, window, drop)
+        outside = counted[:first] + counted[first + window:]
+        counted = counted[first:first + window]
+    summaries = counted
     times = [s.time_to_target_s / 60.0 for s in summaries if s.time_to_target_s is not None]
-    failed = sum(1 for s in summaries if s.attempts and s.time_to_target_s is None)
+    failed = sum(1 for s in summaries if s.time_to_target_s is None)
     minutes = olympic_score(times, failed, drop)
     need = 2 * drop + 1
     if failed > drop:
-        text = (f"no score: {failed} runs did not reach the target (or have not yet); dropping "
+        text = (f"no score: {failed} runs did not reach the target (or crashed, or have not finished yet); dropping "
                 f"{drop} at each end allows at most {drop}")
     elif minutes is None:
-        counted = "that count (an MLPerf log, a result)" if left_out else "with an MLPerf log"
-        text = (f"no score: {len(times) + failed} run(s) {counted}, {need} needed to drop "
-                f"the {drop} fastest and {drop} slowest (real unet3d submissions: 40 runs, 4 dropped each end)")
+        counted_text = "that count (an MLPerf log, a result)" if left_out else "with an MLPerf log"
+        text = (f"no score: {len(times) + failed} run(s) {counted_text}, {need} needed to drop "
+                f"the {drop} fastest and {drop} slowest (real unet3d submissions: {SUBMISSION_RUNS} runs, "
+                f"{DROPPED_EACH_END} dropped each end)")
     else:
         text = (f"score {minutes:.2f} min: mean of {len(times) + failed - 2 * drop} of {len(times) + failed} "
                 f"runs after dropping the {drop} fastest and {drop} slowest"
                 + (f" ({failed} failed run(s) counted as the slowest)" if failed else ""))
+    if outside:
+        text += (f"; of {len(outside) + window} counted runs, the {window} consecutive ones (by start) whose score "
+                 f"is closest to the median of every {window} consecutive runs' score, as the rules pick: "
+                 f"{summaries[0].label} to {summaries[-1].label}; not scored: "
+                 + ", ".join(s.label for s in outside))
     if left_out:
         text += (f"; {len(left_out)} run(s) left out, not MLPerf results: "
                  + "; ".join(f"{s.label} ({v.reason})" for s, v in left_out))
-    return Score(minutes, len(times), failed, drop, text)
+    return Score(minutes, len(times), failed, drop, text, scored=tuple(s.label for s in summaries))

@@ -10,9 +10,13 @@ official tools.
 
 <org>, <system>, the division and the status are the ones the runs logged
 (``--submission_org``, ``--submission_platform``, ``--submission_division``,
-``--submission_status``); every counted run must agree on them. A run is counted or left out
-by :mod:`runtime.submission.validity`; the counted runs are packed in the order they started,
-the first ``--expected_runs`` of them (never chosen by their outcome).
+``--submission_status``); every counted run must agree on them. Every attempt of every run
+folder is judged, its ``previous-<time>/`` folders included (earlier attempts moved out of the way
+of a rerun); a run is counted or left out by :mod:`runtime.submission.validity`: a crashed attempt
+(``run_start``, no ``run_stop``) is a failed run and is packed as it is. The counted runs are
+packed in the order they started; of more than ``--expected_runs``, the consecutive ones whose
+olympic score is closest to the median of every such window's (the rules' choice,
+``runtime.report.scoring.rules_window``; never chosen by their outcome alone).
 """
 from __future__ import annotations
 
@@ -27,17 +31,17 @@ from typing import Callable, Sequence
 
 from data_loading.write_errors import failure_reason
 from runtime.report.compliance import check_compliance
-from runtime.report.runs import find_runs, mlperf_logs
-from runtime.report.scoring import olympic_score
+from runtime.report.runs import find_runs, folder_runs, mlperf_logs
+from runtime.report.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, olympic_score, rules_window
 from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, UNVERIFIED
 from runtime.submission import system as S
-from runtime.submission.validity import NOT_A_RESULT, NOT_CONVERGED, RESULT, Validity, judge_events, read_events
+from runtime.submission.validity import NOT_A_RESULT, RESULT, Validity, judge_events, read_events
 
 RULESET = "4.0.0"  # the only ruleset whose checkers still know unet3d (retired after v4.0)
 USAGE = "training"
 BENCHMARK = "unet3d"
-EXPECTED_RUNS = 40  # mlperf_logging.benchmark_meta: unet3d's result file count
-DROPPED_EACH_END = 4  # olympic scoring of unet3d: the 4 fastest and the 4 slowest
+EXPECTED_RUNS = SUBMISSION_RUNS  # mlperf_logging.benchmark_meta: unet3d's result file count (40)
+# DROPPED_EACH_END: olympic scoring of unet3d, the 4 fastest and the 4 slowest (from runtime.report.scoring)
 IMPLEMENTATION = "pytorch-unet3d-kits19"
 PACKAGE_CHECKER_SUCCESS = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS"
 # the flags of main.py whose logged values name the package's folders and system description
@@ -103,6 +107,7 @@ def judge_folder(folder: str, check: bool = True, ruleset: str = RULESET) -> Run
             raise PackageError(f"the compliance checker could not check {main_log}: {'; '.join(verdict.problems)}")
         problems = verdict.problems
     entry.validity = judge_events(events, problems)
+    entry.note = entry.validity.note
     return entry
 
 
@@ -243,8 +248,10 @@ def not_checked(division: str, verdicts: dict) -> list[str]:
         "when the clock started: that no dataset file was opened before run_start, that the clock was not paused "
         "(a resumed attempt) and that nothing was written on it (this project logs resumed_from_checkpoint and "
         "checkpoints_on_the_clock, and this command leaves such runs out)",
-        "that the runs are consecutive and not chosen by outcome (this command packs the first counted runs in the "
-        "order they started)",
+        "that every attempt is here and the runs are not chosen by outcome: this command reads every run folder "
+        "given and its previous-* attempts, packs a crashed attempt as a failed run, and of more runs than the "
+        "package holds packs the consecutive ones (by start) whose score is closest to the median of every such "
+        "window's; runs kept elsewhere it cannot see",
         "the system description's values: only that every field exists and the status is one of four; fields this "
         "machine could not tell are listed below",
         "that the code in benchmarks/ is the code that ran (the checker only lists its source files)",
@@ -256,15 +263,37 @@ def not_checked(division: str, verdicts: dict) -> list[str]:
 
 def _score(entries: Sequence[RunEntry]) -> tuple[float | None, str]:
     times = [e.minutes for e in entries if e.minutes is not None]
-    failed = sum(1 for e in entries if e.validity.kind == NOT_CONVERGED)
+    failed = sum(1 for e in entries if e.validity.infinite)
     minutes = olympic_score(times, failed, DROPPED_EACH_END)
     if minutes is None:
-        return None, (f"no score: {len(times)} converged and {failed} not converged run(s) packed; unet3d's score "
-                      f"needs {EXPECTED_RUNS} runs with at most {DROPPED_EACH_END} not converged")
+        return None, (f"no score: {len(times)} converged and {failed} failed or not converged run(s) packed; unet3d's "
+                      f"score needs {EXPECTED_RUNS} runs with at most {DROPPED_EACH_END} failed or not converged")
     return minutes, (f"score {minutes:.2f} min: mean of the {len(times) + failed - 2 * DROPPED_EACH_END} runs left "
                      f"after dropping the {DROPPED_EACH_END} fastest and {DROPPED_EACH_END} slowest of "
-                     f"{len(times) + failed}" + (f" ({failed} not converged, counted as the slowest)" if failed else "")
+                     f"{len(times) + failed}" + (f" ({failed} failed or not converged, counted as the slowest)"
+                                                 if failed else "")
                      + "; not normalised by the RCP checker's factor")
+
+
+def run_folders(paths: Sequence[str]) -> list[str]:
+    """Every attempt under ``paths``: each run folder and its ``previous-*`` folders, once each."""
+    return sorted({os.path.abspath(a) for path in paths for f in find_runs(path) for a in folder_runs(f)})
+
+
+def choose_runs(counted: Sequence[RunEntry], expected: int) -> list[RunEntry]:
+    """The counted runs (in start order) that the package holds: all of them, or of more than
+    ``expected``, the ``expected`` consecutive ones the rules pick (``rules_window``; a failed or
+    not converged run infinite); the others get a note."""
+    first = rules_window([e.minutes if not e.validity.infinite else None for e in counted], expected,
+                         DROPPED_EACH_END)
+    chosen = list(counted[first:first + expected])
+    if len(counted) > expected:
+        span = f"runs {first + 1}-{first + expected} of the {len(counted)} counted, in start order"
+        for entry in counted:
+            if entry not in chosen:
+                entry.note = (f"not packed: outside the {expected} consecutive runs the rules pick ({span}: their "
+                              f"score is the closest to the median of every {expected} consecutive runs' score)")
+    return chosen
 
 
 def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected: int = EXPECTED_RUNS,
@@ -272,7 +301,7 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
              say: Callable[[str], None] = print) -> dict:
     """Judge the runs under ``paths``, write the package into the new folder ``output``, run
     the official checkers (``check``) and write the report. Returns the report's dict."""
-    folders = sorted({os.path.abspath(f) for path in paths for f in find_runs(path)})
+    folders = run_folders(paths)
     missing = [p for p in paths if not find_runs(p)]
     if not folders:
         raise PackageError("no run folder (one with unet3d.log or log.json) in or below " + ", ".join(paths))
@@ -288,10 +317,7 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
     _empty_output(output)
     results = os.path.join(output, org, "results", system_name, BENCHMARK)
     os.makedirs(results)
-    for index, entry in enumerate(counted):
-        if index >= expected:
-            entry.note = f"not packed: beyond the first {expected} counted runs in start order"
-            continue
+    for index, entry in enumerate(choose_runs(counted, expected)):
         entry.packed_as = f"result_{index}.txt"
         shutil.copyfile(entry.log, os.path.join(results, entry.packed_as))
     packed = [e for e in counted if e.packed_as]
@@ -316,7 +342,8 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
         "code_files": code_files, "score_minutes": minutes, "score": score_text, "checkers": verdicts,
         "not_checked": not_checked(division, verdicts), "paths_without_runs": missing,
         "runs": [{"folder": e.folder, "kind": e.validity.kind, "reason": e.validity.reason, "seed": e.seed,
-                  "minutes": e.minutes, "packed_as": e.packed_as, "note": e.note} for e in entries],
+                  "minutes": e.minutes, "packed_as": e.packed_as, "note": e.note, "start_ms": e.start_ms}
+                 for e in entries],
     }
     report["accepted"] = bool(verdicts) and verdicts["package_checker"]["passed"]
     write_report(report)
@@ -325,6 +352,12 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
 
 def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _run_name(folder: str) -> str:
+    """A run folder's name; ``<folder>/previous-<time>`` for an earlier attempt in it."""
+    name = os.path.basename(folder)
+    return f"{os.path.basename(os.path.dirname(folder))}/{name}" if name.startswith("previous-") else name
 
 
 def report_markdown(report: dict) -> str:
@@ -355,8 +388,9 @@ def report_markdown(report: dict) -> str:
               "| --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         minutes = f"{r['minutes']:.2f}" if r["minutes"] is not None else ""
-        lines.append(f"| {_cell(os.path.basename(r['folder']))} | {r['seed'] if r['seed'] is not None else ''} | "
-                     f"{r['kind']} | {minutes} | {r['packed_as'] or ''} | {_cell(r['reason'] or r['note'])} |")
+        why = "; ".join(text for text in (r["reason"], r["note"]) if text)
+        lines.append(f"| {_cell(_run_name(r['folder']))} | {r['seed'] if r['seed'] is not None else ''} | "
+                     f"{r['kind']} | {minutes} | {r['packed_as'] or ''} | {_cell(why)} |")
     if report["paths_without_runs"]:
         lines += ["", "Paths without any run: " + ", ".join(report["paths_without_runs"])]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """Which MLPerf logs are results: the one rule that the submission package and the report's
 score both apply.
 
-A log is one of three kinds:
+A log is one of four kinds:
 
 * ``result``: a timed run that reached the target (``run_stop`` status ``success``); it counts
   with its time.
@@ -10,9 +10,16 @@ A log is one of three kinds:
   olympic scoring drops it as one of the slowest, the package checker accepts up to 4 of
   unet3d's 40, the RCP checker marks it "infinite". Leaving it out would choose runs by their
   outcome.
+* ``failed``: an attempt that reached ``run_start`` and has no ``run_stop`` (crashed, killed:
+  SIGKILL, a node lost, a job requeued; or still running). Every attempt counts ("a failed run
+  counts as infinite"): packed as it is (its log fails the compliance checker, which the package
+  checker accepts for up to 4 of unet3d's 40 files; the RCP checker and the result summarizer
+  count it infinite), never hidden. An attempt that never reached ``run_start`` is no run.
 * ``not a result``: anything else, left out of the score and of the package, with the reason:
-  no MLPerf line, no or several ``run_start`` (stopped during initialisation, a reused log), no
-  ``run_stop`` (crashed, killed, still running), a run of several attempts, an attempt resumed
+  no MLPerf line, no or several ``run_start`` (stopped during initialisation: not a run; a reused
+  log), a closed log whose ``cache_clear`` is not true (:func:`page_cache`: "You must flush the
+  cache or restart the system prior to benchmarking"; an open log only gets a note), a run of
+  several attempts, an attempt resumed
   from a checkpoint, one that wrote checkpoints on the clock, or one whose log says closed on
   data that is not KiTS19's (``not_closed``: synthetic, not 168/42) (``runtime/run_files.py``'s
   ``NOT_A_RESULT_EVENTS``, read by ``runtime.report.runs.not_a_result``: "The clock may not be
@@ -35,7 +42,15 @@ from runtime.report.runs import not_a_result
 
 RESULT = "result"
 NOT_CONVERGED = "not converged"
+FAILED = "failed"
 NOT_A_RESULT = "not a result"
+INFINITE = (NOT_CONVERGED, FAILED)  # the kinds that count as infinite in the olympic score
+
+# How to drop the page cache where users run, for the one line that says a run did not.
+CACHE_FIX = ("drop it right before every run: as root, with passwordless `sudo -n sysctl vm.drop_caches=3` "
+             "(run_and_time.sh and the SLURM jobs try both), with scripts/slurm/prolog_drop_caches.sh as the "
+             "SLURM `Prolog=`, or in a container (non-root, it cannot) on the host before `apptainer exec`/`podman "
+             "run`, passing UNET3D_CACHE_DROPPED_AT=$(date +%s); docs/submission.md, \"The page cache\"")
 
 BENCHMARK = "unet3d"
 # the compliance checker's problem lines that a run which did not reach the target fails by
@@ -45,13 +60,19 @@ TARGET_KEY = "eval_accuracy"
 
 @dataclass(frozen=True)
 class Validity:
-    kind: str  # RESULT | NOT_CONVERGED | NOT_A_RESULT
+    kind: str  # RESULT | NOT_CONVERGED | FAILED | NOT_A_RESULT
     reason: str = ""  # why, for anything but a result
+    note: str = ""  # said, but no reason to leave the run out (an open run's cache_clear false)
 
     @property
     def counts(self) -> bool:
-        """Whether the run belongs in the score and the package (converged or not)."""
+        """Whether the run belongs in the score and the package (converged, not converged, failed)."""
         return self.kind != NOT_A_RESULT
+
+    @property
+    def infinite(self) -> bool:
+        """Whether the run counts as infinite in the score (not converged, or failed)."""
+        return self.kind in INFINITE
 
     def text(self) -> str:
         return self.kind + (f": {self.reason}" if self.reason else "")
@@ -79,6 +100,20 @@ def _values(events: Sequence[dict], key: str) -> list:
     return [e.get("value") for e in events if e.get("key") == key]
 
 
+def page_cache(division, cache_clear) -> tuple[str, str]:
+    """``(reason, note)`` for a log's ``cache_clear`` (its last value; None: not logged) and
+    ``submission_division``: a closed log that does not say ``true`` is not a result (the reason
+    says how to drop the cache); an open one only gets the note; ``("", "")`` when it says true."""
+    if cache_clear is True:
+        return "", ""
+    said = "cache_clear false" if cache_clear is False else "no cache_clear logged"
+    text = (f"{said}: the page cache was not dropped before the run (\"You must flush the cache or restart the "
+            "system prior to benchmarking\")")
+    if division == "closed":
+        return f"{text}; {CACHE_FIX}", ""
+    return "", f"{text}; open division: said, not left out"
+
+
 def classify(status: str | None, not_a_result: Sequence[str] = (), compliance_problems: Iterable[str] | None = None,
              starts: int = 1, attempts: int = 1) -> Validity:
     """The rule itself, on a run's facts: ``status`` its ``run_stop`` status (None: no
@@ -93,11 +128,12 @@ def classify(status: str | None, not_a_result: Sequence[str] = (), compliance_pr
     if attempts > 1:
         return Validity(NOT_A_RESULT, f"{attempts} attempts (a resumed run: the clock may not be paused)")
     if starts == 0:
-        return Validity(NOT_A_RESULT, "no run_start (the run stopped during initialisation)")
+        return Validity(NOT_A_RESULT, "no run_start: not a run (it stopped during initialisation), not counted")
     if starts > 1:
         return Validity(NOT_A_RESULT, f"{starts} run_starts in one log (several runs in one file)")
-    if status is None:
-        return Validity(NOT_A_RESULT, "no run_stop (the run crashed, was stopped, or is still running)")
+    if status is None:  # the compliance checker fails such a log by definition (no run_stop)
+        return Validity(FAILED, "no run_stop: the attempt crashed or was killed after run_start (or is still "
+                                "running); counted as a failed run (infinite), as MLPerf counts it")
     problems = list(compliance_problems) if compliance_problems is not None else []
     if status == "success":
         if problems:
@@ -124,8 +160,11 @@ def judge_events(events: Sequence[dict], compliance_problems: Iterable[str] | No
         return Validity(NOT_A_RESULT, f"a log of benchmark {benchmarks[-1]!r}, not {BENCHMARK}")
     stops = [e for e in events if e.get("key") == F.RUN_STOP]
     status = (stops[-1].get("metadata") or {}).get("status") if stops else None
-    return classify(status, not_a_result(events), compliance_problems,
-                    starts=sum(1 for e in events if e.get("key") == F.RUN_START))
+    divisions, cache = _values(events, "submission_division"), _values(events, F.CACHE_CLEAR)
+    reason, note = page_cache(divisions[-1] if divisions else None, cache[-1] if cache else None)
+    verdict = classify(status, list(not_a_result(events)) + ([reason] if reason else []), compliance_problems,
+                       starts=sum(1 for e in events if e.get("key") == F.RUN_START))
+    return Validity(verdict.kind, verdict.reason, note)
 
 
 def judge_log(path: str, compliance_problems: Iterable[str] | None = None) -> Validity:
