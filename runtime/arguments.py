@@ -347,7 +347,8 @@ def _submission_flags(g, d: Config) -> None:
     g.add_argument("--submission_platform", default=d.submission_platform, help="MLPerf system name")
     g.add_argument("--submission_division", default=d.submission_division, choices=["auto", "closed", "open"],
                    help="MLPerf division; auto (new): closed when the run is the reference's benchmark (model, loss, "
-                        "SGD, the fixed values, --semantics reference, KiTS19's 168/42 cases), else open with one "
+                        "SGD, the fixed values, --semantics reference, --last_batch pad, the rules' evaluation schedule, "
+                        "KiTS19's 168/42 cases), else open with one "
                         "line saying why; closed on any other run is refused")
     g.add_argument("--submission_status", default=d.submission_status,
                    choices=["onprem", "cloud", "preview", "research"], help="MLPerf system status")

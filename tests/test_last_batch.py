@@ -230,3 +230,40 @@ def test_the_formulas_values_given_by_hand_stay_closed():
     assert cfg.submission_division == "closed"
     cfg, _ = _resolved(["--start_eval_at", "955", "--evaluate_every", "20", "--batch_size", "16"])
     assert cfg.submission_division == "closed"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+def test_cuda_graphs_train_a_padded_step_eagerly_on_the_graphs_state(optimizer_name):
+    """--cuda_graphs: full steps replay the graph, the padded step runs eagerly on the same weights
+    and optimizer state; the weights follow the all-eager run."""
+    from runtime.build import graphed_train_step
+    from runtime.optimizers import make_optimizer
+
+    dev = torch.device("cuda")
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = False, True
+    cfg = dataclasses.replace(Config(), batch_size=3, input_shape=(8, 8, 8))
+    generator = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(3, 1, 8, 8, 8, generator=generator).to(dev),
+                torch.randint(0, 3, (3, 1, 8, 8, 8), generator=generator, dtype=torch.uint8).to(dev))
+               for _ in range(5)]
+    weights = [None, None, [0.5, 0.5, 0.0], None, None]
+    lr = 0.02 if optimizer_name == "sgd" else 1e-3
+    results = []
+    try:
+        for graphed in (False, True):
+            torch.manual_seed(0)
+            model = TinyNet().to(dev)
+            opt = make_optimizer(optimizer_name, model.parameters(), lr, momentum=0.9)
+            scaler = torch.amp.GradScaler("cuda", enabled=False)
+            step = (graphed_train_step(model, DiceCELoss(), opt, scaler, nullcontext, cfg, dev) if graphed
+                    else eager_train_step(model, DiceCELoss(), opt, scaler, nullcontext, 1))
+            for (image, label), w in zip(batches, weights):
+                step(image, label, True, w)
+            torch.cuda.synchronize()
+            results.append([p.detach().cpu() for p in model.parameters()])
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = flags
+    for eager, graph in zip(*results):
+        torch.testing.assert_close(graph, eager, rtol=1e-4, atol=1e-5)
