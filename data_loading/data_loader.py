@@ -6,7 +6,9 @@ Returns ``(train_loader, val_loader)``:
 * ``train_loader``: call ``set_epoch(epoch)`` (epochs from 1) before iterating each epoch;
   yields ``(image, label)``, float32 and uint8, ``(B, 1, *input_shape)``, on ``device`` when
   given (else CPU). ``len()`` = batches per epoch on this rank; ``num_cases`` = training cases
-  (the global samples per epoch are ``config.samples_per_epoch``, from ``runtime.schedule``).
+  (the global samples per epoch are ``config.samples_per_epoch``, from ``runtime.schedule``);
+  ``step_weights(i)``: the loss weights of batch ``i`` when its optimizer step holds padding
+  (``--last_batch pad``, ``data_loading.sampler.step_weights``), else None.
 * ``val_loader``: yields ``(image, label, case_id)`` for the evaluation cases of this rank
   (``(1, 1, D, H, W)``, whole volumes), balanced across ranks by number of sliding windows;
   ``len()`` = cases on this rank; ``num_cases`` = evaluation cases on all ranks.
@@ -32,7 +34,7 @@ from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, c
 from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
-                                  epoch_batches)
+                                  epoch_batches, real_samples_per_epoch, step_weights)
 from data_loading.source import DataSource, DataSummary
 from data_loading.synthetic_loader import SyntheticData
 from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
@@ -84,12 +86,13 @@ class TrainLoader:
     def __init__(self, cases: Sequence[Case], *, patch: Sequence[int], oversampling: float,
                  brightness: str, seed: int, num_shards: int, rank: int, batch_size: int,
                  cache: str, device: torch.device | None, num_workers: int, prefetch_depth: int,
-                 eager: bool = True, crop: str = "reference"):
+                 eager: bool = True, crop: str = "reference", ga_steps: int = 1, last_batch: str = "pad"):
         if cache not in ("none", "memory", "device"):
             raise ValueError(f"TrainLoader cache must be none, memory or device, got {cache!r}")
         self.cases, self.patch, self.seed = list(cases), tuple(patch), seed
         self.oversampling, self.brightness, self.crop = oversampling, brightness, crop
         self.batch_size, self.num_shards, self.rank = batch_size, num_shards, rank
+        self.ga_steps, self.last_batch = ga_steps, last_batch
         self.cache, self.device = cache, device
         self.num_workers = 0 if cache == "device" else num_workers
         self._prepare_threads = max(1, num_workers)
@@ -97,7 +100,7 @@ class TrainLoader:
         self.num_cases = len(self.cases)
         self.epoch = 1
         self.dataset: TrainingSet | None = None
-        self._sampler = EpochBatchSampler(seed, self.num_cases, num_shards, rank, batch_size)
+        self._sampler = EpochBatchSampler(seed, self.num_cases, num_shards, rank, batch_size, ga_steps, last_batch)
         self._loader = None
         self._volumes: DeviceVolumes | None = None
         if eager:
@@ -124,7 +127,20 @@ class TrainLoader:
             generator=torch.Generator().manual_seed(self.seed))
 
     def __len__(self) -> int:
-        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size)
+        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps, self.last_batch)
+
+    @property
+    def samples_trained(self) -> int:
+        """Samples of the data all ranks train per epoch (padding not counted)."""
+        return real_samples_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps,
+                                      self.last_batch)
+
+    def step_weights(self, batch_index: int) -> list[float] | None:
+        """Loss weights of this rank's batch ``batch_index`` in a padded step, else None."""
+        if self.last_batch != "pad":
+            return None
+        return step_weights(self.num_cases, self.num_shards, self.rank, self.batch_size, self.ga_steps,
+                            batch_index)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -133,7 +149,8 @@ class TrainLoader:
     def batch_keys(self, epoch: int | None = None) -> list[list[tuple[int, int, int]]]:
         """This rank's ``(epoch, position, case)`` keys per batch (for inspection and tests)."""
         return epoch_batches(self.seed, self.epoch if epoch is None else epoch,
-                             self.num_cases, self.num_shards, self.rank, self.batch_size)
+                             self.num_cases, self.num_shards, self.rank, self.batch_size, self.ga_steps,
+                             self.last_batch)
 
     def _device_batches(self, batch_keys) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         volumes, dev = self._volumes, self._volumes.device
@@ -265,7 +282,7 @@ class PreprocessedData:
             brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
             batch_size=config.batch_size, cache=config.cache, device=device,
             num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.is_train,
-            crop=config.semantics)
+            crop=config.semantics, ga_steps=config.ga_steps, last_batch=config.last_batch)
         if config.is_train and len(train_loader) == 0:
             raise DataError(f"{len(train_cases)} training cases in {self.data_dir} make no full "
                             f"batch of {config.batch_size} on each of {num_shards} ranks")

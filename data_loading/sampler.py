@@ -3,11 +3,22 @@
 Everything here is a pure function of (master seed, epoch, index): no global ``random`` or
 ``np.random`` state, so any number of workers, any rank and a resumed run see the same draws.
 
-Training epoch ``e`` on ``W`` ranks with batch size ``B`` over ``N`` cases:
-the global order is ``perm = epoch_permutation(seed, e, N)`` (identical on every rank);
-rank ``r`` owns the positions ``r, r + W, r + 2W, ...`` (shards are disjoint and cover the
-epoch); every rank trains the first ``(N // W) // B`` full batches of its shard, so all ranks
-take the same number of steps and incomplete batches are dropped everywhere.
+Training epoch ``e`` on ``W`` ranks with batch size ``B``, ``A`` accumulation steps (global batch
+``G = B * W * A``) over ``N`` cases: the global order is ``perm = epoch_permutation(seed, e, N)``
+(identical on every rank); rank ``r`` owns the positions ``r, r + W, r + 2W, ...``, so micro-batch
+``k`` of every rank together covers the positions ``[k * W * B, (k + 1) * W * B)`` and optimizer
+step ``s`` the positions ``[s * G, (s + 1) * G)``.
+
+``last_batch`` says what happens when ``G`` does not divide ``N``:
+
+* ``pad`` (the default; the rules: "each datum appears exactly once", "the last batch may be
+  padded"): the order is padded to ``ceil(N / G) * G`` positions, the rules' samples per epoch;
+  position ``i >= N`` repeats case ``perm[i - N]`` with weight 0 in the loss
+  (:func:`step_weights`), so every rank runs the same number of same-shape steps and every case is
+  trained once. Where ``G`` divides ``N`` nothing is padded and the batches are those of ``drop``.
+* ``drop`` (the MLCommons reference's ``drop_last=True``; an open run): every rank trains the
+  first ``(N // W) // B`` full batches of its shard; the rest is dropped.
+
 Sample at global position ``i`` draws its augmentation from ``sample_rng(seed, e, i)``.
 """
 from __future__ import annotations
@@ -36,9 +47,49 @@ def sample_rng(seed: int, epoch: int, position: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, _SAMPLE_STREAM, position])
 
 
-def batches_per_epoch(num_cases: int, num_shards: int, batch_size: int) -> int:
-    """Full batches each rank trains per epoch (the same on every rank)."""
-    return (num_cases // num_shards) // batch_size
+LAST_BATCH_MODES = ("pad", "drop")
+
+
+def padded_epoch(num_cases: int, global_batch: int) -> int:
+    """The rules' samples per epoch: ``ceil(N / G) * G`` (a padded last batch counted)."""
+    return -(-num_cases // global_batch) * global_batch
+
+
+def batches_per_epoch(num_cases: int, num_shards: int, batch_size: int, ga_steps: int = 1,
+                      last_batch: str = "pad") -> int:
+    """Batches each rank trains per epoch (the same on every rank): with ``pad`` the padded epoch's
+    (a multiple of ``ga_steps``), with ``drop`` the full batches of the rank's shard."""
+    if last_batch not in LAST_BATCH_MODES:
+        raise ValueError(f"last_batch must be one of {LAST_BATCH_MODES}, got {last_batch!r}")
+    if last_batch == "drop":
+        return (num_cases // num_shards) // batch_size
+    return padded_epoch(num_cases, batch_size * num_shards * ga_steps) // (batch_size * num_shards)
+
+
+def real_samples_per_epoch(num_cases: int, num_shards: int, batch_size: int, ga_steps: int = 1,
+                           last_batch: str = "pad") -> int:
+    """Samples of the data trained per epoch on all ranks (padding not counted)."""
+    if last_batch == "pad":
+        return num_cases
+    return num_shards * batch_size * batches_per_epoch(num_cases, num_shards, batch_size, 1, "drop")
+
+
+def step_weights(num_cases: int, num_shards: int, rank: int, batch_size: int, ga_steps: int,
+                 batch_index: int) -> list[float] | None:
+    """The loss weights of this rank's micro-batch ``batch_index`` (0-based) of a padded epoch, or
+    None for a batch of a step without padding (which trains as it always did).
+
+    In a step with ``R < G`` real samples, sample ``j`` weighs ``W / R`` when real and 0 when
+    padding: the micro-batch's loss is ``sum_j w_j * loss_j``, DDP averages the ranks' gradients
+    (``1 / W``) and accumulation sums the micro-batches, so the step's gradient is the mean over its
+    ``R`` real samples, as a full step's (``w_j = 1 / (B * A)`` there) is over its ``G``.
+    """
+    global_batch = batch_size * num_shards * ga_steps
+    real = min(global_batch, num_cases - (batch_index // ga_steps) * global_batch)
+    if real >= global_batch:
+        return None
+    first = batch_index * batch_size * num_shards + rank
+    return [num_shards / real if first + num_shards * j < num_cases else 0.0 for j in range(batch_size)]
 
 
 def shard_positions(num_cases: int, num_shards: int, rank: int) -> range:
@@ -47,12 +98,13 @@ def shard_positions(num_cases: int, num_shards: int, rank: int) -> range:
 
 
 def epoch_batches(seed: int, epoch: int, num_cases: int, num_shards: int, rank: int,
-                  batch_size: int) -> list[list[SampleKey]]:
-    """This rank's batches of ``epoch``, each a list of ``batch_size`` sample keys."""
+                  batch_size: int, ga_steps: int = 1, last_batch: str = "pad") -> list[list[SampleKey]]:
+    """This rank's batches of ``epoch``, each a list of ``batch_size`` sample keys (a padding
+    position ``i >= num_cases`` repeats case ``perm[i - num_cases]``)."""
     perm = epoch_permutation(seed, epoch, num_cases)
-    positions = shard_positions(num_cases, num_shards, rank)
-    count = batches_per_epoch(num_cases, num_shards, batch_size)
-    keys = [(epoch, i, int(perm[i])) for i in positions[:count * batch_size]]
+    count = batches_per_epoch(num_cases, num_shards, batch_size, ga_steps, last_batch)
+    positions = shard_positions(count * batch_size * num_shards, num_shards, rank)
+    keys = [(epoch, i, int(perm[i % num_cases])) for i in positions]
     return [keys[b * batch_size:(b + 1) * batch_size] for b in range(count)]
 
 
@@ -61,20 +113,23 @@ class EpochBatchSampler:
     current epoch as lists of :data:`SampleKey` (the epoch travels inside each key, so
     persistent workers need no per-epoch state)."""
 
-    def __init__(self, seed: int, num_cases: int, num_shards: int, rank: int, batch_size: int):
+    def __init__(self, seed: int, num_cases: int, num_shards: int, rank: int, batch_size: int,
+                 ga_steps: int = 1, last_batch: str = "pad"):
         self.seed, self.num_cases, self.num_shards = seed, num_cases, num_shards
         self.rank, self.batch_size = rank, batch_size
+        self.ga_steps, self.last_batch = ga_steps, last_batch
         self.epoch = 1
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size)
+        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps,
+                                 self.last_batch)
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
         return iter(epoch_batches(self.seed, self.epoch, self.num_cases, self.num_shards,
-                                  self.rank, self.batch_size))
+                                  self.rank, self.batch_size, self.ga_steps, self.last_batch))
 
 
 def balance_by_cost(costs: Sequence[int], num_shards: int) -> list[list[int]]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from data_loading.dataset import EVALUATION_CASES_FILE, read_evaluation_ids
-from data_loading.sampler import balance_by_cost, batches_per_epoch
+from data_loading.sampler import balance_by_cost, batches_per_epoch, real_samples_per_epoch, step_weights
 from data_loading.source import DataSummary
 from model.unet3d import N_CLASSES
 
@@ -43,8 +43,10 @@ class SyntheticTrainLoader:
     """Random training batches with the real loader's interface."""
 
     def __init__(self, seed: int, patch: Sequence[int], batch_size: int, num_shards: int,
-                 rank: int, device: torch.device, num_cases: int = TRAIN_CASES):
+                 rank: int, device: torch.device, num_cases: int = TRAIN_CASES, ga_steps: int = 1,
+                 last_batch: str = "pad"):
         self.num_cases, self.batch_size, self.num_shards = num_cases, batch_size, num_shards
+        self.rank, self.ga_steps, self.last_batch = rank, ga_steps, last_batch
         self.epoch = 1
         self.cache = "synthetic"
         generator = torch.Generator().manual_seed(_derived_seed(seed, 0, rank))
@@ -52,7 +54,19 @@ class SyntheticTrainLoader:
                          for _ in range(min(DISTINCT_BATCHES, max(1, len(self))))]
 
     def __len__(self) -> int:
-        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size)
+        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps, self.last_batch)
+
+    @property
+    def samples_trained(self) -> int:
+        return real_samples_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps,
+                                      self.last_batch)
+
+    def step_weights(self, batch_index: int) -> list[float] | None:
+        """As the real loader's (``data_loading.sampler.step_weights``)."""
+        if self.last_batch != "pad":
+            return None
+        return step_weights(self.num_cases, self.num_shards, self.rank, self.batch_size, self.ga_steps,
+                            batch_index)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -100,7 +114,7 @@ def get_synthetic_loaders(config, num_shards: int, global_rank: int,
     """``(train_loader, val_loader)`` of random tensors; the contract of ``get_data_loaders``."""
     device = device if device is not None else torch.device("cpu")
     train = SyntheticTrainLoader(config.seed, config.input_shape, config.batch_size, num_shards,
-                                 global_rank, device)
+                                 global_rank, device, ga_steps=config.ga_steps, last_batch=config.last_batch)
     ids = evaluation_ids()
     shards = balance_by_cost([1] * len(ids), num_shards)     # equal volumes: equal cost
     val = SyntheticEvalLoader(config.seed, config.val_input_shape,

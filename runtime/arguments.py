@@ -50,7 +50,7 @@ class Config:
     verbose: bool = False
     plot: bool = False
     # schedule
-    epochs: int = 1
+    epochs: int | str = 1  # "auto": the rules' non-convergence limit, decided by runtime.resolve
     quality_threshold: float = QUALITY_THRESHOLD
     ga_steps: int = 1
     warmup_steps: int = 4
@@ -79,6 +79,7 @@ class Config:
     oversampling: float = 0.4
     overlap: float = 0.5
     semantics: str = "reference"  # (new) the reference's crop sampler and GA tail, or the project's
+    last_batch: str = "pad"  # (new) the epoch's last global batch: padded (the rules) or dropped (the reference)
     sw_batch_size: int = 2
     # speed
     amp: bool = False
@@ -97,7 +98,7 @@ class Config:
     # Derived once by runtime.resolve.resolve (None until then); read everywhere else.
     num_train_cases: int | None = None
     num_eval_cases: int | None = None
-    samples_per_epoch: int | None = None  # global samples trained per epoch, after dropping
+    samples_per_epoch: int | None = None  # global samples per epoch (padding counted, as the rules)
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
     # the CPU speed levers the run applies (runtime.levers.cpu.convert), decided by runtime.resolve
     levers: tuple[str, ...] = ()
@@ -244,8 +245,23 @@ def _benchmark_budget_flags(g, d: Config) -> None:
                         f"volume); without S: {BENCHMARK_SECONDS_CPU:g}; absent (0): no time limit")
 
 
+EPOCHS_AUTO = "auto"
+
+
+def epochs_value(value: str) -> int | str:
+    """argparse ``type=`` of ``--epochs``: an integer (checked later) or ``auto``."""
+    if value == EPOCHS_AUTO:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or auto, got {value!r}") from None
+
+
 def _schedule_flags(g, d: Config) -> None:
-    g.add_argument("--epochs", type=int, default=d.epochs, help="maximum number of epochs")
+    g.add_argument("--epochs", type=epochs_value, default=d.epochs,
+                   help="maximum number of epochs; auto: the MLPerf non-convergence limit "
+                        "ceil(10000*168/samples_per_epoch) at the run's global batch")
     g.add_argument("--quality_threshold", type=float, default=d.quality_threshold, help="target mean_dice")
     g.add_argument("--ga_steps", type=positive_int, default=d.ga_steps, help="gradient accumulation steps")
     g.add_argument("--warmup_steps", type=int, default=d.warmup_steps, help="untimed iterations in --benchmark")
@@ -307,6 +323,10 @@ def _augmentation_and_evaluation_flags(g, d: Config) -> None:
                         "(a closed run needs it); project: this project's fixes (every crop position; a long "
                         "foreground box's patch kept over the component; the partial accumulation stepped): an open "
                         "run. Both evaluate at --start_eval_at and every --evaluate_every epochs after it")
+    g.add_argument("--last_batch", default=d.last_batch, choices=["pad", "drop"],
+                   help="(new) where the global batch does not divide the training cases: pad = every case "
+                        "once per epoch, the last step padded with repeated cases of weight 0 in the loss (the "
+                        "rules); drop = the reference's drop_last, the remainder not trained (an open run)")
     g.add_argument("--sw_batch_size", type=positive_int, default=d.sw_batch_size,
                    help="(new) sliding windows per forward pass (same result, faster)")
 
@@ -331,7 +351,8 @@ def _submission_flags(g, d: Config) -> None:
     g.add_argument("--submission_platform", default=d.submission_platform, help="MLPerf system name")
     g.add_argument("--submission_division", default=d.submission_division, choices=["auto", "closed", "open"],
                    help="MLPerf division; auto (new): closed when the run is the reference's benchmark (model, loss, "
-                        "SGD, the fixed values, --semantics reference, KiTS19's 168/42 cases), else open with one "
+                        "SGD, the fixed values, --semantics reference, --last_batch pad, the rules' evaluation schedule, "
+                        "KiTS19's 168/42 cases), else open with one "
                         "line saying why; closed on any other run is refused")
     g.add_argument("--submission_status", default=d.submission_status,
                    choices=["onprem", "cloud", "preview", "research"], help="MLPerf system status")
@@ -428,7 +449,11 @@ def _problems(*checks: tuple[bool, str]) -> list[str]:
 
 def _count_errors(cfg: Config) -> list[str]:
     """Epochs, workers, warm-up and evaluation schedule: counts of every mode."""
-    errors = _problems((cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}"))
+    if cfg.epochs == EPOCHS_AUTO:
+        errors = _problems((cfg.exec_mode != "evaluate", "--epochs auto is training's non-convergence limit; "
+                                                         "give evaluate --benchmark a number of passes"))
+    else:
+        errors = _problems((cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}"))
     for name in ("num_workers", "prefetch", "warmup_steps", "lr_warmup_epochs"):
         errors += _problems((getattr(cfg, name) >= 0, f"--{name} must be >= 0, got {getattr(cfg, name)}"))
     for name in ("evaluate_every", "start_eval_at"):
@@ -615,6 +640,7 @@ FLAG_MODES: dict[str, frozenset[str]] = {
     # augmentation and evaluation
     "oversampling": _TRAINING,
     "semantics": _TRAINING,  # the crop sampler and accumulation tail
+    "last_batch": _TRAINING,
     "overlap": _ALL,
     "sw_batch_size": _ALL,
     # speed

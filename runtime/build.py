@@ -23,9 +23,11 @@ from runtime.levers.cpu.convert import FUSED_NORM, apply_levers
 from runtime.optimizers import make_optimizer
 from runtime.inference.predictor import autocast_context
 
-# step(image, label, last_micro_batch) -> detached loss of the micro-batch, on the device; on the
-# last micro-batch of an optimizer step the gradients are all-reduced and the update applied
-TrainStep = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
+# step(image, label, last_micro_batch, weights=None) -> detached loss of the micro-batch, on the
+# device; on the last micro-batch of an optimizer step the gradients are all-reduced and the update
+# applied. ``weights``: the per-sample loss weights of a micro-batch of a padded step
+# (data_loading.sampler.step_weights), None for every other batch (the step as it always was).
+TrainStep = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -81,22 +83,45 @@ def wrap_model(model: torch.nn.Module, config: Config, dist_info: D.DistInfo) ->
     return compile_model(model, config.compile)
 
 
+def weighted_loss(loss_fn: Callable, logits: torch.Tensor, label: torch.Tensor,
+                  weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum_j weights[j] * loss_fn(sample j), sum of the real samples' losses / batch)`` for a
+    micro-batch of a padded step: each sample's loss is ``loss_fn`` on that sample alone (the
+    batch loss of ``model.losses`` is the mean of these), a padding sample (weight 0) adds
+    nothing. The second value is the batch's share of the epoch's mean loss, as a full batch's
+    mean is. A batch of padding only still backpropagates (a zero loss): under DDP every rank's
+    backward must run for the gradient all-reduce."""
+    real = [j for j, w in enumerate(weights) if w > 0]
+    losses = [loss_fn(logits[j:j + 1], label[j:j + 1]) for j in real]
+    if not losses:
+        zero = logits.float().sum() * 0.0
+        return zero, zero.detach()
+    per_sample = torch.stack(losses)
+    w = torch.tensor([weights[j] for j in real], dtype=per_sample.dtype, device=per_sample.device)
+    return (per_sample * w).sum(), per_sample.detach().sum() / len(weights)
+
+
 def eager_train_step(model: torch.nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
                      scaler: torch.amp.GradScaler, autocast: Callable[[], object], ga_steps: int) -> TrainStep:
     """Forward, backward and, on the ``last_micro_batch`` of an optimizer step, DDP's gradient
-    all-reduce and the optimizer step (gradient accumulation: the others skip both). No host sync."""
+    all-reduce and the optimizer step (gradient accumulation: the others skip both). No host sync.
+    ``weights`` (a padded step's micro-batch): the loss is :func:`weighted_loss`, whose weights
+    already hold the accumulation's and DDP's factors."""
 
-    def step(image, label, last_micro_batch: bool = True) -> torch.Tensor:
+    def step(image, label, last_micro_batch: bool = True, weights=None) -> torch.Tensor:
         no_sync = getattr(model, "no_sync", None)
         with no_sync() if (no_sync is not None and not last_micro_batch) else nullcontext():
             with autocast():
-                loss = loss_fn(model(image), label) / ga_steps
+                if weights is None:
+                    loss = loss_fn(model(image), label) / ga_steps
+                else:
+                    loss, reported = weighted_loss(loss_fn, model(image), label, weights)
             scaler.scale(loss).backward()
         if last_micro_batch:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-        return loss.detach() * ga_steps
+        return loss.detach() * ga_steps if weights is None else reported
 
     return step
 
@@ -114,7 +139,17 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
         image = image.contiguous(memory_format=torch.channels_last_3d)
     label = torch.zeros(shape, dtype=torch.uint8, device=device)
     graphed = GraphedTrainStep(model, loss_fn, optimizer, image, label, autocast, scaler)
-    return lambda image, label, last_micro_batch=True: graphed(image, label)
+    # A padded step (the epoch's last, where the batch does not divide the cases) runs eagerly on
+    # the same weights and optimizer state, which the graph reads in place.
+    eager = eager_train_step(model, loss_fn, optimizer, scaler, autocast, config.ga_steps)
+
+    def step(image, label, last_micro_batch=True, weights=None):
+        if weights is None:
+            return graphed(image, label)
+        optimizer.zero_grad(set_to_none=True)  # the graph's gradients stay in its own pool
+        return eager(image, label, last_micro_batch, weights)
+
+    return step
 
 
 def build_components(config: Config, dist_info: D.DistInfo, data=None,

@@ -7,7 +7,9 @@ rate, momentum, warm-up and decay epochs, decay factor, weight decay), every val
 to the reference's (training patch 128³, evaluation window 128³, overlap 0.5, oversampling 0.4,
 the target 0.908), the reference's data semantics (its crop sampler and gradient-accumulation
 tail: ``--semantics reference``; no project-only augmentation or
-synthetic data) and the 168/42 split of KiTS19. Anything else makes it open.
+synthetic data), the rules' evaluation schedule at the run's global batch, every case once per
+epoch (``--last_batch pad``; the reference's drop is open) and the 168/42 split of KiTS19.
+Anything else makes it open.
 
 Two pure functions, one per stage of ``runtime.resolve``: :func:`flag_reasons` over the flags
 (``resolve``, before any MLPerf event) and :func:`data_reasons` over the data (``resolve_data``,
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from model.unet3d import DEFAULT_FILTERS
 from runtime.run_files import QUALITY_THRESHOLD
+from runtime.schedule import rules_schedule
 
 # The values the rules fix to the reference's, and the reference's model and loss.
 REFERENCE_PATCH = (128, 128, 128)
@@ -37,8 +40,22 @@ def _shape(shape) -> str:
     return "x".join(map(str, shape))
 
 
-def flag_reasons(config) -> list[str]:
-    """Why the flags of ``config`` make the run open (empty: they allow closed)."""
+def schedule_reasons(config, world_size: int) -> list[str]:
+    """Why ``--start_eval_at`` / ``--evaluate_every``, when given, are not the rules' schedule at the
+    run's global batch (``runtime.schedule.rules_schedule``); a given value equal to it is fine."""
+    global_batch = config.batch_size * world_size * config.ga_steps
+    rules = rules_schedule(global_batch)
+    reasons = []
+    for name in ("start_eval_at", "evaluate_every"):
+        given, expected = getattr(config, name), getattr(rules, name)
+        if given is not None and given != expected:
+            reasons.append(f"--{name} {given} is not the rules' {expected} at global batch {global_batch}")
+    return reasons
+
+
+def flag_reasons(config, world_size: int = 1) -> list[str]:
+    """Why the flags of ``config`` make the run open (empty: they allow closed); ``world_size``
+    makes the global batch that fixes the evaluation schedule."""
     reasons = []
     if tuple(config.filters) != tuple(DEFAULT_FILTERS):
         reasons.append(f"--filters {' '.join(map(str, config.filters))} is not the reference's model")
@@ -68,7 +85,10 @@ def flag_reasons(config) -> list[str]:
         reasons.append(f"--brightness {config.brightness} is not the reference's augmentation")
     if config.loader != "pytorch":
         reasons.append(f"--loader {config.loader} is not the KiTS19 data")
-    return reasons
+    if config.last_batch != "pad":
+        reasons.append(f"--last_batch {config.last_batch} trains not every case once per epoch (the rules: "
+                       "only DLRMv2 may drop the last batch)")
+    return reasons + schedule_reasons(config, world_size)
 
 
 def data_reasons(num_train: int, num_eval: int, synthetic: str = "") -> list[str]:

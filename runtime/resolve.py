@@ -32,7 +32,7 @@ from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import native_bf16
 from runtime.optimizers import fused_step
 from runtime.plan import decided
-from runtime.schedule import eval_schedule, samples_per_epoch
+from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch
 
 
 def amp_dtype_for(amp_dtype: str, device: torch.device) -> str:
@@ -166,11 +166,23 @@ def levers_from(config: Config, dist_info: D.DistInfo) -> Config:
     return decided(replace(config, levers=names), "levers", names, why)
 
 
+def epochs_from(config: Config, world_size: int) -> Config:
+    """``--epochs auto``: the rules' non-convergence limit ``ceil(10000 * 168 / spe)`` at the run's
+    global batch (``runtime.schedule.rules_schedule``), recorded with its reason; a number stays."""
+    if config.epochs != "auto":
+        return config
+    global_batch = config.batch_size * world_size * config.ga_steps
+    epochs = rules_schedule(global_batch).fail_epoch
+    why = f"--epochs auto: the MLPerf non-convergence limit ceil(10000*168/samples_per_epoch) at global batch {global_batch}"
+    return decided(replace(config, epochs=epochs), "epochs", epochs, why, "auto")
+
+
 def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
-    """Samples per epoch and the MLPerf evaluation schedule (training only)."""
+    """Samples per epoch (``--last_batch pad``: padded, as the rules count them) and the MLPerf
+    evaluation schedule (training only)."""
     if not config.is_train:
         return {}
-    spe = samples_per_epoch(num_train, world_size, config.batch_size)
+    spe = samples_per_epoch(num_train, world_size, config.batch_size, config.ga_steps, config.last_batch)
     if spe <= 0:
         from data_loading.dataset import DataError
 
@@ -368,7 +380,8 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     config = fused_optimizer_from(seed_from(config, device, saved), device)
     config = window_batch_decided(backend_from(config, device), config.sw_batch_size, "")
     config = levers_from(cuda_graphs_from(replace(config, device=device.type), dist_info), dist_info)
-    config = division_from(config, flag_reasons(config), dist_info)
+    config = epochs_from(config, dist_info.world_size)
+    config = division_from(config, flag_reasons(config, dist_info.world_size), dist_info)
     return config if data is None else resolve_data(config, dist_info, data.summary(config))
 
 

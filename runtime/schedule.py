@@ -2,7 +2,6 @@
 standard library only at import."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -21,13 +20,22 @@ def learning_rate_at(epoch: int, base_lr: float, init_lr: float, warmup_epochs: 
     return base_lr * decay_factor ** passed
 
 
-def samples_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int:
-    """Global samples trained per epoch: every rank trains the same number of full batches of
-    its shard (``batches_per_epoch``; no padding duplicates, incomplete batches dropped)."""
+RULES_TRAIN_CASES = 168  # KiTS19's training cases: the constant of the rules' formulas
+
+
+def samples_per_epoch(num_samples: int, world_size: int, batch_size: int, ga_steps: int = 1,
+                      last_batch: str = "pad") -> int:
+    """Global samples per epoch. ``pad`` (the rules): ``ceil(N / G) * G`` with the global batch
+    ``G = batch_size * world_size * ga_steps``, a padded last batch counted (the rules' text,
+    "Quality measure"). ``drop`` (the reference): every rank's full batches of its shard
+    (``data_loading.sampler.batches_per_epoch``), incomplete batches dropped."""
+    if last_batch == "pad":
+        global_batch = batch_size * world_size * ga_steps
+        return -(-num_samples // global_batch) * global_batch
     from data_loading.sampler import batches_per_epoch  # here: the sampler imports numpy, the report's
     # time-to-train prediction imports this module's EvalSchedule with the standard library only
 
-    return world_size * batch_size * batches_per_epoch(num_samples, world_size, batch_size)
+    return world_size * batch_size * batches_per_epoch(num_samples, world_size, batch_size, 1, "drop")
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,17 @@ def eval_schedule(samples_per_epoch_: int, num_train_cases: int = 168, start_eva
     single-device run, then every ~20, scaled to ``samples_per_epoch_``; explicit values win."""
     if samples_per_epoch_ <= 0:
         raise ValueError("samples_per_epoch must be positive (is the batch larger than the shard?)")
-    scale = num_train_cases / samples_per_epoch_
-    start = start_eval_at if start_eval_at is not None else math.ceil(1000 * scale)
-    every = evaluate_every if evaluate_every is not None else math.ceil(20 * scale)
-    return EvalSchedule(start, every, math.ceil(10000 * scale))
+    def epochs_for(samples_at_batch_1: int) -> int:  # ceil(k * N / spe), in integers (no float rounding)
+        return -(-samples_at_batch_1 * num_train_cases // samples_per_epoch_)
+
+    start = start_eval_at if start_eval_at is not None else epochs_for(1000)
+    every = evaluate_every if evaluate_every is not None else epochs_for(20)
+    return EvalSchedule(start, every, epochs_for(10000))
+
+
+def rules_schedule(global_batch: int) -> EvalSchedule:
+    """The rules' schedule for unet3d at ``global_batch`` (v4.0 ``training_rules.adoc``, "Quality
+    measure"): first evaluation at ``ceil(1000 * 168 / spe)`` epochs, then every
+    ``ceil(20 * 168 / spe)``, not converged after ``ceil(10000 * 168 / spe)``, with
+    ``spe = ceil(168 / global_batch) * global_batch``."""
+    return eval_schedule(samples_per_epoch(RULES_TRAIN_CASES, 1, global_batch), RULES_TRAIN_CASES)

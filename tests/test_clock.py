@@ -121,11 +121,12 @@ def test_a_nan_case_found_after_run_start_aborts_the_logged_run(tmp_path, capsys
 
 
 def test_too_few_cases_after_run_start_abort_the_logged_run(tmp_path, capsys):
-    """A data error of the listing (a batch larger than the training set) after run_start."""
+    """A data error of the listing (a batch larger than the training set, which --last_batch drop
+    cannot fill; pad would pad it) after run_start."""
     data = easy_data.write_dataset(str(tmp_path / "data"), [0, 1, 2, 3])      # 0 and 3 are evaluation ids
     log_dir = tmp_path / "logs"
     code, out, err = call(["--data_dir", data, "--log_dir", str(log_dir), *TINY_REAL, "--batch_size", "4",
-                           "--epochs", "1"], capsys)
+                           "--epochs", "1", "--last_batch", "drop"], capsys)
     one_line_error(code, err, "2 training cases")
     keys = mllog_keys((log_dir / "unet3d.log").read_text())
     names = [key for key, _ in keys]

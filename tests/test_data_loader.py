@@ -61,10 +61,10 @@ def assert_same_batches(a, b):
 # ---------------------------------------------------------------------------- sampler (pure)
 
 @pytest.mark.parametrize("num_cases,shards,batch", [(168, 1, 2), (168, 8, 2), (42, 5, 3), (9, 4, 1)])
-def test_shards_disjoint_covering_and_equal_steps(num_cases, shards, batch):
-    per_rank = [epoch_batches(3, 5, num_cases, shards, r, batch) for r in range(shards)]
+def test_shards_disjoint_covering_and_equal_steps_when_dropping(num_cases, shards, batch):
+    per_rank = [epoch_batches(3, 5, num_cases, shards, r, batch, last_batch="drop") for r in range(shards)]
     positions = [[key[1] for b in batches for key in b] for batches in per_rank]
-    steps = batches_per_epoch(num_cases, shards, batch)
+    steps = batches_per_epoch(num_cases, shards, batch, last_batch="drop")
     assert all(len(batches) == steps for batches in per_rank)
     assert all(len(b) == batch for batches in per_rank for b in batches)
     flat = [p for rank in positions for p in rank]
@@ -105,11 +105,12 @@ def test_balance_by_cost_is_balanced_and_assigns_each_once():
 
 def test_train_loader_contract(data_dir):
     train, val = get_data_loaders(make_config(data_dir), 1, 0)
-    assert train.num_cases == 9 and len(train) == 4 and samples_per_epoch(train.num_cases, 1, 2) == 8
+    # 9 cases, batch 2: 5 batches, the last padded (every case once per epoch, as the rules say)
+    assert train.num_cases == 9 and len(train) == 5 and samples_per_epoch(train.num_cases, 1, 2) == 10
     assert val.num_cases == len(val) == 5
     train.set_epoch(1)
     batches = list(train)
-    assert len(batches) == 4
+    assert len(batches) == 5
     for image, label in batches:
         assert image.shape == label.shape == (2, 1, *PATCH)
         assert image.dtype == torch.float32 and label.dtype == torch.uint8
@@ -124,10 +125,13 @@ def test_train_loader_contract(data_dir):
 
 def test_samples_per_epoch_counts_what_all_ranks_train(data_dir):
     train, _ = get_data_loaders(make_config(data_dir, batch_size=2), 2, 1)
-    # 9 cases on 2 ranks: 4 each -> 2 batches of 2 -> 8 samples trained per epoch, which is what
-    # the schedule's formula says
-    assert len(train) == 2 and train.num_cases == 9
-    assert samples_per_epoch(train.num_cases, 2, 2) == 2 * 2 * len(train) == 8
+    # 9 cases on 2 ranks at batch 2: global batch 4, padded to 12 positions -> 3 batches of 2 on
+    # each rank, which is what the schedule's formula says
+    assert len(train) == 3 and train.num_cases == 9
+    assert samples_per_epoch(train.num_cases, 2, 2) == 2 * 2 * len(train) == 12
+    dropping, _ = get_data_loaders(make_config(data_dir, batch_size=2, last_batch="drop"), 2, 1)
+    # --last_batch drop (the reference): 4 cases each -> 2 batches of 2 -> 8 samples
+    assert len(dropping) == 2 and samples_per_epoch(9, 2, 2, last_batch="drop") == 2 * 2 * len(dropping) == 8
 
 
 def test_identical_batches_for_0_and_2_workers(data_dir):

@@ -199,7 +199,7 @@ def tiny_closed_run(argv, data, log_dir, capsys, monkeypatch):
     """A real tiny run of main.py (filters 2-8, 32³) whose flags the division takes for the
     reference's (``flag_reasons`` patched to find nothing: a closed-by-flags run is the full
     network at 128³, too large for a test), so that its log says closed before its data is read."""
-    monkeypatch.setattr("runtime.resolve.flag_reasons", lambda config: [])
+    monkeypatch.setattr("runtime.resolve.flag_reasons", lambda config, *_: [])
     return call(["--data_dir", data, "--log_dir", str(log_dir), "--filters", "2", "4", "4", "8", "8",
                  "--input_shape", "32", "32", "32", "--val_input_shape", "32", "32", "32", "--normalization",
                  "batchnorm", "--batch_size", "2", "--optimizer", "adam", "--learning_rate", "0.01", "--device",

@@ -48,7 +48,7 @@ def test_every_option_and_help_is_in_its_block(name):
 def test_a_changed_help_text_in_the_file_is_found(tmp_path):
     """On a copy: one word of main.py's table changed, the check names main.py only and exits 1."""
     text = usage_text()
-    changed = text.replace("| maximum number of epochs |", "| most epochs |", 1)
+    changed = text.replace("| per-process batch size |", "| batch size per process |", 1)
     assert changed != text
     copy = tmp_path / "usage.md"
     copy.write_text(changed, encoding="utf-8")

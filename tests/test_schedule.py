@@ -1,7 +1,10 @@
+import math
+from fractions import Fraction
+
 import pytest
 
 from runtime.training.latency import latency_summary
-from runtime.schedule import eval_schedule, learning_rate_at, samples_per_epoch
+from runtime.schedule import eval_schedule, learning_rate_at, rules_schedule, samples_per_epoch
 
 
 def test_warmup_is_linear_from_init():
@@ -18,19 +21,42 @@ def test_no_warmup_and_multistep_decay():
     assert lrs == pytest.approx([1.0, 1.0, 1.0, 0.1, 0.1, 0.01, 0.01])
 
 
-def test_samples_per_epoch_drops_incomplete_batches():
+def test_samples_per_epoch_pads_the_last_batch_or_drops_it():
+    # the rules: ceil(168 / global batch) * global batch, the global batch batch x world x ga
     assert samples_per_epoch(168, 1, 2) == 168
-    assert samples_per_epoch(168, 1, 32) == 160
-    assert samples_per_epoch(168, 8, 4) == 160  # 21 per rank -> 5 batches of 4
-    assert samples_per_epoch(168, 5, 2) == 160  # 33 per rank (no padding duplicates), 16 batches
-    assert samples_per_epoch(10, 4, 4) == 0
+    assert samples_per_epoch(168, 1, 32) == 192
+    assert samples_per_epoch(168, 8, 4) == 192
+    assert samples_per_epoch(168, 5, 2) == 170
+    assert samples_per_epoch(168, 1, 2, ga_steps=5) == 170
+    assert samples_per_epoch(10, 4, 4) == 16
+    # --last_batch drop: each rank's full batches of its shard, as before
+    assert samples_per_epoch(168, 1, 32, last_batch="drop") == 160
+    assert samples_per_epoch(168, 8, 4, last_batch="drop") == 160  # 21 per rank -> 5 batches of 4
+    assert samples_per_epoch(168, 5, 2, last_batch="drop") == 160  # 33 per rank, 16 batches
+    assert samples_per_epoch(10, 4, 4, last_batch="drop") == 0
 
 
-@pytest.mark.parametrize("global_batch, first, every", [(32, 1050, 21), (128, 1313, 27), (2, 1000, 20)])
-def test_eval_schedule_spec_examples(global_batch, first, every):
-    spe = samples_per_epoch(168, 1, global_batch)
-    schedule = eval_schedule(spe)
-    assert (schedule.start_eval_at, schedule.evaluate_every) == (first, every)
+def rules_text_schedule(global_batch):
+    """The v4.0 rules' text ("Quality measure"), in exact fractions: samples_per_epoch =
+    CEILING(168/global_batch_size) * global_batch_size; first evaluation at
+    CEILING(1000*168/samples_per_epoch), every CEILING(20*168/samples_per_epoch), failed after
+    CEILING(10000*168/samples_per_epoch)."""
+    spe = math.ceil(Fraction(168, global_batch)) * global_batch
+    return tuple(math.ceil(Fraction(k * 168, spe)) for k in (1000, 20, 10000))
+
+
+@pytest.mark.parametrize("global_batch", [2, 16, 28, 32, 56, 64, 84, 128, 150])
+def test_rules_schedule_is_the_rules_text(global_batch):
+    schedule = rules_schedule(global_batch)
+    assert (schedule.start_eval_at, schedule.evaluate_every, schedule.fail_epoch) == rules_text_schedule(global_batch)
+
+
+def test_rules_schedule_known_values():
+    # worked by hand: global batch 16 -> 176 samples per epoch; 64 -> 192; 150 -> 300
+    assert rules_text_schedule(16) == (955, 20, 9546)
+    assert rules_text_schedule(64) == (875, 18, 8750)
+    assert rules_text_schedule(150) == (560, 12, 5600)  # a float ceil(10000 * (168 / 300)) says 5601
+    assert rules_text_schedule(2) == rules_text_schedule(56) == (1000, 20, 10000)
 
 
 def test_eval_schedule_explicit_values_win_and_epochs():

@@ -309,7 +309,7 @@ def time_evaluation_pass(components: Components, out: Reporters, budget: Budget)
 def benchmark_schedule(cfg: Config, world_size: int) -> T.Schedule:
     """The run's schedule on KiTS19's 168 training cases (the RCPs' data) at this world size and
     batch; ``--start_eval_at`` / ``--evaluate_every`` when given."""
-    spe = samples_per_epoch(T.TRAIN_CASES, world_size, cfg.batch_size)
+    spe = samples_per_epoch(T.TRAIN_CASES, world_size, cfg.batch_size, cfg.ga_steps, cfg.last_batch)
     if spe <= 0:
         raise T.TimeToTrainError(f"KiTS19's {T.TRAIN_CASES} training cases make no full batch of {cfg.batch_size} "
                                  f"on each of {world_size} ranks")

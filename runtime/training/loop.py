@@ -197,13 +197,18 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
         loss_sum += state.epoch_loss_sum
     skip, state.epoch_loss_sum = state.step_in_epoch, 0.0
     start, steps_done = time.time(), 0
+    weights_of = getattr(loader, "step_weights", lambda _: None)
     for step, (image, label) in enumerate(out.progress(loader, desc=f"epoch {epoch}", total=len(loader))):
         if step < skip:  # resumed mid-epoch: these batches were trained before pre-emption
             continue
         image, label = step_inputs(components, image, label)
         last = step + 1 == len(loader)
         boundary = (step + 1) % cfg.ga_steps == 0 or (last and cfg.semantics == "project")
-        loss_sum += components.step(image, label, boundary)
+        weights = weights_of(step)  # None but in a padded step (--last_batch pad)
+        if weights is None:
+            loss_sum += components.step(image, label, boundary)
+        else:
+            loss_sum += components.step(image, label, boundary, weights)
         steps_done += 1
         if last and not boundary:  # the reference drops the epoch's last partial accumulation
             components.optimizer.zero_grad(set_to_none=True)
@@ -211,9 +216,13 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
             state.step_in_epoch = step + 1
             state.epoch_loss_sum = float(D.all_reduce_sum(loss_sum.clone()).item())
             return EpochResult(math.nan, 0.0, preempted=True)
-    # One host sync per epoch: the summed loss of all ranks.
+    # One host sync per epoch: the summed loss of all ranks, each batch's the mean of its real
+    # samples' losses times their share of the batch (a full batch: its mean).
     world = components.dist.world_size
-    mean_loss = float(D.all_reduce_sum(loss_sum).item()) / max(1, len(loader) * world)
+    trained = getattr(loader, "samples_trained", None)
+    padded = trained is not None and trained != len(loader) * world * cfg.batch_size
+    batches = trained / cfg.batch_size if padded else max(1, len(loader) * world)
+    mean_loss = float(D.all_reduce_sum(loss_sum).item()) / batches
     throughput = steps_done * cfg.batch_size * world / max(time.time() - start, 1e-9)
     state.epoch, state.step_in_epoch = epoch, 0
     return EpochResult(mean_loss, throughput, preempted=False)
