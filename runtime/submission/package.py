@@ -177,29 +177,25 @@ def _not_the_default_org(org: str, entries: Sequence[RunEntry]) -> None:
                            "submitter: run with --submission_org YOUR_ORG")
 
 
-def _what_ran(entries: Sequence[RunEntry], packing_host: bool, code: bool,
-              repo: str | None) -> tuple[W.WhatRan, W.CodeSource | None]:
-    """The counted runs' records, checked to agree, and where the code they ran is (before
-    anything is written)."""
+def _what_ran(entries: Sequence[RunEntry], names: tuple[str, str, str, str], system_fields: dict | None,
+              nodes: int | None, packing_host: bool, code: bool,
+              repo: str | None) -> tuple[W.WhatRan, dict, W.CodeSource | None]:
+    """The counted runs' records, checked to agree, the system description made from them
+    (``names``: org, system, division, status) and where the code they ran is; before anything
+    is written."""
     try:
         what = W.read_records([os.path.dirname(e.log) if e.log else e.folder for e in entries], packing_host)
-        return what, (W.code_source(what, repo or W.H.ROOT) if code else None)
+        description = W.system_description(what, *names, system_fields, nodes, entries[0].folder)
+        return what, description, (W.code_source(what, repo or W.H.ROOT) if code else None)
     except W.RecordError as error:
         raise PackageError(str(error)) from None
 
 
-def _write_system(what: W.WhatRan, path: str, org: str, system_name: str, division: str, status: str,
-                  system_fields: dict | None, nodes: int | None, storage_path: str) -> dict:
-    try:
-        description = W.system_description(what, org, system_name, division, status, system_fields, nodes,
-                                           storage_path)
-    except W.RecordError as error:
-        raise PackageError(str(error)) from None
+def _write_json(path: str, value: dict) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(description, handle, indent=2)
+        json.dump(value, handle, indent=2)
         handle.write("\n")
-    return description
 
 
 def _write_implementation(what: W.WhatRan, source: W.CodeSource | None, benchmarks: str, description: dict,
@@ -338,7 +334,8 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
     division = _agreed(counted, "submission_division")
     status = _agreed(counted, "submission_status")
     _not_the_default_org(org, counted)
-    what, source = _what_ran(counted, packing_host, code, repo)
+    what, description, source = _what_ran(counted, (org, system_name, division, status), system_fields, nodes,
+                                          packing_host, code, repo)
     _empty_output(output)
     results = os.path.join(output, org, "results", system_name, BENCHMARK)
     os.makedirs(results)
@@ -351,8 +348,7 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
     packed = [e for e in counted if e.packed_as]
     batches = sorted({e.global_batch for e in packed if e.global_batch is not None})
     description_path = os.path.join(output, org, "systems", f"{system_name}.json")
-    description = _write_system(what, description_path, org, system_name, division, status, system_fields, nodes,
-                                folders[0])
+    _write_json(description_path, description)
     unknown = sorted(set(system_fields or {}) - set(S.REQUIRED_FIELDS))
     code_files, implementation_files = _write_implementation(
         what, source, os.path.join(output, org, "benchmarks", BENCHMARK), description, system_name, batches,

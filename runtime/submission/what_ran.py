@@ -328,8 +328,9 @@ def readme(what: WhatRan, description: dict, system_name: str, implementation: s
     if what.record is None:
         return "\n".join(lines + [
             f"The runs recorded no machine, code or recipe ({RUN_DESCRIPTION}, written by runs of newer code): "
-            f"`systems/{system_name}.json` describes the host that made this package ({PACKING_HOST_FLAG}), not "
-            f"necessarily the one that trained, and there is no launch script. Code: {code_said}.", ""])
+            f"`systems/{system_name}.json` describes the packing host, the machine that made this package "
+            f"({PACKING_HOST_FLAG}), not necessarily the one that trained, and there is no launch script. Code: "
+            f"{code_said}.", ""])
     record = what.record
     host = record["hosts"][0]
     used = host.get("accelerators_used", 0)
