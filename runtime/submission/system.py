@@ -1,7 +1,8 @@
 """``systems/<system>.json``: the fields ``mlperf_logging.system_desc_checker`` wants (ruleset
-4.0.0, usage training), filled from the machine where they can be read from it.
+4.0.0, usage training), from a machine's facts (:func:`runtime.host.host_facts`): the runs' own
+(``package``, from each run's ``run_description.json``) or this machine's (``describe``).
 
-What the machine tells (Linux ``/proc`` and ``/sys``, ``os``, torch when installed): the CPU
+What a machine tells (Linux ``/proc`` and ``/sys``, ``os``, torch when installed): the CPU
 model, sockets, cores and logical CPUs, its frequency and caches, the memory, the accelerators
 (count, name, memory), the framework and the software stack, the operating system. What it
 cannot tell (interconnects, network, storage type, cooling, memory configuration) is left empty

@@ -307,9 +307,10 @@ def launch_script(record: dict, implementation: str) -> str:
         per_node = "${NPROC_PER_NODE:?}"
     flag_text = " \\\n    ".join(" ".join(_q(t) for t in [option, *values]) for option, values in split_flags(flags))
     if nodes == 1:
-        lines += [f"export NPROC_PER_NODE={per_node}", "",
+        lines += ["", "# processes on this node (run_and_time.sh starts torchrun for more than one)",
+                  f"export NPROC_PER_NODE={per_node}", "",
                   "# run_and_time.sh drops the page cache, times the run and passes these flags after its own",
-                  'exec "$CODE_DIR/run_and_time.sh" "$SEED" \\', f"    {flag_text}" if flags else ""]
+                  'exec bash "$CODE_DIR/run_and_time.sh" "$SEED" \\', f"    {flag_text}" if flags else ""]
     else:
         lines += ["", f"# {nodes} nodes: run this on every node with NODE_RANK, MASTER_ADDR and MASTER_PORT set (the",
                   "# SLURM job $CODE_DIR/scripts/slurm/multi_node.sbatch does it, with these settings exported);",
