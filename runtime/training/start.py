@@ -99,9 +99,9 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
     apply_host_memory(config)
     out = make_reporters(session, config, saved)
     session.on_exit.callback(close_reporters, out)
+    out.mlperf.submission_info(config)
     if session.mode.mlperf_run and not (saved is not None and saved.resume):
         record_run(session.config, session.dist)  # what runs (runtime/host.py), before the clock
-    out.mlperf.submission_info(config)
     out.mlperf.start(C.INIT_START)
     components = build_components(config, session.dist, None, saved)
     out.mlperf.weights_initialization(config)
