@@ -14,6 +14,9 @@ A ``--log_dir`` holds:
   every key of an ``eval`` record (``EvalPoint.metrics``).
 * ``eval_cases.csv`` (``--exec_mode evaluate``): one row per case, :data:`EVAL_CASES_COLUMNS`.
 * ``curves.png`` (``--plot``).
+* ``run_description.json`` (a training run, before ``run_start``): the machines of every process,
+  the software, the code and the recipe (``runtime/host.py``); the submission package's system
+  description and implementation README are built from it.
 * ``previous-<time>/``: a new training run in a used folder moves the last run's files (and its
   checkpoint) there first (:func:`run_file_names`, ``runtime.outputs.move_previous_run``); the
   report and the package read each such folder as an attempt of its own (a crashed one is a
@@ -39,6 +42,7 @@ CURVES_PNG = "curves.png"
 EVAL_CASES_CSV = "eval_cases.csv"
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
+RUN_DESCRIPTION = "run_description.json"
 RESUMED_TIME_FORMAT = "%Y%m%d-%H%M%S"  # sorts in time order, so the attempts sort by name
 
 
@@ -58,7 +62,7 @@ PREVIOUS_RUN_PREFIX = "previous-"
 
 def run_file_names(names: Iterable[str]) -> list[str]:
     """The names among ``names`` (a folder's entries) that are files of a training run."""
-    own = (MLPERF_LOG, METRICS_LOG, EVAL_CASES_CSV, CURVES_PNG)
+    own = (MLPERF_LOG, METRICS_LOG, EVAL_CASES_CSV, CURVES_PNG, RUN_DESCRIPTION)
     return sorted(name for name in names if name in own or fnmatch.fnmatchcase(name, RESUMED_LOG_GLOB))
 
 # -- the MLPerf log: the lines and keys the report reads (mlperf_logging's names) ----------------

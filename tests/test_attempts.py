@@ -135,7 +135,7 @@ def test_a_new_run_moves_every_file_of_the_last_run_out_of_its_way(tmp_path, cap
     assert moved == {name: data for name, data in old.items() if name != "notes.txt"}  # byte for byte
     assert (log_dir / "notes.txt").read_text() == "the user's own"  # not a run's file: left alone
     assert sorted(p for p in os.listdir(log_dir) if not p.startswith(".")) == sorted(
-        ["checkpoint.pt", "log.json", "notes.txt", "unet3d.log", previous])
+        ["checkpoint.pt", "log.json", "notes.txt", "run_description.json", "unet3d.log", previous])
     assert sum(line.startswith("--log_dir: moved the previous run's files") for line in out.splitlines()) == 1
     report = make_report([str(log_dir)], str(tmp_path / "report"), check=False, draw=False, say=lambda _: None)
     earlier, summary = report["runs"]  # the moved run is listed as an attempt of the folder, apart

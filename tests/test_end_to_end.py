@@ -151,6 +151,11 @@ def test_torchrun_two_process_training(small_data, tmp_path):
     assert proc.returncode in (0, 3), proc.stderr[-3000:]
     assert proc.stdout.count("RUN_SUMMARY,image_segmentation") == 1
     assert "8 cases, 8 samples/epoch, first eval at epoch 2, then every 1;" in proc.stdout  # 2 ranks x 2 batches of 2
+    # the run's record: both processes gathered to rank 0, on this one node; main.py's argv as typed
+    record = json.loads((tmp_path / "run_description.json").read_text())
+    assert (record["world_size"], record["nodes"], record["processes_per_node"]) == (2, 1, 2)
+    assert record["hosts"][0]["ranks"] == [0, 1] and record["recipe"]["launcher"] == "torchrun"
+    assert record["recipe"]["argv"][:2] == ["--data_dir", small_data]
     state = load_checkpoint(str(tmp_path / "c.pt"))
     assert state["epoch"] == 2 and state["last_eval"]["eval_cases"] == 5
     # both ranks evaluated with rank 0's batch-norm statistics, i.e. the checkpoint's: one

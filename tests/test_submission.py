@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import easy_data
+import run_records
 from runtime.app import run as run_main
 from runtime.arguments import parse_args
 from runtime.report.cli import make_report
@@ -44,10 +45,13 @@ def data(tmp_path_factory):
 
 
 def tiny_run(data: str, log_dir: Path, seed: int, *more: str) -> int:
-    """One tiny training run of main.py's code in this process, its console swallowed."""
+    """One tiny training run of main.py's code in this process, its console swallowed; its
+    record says it ran this checkout's HEAD."""
     argv = ["--data_dir", data, "--log_dir", str(log_dir), "--seed", str(seed), *TINY, *more]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return run_main(parse_args(argv))
+        code = run_main(parse_args(argv))
+    run_records.as_committed(log_dir)  # as if from a clean checkout (the code packed: HEAD's)
+    return code
 
 
 def lines(path: Path) -> list[str]:

@@ -62,11 +62,17 @@ def parser() -> argparse.ArgumentParser:
     package.add_argument("--system_fields", default="",
                          help="a JSON object of system description fields to set (those the machine cannot tell; "
                               "a local `runs` sweep writes RUNS/system-fields.json to start from)")
-    package.add_argument("--nodes", type=int, default=1, help="number_of_nodes of the system description")
+    package.add_argument("--nodes", type=int, default=None,
+                         help="number_of_nodes of the system description: the runs' records tell it (a different "
+                              "value is refused); 1 with --system_from_packing_host")
+    package.add_argument("--system_from_packing_host", action="store_true",
+                         help="runs made before runs recorded their machines (no run_description.json): describe "
+                              "the system from the machine running this command instead, and say so in the package")
     package.add_argument("--expected_runs", type=int, default=40,
                          help="result files the package holds (the package checker wants 40 for unet3d)")
     package.add_argument("--no_check", action="store_true", help="assemble only; run no checker")
-    package.add_argument("--no_code", action="store_true", help="leave the code out of benchmarks/")
+    package.add_argument("--no_code", action="store_true",
+                         help="leave the code out of benchmarks/ (and the checks that the runs' code can be packed)")
 
     describe = sub.add_parser("describe", help="this machine's system description fields, as JSON")
     describe.add_argument("--output", default="-", help="file to write (default: print)")
@@ -114,14 +120,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _error(f"--system_fields {args.system_fields}: {getattr(error, 'strerror', None) or error}")
         if not isinstance(system_fields, dict):
             return _error(f"--system_fields {args.system_fields}: not a JSON object")
-    if args.nodes < 1 or args.expected_runs < 1:
+    if (args.nodes is not None and args.nodes < 1) or args.expected_runs < 1:
         return _error("--nodes and --expected_runs must be at least 1")
     missing = [p for p in args.runs if not os.path.isdir(p)]
     if missing:
         return _error(f"{missing[0]}: no such folder")
     try:
         report = assemble(args.runs, args.output, expected=args.expected_runs, system_fields=system_fields,
-                          nodes=args.nodes, check=not args.no_check, code=not args.no_code)
+                          nodes=args.nodes, check=not args.no_check, code=not args.no_code,
+                          packing_host=args.system_from_packing_host)
     except (PackageError, OSError) as error:
         return _error(error)
     from runtime.submission.package import report_markdown

@@ -3,7 +3,9 @@ official tools.
 
     OUT/<org>/results/<system>/unet3d/result_<i>.txt   the counted runs' MLPerf logs (unet3d.log)
     OUT/<org>/systems/<system>.json                    the system description
-    OUT/<org>/benchmarks/unet3d/implementations/<impl> this project's code (its tracked files)
+    OUT/<org>/benchmarks/unet3d/implementations/<impl> the code the runs logged (git archive of their commit)
+    OUT/<org>/benchmarks/unet3d/implementations/<system>/
+                                    README.md, run_and_time.sh, <system>_<impl>.json: what ran, and its recipe
     OUT/report.md, OUT/report.json                     what was packed, left out and why; the
                                                        checkers' verdicts; the score
     OUT/checkers/                                      the checkers' own logs
@@ -17,6 +19,8 @@ of a rerun); a run is counted or left out by :mod:`runtime.submission.validity`:
 packed in the order they started; of more than ``--expected_runs``, the consecutive ones whose
 olympic score is closest to the median of every such window's (the rules' choice,
 ``runtime.report.scoring.rules_window``; never chosen by their outcome alone).
+The system description,
+the code and the recipe come from the runs' own records (:mod:`runtime.submission.what_ran`).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from runtime.report.runs import find_runs, folder_runs, mlperf_logs
 from runtime.report.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, olympic_score, rules_window
 from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, UNVERIFIED
 from runtime.submission import system as S
+from runtime.submission import what_ran as W
 from runtime.submission.validity import NOT_A_RESULT, RESULT, Validity, judge_events, read_events
 
 RULESET = "4.0.0"  # the only ruleset whose checkers still know unet3d (retired after v4.0)
@@ -43,6 +48,7 @@ BENCHMARK = "unet3d"
 EXPECTED_RUNS = SUBMISSION_RUNS  # mlperf_logging.benchmark_meta: unet3d's result file count (40)
 # DROPPED_EACH_END: olympic scoring of unet3d, the 4 fastest and the 4 slowest (from runtime.report.scoring)
 IMPLEMENTATION = "pytorch-unet3d-kits19"
+DEFAULT_ORG = "reference_implementation"  # main.py's --submission_org default (tests check they agree)
 PACKAGE_CHECKER_SUCCESS = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS"
 # the flags of main.py whose logged values name the package's folders and system description
 METADATA_KEYS = {"submission_org": "--submission_org", "submission_platform": "--submission_platform",
@@ -171,6 +177,45 @@ def copy_code(destination: str) -> int:
     return len(files)
 
 
+def _not_the_default_org(org: str, entries: Sequence[RunEntry]) -> None:
+    if org == DEFAULT_ORG:
+        raise PackageError(f"submission_org {org!r} (logged by {entries[0].folder}) is main.py's default, not a "
+                           "submitter: run with --submission_org YOUR_ORG")
+
+
+def _what_ran(entries: Sequence[RunEntry], names: tuple[str, str, str, str], system_fields: dict | None,
+              nodes: int | None, packing_host: bool, code: bool,
+              repo: str | None) -> tuple[W.WhatRan, dict, W.CodeSource | None]:
+    """The counted runs' records, checked to agree, the system description made from them
+    (``names``: org, system, division, status) and where the code they ran is; before anything
+    is written."""
+    try:
+        what = W.read_records([os.path.dirname(e.log) if e.log else e.folder for e in entries], packing_host)
+        description = W.system_description(what, *names, system_fields, nodes, entries[0].folder)
+        return what, description, (W.code_source(what, repo or W.H.ROOT) if code else None)
+    except W.RecordError as error:
+        raise PackageError(str(error)) from None
+
+
+def _write_json(path: str, value: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=2)
+        handle.write("\n")
+
+
+def _write_implementation(what: W.WhatRan, source: W.CodeSource | None, benchmarks: str, description: dict,
+                          system_name: str, batches: Sequence[int], packed: int) -> tuple[int, list[str]]:
+    """The code (``source``; None: ``--no_code``) in ``<benchmarks>/implementations/<impl>`` and
+    the system's README, launch script and recipe beside it: (code files, paths written)."""
+    implementations = os.path.join(benchmarks, "implementations")
+    files = W.pack_code(source, os.path.join(implementations, IMPLEMENTATION), copy_code) if source else 0
+    said = source.said if source else "not packed (--no_code)"
+    written = W.write_implementation(os.path.join(implementations, system_name), what, description, system_name,
+                                     IMPLEMENTATION, batches, packed, said)
+    return files, written
+
+
 def _python(code_or_module: list[str], cwd: str, timeout: float) -> subprocess.CompletedProcess:
     try:
         return subprocess.run([sys.executable, *code_or_module], cwd=cwd, capture_output=True, text=True,
@@ -252,9 +297,11 @@ def not_checked(division: str, verdicts: dict) -> list[str]:
         "given and its previous-* attempts, packs a crashed attempt as a failed run, and of more runs than the "
         "package holds packs the consecutive ones (by start) whose score is closest to the median of every such "
         "window's; runs kept elsewhere it cannot see",
-        "the system description's values: only that every field exists and the status is one of four; fields this "
-        "machine could not tell are listed below",
-        "that the code in benchmarks/ is the code that ran (the checker only lists its source files)",
+        "the system description's values: only that every field exists and the status is one of four (this command "
+        "fills them from the runs' own records, run_description.json, and refuses runs that disagree); fields the "
+        "machines could not tell are listed below",
+        "that the code in benchmarks/ is the code that ran: the checker only lists its source files (this command "
+        "packs the commit the runs logged, checked against the hash of the files that ran)",
         "that the logs' submission_org and submission_platform match the package's folders (this command names "
         "the folders after them)",
     ]
@@ -297,10 +344,12 @@ def choose_runs(counted: Sequence[RunEntry], expected: int) -> list[RunEntry]:
 
 
 def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected: int = EXPECTED_RUNS,
-             system_fields: dict | None = None, nodes: int = 1, check: bool = True, code: bool = True,
-             say: Callable[[str], None] = print) -> dict:
+             system_fields: dict | None = None, nodes: int | None = None, check: bool = True, code: bool = True,
+             say: Callable[[str], None] = print, packing_host: bool = False, repo: str | None = None) -> dict:
     """Judge the runs under ``paths``, write the package into the new folder ``output``, run
-    the official checkers (``check``) and write the report. Returns the report's dict."""
+    the official checkers (``check``) and write the report. Returns the report's dict.
+    ``packing_host``: runs without a record described by this machine; ``repo``: the checkout
+    whose git history holds the runs' commit (default: this project's)."""
     folders = run_folders(paths)
     missing = [p for p in paths if not find_runs(p)]
     if not folders:
@@ -314,6 +363,9 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
     system_name = _agreed(counted, "submission_platform")
     division = _agreed(counted, "submission_division")
     status = _agreed(counted, "submission_status")
+    _not_the_default_org(org, counted)
+    what, description, source = _what_ran(counted, (org, system_name, division, status), system_fields, nodes,
+                                          packing_host, code, repo)
     _empty_output(output)
     results = os.path.join(output, org, "results", system_name, BENCHMARK)
     os.makedirs(results)
@@ -321,25 +373,23 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
         entry.packed_as = f"result_{index}.txt"
         shutil.copyfile(entry.log, os.path.join(results, entry.packed_as))
     packed = [e for e in counted if e.packed_as]
+    batches = sorted({e.global_batch for e in packed if e.global_batch is not None})
     description_path = os.path.join(output, org, "systems", f"{system_name}.json")
-    os.makedirs(os.path.dirname(description_path))
-    description = S.describe(org, system_name, division, status, nodes, storage_path=folders[0])
+    _write_json(description_path, description)
     unknown = sorted(set(system_fields or {}) - set(S.REQUIRED_FIELDS))
-    description.update(system_fields or {})
-    with open(description_path, "w", encoding="utf-8") as handle:
-        json.dump(description, handle, indent=2)
-        handle.write("\n")
-    code_files = copy_code(os.path.join(output, org, "benchmarks", BENCHMARK, "implementations", IMPLEMENTATION)) \
-        if code else 0
+    code_files, implementation_files = _write_implementation(
+        what, source, os.path.join(output, org, "benchmarks", BENCHMARK), description, system_name, batches,
+        len(packed))
     verdicts = run_checkers(output, os.path.join(output, org), results, ruleset) if check else {}
     minutes, score_text = _score(packed)
-    batches = sorted({e.global_batch for e in packed if e.global_batch is not None})
     report = {
         "output": output, "package": os.path.join(output, org), "ruleset": ruleset, "org": org,
         "system": system_name, "division": division, "status": status, "expected_runs": expected,
         "global_batch_sizes": batches, "system_description": description_path,
         "system_fields_to_fill": S.unfilled(description), "unknown_system_fields": unknown,
-        "code_files": code_files, "score_minutes": minutes, "score": score_text, "checkers": verdicts,
+        "code_files": code_files, "code": source.said if source else "not packed (--no_code)",
+        "system_from": what.source, "what_ran_notes": what.notes, "implementation_files": implementation_files,
+        "score_minutes": minutes, "score": score_text, "checkers": verdicts,
         "not_checked": not_checked(division, verdicts), "paths_without_runs": missing,
         "runs": [{"folder": e.folder, "kind": e.validity.kind, "reason": e.validity.reason, "seed": e.seed,
                   "minutes": e.minutes, "packed_as": e.packed_as, "note": e.note, "start_ms": e.start_ms}
@@ -380,8 +430,14 @@ def report_markdown(report: dict) -> str:
         lines += [f"  - error: {_cell(e)}" for e in verdict["errors"][:10]]
         lines += [f"  - {_cell(d)}" for d in verdict.get("details", [])[:4]]
     lines += ["", "## What the checkers could not check", ""] + [f"- {item}" for item in report["not_checked"]]
+    source = "the runs' own records (run_description.json)" if report.get("system_from") == "runs" else \
+        f"the packing host ({W.PACKING_HOST_FLAG})"
+    lines += ["", f"System description from {source}; code: "
+                  f"{_cell(report.get('code', ''))}; what ran and how to run it again: "
+                  f"`benchmarks/{BENCHMARK}/implementations/{report['system']}/README.md`."]
+    lines += [f"- {_cell(note)}" for note in report.get("what_ran_notes", [])]
     if report["system_fields_to_fill"]:
-        lines += ["", f"System description fields this machine could not tell, left empty in "
+        lines += ["", f"System description fields the machines could not tell, left empty in "
                       f"`{report['system_description']}` (give them with `--system_fields FILE.json`): "
                       + ", ".join(f"`{f}`" for f in report["system_fields_to_fill"]) + "."]
     lines += ["", "## Runs", "", "| run | seed | outcome | minutes | packed as | why |",

@@ -10,6 +10,7 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
+from runtime.host import record_run
 from runtime.mode import Session
 from runtime.outputs import move_previous_run
 from runtime.progress import make_progress
@@ -99,6 +100,8 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
     out = make_reporters(session, config, saved)
     session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(config)
+    if session.mode.mlperf_run and not (saved is not None and saved.resume):
+        record_run(session.config, session.dist)  # what runs (runtime/host.py), before the clock
     out.mlperf.start(C.INIT_START)
     components = build_components(config, session.dist, None, saved)
     out.mlperf.weights_initialization(config)
