@@ -5,7 +5,7 @@ other, or as one SLURM job each.
     RUNS/run_<i>.console.txt    a local run's stdout and stderr (each attempt appended)
     RUNS/seeds.json             the seed of every run (drawn once, kept for a run not yet made)
     RUNS/jobs.json              --slurm: the job id of every run submitted
-    RUNS/system-fields.json     a local sweep: the system description's fields of this machine
+    RUNS/system-fields.json     a local sweep: the system description's fields machines cannot tell, to fill in
 
 A run folder that holds a run (an MLPerf log that reached ``run_start``, in the folder or moved
 aside into its ``previous-*``) is never run again: the same command continues an interrupted
@@ -215,10 +215,11 @@ def run_sweep(output: str, count: int, flags: Sequence[str] = (), launcher: str 
     os.makedirs(output, exist_ok=True)
     _write_json(seeds_path, seeds)
     if not slurm and not os.path.exists(os.path.join(output, SYSTEM_FIELDS_FILE)):
-        fields = S.describe("", "", "", "", storage_path=output)
-        for key in ("submitter", "system_name", "division", "status"):  # these come from the runs' logs
-            fields.pop(key)
-        _write_json(os.path.join(output, SYSTEM_FIELDS_FILE), fields)
+        # only what machines cannot tell, to fill in: the rest comes from the runs' own records
+        # (run_description.json), which `package` refuses to see contradicted
+        described = S.describe("", "", "", "", storage_path=output)
+        _write_json(os.path.join(output, SYSTEM_FIELDS_FILE), {key: described[key] for key in S.unfilled(described)
+                                                                if key not in S.FROM_THE_LOGS})
     failed = 0
     for name, command, env in planned:
         if slurm:

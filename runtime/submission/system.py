@@ -90,6 +90,9 @@ def describe(submitter: str, system_name: str, division: str, status: str, nodes
                   host["accelerators"]["visible"], notes, storage)
 
 
+FROM_THE_LOGS = ("submitter", "system_name", "division", "status")  # the runs' MLPerf logs name these
+
+
 def unfilled(description: dict) -> list[str]:
     """The required fields left empty (the machine could not tell them)."""
     return [f for f in REQUIRED_FIELDS if f not in OPTIONAL_EMPTY and description.get(f, "") in ("", None)]
