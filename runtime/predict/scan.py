@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -146,13 +146,50 @@ def probabilities_in_original_grid(probabilities: torch.Tensor, geometry: ScanGe
                                     align_corners=True)[0, 0] for c in range(probabilities.shape[0])])
 
 
+AIR_HU = -500.0  # CT's air is about -1000 HU (outside the field of view -1024 or lower), fat -100
+
+
+def air_slices(image: np.ndarray) -> tuple[int, int]:
+    """How many slices at the start and at the end of axis 0 (the slices) of ``image``
+    (D, H, W, HU) hold nothing but air (no voxel above :data:`AIR_HU`); (0, 0) when every slice
+    does (:func:`data_loading.scan_checks.check_ct_intensities` refuses such a scan)."""
+    solid = np.flatnonzero(image.max(axis=(1, 2)) > AIR_HU)
+    if solid.size == 0:
+        return 0, 0
+    return int(solid[0]), int(image.shape[0] - 1 - solid[-1])
+
+
+def with_air_slices(array: np.ndarray, before: int, after: int, fill: Sequence[float] = (0,)) -> np.ndarray:
+    """``array`` (C, D, H, W) or (D, H, W) with ``before`` and ``after`` slices put back on the
+    slice axis, each channel filled with its value of ``fill`` (the background: label 0, or
+    probability 1 for class 0 and 0 for the others)."""
+    if not before and not after:
+        return array
+    channels = array[None] if array.ndim == 3 else array
+    out = np.empty((channels.shape[0], channels.shape[1] + before + after, *channels.shape[2:]), array.dtype)
+    for c, value in enumerate(fill if len(fill) == channels.shape[0] else [fill[0]] * channels.shape[0]):
+        out[c, :before] = value
+        out[c, out.shape[1] - after:] = value
+    out[:, before:out.shape[1] - after] = channels
+    return out[0] if array.ndim == 3 else out
+
+
 def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], timer: "StageTimer",
                    probabilities: bool = False, path: str = "") -> Segmentation:
     """A scan read into the KiTS19 layout (``raw``) -> its :class:`Segmentation` on its own grid
     and axes: preprocess, ``infer`` (preprocessed image -> class probabilities), back to the
-    original grid and axes (with ``probabilities``, the probabilities too)."""
+    original grid and axes (with ``probabilities``, the probabilities too).
+
+    Whole slices of air at either end of the slice axis (:func:`air_slices`: beyond the
+    patient; the network never saw such a slice in training) are background and are not read:
+    each window normalises itself by its own statistics, so slabs of air inside the windows
+    would change the labels they give inside the body. In-plane, the scan is read whole (the air
+    around the body is what the network was trained with).
+    """
     with timer("preprocess"):
-        image, geometry = preprocess_scan(raw, path)
+        before, after = air_slices(raw.image[0])
+        body = replace(raw, image=raw.image[:, before:raw.image.shape[1] - after]) if before or after else raw
+        image, geometry = preprocess_scan(body, path)
     with timer("infer"):
         out = infer(image)
     windows = getattr(infer, "windows", None)  # ScanInference counts them
@@ -162,11 +199,12 @@ def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], ti
         if probabilities:
             grid = probabilities_in_original_grid(out, geometry)
             labels = grid.argmax(0).to(torch.uint8).cpu().numpy()
-            grid = grid.cpu().numpy()
+            grid = with_air_slices(grid.cpu().numpy(), before, after, (1.0,) + (0.0,) * (grid.shape[0] - 1))
             kept = np.stack([raw.to_file(p) for p in grid]) if raw.orientation is not None else grid
             del grid
         else:
             labels = labels_in_original_grid(out, geometry)
+        labels = with_air_slices(labels, before, after)
         file_labels = raw.to_file(labels)  # the file's own axes (the same array when unmoved)
     return Segmentation(file_labels, kept, raw.nifti, labels, windows)
 
