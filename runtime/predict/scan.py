@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from data_loading.atomic import atomic_write
+from data_loading.scan_checks import AIR_HU, check_ct_intensities
 from data_loading.scans import (RawScan, Scan, ScanGeometry, class_volumes_ml, crop_padding, labels_in_original_grid,
                                 output_path, preprocess_scan, read_label, read_labels_file, read_scan,
                                 write_segmentation)
@@ -146,9 +147,6 @@ def probabilities_in_original_grid(probabilities: torch.Tensor, geometry: ScanGe
                                     align_corners=True)[0, 0] for c in range(probabilities.shape[0])])
 
 
-AIR_HU = -500.0  # CT's air is about -1000 HU (outside the field of view -1024 or lower), fat -100
-
-
 def air_slices(image: np.ndarray) -> tuple[int, int]:
     """How many slices at the start and at the end of axis 0 (the slices) of ``image``
     (D, H, W, HU) hold nothing but air (no voxel above :data:`AIR_HU`); (0, 0) when every slice
@@ -178,7 +176,9 @@ def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], ti
                    probabilities: bool = False, path: str = "") -> Segmentation:
     """A scan read into the KiTS19 layout (``raw``) -> its :class:`Segmentation` on its own grid
     and axes: preprocess, ``infer`` (preprocessed image -> class probabilities), back to the
-    original grid and axes (with ``probabilities``, the probabilities too).
+    original grid and axes (with ``probabilities``, the probabilities too). A volume that
+    does not look like CT in HU is refused first (:func:`data_loading.scan_checks.check_ct_intensities`:
+    ``ScanError``, one line naming ``path``).
 
     Whole slices of air at either end of the slice axis (:func:`air_slices`: beyond the
     patient; the network never saw such a slice in training) are background and are not read:
@@ -187,6 +187,7 @@ def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], ti
     around the body is what the network was trained with).
     """
     with timer("preprocess"):
+        check_ct_intensities(raw.image, path or "array")
         before, after = air_slices(raw.image[0])
         body = replace(raw, image=raw.image[:, before:raw.image.shape[1] - after]) if before or after else raw
         image, geometry = preprocess_scan(body, path)
