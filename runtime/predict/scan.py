@@ -157,19 +157,16 @@ def air_slices(image: np.ndarray) -> tuple[int, int]:
     return int(solid[0]), int(image.shape[0] - 1 - solid[-1])
 
 
-def with_air_slices(array: np.ndarray, before: int, after: int, fill: Sequence[float] = (0,)) -> np.ndarray:
-    """``array`` (C, D, H, W) or (D, H, W) with ``before`` and ``after`` slices put back on the
-    slice axis, each channel filled with its value of ``fill`` (the background: label 0, or
-    probability 1 for class 0 and 0 for the others)."""
+def with_air_slices(array: np.ndarray, before: int, after: int) -> np.ndarray:
+    """Labels (D, H, W) or class probabilities (C, D, H, W) with ``before`` and ``after`` slices
+    of background put back on the slice axis (label 0; probability 1 for class 0, 0 for the others)."""
     if not before and not after:
         return array
-    channels = array[None] if array.ndim == 3 else array
-    out = np.empty((channels.shape[0], channels.shape[1] + before + after, *channels.shape[2:]), array.dtype)
-    for c, value in enumerate(fill if len(fill) == channels.shape[0] else [fill[0]] * channels.shape[0]):
-        out[c, :before] = value
-        out[c, out.shape[1] - after:] = value
-    out[:, before:out.shape[1] - after] = channels
-    return out[0] if array.ndim == 3 else out
+    out = np.pad(array, [(0, 0)] * (array.ndim - 3) + [(before, after), (0, 0), (0, 0)])
+    if array.ndim == 4:
+        out[0, :before] = 1
+        out[0, out.shape[1] - after:] = 1
+    return out
 
 
 def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], timer: "StageTimer",
@@ -200,7 +197,7 @@ def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], ti
         if probabilities:
             grid = probabilities_in_original_grid(out, geometry)
             labels = grid.argmax(0).to(torch.uint8).cpu().numpy()
-            grid = with_air_slices(grid.cpu().numpy(), before, after, (1.0,) + (0.0,) * (grid.shape[0] - 1))
+            grid = with_air_slices(grid.cpu().numpy(), before, after)
             kept = np.stack([raw.to_file(p) for p in grid]) if raw.orientation is not None else grid
             del grid
         else:
