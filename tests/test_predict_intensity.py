@@ -17,7 +17,7 @@ from data_loading.scan_checks import MAX_DENSE_FRACTION, MIN_TISSUE_FRACTION, in
 from data_loading.scans import ScanError
 from runtime.predict.api import raw_from_array
 from runtime.predict.scan import ScanInference, StageTimer, segment_volume
-from tests.test_predict import pointwise_model, run_main, tiny_checkpoint, window_config, write_nifti  # noqa: F401
+from test_predict import pointwise_model, run_main, tiny_checkpoint, window_config, write_nifti  # noqa: F401
 
 SPACING = synthetic.TARGET_SPACING
 

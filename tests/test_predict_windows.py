@@ -23,7 +23,7 @@ from model.losses import DiceCELoss
 from runtime.inference.sliding_window import flush_starts, gaussian_importance_map
 from runtime.predict.api import raw_from_array
 from runtime.predict.scan import ScanInference, StageTimer, segment_volume, volume_probabilities
-from tests.test_predict import window_config
+from test_predict import window_config
 
 inferers = pytest.importorskip("monai.inferers")
 CPU = torch.device("cpu")
