@@ -23,11 +23,10 @@ from data_loading import synthetic
 from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
                                 scan_geometry, segmentation_nifti)
-from data_loading.windows import window_geometry
 from model.losses import DiceScore, label_map_dice
 from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
-from runtime.predict.scan import ScanInference, cover_padding, segment_scan, volume_probabilities
+from runtime.predict.scan import ScanInference, segment_scan, volume_probabilities
 from runtime.inference.predictor import FLIPS, build_predictor, options_from
 from runtime.resolve import architecture_from, resolve_predict
 
@@ -198,15 +197,6 @@ class SymmetricConv(nn.Module):
 def window_config(*flags):
     return parse_args(["--exec_mode", "predict", "--input", ROOT, "--output_dir", "/tmp", "--load_ckpt_path",
                        __file__, "--val_input_shape", "32", "32", "32", "--sw_batch_size", "3", *flags])
-
-
-def test_cover_padding_leaves_nothing_to_trim():
-    for shape in [(45, 37, 50), (128, 130, 129), (33, 200, 47), (64, 64, 64)]:
-        padding = cover_padding(shape, (32, 32, 32), 0.5)
-        padded = [s + b + a for s, (b, a) in zip(shape, padding)]
-        assert all(t == (0, 0) for t in window_geometry(padded, (32, 32, 32), 0.5).trim), shape
-    # the benchmark's window would trim these (remainders 5 and 2 of stride 16 are < 8)
-    assert window_geometry((37, 130, 50), (32, 32, 32), 0.5).trim != ((0, 0),) * 3
 
 
 @pytest.mark.parametrize("flags", [(), ("--tta",)], ids=["plain", "tta"])

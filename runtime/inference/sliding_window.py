@@ -1,6 +1,13 @@
-"""The benchmark's sliding window over a whole volume: Gaussian-weighted window logits."""
+"""Sliding windows over a whole volume: Gaussian-weighted window logits.
+
+:func:`sliding_window_inference` is the benchmark's (evaluation: its trimming and padding, bit for
+bit the MLCommons reference's); :func:`flush_sliding_window_inference` is predict's (every voxel
+scored, the last window of each axis flush with the edge, as MONAI and nnU-Net place it). Both
+weight the windows alike (:func:`gaussian_importance_map`).
+"""
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import Callable, Sequence
 
@@ -41,10 +48,19 @@ def sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], im
     image = image[(..., *_trim(geo))]
     pad = [p for before_after in reversed(geo.pad) for p in before_after]  # F.pad: last axis first
     padded = F.pad(image, pad, mode="constant", value=pad_value)
-    weight = gaussian_importance_map(roi, device=image.device)
-    total = torch.zeros((1, n_class, *geo.padded_shape), dtype=torch.float32, device=image.device)
-    norm = torch.zeros((1, 1, *geo.padded_shape), dtype=torch.float32, device=image.device)
-    origins = geo.window_origins()
+    total = _weighted_windows(predict, padded, geo.window_origins(), roi, sw_batch_size, n_class)
+    crop = tuple(slice(b, b + s) for (b, _), s in zip(geo.pad, geo.trimmed_shape))
+    return total[(..., *crop)]
+
+
+def _weighted_windows(predict: Callable[[torch.Tensor], torch.Tensor], padded: torch.Tensor,
+                      origins: Sequence[tuple[int, ...]], roi: Sequence[int], sw_batch_size: int,
+                      n_class: int) -> torch.Tensor:
+    """The Gaussian-weighted mean (1, n_class, *padded's shape) float32 of ``predict`` on the
+    ``roi`` windows of ``padded`` (1, C, D, H, W) at ``origins``, ``sw_batch_size`` at a time."""
+    weight = gaussian_importance_map(roi, device=padded.device)
+    total = torch.zeros((1, n_class, *padded.shape[2:]), dtype=torch.float32, device=padded.device)
+    norm = torch.zeros((1, 1, *padded.shape[2:]), dtype=torch.float32, device=padded.device)
     for start in range(0, len(origins), sw_batch_size):
         group = origins[start:start + sw_batch_size]
         slices = [tuple(slice(o, o + r) for o, r in zip(origin, roi)) for origin in group]
@@ -54,8 +70,7 @@ def sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], im
             total[(..., *s)] += logits[i:i + 1] * weight
             norm[(..., *s)] += weight
     total /= norm
-    crop = tuple(slice(b, b + s) for (b, _), s in zip(geo.pad, geo.trimmed_shape))
-    return total[(..., *crop)]
+    return total
 
 
 def _trim(geo) -> tuple[slice, ...]:
@@ -68,3 +83,49 @@ def trim_like_window(volume: torch.Tensor, roi: Sequence[int], overlap: float) -
     return volume[(..., *_trim(window_geometry(volume.shape[-3:], roi, overlap)))]
 
 
+
+
+# ----------------------------------------------------------------------------- predict's placement
+
+
+def flush_starts(size: int, window: int, stride: int) -> list[int]:
+    """Window starts along one axis of ``size`` voxels (at least ``window``): every ``stride``
+    from 0, the last one flush with the edge (``size - window``), as MONAI's
+    ``dense_patch_slices`` and nnU-Net place them; every voxel is covered, none is outside."""
+    if size < window:
+        raise ValueError(f"an axis of {size} voxels is shorter than the window ({window}): pad it first")
+    count = 1 + max(0, -(-(size - window) // stride))  # ceil((size - window) / stride) more
+    return [min(i * stride, size - window) for i in range(count)]
+
+
+def short_axis_padding(shape: Sequence[int], roi: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """``(before, after)`` per axis that brings an axis shorter than the window to the window
+    (half before, as MONAI pads); nothing on any other axis."""
+    return tuple(((window - size) // 2, window - size - (window - size) // 2) if size < window else (0, 0)
+                 for size, window in zip(shape, roi))
+
+
+def flush_sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor,
+                                   roi: Sequence[int], overlap: float, sw_batch_size: int = 1,
+                                   n_class: int = N_CLASSES) -> torch.Tensor:
+    """Predict's sliding window: Gaussian-weighted logits (1, n_class, D, H, W) float32 of every
+    voxel of ``image`` (1, C, D, H, W), no voxel trimmed.
+
+    The windows are the benchmark's (``roi``, stride ``int(roi * (1 - overlap))``, the same
+    Gaussian weights), but the last one of each axis is placed flush with the volume's edge
+    (:func:`flush_starts`) instead of the volume being padded to a multiple of the stride, so no
+    window reads a constant slab the scan does not need: the network normalises each window by
+    its own statistics (instance norm), and a slab changes what it predicts inside the scan.
+    Only an axis shorter than the window is padded, with the edge's values (replicated), as
+    preprocessing pads a scan to 128 voxels (the network saw that in training), then cropped
+    back. Evaluation keeps :func:`sliding_window_inference` (the benchmark's trimming and padding).
+    """
+    padding = short_axis_padding(image.shape[2:], roi)
+    padded = image
+    if any(before or after for before, after in padding):
+        padded = F.pad(image, [p for pair in reversed(padding) for p in pair], mode="replicate")
+    strides = window_geometry(padded.shape[2:], roi, overlap).strides  # the benchmark's
+    starts = [flush_starts(size, window, stride) for size, window, stride in zip(padded.shape[2:], roi, strides)]
+    origins = [tuple(origin) for origin in itertools.product(*starts)]  # raster order, as the benchmark's
+    total = _weighted_windows(predict, padded, origins, roi, sw_batch_size, n_class)
+    return total[(..., *(slice(b, b + s) for (b, _), s in zip(padding, image.shape[2:])))]

@@ -2,9 +2,10 @@
 
 Per scan (:func:`segment_scan`): read into the KiTS19 layout the network was trained in
 (:mod:`data_loading.scan_io`: any orientation; NIfTI, NRRD, MHA/MHD, a DICOM series), preprocess
-exactly as ``preprocess_dataset.py``, slide the evaluator's window over the volume
-(:func:`runtime.inference.sliding_window.sliding_window_inference`: Gaussian weights, ``--val_input_shape``,
-``--overlap``, ``--sw_batch_size``; ``--tta`` adds the 8 flips), softmax, back to the scan's grid
+exactly as ``preprocess_dataset.py``, slide predict's window over the volume
+(:func:`runtime.inference.sliding_window.flush_sliding_window_inference`: the evaluator's windows and
+Gaussian weights, ``--val_input_shape``, ``--overlap``, ``--sw_batch_size``, the last window of each axis
+flush with the edge so that every voxel is scored; ``--tta`` adds the 8 flips), softmax, back to the scan's grid
 and its own axes (:mod:`data_loading.scans`), write uint8 labels with the scan's affine and header;
 with ``--preview``, a PNG drawn after the segmentation is safe; with ``--save_probabilities``,
 ``<case>.npz`` (the softmax on the scan's grid and axes, whose argmax is the segmentation).
@@ -20,18 +21,17 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from data_loading.atomic import atomic_write
+from data_loading.scan_checks import AIR_HU, check_ct_intensities
 from data_loading.scans import (RawScan, Scan, ScanGeometry, class_volumes_ml, crop_padding, labels_in_original_grid,
                                 output_path, preprocess_scan, read_label, read_labels_file, read_scan,
                                 write_segmentation)
-from data_loading.windows import window_geometry
 from data_loading.write_errors import is_full_disk, write_or_raise
 from runtime.arguments import Config
 from runtime.build import build_model
@@ -39,7 +39,7 @@ from runtime.checkpoint import Saved, load_model_weights, model_state_from, weig
 from runtime.outputs import OutputError
 from runtime.predict.records import CaseResult
 from runtime.signals import Stopped
-from runtime.inference.sliding_window import PAD_VALUE, sliding_window_inference
+from runtime.inference.sliding_window import flush_sliding_window_inference
 
 
 
@@ -57,38 +57,21 @@ def load_trained_model(config: Config, saved: Saved, device: torch.device,
     return model.eval()
 
 
-def cover_padding(shape: Sequence[int], roi: Sequence[int], overlap: float) -> tuple[tuple[int, int], ...]:
-    """``(before, after)`` per axis that makes the evaluator's window cover every voxel.
-
-    The benchmark's window trims a remainder below half a stride (those voxels get no score in
-    evaluation); padding such an axis to a multiple of the stride leaves nothing to trim.
-    """
-    geometry = window_geometry(shape, roi, overlap)
-    padding = []
-    for size, stride, (cut_before, cut_after) in zip(shape, geometry.strides, geometry.trim):
-        extra = (stride - size % stride) % stride if cut_before + cut_after else 0
-        padding.append((extra // 2, extra - extra // 2))
-    return tuple(padding)
-
-
 def volume_probabilities(predict: Callable[[torch.Tensor], torch.Tensor], image: np.ndarray,
                          config: Config, device: torch.device, probabilities_out: bool = False) -> torch.Tensor:
     """Class probabilities (3, D, H, W) float32 of one preprocessed image (1, D, H, W).
 
     ``predict`` maps windows to logits, or to probabilities when ``probabilities_out`` (TTA):
-    the sliding window averages what it returns (Gaussian-weighted) and the softmax follows
-    for logits. The volume is first padded (with the evaluator's pad value) so that no voxel
-    is trimmed, then cropped back.
+    predict's sliding window (:func:`runtime.inference.sliding_window.flush_sliding_window_inference`:
+    every voxel scored, the last window of each axis flush with the edge, no constant slab)
+    averages what it returns (Gaussian-weighted) and the softmax follows for logits.
     """
-    padding = cover_padding(image.shape[1:], config.val_input_shape, config.overlap)
     volume = torch.from_numpy(np.ascontiguousarray(image))[None].to(device)
-    volume = F.pad(volume, [p for pair in reversed(padding) for p in pair], value=PAD_VALUE)
     with torch.no_grad():
-        out = sliding_window_inference(predict, volume, config.val_input_shape, config.overlap,
-                                       config.sw_batch_size)
-    if tuple(out.shape[2:]) != tuple(volume.shape[2:]):
-        raise AssertionError(f"sliding window returned {tuple(out.shape[2:])} for {tuple(volume.shape[2:])}")
-    out = out[0][(..., *(slice(b, b + s) for (b, _), s in zip(padding, image.shape[1:])))]
+        out = flush_sliding_window_inference(predict, volume, config.val_input_shape, config.overlap,
+                                             config.sw_batch_size)[0]
+    if tuple(out.shape[1:]) != tuple(image.shape[1:]):
+        raise AssertionError(f"sliding window returned {tuple(out.shape[1:])} for {tuple(image.shape[1:])}")
     return out if probabilities_out else torch.softmax(out, dim=0)
 
 
@@ -164,13 +147,47 @@ def probabilities_in_original_grid(probabilities: torch.Tensor, geometry: ScanGe
                                     align_corners=True)[0, 0] for c in range(probabilities.shape[0])])
 
 
+def air_slices(image: np.ndarray) -> tuple[int, int]:
+    """How many slices at the start and at the end of axis 0 (the slices) of ``image``
+    (D, H, W, HU) hold nothing but air (no voxel above :data:`AIR_HU`); (0, 0) when every slice
+    does (:func:`data_loading.scan_checks.check_ct_intensities` refuses such a scan)."""
+    solid = np.flatnonzero(image.max(axis=(1, 2)) > AIR_HU)
+    if solid.size == 0:
+        return 0, 0
+    return int(solid[0]), int(image.shape[0] - 1 - solid[-1])
+
+
+def with_air_slices(array: np.ndarray, before: int, after: int) -> np.ndarray:
+    """Labels (D, H, W) or class probabilities (C, D, H, W) with ``before`` and ``after`` slices
+    of background put back on the slice axis (label 0; probability 1 for class 0, 0 for the others)."""
+    if not before and not after:
+        return array
+    out = np.pad(array, [(0, 0)] * (array.ndim - 3) + [(before, after), (0, 0), (0, 0)])
+    if array.ndim == 4:
+        out[0, :before] = 1
+        out[0, out.shape[1] - after:] = 1
+    return out
+
+
 def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], timer: "StageTimer",
                    probabilities: bool = False, path: str = "") -> Segmentation:
     """A scan read into the KiTS19 layout (``raw``) -> its :class:`Segmentation` on its own grid
     and axes: preprocess, ``infer`` (preprocessed image -> class probabilities), back to the
-    original grid and axes (with ``probabilities``, the probabilities too)."""
+    original grid and axes (with ``probabilities``, the probabilities too). A volume that
+    does not look like CT in HU is refused first (:func:`data_loading.scan_checks.check_ct_intensities`:
+    ``ScanError``, one line naming ``path``).
+
+    Whole slices of air at either end of the slice axis (:func:`air_slices`: beyond the
+    patient; the network never saw such a slice in training) are background and are not read:
+    each window normalises itself by its own statistics, so slabs of air inside the windows
+    would change the labels they give inside the body. In-plane, the scan is read whole (the air
+    around the body is what the network was trained with).
+    """
     with timer("preprocess"):
-        image, geometry = preprocess_scan(raw, path)
+        check_ct_intensities(raw.image, path or "array")
+        before, after = air_slices(raw.image[0])
+        body = replace(raw, image=raw.image[:, before:raw.image.shape[1] - after]) if before or after else raw
+        image, geometry = preprocess_scan(body, path)
     with timer("infer"):
         out = infer(image)
     windows = getattr(infer, "windows", None)  # ScanInference counts them
@@ -180,11 +197,12 @@ def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], ti
         if probabilities:
             grid = probabilities_in_original_grid(out, geometry)
             labels = grid.argmax(0).to(torch.uint8).cpu().numpy()
-            grid = grid.cpu().numpy()
+            grid = with_air_slices(grid.cpu().numpy(), before, after)
             kept = np.stack([raw.to_file(p) for p in grid]) if raw.orientation is not None else grid
             del grid
         else:
             labels = labels_in_original_grid(out, geometry)
+        labels = with_air_slices(labels, before, after)
         file_labels = raw.to_file(labels)  # the file's own axes (the same array when unmoved)
     return Segmentation(file_labels, kept, raw.nifti, labels, windows)
 
