@@ -126,9 +126,13 @@ def test_missing_split_sides(tmp_path):
 
 
 def test_too_few_cases_for_one_batch(tmp_path):
+    """One training case at batch 2: the reference's drop (--last_batch drop) has no batch to
+    train, one line; the rules' padded last batch (the default) trains that case once per epoch."""
     write_case(tmp_path, 0)
     write_case(tmp_path, 1)
-    one_line_error(config(tmp_path, batch_size=2), "no full batch")
+    one_line_error(config(tmp_path, batch_size=2, last_batch="drop"), "no full batch")
+    train, _ = get_data_loaders(config(tmp_path, batch_size=2), 1, 0)
+    assert len(train) == 1
 
 
 def test_boxes_computed_once_and_caches_agree(tmp_path):

@@ -5,6 +5,7 @@ decided value is what the MLPerf log carries, and the official compliance checke
 4.0.0) passes a real tiny run's log."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,7 +19,7 @@ from runtime import distributed as D
 from runtime.arguments import UsageError, parse_args
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.resolve import resolve, resolve_data
-from runtime.run_files import MLPERF_LOG, NOT_CLOSED
+from runtime.run_files import MLPERF_LOG, NOT_CLOSED, RUN_DESCRIPTION
 
 CPU = D.DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -180,9 +181,11 @@ def write_log(folder, not_closed: str) -> str:
     return str(folder / MLPERF_LOG)
 
 
-def test_a_closed_log_with_not_closed_is_no_result_for_validity_the_report_and_the_package(tmp_path):
+def test_a_closed_log_with_not_closed_is_no_result_for_validity_the_report_and_the_package(tmp_path, monkeypatch):
     from runtime.report.runs import not_a_result
     from runtime.submission import validity as V
+
+    monkeypatch.setenv("UNET3D_CACHE_CLEARED", "1")  # a closed result needs its cache dropped (cache_clear true)
 
     why = f"{SYNTHETIC_WHY} (/d/synthetic.json: data_loading.synthetic, seed 0)"
     marked, plain = write_log(tmp_path / "marked", why), write_log(tmp_path / "plain", "")
@@ -200,11 +203,12 @@ def tiny_closed_run(argv, data, log_dir, capsys, monkeypatch):
     reference's (``flag_reasons`` patched to find nothing: a closed-by-flags run is the full
     network at 128³, too large for a test), so that its log says closed before its data is read."""
     monkeypatch.setattr("runtime.resolve.flag_reasons", lambda config, *_: [])
+    monkeypatch.setenv("UNET3D_CACHE_CLEARED", "1")  # as run_and_time.sh says after dropping the cache
     return call(["--data_dir", data, "--log_dir", str(log_dir), "--filters", "2", "4", "4", "8", "8",
                  "--input_shape", "32", "32", "32", "--val_input_shape", "32", "32", "32", "--normalization",
                  "batchnorm", "--batch_size", "2", "--optimizer", "adam", "--learning_rate", "0.01", "--device",
                  "cpu", "--num_workers", "0", "--epochs", "1", "--start_eval_at", "1", "--evaluate_every", "1",
-                 "--quality_threshold", "0.001", "--seed", "5", *argv], capsys)
+                 "--quality_threshold", "0.001", "--seed", "5", "--submission_org", "test_org", *argv], capsys)
 
 
 def records_of(path) -> list:
@@ -233,6 +237,7 @@ def test_a_real_run_on_marked_data_logs_not_closed_and_is_left_out_of_the_packag
     (control / MLPERF_LOG).write_text("".join(line for line in log.read_text().splitlines(keepends=True)
                                               if f'"{NOT_CLOSED}"' not in line))
     assert V.judge_log(str(control / MLPERF_LOG)).counts
+    shutil.copy(sweep / "synthetic" / RUN_DESCRIPTION, control / RUN_DESCRIPTION)  # the same run's machines
     verdict = V.judge_log(str(log))
     assert verdict.kind == V.NOT_A_RESULT and SYNTHETIC_WHY in verdict.reason
 
