@@ -225,10 +225,13 @@ def test_benchmark_predicts_the_evaluations_the_loop_makes_under_either_semantic
     from runtime.arguments import parse_args
     from runtime.training.benchmark import benchmark_schedule
 
-    cfg = parse_args(["--data_dir", str(tmp_path), "--batch_size", "128", "--start_eval_at", "1313",
-                      "--evaluate_every", "27", "--semantics", semantics])
-    schedule = benchmark_schedule(cfg, world_size=1)
-    assert schedule.converged_epoch(504000) == 3959  # epoch 3938 trains them, then 1313 + 98 * 27
+    flags = ["--data_dir", str(tmp_path), "--batch_size", "128", "--start_eval_at", "1313", "--evaluate_every", "27",
+             "--semantics", semantics]
+    # the rules' padded last batch: 256 samples an epoch, epoch 1969 trains 504000, then 1313 + 25 * 27
+    assert benchmark_schedule(parse_args(flags), world_size=1).converged_epoch(504000) == 1988
+    # the reference's drop: 128 an epoch, epoch 3938 trains them, then 1313 + 98 * 27
+    drop = benchmark_schedule(parse_args([*flags, "--last_batch", "drop"]), world_size=1)
+    assert drop.converged_epoch(504000) == 3959
 
 
 def test_the_report_package_imports_no_numpy_for_the_prediction():
