@@ -302,6 +302,24 @@ def test_the_readme_and_launch_script_carry_the_recipe(run, tmp_path):
     assert differ == [] and again.seed != first.seed
 
 
+def test_a_recipe_runs_launch_script_runs_the_real_run_and_time(run, tmp_path):
+    """The packed script of a run made with RECIPE=gbs28 on 4 processes (batch 7 each), against
+    the real run_and_time.sh (DRY_RUN=1: the commands printed): the recipe takes its own derived
+    --batch_size back, and main.py gets the run's flags."""
+    record = R.record(run[0])
+    record["recipe"]["environment"] = {**record["recipe"]["environment"], "RECIPE": "gbs28"}
+    record["processes_per_node"] = 4
+    flags = W.recipe_flags(record)
+    record["recipe"]["flags"] = [*flags[:flags.index("--batch_size") + 1], "7", *flags[flags.index("--batch_size") + 2:]]
+    script = tmp_path / "run_and_time.sh"
+    script.write_text(W.launch_script(record, P.IMPLEMENTATION))
+    proc = subprocess.run(["bash", str(script), "11"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "CODE_DIR": str(ROOT), "DATASET_DIR": run[1][1], "DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    command = proc.stdout.strip().splitlines()[-1]
+    assert "--nproc_per_node 4" in command and "--batch_size 7" in command and "--learning_rate 0.01" in command
+
+
 def test_the_multi_node_launch_script_is_valid_bash(run):
     record = R.record(run[0])
     other_machines(record)

@@ -147,13 +147,24 @@ def test_recipe_selects_the_flags_and_the_batch_per_process(tmp_path, script, na
     ({"RECIPE": "gbs28", "NPROC_PER_NODE": "3"}, (), "global batch 28 does not divide into 3 process(es)"),
     ({"RECIPE": "gbs64", "NPROC_PER_NODE": "4", "GA_STEPS": "32"}, (), "global batch 64 does not divide"),
     ({"RECIPE": "gbs84", "BATCH_SIZE": "2"}, (), "BATCH_SIZE=2, but global batch 84"),
-    ({"RECIPE": "gbs56"}, ("--batch_size", "3"), "give the gradient accumulation as GA_STEPS, not --batch_size"),
+    ({"RECIPE": "gbs56"}, ("--batch_size", "3"), "--batch_size 3 is not the derived 56; give the gradient accumulation"),
+    ({"RECIPE": "gbs56"}, ("--ga_steps=2",), "--ga_steps 2 is not the derived 1"),
     ({"RECIPE": "gbs99"}, (), "RECIPE=gbs99: no such recipe"),
 ])
 def test_a_recipe_that_cannot_run_is_refused_in_one_line_before_anything(tmp_path, env, args, message):
     proc = run(RUN_AND_TIME, clean_env(tmp_path, DRY_RUN="1", **env), "7", *args)
     assert proc.returncode == 1 and proc.stdout == "", proc.stdout
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_a_recipe_takes_its_own_derived_batch_flags_back(tmp_path):
+    """A packed launch script repeats the flags its run logged, the derived --batch_size and
+    --ga_steps among them: those values are the recipe's own, so they are accepted."""
+    proc = run(RUN_AND_TIME, clean_env(tmp_path, DRY_RUN="1", RECIPE="gbs28", NPROC_PER_NODE="4"), "7",
+               "--batch_size", "7", "--ga_steps=1")
+    assert proc.returncode == 0, proc.stderr
+    flags = main_flags(proc.stdout)
+    assert [flags[i + 1] for i, f in enumerate(flags) if f == "--batch_size"] == ["7", "7"]
 
 
 def test_the_environment_overrides_a_recipe_and_says_so(tmp_path):

@@ -9,8 +9,8 @@
 # (PROCESSES x GA_STEPS), refused in one line when that does not divide. Without RECIPE: the
 # reference's 1-GPU hyper-parameters (gbs2) at BATCH_SIZE per process (default 2), as before
 # recipes existed, and one line on stderr saying that no RCP stands behind them. FLAGS: the
-# user's own main.py flags, where --batch_size and --ga_steps are refused with a RECIPE. Sets the
-# array RECIPE_ARGS; exports UNET3D_RECIPE (the recipe's name, recorded in the run), unset without.
+# user's own main.py flags, where a RECIPE refuses --batch_size and --ga_steps other than the
+# derived values. Sets the array RECIPE_ARGS; exports UNET3D_RECIPE (the recipe's name, recorded in the run), unset without.
 
 RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../recipes" && pwd)
 RECIPE_VARS=(GLOBAL_BATCH_SIZE OPTIMIZER LEARNING_RATE INIT_LEARNING_RATE LR_WARMUP_EPOCHS LR_DECAY_EPOCHS
@@ -64,15 +64,6 @@ recipe_args() {
     local ga=${GA_STEPS:-1}
     [[ $processes =~ ^[1-9][0-9]*$ ]] || recipe_fail "the process count must be a positive integer, got '$processes'"
     [[ $ga =~ ^[1-9][0-9]*$ ]] || recipe_fail "GA_STEPS must be a positive integer, got '$ga'"
-    if [[ -n ${RECIPE:-} ]]; then
-        for flag in "$@"; do
-            case $flag in
-                --batch_size | --batch_size=* | --ga_steps | --ga_steps=*)
-                    recipe_fail "RECIPE=$name fixes the global batch ($GLOBAL_BATCH_SIZE): give the gradient" \
-                        "accumulation as GA_STEPS, not ${flag%%=*} (the batch per process is derived)" ;;
-            esac
-        done
-    fi
     local batch
     if [[ -n ${GLOBAL_BATCH_SIZE:-} ]]; then
         [[ $GLOBAL_BATCH_SIZE =~ ^[1-9][0-9]*$ ]] ||
@@ -85,6 +76,21 @@ recipe_args() {
             recipe_fail "RECIPE=$name: BATCH_SIZE=$BATCH_SIZE, but global batch $GLOBAL_BATCH_SIZE on $processes" \
                 "process(es) x GA_STEPS=$ga is $batch per process (leave BATCH_SIZE unset)"
         fi
+        # --batch_size / --ga_steps among the flags: only the derived values (a packed launch script
+        # repeats the flags its run logged); another value would change the recipe's global batch
+        local flag previous='' given
+        for flag in "$@"; do
+            given=
+            case $previous in --batch_size | --ga_steps) given=$previous=$flag ;; esac
+            case $flag in --batch_size=* | --ga_steps=*) given=$flag ;; esac
+            previous=$flag
+            [[ -n $given ]] || continue
+            local want=$batch
+            [[ $given == --ga_steps=* ]] && want=$ga
+            [[ ${given#*=} == "$want" ]] ||
+                recipe_fail "RECIPE=$name fixes the global batch ($GLOBAL_BATCH_SIZE): ${given%%=*} ${given#*=} is" \
+                    "not the derived $want; give the gradient accumulation as GA_STEPS (the batch per process is derived)"
+        done
     else
         batch=${BATCH_SIZE:-2}
         [[ $batch =~ ^[1-9][0-9]*$ ]] || recipe_fail "BATCH_SIZE must be a positive integer, got '$batch'"
