@@ -24,8 +24,22 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is 
                                 reason="runs the script as the user nobody: needs root and setpriv")
 
 
+USED = ""
+
+
+@pytest.fixture(autouse=True)
+def drops_used(monkeypatch):
+    """This test's own list of the drops already counted, in a folder nobody may write (pytest's
+    tmp_path is root's alone)."""
+    folder = tempfile.mkdtemp(prefix="unet3d-drops-used-")
+    os.chmod(folder, 0o777)
+    monkeypatch.setitem(globals(), "USED", os.path.join(folder, "drops"))
+    yield
+    shutil.rmtree(folder)
+
+
 def as_nobody(script: Path, **env: str) -> subprocess.CompletedProcess:
-    environment = {"PATH": "/usr/bin:/bin", "HOME": "/", **env}
+    environment = {"PATH": "/usr/bin:/bin", "HOME": "/", "UNET3D_CACHE_DROPS_USED": USED, **env}
     return subprocess.run([*NOBODY, "bash", str(script), "node1"], env=environment, capture_output=True, text=True,
                           timeout=60)
 
@@ -53,6 +67,21 @@ def test_the_host_side_of_a_container_passes_the_time_of_its_drop():
     stale = as_nobody(SCRIPT, UNET3D_CACHE_DROPPED_AT=str(now - 3600))  # one drop for a whole sweep
     assert stale.returncode == 1 and "not counted" in stale.stderr
     assert as_nobody(SCRIPT, UNET3D_CACHE_DROPPED_AT="yes").returncode == 1
+
+
+def test_one_drop_counts_for_one_run_only(prolog_dir):
+    """A second run started within the age limit with the same drop runs on a warm cache: its
+    cache_clear must not say true."""
+    dropped = str(int(time.time()) - 5)
+    assert as_nobody(SCRIPT, UNET3D_CACHE_DROPPED_AT=dropped).returncode == 0
+    again = as_nobody(SCRIPT, UNET3D_CACHE_DROPPED_AT=dropped)
+    assert again.returncode == 1 and "counted for an earlier run already" in again.stderr, again.stderr
+    (prolog_dir / "4242").write_text(f"{dropped}\n")
+    env = {"UNET3D_PROLOG_DIR": str(prolog_dir), "SLURM_JOB_ID": "4242"}
+    assert as_nobody(SCRIPT, **env).returncode == 0 and as_nobody(SCRIPT, **env).returncode == 1
+    unwritable = as_nobody(SCRIPT, UNET3D_CACHE_DROPPED_AT=str(int(time.time()) - 1),
+                           UNET3D_CACHE_DROPS_USED="/proc/nowhere")
+    assert unwritable.returncode == 1 and "cannot note the drop" in unwritable.stderr
 
 
 def test_a_slurm_prologs_drop_counts_for_its_job_only(prolog_dir):
