@@ -319,8 +319,9 @@ def _augmentation_and_evaluation_flags(g, d: Config) -> None:
     g.add_argument("--overlap", type=float, default=d.overlap, help="sliding-window overlap in [0, 1)")
     g.add_argument("--semantics", default=d.semantics, choices=["reference", "project"],
                    help="(new) reference: the MLCommons code's crop sampler (its randrange never draws the last "
-                        "position; its foreground rule) and the epoch's last partial gradient accumulation dropped "
-                        "(a closed run needs it); project: this project's fixes (every crop position; a long "
+                        "position; its foreground rule) and, with --last_batch drop, the epoch's last partial "
+                        "gradient accumulation dropped (a closed run needs the sampler); project: this project's "
+                        "fixes (every crop position; a long "
                         "foreground box's patch kept over the component; the partial accumulation stepped): an open "
                         "run. Both evaluate at --start_eval_at and every --evaluate_every epochs after it")
     g.add_argument("--last_batch", default=d.last_batch, choices=["pad", "drop"],
@@ -450,8 +451,11 @@ def _problems(*checks: tuple[bool, str]) -> list[str]:
 def _count_errors(cfg: Config) -> list[str]:
     """Epochs, workers, warm-up and evaluation schedule: counts of every mode."""
     if cfg.epochs == EPOCHS_AUTO:
-        errors = _problems((cfg.exec_mode != "evaluate", "--epochs auto is training's non-convergence limit; "
-                                                         "give evaluate --benchmark a number of passes"))
+        # plain evaluate reads no --epochs (a script's shared flag set passes): only evaluate
+        # --benchmark counts passes with it
+        errors = _problems((not (cfg.exec_mode == "evaluate" and cfg.benchmark),
+                            "--epochs auto is training's non-convergence limit; give evaluate --benchmark a number "
+                            "of passes"))
     else:
         errors = _problems((cfg.epochs >= 1, f"--epochs must be >= 1, got {cfg.epochs}"))
     for name in ("num_workers", "prefetch", "warmup_steps", "lr_warmup_epochs"):

@@ -214,6 +214,18 @@ def test_epochs_auto_is_the_rules_non_convergence_limit():
         parse_args(["--epochs", "many"])
 
 
+def test_epochs_auto_in_a_shared_flag_set_passes_plain_evaluate_only(tmp_path, capsys):
+    """run_and_time.sh's flags now carry --epochs auto; a script passing one flag set to train
+    and evaluate keeps working (evaluate reads no --epochs), evaluate --benchmark counts passes."""
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"")
+    evaluate = ["--data_dir", "/", "--exec_mode", "evaluate", "--load_ckpt_path", str(ckpt), "--epochs", "auto"]
+    assert parse_args(evaluate).epochs == "auto"
+    with pytest.raises(SystemExit):
+        parse_args([*evaluate, "--benchmark"])
+    assert "--epochs auto is training's non-convergence limit" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, world", [(["--start_eval_at", "1000", "--batch_size", "8"], 2),  # rules: 955
                                          (["--evaluate_every", "20", "--batch_size", "64"], 1),  # rules: 18
                                          (["--start_eval_at", "1", "--evaluate_every", "1"], 1),

@@ -186,7 +186,7 @@ def _not_the_default_org(org: str, entries: Sequence[RunEntry]) -> None:
 def _what_ran(entries: Sequence[RunEntry], names: tuple[str, str, str, str], system_fields: dict | None,
               nodes: int | None, packing_host: bool, code: bool,
               repo: str | None) -> tuple[W.WhatRan, dict, W.CodeSource | None]:
-    """The counted runs' records, checked to agree, the system description made from them
+    """The packed runs' records, checked to agree, the system description made from them
     (``names``: org, system, division, status) and where the code they ran is; before anything
     is written."""
     try:
@@ -364,12 +364,14 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
     division = _agreed(counted, "submission_division")
     status = _agreed(counted, "submission_status")
     _not_the_default_org(org, counted)
-    what, description, source = _what_ran(counted, (org, system_name, division, status), system_fields, nodes,
+    chosen = choose_runs(counted, expected)
+    # the runs packed must agree on what ran; a run outside the rules' window is not in the package
+    what, description, source = _what_ran(chosen, (org, system_name, division, status), system_fields, nodes,
                                           packing_host, code, repo)
     _empty_output(output)
     results = os.path.join(output, org, "results", system_name, BENCHMARK)
     os.makedirs(results)
-    for index, entry in enumerate(choose_runs(counted, expected)):
+    for index, entry in enumerate(chosen):
         entry.packed_as = f"result_{index}.txt"
         shutil.copyfile(entry.log, os.path.join(results, entry.packed_as))
     packed = [e for e in counted if e.packed_as]
