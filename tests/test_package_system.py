@@ -192,6 +192,20 @@ def test_runs_that_disagree_are_refused_naming_the_run(run, tmp_path, what, chan
     assert not (tmp_path / "p").exists()
 
 
+def test_only_the_packed_window_must_agree(run, tmp_path):
+    """Of three runs a package of two holds the rules' window (equal times: the first two): a run
+    outside it that ran other software is not in the package, so it does not stop it."""
+    sweep = tmp_path / "sweep"
+    committed_copy(run[0], sweep / "a")
+    committed_copy(run[0], sweep / "b")
+    R.rewrite(committed_copy(run[0], sweep / "c"), lambda r: r["software"].update(PyTorch="2.4.0"))
+    code, err = package(sweep, "--output", tmp_path / "p", "--no_check", "--no_code", "--expected_runs", "2")
+    assert code == 0, err
+    report = json.loads((tmp_path / "p" / "report.json").read_text())
+    assert {os.path.basename(r["folder"]): r["packed_as"] for r in report["runs"]} == {
+        "a": "result_0.txt", "b": "result_1.txt", "c": None}
+
+
 def test_a_run_without_a_record_is_refused_unless_the_packing_host_is_asked_for(run, tmp_path):
     folder = committed_copy(run[0], tmp_path / "old")
     (folder / "run_description.json").unlink()
