@@ -332,7 +332,7 @@ def _one_name_each(found: Sequence[Scan], root: str) -> list[Scan]:
     return sorted(out, key=lambda s: s.name)
 
 
-def find_inputs(input_path: str) -> list[Scan]:
+def find_inputs(input_path: str, output_dir: str | None = None) -> list[Scan]:
     """Every entry of ``--input``, sorted by name: the scans to segment and, for a folder, each
     entry that is no scan (``left_out``) or cannot be read (``unreadable``), so that none is
     passed over without a word.
@@ -347,7 +347,8 @@ def find_inputs(input_path: str) -> list[Scan]:
     files, its series named by the folder. The segmentations, records and summary of an earlier
     run into the same folder (a record of predict there says it wrote them), and the data files
     of ``.mhd``/``.nhdr`` headers, are no entries of their own. A folder holding no scan at all
-    is one :class:`ScanError` line.
+    is one :class:`ScanError` line. ``output_dir`` (predict's ``--output_dir``) inside the folder is
+    left out as this run's outputs, never read as scans.
     """
     if os.path.isfile(input_path):
         if is_scan_name(input_path):
@@ -372,8 +373,12 @@ def find_inputs(input_path: str) -> list[Scan]:
         ours |= set(SUMMARY_NAMES)
     found: list[Scan] = []
     own_series = False
+    outputs = os.path.realpath(output_dir) if output_dir else None
     for name in names:
         if name in ours:
+            continue
+        if outputs and os.path.realpath(os.path.join(input_path, name)) == outputs:
+            found.append(Scan(name + "/", os.path.join(input_path, name), left_out="the --output_dir of this run"))
             continue
         scans = _entry(input_path, name)
         own_series |= scans is None

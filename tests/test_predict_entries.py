@@ -241,3 +241,18 @@ def test_a_4d_file_of_one_volume_and_a_file_stating_no_orientation_are_read_as_n
         theirs = nibabel.load(str(tmp_path / "out_plain" / f"{name}.nii.gz"))
         assert ours.shape == data.shape and np.allclose(ours.affine, theirs.affine), name
         assert np.array_equal(np.asarray(ours.dataobj), np.asarray(theirs.dataobj)), name
+
+
+def test_an_output_dir_inside_the_input_folder_is_left_out_as_this_runs_outputs(tmp_path):
+    """predict --input SCANS --output_dir SCANS/seg, run again: the segmentations in seg/ are this
+    run's outputs, never a folder of scans to name or read."""
+    from data_loading.scans import find_inputs
+
+    scans = tmp_path / "scans"
+    (scans / "seg").mkdir(parents=True)
+    volume = np.full((8, 8, 8), -1000.0, np.float32)
+    write_nifti(scans / "patient_A.nii.gz", volume, (1.0, 1.0, 1.0))
+    write_nifti(scans / "seg" / "patient_A.nii.gz", np.zeros((8, 8, 8), np.uint8), (1.0, 1.0, 1.0))
+    entries = {scan.name: scan for scan in find_inputs(str(scans), str(scans / "seg"))}
+    assert entries["patient_A"].is_scan and entries["seg/"].left_out == "the --output_dir of this run"
+    assert "folder of 1 scan file" in {s.name: s for s in find_inputs(str(scans))}["seg/"].left_out

@@ -290,7 +290,7 @@ def scans_to_predict(config: Config) -> list[Scan]:
     """The scans of ``--input`` and its entries that are none (:func:`data_loading.scans.find_inputs`:
     each named in the summary), none of whose files (nor a file of someone else) would be written
     over (:func:`check_outputs`); ``--preview`` needs matplotlib (all checked before any work)."""
-    scans = find_inputs(config.input)
+    scans = find_inputs(config.input, config.output_dir)
     check_outputs(config, scans)
     if config.preview:
         from runtime.predict.preview import matplotlib_missing
