@@ -33,8 +33,7 @@ from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, c
                                   discover_cases, load_array, read_evaluation_ids, split_cases)
 from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
-from data_loading.sampler import (EpochBatchSampler, balance_by_cost, batches_per_epoch,
-                                  epoch_batches, real_samples_per_epoch, step_weights)
+from data_loading.sampler import EpochBatchSampler, EpochShape, balance_by_cost, epoch_batches
 from data_loading.source import DataSource, DataSummary
 from data_loading.synthetic_loader import SyntheticData
 from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
@@ -75,7 +74,7 @@ def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
-class TrainLoader:
+class TrainLoader(EpochShape):
     """This rank's training batches; see the module docstring for the contract.
 
     The deterministic preparation (foreground boxes of every case, the device cache) runs in
@@ -125,22 +124,6 @@ class TrainLoader:
             collate_fn=collate_batch, pin_memory=cuda, persistent_workers=self.num_workers > 0,
             worker_init_fn=leave_stop_signals_to_the_trainer,
             generator=torch.Generator().manual_seed(self.seed))
-
-    def __len__(self) -> int:
-        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps, self.last_batch)
-
-    @property
-    def samples_trained(self) -> int:
-        """Samples of the data all ranks train per epoch (padding not counted)."""
-        return real_samples_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps,
-                                      self.last_batch)
-
-    def step_weights(self, batch_index: int) -> list[float] | None:
-        """Loss weights of this rank's batch ``batch_index`` in a padded step, else None."""
-        if self.last_batch != "pad":
-            return None
-        return step_weights(self.num_cases, self.num_shards, self.rank, self.batch_size, self.ga_steps,
-                            batch_index)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)

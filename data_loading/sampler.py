@@ -108,6 +108,35 @@ def epoch_batches(seed: int, epoch: int, num_cases: int, num_shards: int, rank: 
     return [keys[b * batch_size:(b + 1) * batch_size] for b in range(count)]
 
 
+class EpochShape:
+    """The epoch of one rank's training loader, from its ``num_cases``, ``num_shards``, ``rank``,
+    ``batch_size``, ``ga_steps`` and ``last_batch`` attributes: the real and the synthetic loader
+    share it."""
+
+    num_cases: int
+    num_shards: int
+    rank: int
+    batch_size: int
+    ga_steps: int
+    last_batch: str
+
+    def __len__(self) -> int:
+        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps, self.last_batch)
+
+    @property
+    def samples_trained(self) -> int:
+        """Samples of the data all ranks train per epoch (padding not counted)."""
+        return real_samples_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps,
+                                      self.last_batch)
+
+    def step_weights(self, batch_index: int) -> list[float] | None:
+        """Loss weights of this rank's batch ``batch_index`` in a padded step, else None."""
+        if self.last_batch != "pad":
+            return None
+        return step_weights(self.num_cases, self.num_shards, self.rank, self.batch_size, self.ga_steps,
+                            batch_index)
+
+
 class EpochBatchSampler:
     """Batch sampler for ``torch.utils.data.DataLoader``: yields this rank's batches of the
     current epoch as lists of :data:`SampleKey` (the epoch travels inside each key, so

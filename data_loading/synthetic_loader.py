@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from data_loading.dataset import EVALUATION_CASES_FILE, read_evaluation_ids
-from data_loading.sampler import balance_by_cost, batches_per_epoch, real_samples_per_epoch, step_weights
+from data_loading.sampler import EpochShape, balance_by_cost
 from data_loading.source import DataSummary
 from model.unet3d import N_CLASSES
 
@@ -39,7 +39,7 @@ def random_batch(generator: torch.Generator, batch: int, shape: Sequence[int],
     return image.to(device), label.to(device)
 
 
-class SyntheticTrainLoader:
+class SyntheticTrainLoader(EpochShape):
     """Random training batches with the real loader's interface."""
 
     def __init__(self, seed: int, patch: Sequence[int], batch_size: int, num_shards: int,
@@ -52,21 +52,6 @@ class SyntheticTrainLoader:
         generator = torch.Generator().manual_seed(_derived_seed(seed, 0, rank))
         self._batches = [random_batch(generator, batch_size, patch, device)
                          for _ in range(min(DISTINCT_BATCHES, max(1, len(self))))]
-
-    def __len__(self) -> int:
-        return batches_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps, self.last_batch)
-
-    @property
-    def samples_trained(self) -> int:
-        return real_samples_per_epoch(self.num_cases, self.num_shards, self.batch_size, self.ga_steps,
-                                      self.last_batch)
-
-    def step_weights(self, batch_index: int) -> list[float] | None:
-        """As the real loader's (``data_loading.sampler.step_weights``)."""
-        if self.last_batch != "pad":
-            return None
-        return step_weights(self.num_cases, self.num_shards, self.rank, self.batch_size, self.ga_steps,
-                            batch_index)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
