@@ -28,13 +28,9 @@ from runtime.submission import package as P
 from runtime.submission import what_ran as W
 from runtime.submission.cli import main as submission_main
 from runtime.submission.validity import read_events
+from test_submission import TINY  # the same tiny run
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32", "--val_input_shape", "32", "32", "32",
-        "--normalization", "batchnorm", "--batch_size", "2", "--optimizer", "adam", "--learning_rate", "0.01",
-        "--device", "cpu", "--num_workers", "0", "--epochs", "1", "--start_eval_at", "1", "--evaluate_every", "1",
-        "--quality_threshold", "0.001", "--submission_division", "open", "--submission_org", "TinyOrg",
-        "--submission_platform", "cpu-tiny"]
 SETTINGS = {"UNET3D_RECIPE": "gbs28", "NCCL_ALGO": "Ring", "GA_STEPS": "1", "SLURM_JOB_ID": "4242"}
 needs_git = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="no git checkout")
 
