@@ -204,7 +204,6 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
         if not labelled:
             raise pp.PreprocessError(f"--data_dir {cfg.data_dir}: nothing to preprocess: none of its "
                                      f"{len(unlabelled_names)} cases has its label file")
-        check_split(description, labelled, cfg.evaluation_cases or description.path)
         labels = description.labels
         if description.target_spacing == "median":
             target, target_from = pp.median_spacing(labelled), "median"
@@ -214,11 +213,12 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
         record = description.record(target, target_from)
         print(f"{description.name}: {len(labelled)} labelled cases, labels {description.labels_text()}, "
               f"target spacing {target} mm ({target_from})")
+        check_split(description, labelled, cfg.evaluation_cases or description.path)
     pp.prepare_results_dir(cfg.results_dir)
     check_results_dir(cfg.results_dir, record)
     if record is not None:
         pp.write_or_explain(os.path.join(cfg.results_dir, ds.DESCRIPTION_FILE),
-                            lambda handle: handle.write(json.dumps(record, indent=1) + "\n"))
+                            lambda handle: handle.write((json.dumps(record, indent=1) + "\n").encode("utf-8")))
     if pp.carry_synthetic_marker(cfg.data_dir, cfg.results_dir):
         print(f"{cfg.data_dir} is synthetic (data_loading.synthetic): its marker is copied into "
               f"{cfg.results_dir}, and a training run on it is not a closed MLPerf result")
@@ -253,7 +253,7 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
             print(line)
         if record is not None:
             path = os.path.join(cfg.results_dir, ds.FINGERPRINT_FILE)
-            pp.write_or_explain(path, lambda handle: handle.write(json.dumps(fingerprint, indent=1) + "\n"))
+            pp.write_or_explain(path, lambda handle: handle.write((json.dumps(fingerprint, indent=1) + "\n").encode("utf-8")))
             print(f"fingerprint saved to {path}")
     print(f"{len(stats)} cases preprocessed into {cfg.results_dir}")
 
