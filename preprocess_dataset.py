@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from dataclasses import dataclass, replace
 from typing import Sequence
@@ -82,6 +83,21 @@ def workers_within_memory(cases: Sequence[pp.RawCase], requested: int, memory=No
           f"{need / 2**30:.1f} GiB and {memory.available / 2**30:.1f} GiB is available "
           f"({memory.available_source})")
     return fit
+
+
+def median_spacing(cases: Sequence[pp.RawCase]) -> list[float]:
+    """The median of the cases' spacings per axis (``pixdim[1:4]`` of each image's header, as
+    preprocessing reads it; no voxel is read)."""
+    from data_loading.scan_checks import read_header
+    from data_loading.scans import ScanError
+
+    spacings = []
+    for case in cases:
+        try:
+            spacings.append(read_header(case.image_path).spacing)
+        except ScanError as exc:
+            raise pp.PreprocessError(str(exc)) from None
+    return [float(statistics.median(axis)) for axis in zip(*spacings)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,7 +222,7 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
                                      f"{len(unlabelled_names)} cases has its label file")
         labels = description.labels
         if description.target_spacing == "median":
-            target, target_from = pp.median_spacing(labelled), "median"
+            target, target_from = median_spacing(labelled), "median"
         else:
             target = list(description.target_spacing)
             target_from = "--target_spacing" if cfg.target_spacing else ("description" if description.path else "kits19")

@@ -193,21 +193,6 @@ def find_described_cases(data_dir: str, description) -> tuple[list[RawCase], lis
     return sorted(labelled, key=lambda c: c.case_id), unlabelled
 
 
-def median_spacing(cases: Sequence[RawCase]) -> list[float]:
-    """The median of the cases' spacings per axis (``pixdim[1:4]`` of each image's header, as
-    preprocessing reads it; no voxel is read)."""
-    from data_loading.scan_checks import read_header
-    from data_loading.scans import ScanError
-
-    spacings = []
-    for case in cases:
-        try:
-            spacings.append(read_header(case.image_path).spacing)
-        except ScanError as exc:
-            raise PreprocessError(str(exc)) from None
-    return [float(statistics.median(axis)) for axis in zip(*spacings)]
-
-
 def _case_dirs(root: str) -> list[str]:
     return sorted(n for n in os.listdir(root)
                   if _CASE_DIR.match(n) and os.path.isdir(os.path.join(root, n)))
