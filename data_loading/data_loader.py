@@ -30,7 +30,8 @@ import torch
 
 from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, case_foreground_boxes,
                                   check_finite, check_label_values, check_patch_fits, collate_batch,
-                                  discover_cases, load_array, read_evaluation_ids, split_cases)
+                                  discover_cases, folder_description, load_array, read_evaluation_ids,
+                                  split_cases)
 from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import EpochBatchSampler, EpochShape, balance_by_cost, epoch_batches
@@ -229,24 +230,36 @@ class PreprocessedData:
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
         self._split: tuple[list[Case], list[Case]] | None = None
+        self._description: dict | None = None
+        self._split_source = "evaluation_cases.txt"
 
     def split(self) -> tuple[list[Case], list[Case]]:
         if self._split is None:
-            self._split = split_cases(discover_cases(self.data_dir), read_evaluation_ids())
+            # a described folder: labels checked (refused unless KiTS19's), its own split if it has one
+            self._description = folder_description(self.data_dir)
+            ids = (self._description or {}).get("evaluation_cases") or []
+            if ids:
+                self._split_source = f"the split of {os.path.join(str(self.data_dir), 'dataset.json')}"
+            self._split = split_cases(discover_cases(self.data_dir), [str(i) for i in ids] or read_evaluation_ids())
         return self._split
 
     def summary(self, config) -> DataSummary:
         train_cases, eval_cases = self.split()
         if config.is_train and not train_cases:
             raise DataError(f"no training cases in {self.data_dir}: every case found is listed "
-                            "in evaluation_cases.txt")
+                            f"in {self._split_source}")
         if not config.benchmark and not eval_cases:
             raise DataError(f"no evaluation case in {self.data_dir}: none of the ids in "
-                            "evaluation_cases.txt has a case_XXXXX_x.npy / _y.npy pair there")
+                            f"{self._split_source} has a case_XXXXX_x.npy / _y.npy pair there")
         if config.is_train:  # evaluate samples no patch (--input_shape is a training flag)
             check_patch_fits(train_cases, config.input_shape)
         nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)
-        return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir))
+        not_kits19 = synthetic_marker(self.data_dir)
+        if self._description is not None and not not_kits19:
+            # (runtime.division words it "synthetic data is not KiTS19 (...)"; the run is open either way)
+            not_kits19 = (f"{os.path.join(str(self.data_dir), 'dataset.json')}: preprocessed from a description "
+                          f"({self._description.get('name', '')}), not the benchmark's KiTS19")
+        return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=not_kits19)
 
     def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | str | None = None):
         """``(train_loader, val_loader)`` for this rank; see the module docstring.

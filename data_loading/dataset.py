@@ -2,8 +2,10 @@
 
 A dataset folder holds ``case_XXXXX_x.npy`` (float32 image, ``(1, D, H, W)``) and
 ``case_XXXXX_y.npy`` (uint8 label, same shape, 0 background, 1 kidney, 2 tumour) per case.
-The evaluation set is the ids listed in ``evaluation_cases.txt`` at the repository root; the
-other cases are the training set.
+The evaluation set is the ids listed in ``evaluation_cases.txt`` at the repository root (or, in
+a folder preprocessed from a description, the split saved in its ``dataset.json``); the other
+cases are the training set. A folder whose description has labels other than KiTS19's 0, 1, 2 is
+refused (:func:`folder_description`): the model, loss and metric have KiTS19's three classes.
 
 What is deterministic is done once, when the dataset is opened: file headers are checked, and
 the bounding boxes of the two largest connected components of each foreground class are
@@ -56,6 +58,26 @@ def read_evaluation_ids(path: Path = EVALUATION_CASES_FILE) -> list[str]:
     except OSError as err:
         raise DataError(f"cannot read the evaluation case list {path}: {err.strerror}") from None
     return [line.strip() for line in lines if line.strip()]
+
+
+def folder_description(data_dir: str | Path) -> dict | None:
+    """The description preprocessing saved in ``data_dir`` (``data_loading.description``), None
+    for a KiTS19 folder preprocessed without one. :class:`DataError`, one line naming the folder
+    and the labels, when its labels are not KiTS19's 0, 1, 2 (training on N classes is not built)."""
+    from data_loading.description import DescriptionError, kits19_labels, read_written_description, record_labels
+
+    try:
+        record = read_written_description(str(data_dir))
+    except DescriptionError as err:
+        raise DataError(str(err)) from None
+    if record is None:
+        return None
+    labels = record_labels(record)
+    if not kits19_labels([value for _, value in labels]):
+        shown = ", ".join(f"{name} {value}" for name, value in labels)
+        raise DataError(f"{data_dir}: training on labels {shown} is not supported yet (only KiTS19's "
+                        "0, 1, 2; docs/own-data.md)")
+    return record
 
 
 def open_npy(path: Path) -> np.ndarray:

@@ -36,6 +36,7 @@ import numpy as np
 
 from data_loading import geometry
 from data_loading.atomic import TEMP_SUFFIX, atomic_write
+from data_loading.fingerprint import case_fingerprint
 from data_loading.nifti_read import PreprocessError, load_image, read_nifti, read_voxels  # noqa: F401 (PreprocessError, load_image: this module's API)
 from data_loading.write_errors import is_full_disk, write_or_raise
 
@@ -47,6 +48,9 @@ FIRST_UNLABELLED_ID = 210  # KiTS19 has labels for cases 0-209 only: the benchma
 LABEL_VALUES = (0, 1, 2)  # model.unet3d.N_CLASSES classes (not imported: no torch at start-up)
 IMAGE_FILE, LABEL_FILE = "imaging.nii.gz", "segmentation.nii.gz"
 DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checksum.json")
+# KiTS19's evaluation split (the data loader's default, data_loading.dataset.EVALUATION_CASES_FILE)
+DEFAULT_EVALUATION_CASES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                        "evaluation_cases.txt")
 
 _CASE_DIR = re.compile(r"^case_(\d{5})$")
 
@@ -62,6 +66,7 @@ class RawCase:
     image_path: str
     label_path: str | None
     kits19: bool = True
+    label_values: tuple[int, ...] = LABEL_VALUES  # a description's labels (data_loading.description)
 
     @property
     def name(self) -> str:
@@ -77,6 +82,7 @@ class CaseStats:
     mean: float
     std: float
     warning: str = ""  # one line about the case's input (a KiTS19 header that disagrees with itself)
+    fingerprint: dict | None = None  # the case's entry of the dataset's fingerprint (case_fingerprint)
 
     def line(self) -> str:
         return f"{self.name}: shape {self.shape}, mean {self.mean:.4f}, std {self.std:.4f}"
@@ -135,6 +141,58 @@ def skipped_line(skipped: Sequence[RawCase]) -> str:
             f"0-{FIRST_UNLABELLED_ID - 1} only, and later KiTS labels are not KiTS19's (KiTS21 adds 3, cysts)")
 
 
+def find_described_cases(data_dir: str, description) -> tuple[list[RawCase], list[str]]:
+    """Raw cases of a described dataset (:class:`data_loading.description.DatasetDescription`)
+    under ``data_dir``, as (labelled cases sorted by number, names of the cases without a label
+    file). Every case with its label file is preprocessed, whatever its number; the case's
+    number is the last run of digits of its folder or file name, and two cases with one number,
+    or a name without one, are refused in one line naming them."""
+    from data_loading.description import CHANNEL_SUFFIX, case_number
+
+    if not os.path.isdir(data_dir):
+        raise PreprocessError(f"--data_dir {data_dir}: not a directory")
+    found: list[tuple[str, str, str]] = []  # (case name, image path, label path)
+    if description.layout == "imagesTr":
+        images, labels = os.path.join(data_dir, "imagesTr"), os.path.join(data_dir, "labelsTr")
+        if not os.path.isdir(images):
+            raise PreprocessError(f"--data_dir {data_dir}: no imagesTr folder in it (the description "
+                                  f"{description.path or 'given'} says layout imagesTr)")
+        suffix = CHANNEL_SUFFIX + description.file_ending
+        for name in sorted(os.listdir(images)):
+            if name.startswith(".") or not name.endswith(description.file_ending):
+                continue
+            if not name.endswith(suffix):
+                raise PreprocessError(f"{os.path.join(images, name)}: expected <case>{suffix} (one channel, {CHANNEL_SUFFIX})")
+            stem = name[:-len(suffix)]
+            found.append((stem, os.path.join(images, name), os.path.join(labels, stem + description.file_ending)))
+        where = images
+    else:
+        for name in sorted(os.listdir(data_dir)):
+            folder = os.path.join(data_dir, name)
+            if os.path.isfile(os.path.join(folder, description.image_file)):
+                found.append((name, os.path.join(folder, description.image_file),
+                              os.path.join(folder, description.label_file)))
+        where = f"{data_dir}/<case>/{description.image_file}"
+    if not found:
+        raise PreprocessError(f"--data_dir {data_dir}: no case in it ({where}, as the description "
+                              f"{description.path or 'given'} says)")
+    labelled, unlabelled, numbers = [], [], {}
+    for name, image_path, label_path in found:
+        number = case_number(name)
+        if number is None:
+            raise PreprocessError(f"{image_path}: case {name!r} has no number at the end of its name "
+                                  "(a case is case_XXXXX_{x,y}.npy once preprocessed)")
+        if number in numbers:
+            raise PreprocessError(f"cases {numbers[number]!r} and {name!r} in {data_dir} have one number, {number}")
+        numbers[number] = name
+        if not os.path.isfile(label_path):
+            unlabelled.append(name)
+            continue
+        labelled.append(RawCase(number, image_path, label_path, kits19=False,
+                                label_values=description.label_values))
+    return sorted(labelled, key=lambda c: c.case_id), unlabelled
+
+
 def _case_dirs(root: str) -> list[str]:
     return sorted(n for n in os.listdir(root)
                   if _CASE_DIR.match(n) and os.path.isdir(os.path.join(root, n)))
@@ -170,7 +228,7 @@ def load_pair(case: RawCase, warn: Callable[[str], None] | None = None) -> tuple
         line = f"warning: {disagree}; case {case.name} is KiTS19's: pixdim used, as the reference reads it"
         (warn or (lambda text: print(text, file=sys.stderr)))(line)
     label_nifti = read_nifti(case.label_path)
-    label = validated_label(read_voxels(label_nifti, case.label_path), case.name)
+    label = validated_label(read_voxels(label_nifti, case.label_path), case.name, case.label_values)
     try:
         label = scan_io.label_file_on_scan_grid(label, label_nifti, image_affine, image.shape[1:], case.label_path,
                                                 case.image_path, scan_io.states_orientation(image_nifti))
@@ -179,16 +237,17 @@ def load_pair(case: RawCase, warn: Callable[[str], None] | None = None) -> tuple
     return image, np.expand_dims(label, 0), spacing
 
 
-def validated_label(raw_label: np.ndarray, name: str) -> np.ndarray:
+def validated_label(raw_label: np.ndarray, name: str, label_values: Sequence[int] = LABEL_VALUES) -> np.ndarray:
     """``raw_label`` as uint8; :class:`PreprocessError` naming ``name`` for values outside
-    {0, 1, 2} (checked before the cast would wrap them)."""
-    bad = raw_label != LABEL_VALUES[0]
-    for value in LABEL_VALUES[1:]:
+    ``label_values`` (KiTS19's {0, 1, 2} by default; checked before the cast would wrap them)."""
+    bad = raw_label != label_values[0]
+    for value in label_values[1:]:
         bad &= raw_label != value
     if bad.any():
         values = np.unique(raw_label[bad])
         shown = ", ".join(f"{v:g}" for v in values[:8]) + (", ..." if values.size > 8 else "")
-        raise PreprocessError(f"{name}: label values outside {{0, 1, 2}}: {shown}")
+        allowed = ", ".join(str(v) for v in label_values)
+        raise PreprocessError(f"{name}: label values outside {{{allowed}}}: {shown}")
     return raw_label.astype(np.uint8)
 
 
@@ -196,7 +255,7 @@ def resampled_shape(shape: Sequence[int], spacing: list[float],
                     target: list[float] = TARGET_SPACING) -> list[int]:
     """Spatial shape after :func:`resample`: ``int(spacing / target * shape)`` per axis, or
     ``shape`` itself when the spacing list equals ``target``."""
-    if spacing == target:
+    if spacing == list(target):
         return list(shape)
     return (np.array(spacing) / np.array(target) * np.array(shape)).astype(int).tolist()
 
@@ -208,7 +267,7 @@ def resample(image: np.ndarray, label: np.ndarray | None, spacing: list[float],
     The comparison is of Python lists, exactly as the reference does it. ``label`` may be
     None (a scan to segment): then None is returned in its place.
     """
-    if spacing == target:
+    if spacing == list(target):
         return image, label
     import torch
     from torch.nn.functional import interpolate
@@ -245,11 +304,11 @@ def pad_to_min_shape(image: np.ndarray, label: np.ndarray | None,
     return np.pad(image, paddings, mode="edge"), padded_label
 
 
-def preprocess_arrays(image: np.ndarray, label: np.ndarray | None,
-                      spacing: list[float]) -> tuple[np.ndarray, np.ndarray | None]:
-    """Steps 2-4 on loaded arrays: resample, normalise, pad. Shapes (1, D, H, W); ``label``
-    may be None (a scan without ground truth)."""
-    image, label = resample(image, label, spacing)
+def preprocess_arrays(image: np.ndarray, label: np.ndarray | None, spacing: list[float],
+                      target: Sequence[float] = TARGET_SPACING) -> tuple[np.ndarray, np.ndarray | None]:
+    """Steps 2-4 on loaded arrays: resample (to ``target``, KiTS19's by default), normalise,
+    pad. Shapes (1, D, H, W); ``label`` may be None (a scan without ground truth)."""
+    image, label = resample(image, label, spacing, list(target))
     image = normalize_intensity(image)
     return pad_to_min_shape(image, label)
 
@@ -278,15 +337,17 @@ def write_or_explain(path: str, write) -> None:
     write_or_raise(lambda: atomic_write(path, write), error)
 
 
-def save_geometry(results_dir: str, name: str, shape: Sequence[int], spacing: list[float]) -> None:
+def save_geometry(results_dir: str, name: str, shape: Sequence[int], spacing: list[float],
+                  target: Sequence[float] = TARGET_SPACING) -> None:
     """``<name>_geometry.json`` (:mod:`data_loading.geometry`): original shape and spacing,
     resampled shape and padding of the case, as :func:`preprocess_arrays` makes them."""
-    resampled = resampled_shape(shape, spacing)
-    record = geometry.geometry_record(name, shape, spacing, TARGET_SPACING, resampled, min_shape_padding(resampled))
+    resampled = resampled_shape(shape, spacing, list(target))
+    record = geometry.geometry_record(name, shape, spacing, list(target), resampled, min_shape_padding(resampled))
     write_or_explain(geometry.record_path(results_dir, name), lambda handle: handle.write(geometry.record_bytes(record)))
 
 
-def save_missing_geometry(cases: Sequence[RawCase], results_dir: str) -> int:
+def save_missing_geometry(cases: Sequence[RawCase], results_dir: str,
+                          target: Sequence[float] = TARGET_SPACING) -> int:
     """The geometry record of each case preprocessed before records existed, from its image's
     header alone (shape and pixdim; no voxel is read); returns how many were written."""
     written = 0
@@ -296,9 +357,30 @@ def save_missing_geometry(cases: Sequence[RawCase], results_dir: str) -> int:
         nifti = read_nifti(case.image_path)
         if len(nifti.shape) != 3:
             raise PreprocessError(f"{case.image_path}: expected a 3-D volume, got shape {nifti.shape}")
-        save_geometry(results_dir, case.name, nifti.shape, nifti.header["pixdim"][1:4].tolist())
+        save_geometry(results_dir, case.name, nifti.shape, nifti.header["pixdim"][1:4].tolist(), target)
         written += 1
     return written
+
+
+def kept_fingerprints(cases: Sequence[RawCase], results_dir: str) -> list[dict]:
+    """The fingerprint entries of ``cases`` finished by an earlier run: from the fingerprint that
+    run saved in ``results_dir`` when it has them, else read again from the raw files."""
+    from data_loading.description import FINGERPRINT_FILE
+
+    saved = {}
+    try:
+        with open(os.path.join(results_dir, FINGERPRINT_FILE), encoding="utf-8") as handle:
+            saved = {e["case"]: e for e in json.load(handle).get("per_case", []) if isinstance(e, dict) and "case" in e}
+    except (OSError, ValueError, AttributeError, TypeError):
+        saved = {}
+    entries = []
+    for case in cases:
+        entry = saved.get(case.name)
+        if entry is None or entry.get("image") != case.image_path:
+            image, label, spacing = load_pair(case)
+            entry = case_fingerprint(case, image, label, spacing)
+        entries.append(entry)
+    return entries
 
 
 def carry_synthetic_marker(data_dir: str, results_dir: str) -> str | None:
@@ -372,8 +454,10 @@ def _torch_threads(count: int | None):
         torch.set_num_threads(before)
 
 
-def process_case(case: RawCase, results_dir: str, torch_threads: int | None = None) -> CaseStats:
-    """Load, preprocess and save one case; returns its statistics.
+def process_case(case: RawCase, results_dir: str, torch_threads: int | None = None,
+                 target: Sequence[float] = TARGET_SPACING) -> CaseStats:
+    """Load, preprocess (to ``target`` spacing) and save one case; returns its statistics and
+    its fingerprint entry (:func:`case_fingerprint`, from the arrays as read).
 
     ``torch_threads`` limits torch's threads for the resampling only (None: leave as set), so
     a case that fails to load never pays for importing torch.
@@ -381,14 +465,15 @@ def process_case(case: RawCase, results_dir: str, torch_threads: int | None = No
     warnings: list[str] = []
     image, label, spacing = load_pair(case, warn=warnings.append)
     shape = image.shape[1:]
+    fingerprint = case_fingerprint(case, image, label, spacing)
     with _torch_threads(torch_threads):
-        image, label = preprocess_arrays(image, label, spacing)
+        image, label = preprocess_arrays(image, label, spacing, target)
     x_path, y_path = output_paths(results_dir, case.name)
     save_atomic(x_path, image)
     save_atomic(y_path, label)
-    save_geometry(results_dir, case.name, shape, spacing)
+    save_geometry(results_dir, case.name, shape, spacing, target)
     return CaseStats(case.name, tuple(image.shape), float(image.mean(dtype=np.float64)),
-                     float(image.std(dtype=np.float64)), " ".join(warnings))
+                     float(image.std(dtype=np.float64)), " ".join(warnings), fingerprint)
 
 
 def median_line(stats: Sequence[CaseStats]) -> str:
@@ -419,7 +504,8 @@ def _worker_context():
 
 
 def preprocess_cases(cases: Sequence[RawCase], results_dir: str, num_workers: int,
-                     on_done: Callable[[CaseStats], None]) -> list[CaseStats]:
+                     on_done: Callable[[CaseStats], None],
+                     target: Sequence[float] = TARGET_SPACING) -> list[CaseStats]:
     """Process ``cases`` across ``num_workers`` processes, calling ``on_done`` per case.
 
     One worker runs in this process (no start-up cost). Several use a process pool (see
@@ -431,13 +517,13 @@ def preprocess_cases(cases: Sequence[RawCase], results_dir: str, num_workers: in
     stats = []
     if num_workers <= 1 or len(cases) <= 1:
         for case in cases:
-            stats.append(process_case(case, results_dir, torch_threads=1))
+            stats.append(process_case(case, results_dir, 1, target))
             on_done(stats[-1])
         return stats
 
     with ProcessPoolExecutor(max_workers=min(num_workers, len(cases)),
                              mp_context=_worker_context()) as pool:
-        futures = [pool.submit(process_case, case, results_dir, 1) for case in cases]
+        futures = [pool.submit(process_case, case, results_dir, 1, target) for case in cases]
         try:
             for future in as_completed(futures):
                 stats.append(future.result())

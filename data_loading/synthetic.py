@@ -17,10 +17,16 @@ both) is laid out in coordinates relative to the field of view, so it looks alik
 The tumours are large and have a contrast of several noise standard deviations against both
 kidney and soft tissue, so that a small network can learn them within a few CPU minutes.
 
+``--labels kits23`` makes KiTS23-like cases instead: every case labelled whatever its id (KiTS23's
+ids go up to 588), with a cyst (label 3) in a kidney, and a ``dataset.json`` description beside
+them (:mod:`data_loading.description`: KiTS23's four labels). ``--layout imagesTr`` writes
+nnU-Net's flat layout (``imagesTr/case_XXXXX_0000.nii.gz``, ``labelsTr/case_XXXXX.nii.gz``).
+
 Usage::
 
     python -m data_loading.synthetic --output_dir RAW --cases 8 --seed 0 \
-        [--size small|medium|realistic] [--start_id 0]
+        [--size small|medium|realistic] [--start_id 0] [--labels kits19|kits23] \
+        [--layout case_folders|imagesTr]
 """
 from __future__ import annotations
 
@@ -50,6 +56,11 @@ SOFT_TISSUE_HU = 30
 BONE_HU = 700
 KIDNEY_HU = 180
 TUMOUR_HU = 105
+# A cyst (KiTS23's label 3). Real cysts are water-like (0-20 HU), close to soft tissue; here
+# darker, -1.8 after normalisation, so that a small network tells it from tissue in minutes.
+CYST_HU = -40
+KITS23_LABELS = {"background": 0, "kidney": 1, "tumor": 2, "cyst": 3}
+LABEL_SETS = ("kits19", "kits23")
 NOISE_HU = 12.0
 
 
@@ -138,8 +149,10 @@ def _ellipsoid(shape: Sequence[int], centre: Sequence[float], radii: Sequence[fl
 
 
 def make_case(case_id: int, shape: Sequence[int], spacing: Sequence[float],
-              rng: np.random.Generator) -> SyntheticCase:
-    """Draw the anatomy of one case on an array of ``shape`` (D, H, W)."""
+              rng: np.random.Generator, cyst: bool = False) -> SyntheticCase:
+    """Draw the anatomy of one case on an array of ``shape`` (D, H, W); with ``cyst``, a cyst
+    (label 3) in the second kidney (drawn after the KiTS19 anatomy: without it the random
+    stream, so each KiTS19-like case, is as before)."""
     depth, height, width = shape
     image = np.full(shape, AIR_HU, dtype=np.int16)
     label = np.zeros(shape, dtype=np.uint8)
@@ -155,6 +168,7 @@ def make_case(case_id: int, shape: Sequence[int], spacing: Sequence[float],
     image[:, spine] = BONE_HU
 
     centre_d = rng.uniform(-0.15, 0.15)
+    kidneys = []
     for side, has_tumour in ((-1, True), (1, bool(rng.random() < 0.5))):
         centre = (centre_d + rng.uniform(-0.1, 0.1), 0.22 * ry + rng.uniform(-0.05, 0.05),
                   side * rng.uniform(0.33, 0.42) * rx)
@@ -162,6 +176,7 @@ def make_case(case_id: int, shape: Sequence[int], spacing: Sequence[float],
         box, mask = _ellipsoid(shape, centre, radii)
         image[box][mask] = KIDNEY_HU
         label[box][mask] = 1
+        kidneys.append((centre, radii))
         if has_tumour:
             # A sphere-like blob in kidney-relative units, kept inside the kidney.
             r = rng.uniform(0.60, 0.80)
@@ -172,6 +187,14 @@ def make_case(case_id: int, shape: Sequence[int], spacing: Sequence[float],
             image[t_box][t_mask] = TUMOUR_HU
             label[t_box][t_mask] = 2
 
+    if cyst:
+        # A sphere-like blob at the second kidney's pole away from the slices' centre.
+        centre, radii = kidneys[1]
+        r = rng.uniform(0.40, 0.50)
+        c_centre = [centre[0] + 0.45 * radii[0] * rng.choice((-1, 1)), centre[1], centre[2]]
+        c_box, c_mask = _ellipsoid(shape, c_centre, [r * rr for rr in radii])
+        image[c_box][c_mask] = CYST_HU
+        label[c_box][c_mask] = 3
     noise = rng.standard_normal(size=shape, dtype=np.float32)
     noise *= NOISE_HU
     image += np.rint(noise).astype(np.int16)
@@ -187,21 +210,45 @@ def kits_affine(spacing: Sequence[float]) -> np.ndarray:
                      [0.0, 0.0, 0.0, 1.0]])
 
 
-def save_case(case: SyntheticCase, output_dir: str, labelled: bool) -> str:
-    """Write ``output_dir/case_XXXXX/{imaging,segmentation}.nii.gz``; returns the case folder."""
+def save_case(case: SyntheticCase, output_dir: str, labelled: bool, layout: str = "case_folders") -> str:
+    """Write ``output_dir/case_XXXXX/{imaging,segmentation}.nii.gz`` (``layout="imagesTr"``:
+    ``output_dir/imagesTr/case_XXXXX_0000.nii.gz`` and ``labelsTr/case_XXXXX.nii.gz``); returns
+    the case folder (the image's folder)."""
     import nibabel
 
-    folder = os.path.join(output_dir, f"case_{case.case_id:05d}")
-    os.makedirs(folder, exist_ok=True)
+    name = f"case_{case.case_id:05d}"
+    if layout == "imagesTr":
+        folder = os.path.join(output_dir, "imagesTr")
+        paths = (os.path.join(folder, f"{name}_0000.nii.gz"), os.path.join(output_dir, "labelsTr", f"{name}.nii.gz"))
+    else:
+        folder = os.path.join(output_dir, name)
+        paths = (os.path.join(folder, "imaging.nii.gz"), os.path.join(folder, "segmentation.nii.gz"))
     affine = kits_affine(case.spacing)
-    items = [("imaging.nii.gz", case.image)]
+    items = [(paths[0], case.image)]
     if labelled:
-        items.append(("segmentation.nii.gz", case.label))
-    for name, array in items:
+        items.append((paths[1], case.label))
+    for path, array in items:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         nifti = nibabel.Nifti1Image(array, affine)
         nifti.header.set_zooms(case.spacing)  # pixdim[1:4] in array-axis order
-        nibabel.save(nifti, os.path.join(folder, name))
+        nibabel.save(nifti, path)
     return folder
+
+
+def write_description(output_dir: str, layout: str = "case_folders") -> str:
+    """The KiTS23-like set's description, ``output_dir/dataset.json`` (data_loading.description):
+    its four labels and its layout; returns its path."""
+    from data_loading.description import DESCRIPTION_FILE
+
+    record = {"name": "synthetic KiTS23-like", "labels": KITS23_LABELS, "file_ending": ".nii.gz",
+              "layout": layout, "channel_names": {"0": "CT"}}
+    if layout == "case_folders":
+        record.update(image_file="imaging.nii.gz", label_file="segmentation.nii.gz")
+    path = os.path.join(output_dir, DESCRIPTION_FILE)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=1)
+        handle.write("\n")
+    return path
 
 
 def read_marker(folder: str) -> dict | None:
@@ -227,12 +274,15 @@ def marker_text(record: dict | None) -> str:
             + (f", seed {', '.join(map(str, seeds))}" if seeds else ""))
 
 
-def write_marker(output_dir: str, seed: int, size: str, ids: Sequence[int]) -> str:
+def write_marker(output_dir: str, seed: int, size: str, ids: Sequence[int], labels: str = "kits19") -> str:
     """Record one generation in ``output_dir``'s marker (:data:`MARKER_NAME`), keeping the
     generations already recorded there (cases added with ``--start_id``); returns its path."""
     record = read_marker(output_dir) or {}
     generations = [g for g in record.get("generations", []) if isinstance(g, dict)]
-    generations.append({"seed": seed, "size": size, "case_id_range": [min(ids), max(ids)] if ids else []})
+    generation = {"seed": seed, "size": size, "case_id_range": [min(ids), max(ids)] if ids else []}
+    if labels != "kits19":
+        generation["labels"] = labels
+    generations.append(generation)
     record = {"synthetic": True, "generator": GENERATOR,
               "note": "synthetic KiTS19-like volumes, not KiTS19: a run on them is not a closed MLPerf result",
               "generations": generations}
@@ -244,18 +294,22 @@ def write_marker(output_dir: str, seed: int, size: str, ids: Sequence[int]) -> s
 
 
 def generate(output_dir: str, cases: int, seed: int = 0, size: str = "small",
-             start_id: int = 0) -> list[int]:
+             start_id: int = 0, labels: str = "kits19", layout: str = "case_folders") -> list[int]:
     """Generate ``cases`` cases with ids ``start_id ..``; returns the ids written. The folder's
-    marker (:func:`write_marker`) records them."""
+    marker (:func:`write_marker`) records them. ``labels="kits23"``: every case labelled, with a
+    cyst, and the description beside them (:func:`write_description`)."""
     preset = PRESETS[size]
     ids = list(range(start_id, start_id + cases))
+    kits23 = labels == "kits23"
     os.makedirs(output_dir, exist_ok=True)
-    write_marker(output_dir, seed, size, ids)
+    write_marker(output_dir, seed, size, ids, labels)
+    if kits23:
+        write_description(output_dir, layout)
     for case_id in ids:
         rng = case_rng(seed, case_id)
         shape, spacing = draw_geometry(rng, preset, target_spacing=case_id % 4 == 0)
-        case = make_case(case_id, shape, spacing, rng)
-        save_case(case, output_dir, labelled=case_id < FIRST_UNLABELLED_ID)
+        case = make_case(case_id, shape, spacing, rng, cyst=kits23)
+        save_case(case, output_dir, labelled=kits23 or case_id < FIRST_UNLABELLED_ID, layout=layout)
     return ids
 
 
@@ -270,7 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--size", choices=sorted(PRESETS), default="small",
                         help="size preset (default small)")
     parser.add_argument("--start_id", type=non_negative_int, default=0,
-                        help="id of the first case (default 0); ids >= 210 get no segmentation")
+                        help="id of the first case (default 0); ids >= 210 get no segmentation (kits19)")
+    parser.add_argument("--labels", choices=LABEL_SETS, default="kits19",
+                        help="kits19 (default): labels 0-2; kits23: every case labelled, a cyst (3) "
+                             "in each, and a dataset.json description beside them")
+    parser.add_argument("--layout", choices=("case_folders", "imagesTr"), default="case_folders",
+                        help="case_folders (default, KiTS's) or imagesTr (nnU-Net's imagesTr/labelsTr)")
     return parser
 
 
@@ -282,8 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--output_dir {args.output_dir}: cannot create: {exc.strerror}", file=sys.stderr)
         return 1
     start = time.perf_counter()
-    ids = generate(args.output_dir, args.cases, args.seed, args.size, args.start_id)
-    unlabelled = sum(i >= FIRST_UNLABELLED_ID for i in ids)
+    if args.layout != "case_folders" and args.labels == "kits19":
+        print("--layout imagesTr needs a description: use it with --labels kits23", file=sys.stderr)
+        return 2
+    ids = generate(args.output_dir, args.cases, args.seed, args.size, args.start_id, args.labels, args.layout)
+    unlabelled = 0 if args.labels == "kits23" else sum(i >= FIRST_UNLABELLED_ID for i in ids)
     note = f" ({unlabelled} without segmentation)" if unlabelled else ""
     print(f"wrote {len(ids)} {args.size} synthetic cases{note} to {args.output_dir} "
           f"in {time.perf_counter() - start:.1f} s")

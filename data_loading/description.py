@@ -1,0 +1,217 @@
+"""A dataset description: what a raw labelled CT set holds and how preprocessing reads it.
+
+The file is JSON in the shape of nnU-Net v2's ``dataset.json`` where it fits (an nnU-Net
+``dataset.json`` is read as it is; keys this project does not use are ignored)::
+
+    {"name": "KiTS23",
+     "labels": {"background": 0, "kidney": 1, "tumor": 2, "cyst": 3},
+     "file_ending": ".nii.gz",
+     "layout": "case_folders",              # or "imagesTr" (nnU-Net's flat layout)
+     "image_file": "imaging.nii.gz",        # case_folders only: the files in each case folder
+     "label_file": "segmentation.nii.gz",
+     "target_spacing": [1.6, 1.2, 1.2]}     # or "median": the data's median spacing
+
+* ``case_folders`` (KiTS19, KiTS21, KiTS23): ``DATA/<case>/imaging.nii.gz`` and
+  ``segmentation.nii.gz``; a case without its label file is skipped and counted.
+* ``imagesTr`` (nnU-Net): ``DATA/imagesTr/<case>_0000<file_ending>`` and
+  ``DATA/labelsTr/<case><file_ending>``; one channel (``_0000``) only.
+
+A case's number is the last run of digits of its folder or file name (``case_00588`` -> 588,
+``kidney_012`` -> 12); its preprocessed files are ``case_XXXXX_{x,y}.npy`` (five digits at
+least), the names the data loader and the evaluation split use.
+
+No description means KiTS19 (:data:`KITS19`): the benchmark's labels, layout, ids below 210 and
+target spacing, and preprocessing exactly as the reference's. A described dataset's
+preprocessed folder carries the description as it was used (:data:`DESCRIPTION_FILE`, with the
+target spacing resolved and the evaluation split), so that what reads the folder later needs
+nothing else. Standard library only: ``preprocess_dataset.py`` starts without torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+DESCRIPTION_FILE = "dataset.json"
+FINGERPRINT_FILE = "dataset_fingerprint.json"
+WRITTEN_BY = "preprocess_dataset.py"  # marks a description this project wrote (never overwrite another)
+LAYOUTS = ("case_folders", "imagesTr")
+KITS19_TARGET_SPACING = (1.6, 1.2, 1.2)
+CHANNEL_SUFFIX = "_0000"
+_TRAILING_DIGITS = re.compile(r"(\d+)$")
+
+
+class DescriptionError(ValueError):
+    """A description (or evaluation split) that cannot be used: one line naming the file."""
+
+
+@dataclass(frozen=True)
+class DatasetDescription:
+    """What preprocessing needs to know of a dataset. ``labels``: name -> value, values 0..N-1
+    with 0 the background; ``target_spacing``: mm per array axis, or ``"median"``;
+    ``evaluation_cases``: case ids (``"00003"``) of the evaluation split, empty for KiTS19's
+    default list; ``path``: the file it was read from ("" for the built-in KiTS19)."""
+
+    name: str = "KiTS19"
+    labels: tuple[tuple[str, int], ...] = (("background", 0), ("kidney", 1), ("tumor", 2))
+    file_ending: str = ".nii.gz"
+    layout: str = "case_folders"
+    image_file: str = "imaging.nii.gz"
+    label_file: str = "segmentation.nii.gz"
+    target_spacing: tuple[float, ...] | str = KITS19_TARGET_SPACING
+    evaluation_cases: tuple[str, ...] = ()
+    path: str = field(default="", compare=False)
+
+    @property
+    def label_values(self) -> tuple[int, ...]:
+        return tuple(value for _, value in self.labels)
+
+    def labels_text(self) -> str:
+        """``background 0, kidney 1, tumor 2`` (for one-line messages)."""
+        return ", ".join(f"{name} {value}" for name, value in self.labels)
+
+    def record(self, target_spacing: Sequence[float], target_from: str) -> dict:
+        """The description as saved into the preprocessed folder (plain JSON types), the target
+        spacing resolved to numbers and where they came from."""
+        return {"name": self.name, "labels": dict(self.labels), "file_ending": self.file_ending,
+                "layout": self.layout, "image_file": self.image_file, "label_file": self.label_file,
+                "target_spacing": [float(s) for s in target_spacing], "target_spacing_from": target_from,
+                "evaluation_cases": list(self.evaluation_cases), "source": self.path, "written_by": WRITTEN_BY}
+
+
+KITS19 = DatasetDescription()
+
+
+def kits19_labels(values: Sequence[int]) -> bool:
+    """Whether ``values`` are KiTS19's label values, those the model, loss and metric handle today."""
+    return tuple(values) == KITS19.label_values
+
+
+def _fail(path: str, text: str) -> DescriptionError:
+    return DescriptionError(f"{path}: {text}")
+
+
+def parse_description(record, path: str) -> DatasetDescription:
+    """A :class:`DatasetDescription` from a parsed JSON ``record`` (``path`` names it in errors)."""
+    if not isinstance(record, dict):
+        raise _fail(path, "expected a JSON object with \"labels\"")
+    labels = record.get("labels")
+    if not isinstance(labels, dict) or not labels:
+        raise _fail(path, "\"labels\" must be an object of label name -> value, e.g. {\"background\": 0, \"kidney\": 1}")
+    for name, value in labels.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(path, f"label {name!r}: value {json.dumps(value)} is not one integer "
+                              "(nnU-Net's region labels, lists of values, are not supported)")
+    ordered = tuple(sorted(labels.items(), key=lambda item: item[1]))
+    values = [value for _, value in ordered]
+    if values != list(range(len(values))):
+        raise _fail(path, f"label values {values} must be 0, 1, ... {len(values) - 1} without gaps, 0 the background")
+    if len(values) < 2 or len(values) > 255:
+        raise _fail(path, f"{len(values)} labels: expected the background and 1 to 254 foreground labels")
+    channels = record.get("channel_names", record.get("modality"))
+    if isinstance(channels, dict) and len(channels) != 1:
+        raise _fail(path, f"{len(channels)} input channels: one channel (CT) only is supported")
+    layout = record.get("layout", "imagesTr" if "numTraining" in record or "channel_names" in record else "case_folders")
+    if layout not in LAYOUTS:
+        raise _fail(path, f"\"layout\" {json.dumps(layout)}: expected one of {', '.join(LAYOUTS)}")
+    strings = {}
+    for key in ("name", "file_ending", "image_file", "label_file"):
+        value = record.get(key, getattr(KITS19, key))
+        if not isinstance(value, str) or not value or (key != "name" and ("/" in value or "\\" in value)):
+            raise _fail(path, f"\"{key}\" must be a file name (a non-empty string), got {json.dumps(value)}")
+        strings[key] = value
+    target = parse_target_spacing(record.get("target_spacing", list(KITS19_TARGET_SPACING)), f"{path}: \"target_spacing\"")
+    return DatasetDescription(labels=ordered, layout=layout, target_spacing=target, path=path, **strings)
+
+
+def parse_target_spacing(value, where: str) -> tuple[float, ...] | str:
+    """``"median"`` or three positive numbers (a list, or ``"D,H,W"`` text from a flag)."""
+    if value == "median":
+        return "median"
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+        try:
+            value = [float(v) for v in value]
+        except ValueError:
+            value = None
+    if (not isinstance(value, (list, tuple)) or len(value) != 3
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 100 for v in value)):
+        raise DescriptionError(f"{where}: expected \"median\" or three spacings in mm (0 < s < 100), "
+                               f"got {json.dumps(value)}")
+    return tuple(float(v) for v in value)
+
+
+def load_description(path: str) -> DatasetDescription:
+    """The description in the JSON file ``path``; :class:`DescriptionError` (one line) when it
+    cannot be read or used."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except OSError as exc:
+        raise _fail(path, f"cannot read ({exc.strerror or type(exc).__name__})") from None
+    except ValueError as exc:
+        raise _fail(path, f"not valid JSON ({str(exc).splitlines()[0]})") from None
+    return parse_description(record, path)
+
+
+def case_number(name: str) -> int | None:
+    """The case's number: the last run of digits of a folder or file stem (``case_00588`` -> 588)."""
+    match = _TRAILING_DIGITS.search(name)
+    return int(match.group(1)) if match else None
+
+
+def normalise_case_id(text: str) -> str | None:
+    """An evaluation split's line as the data loader's id (``"00003"``): ``3``, ``00003`` and
+    ``case_00003`` are one case; None when the line holds no number."""
+    number = case_number(text.strip())
+    return None if number is None else f"{number:05d}"
+
+
+def read_split(path: str) -> tuple[str, ...]:
+    """The evaluation case ids listed in ``path`` (one per line, ``#`` comments and blank lines
+    ignored), normalised (:func:`normalise_case_id`); one-line errors naming the file and line."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError as exc:
+        raise DescriptionError(f"--evaluation_cases {path}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    except UnicodeDecodeError:
+        raise DescriptionError(f"--evaluation_cases {path}: not a text file of case ids") from None
+    ids = []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        case_id = normalise_case_id(text)
+        if case_id is None:
+            raise DescriptionError(f"--evaluation_cases {path}: line {number} {text!r} names no case id")
+        if case_id not in ids:
+            ids.append(case_id)
+    if not ids:
+        raise DescriptionError(f"--evaluation_cases {path}: no case id in it")
+    return tuple(ids)
+
+
+def read_written_description(folder: str) -> dict | None:
+    """The description preprocessing saved in the preprocessed ``folder`` (its record), or None
+    when the folder has none (KiTS19 preprocessed without a description). A file that is not
+    one this project wrote, or does not parse, is an error naming it."""
+    path = os.path.join(str(folder), DESCRIPTION_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise DescriptionError(f"{path}: cannot read the dataset description ({str(exc).splitlines()[0]})") from None
+    if not isinstance(record, dict) or record.get("written_by") != WRITTEN_BY or not isinstance(record.get("labels"), dict):
+        raise DescriptionError(f"{path}: not a description written by {WRITTEN_BY} (a preprocessed folder holds "
+                               "the one preprocessing saved)")
+    return record
+
+
+def record_labels(record: dict) -> tuple[tuple[str, int], ...]:
+    """A saved record's labels as (name, value) pairs, ordered by value."""
+    return tuple(sorted(((str(k), int(v)) for k, v in record["labels"].items()), key=lambda item: item[1]))
