@@ -24,10 +24,11 @@ import torch
 
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, no_effect_line, replace
-from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed, weights_digest
+from runtime.checkpoint import Saved, model_state_from, saved_config, saved_labels, saved_seed, weights_digest
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
+from runtime.labels import LabelError, labels_before_data, labels_with_data
 from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import native_bf16
 from runtime.optimizers import fused_step
@@ -372,6 +373,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     say_no_effect(config, dist_info)
     if saved is not None:
         config = architecture_from(config, saved)
+    config = labels_before_data(config, saved_labels(saved.checkpoint) if saved else None, saved.path if saved else "")
     config = host_memory_from(window_from(config, saved), device)
     if config.exec_mode == "predict":
         return say_plan(resolve_predict_plan(config, device, saved, ensemble), dist_info)
@@ -443,13 +445,18 @@ def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
     collective)."""
     from data_loading.data_loader import resolve_cache
 
+    try:  # the data's label set (its description), the checkpoint's if it has one (runtime.labels)
+        config = labels_with_data(config, getattr(summary, "labels", None), getattr(summary, "labels_from", ""))
+    except LabelError as err:
+        raise UsageError(str(err)) from None
     cache = resolve_cache(config.cache, dist_info.device, summary.train_bytes)
     config = decided(config, "cache", cache, "" if cache == config.cache else
                      "--cache auto: on the GPU when the training set fits, else in memory", config.cache)
     config = replace(config, cache=cache, num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
                      **schedule_fields(config, summary.num_train, dist_info.world_size))
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
-    reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""))
+    reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""),
+                           getattr(summary, "own_data", ""))
     return say_plan(division_from(config, reasons, dist_info, logged=True), dist_info)
 
 
