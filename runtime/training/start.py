@@ -11,6 +11,7 @@ from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
 from runtime.host import record_run
+from runtime.labels import labels_text, n_classes, run_labels
 from runtime.mode import Session
 from runtime.outputs import move_previous_run
 from runtime.progress import make_progress
@@ -118,7 +119,22 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
     not_closed = config.decision("not_closed")  # its log said closed; the data is not KiTS19's
     if not_closed is not None:
         out.mlperf.not_closed(not_closed.value)
+    components = network_for_labels(components, config, saved, out)
     return out, with_loaders(components, data, config)
+
+
+def network_for_labels(components: Components, config, saved: ckpt.Saved | None, out: Reporters) -> Components:
+    """``components`` whose network has one output per label of the data's label set
+    (``runtime.labels``: decided after ``run_start``, from the folder's description). Before
+    the clock the network was built with the checkpoint's label set, else KiTS19's (the data
+    cannot be read then); an own-data run without a checkpoint whose labels are not three builds
+    its network, optimizer and train step again here, on the clock (the run is open)."""
+    labels = run_labels(config)
+    if n_classes(labels) == n_classes(run_labels(components.config)):
+        return components
+    out.say(f"{n_classes(labels)} labels ({labels_text(labels)}): the network built again with "
+            f"{n_classes(labels)} outputs after run_start (the data's description is read on the clock)")
+    return build_components(config, components.dist, None, saved)
 
 
 def started(session: Session) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:
