@@ -47,7 +47,8 @@ def scan_means(cases: Sequence[dict]) -> dict | None:
     if not inside:
         return None
     keys = label_keys(inside[0]) + ["mean_dice"]
-    means = {key: float(np.nanmean([c[f"scan_{key}"] for c in inside])) for key in keys}
+    values = {key: [c[f"scan_{key}"] for c in inside] for key in keys}
+    means = {key: float(np.nanmean(v) if np.isnan(v).any() else np.mean(v)) for key, v in values.items()}
     return {**means, "cases": len(inside)}
 
 

@@ -34,6 +34,7 @@ from data_loading.scans import Scan, ScanError, find_inputs, output_path
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
+from runtime.labels import run_labels
 from runtime.outputs import OutputError
 from runtime.progress import progress, write
 from runtime.predict.provenance import (PendingRecord, difference, pending_records, read_record,
@@ -152,13 +153,13 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
                                                                        and os.path.exists(npz)):
                 replaced = "without saved probabilities"
             if another_model(stored, current) and not config.force:
-                result = summarise_existing(scan, path)
+                result = summarise_existing(scan, path, run_labels(config))
                 result.status, result.provenance = "kept", stored
                 result.error = (f"{path} was made by another model ({model_text(stored)}): kept; --force "
                                 "replaces it")
                 return result
             if replaced is None and not config.force:
-                result = summarise_existing(scan, path)
+                result = summarise_existing(scan, path, run_labels(config))
                 result.provenance = stored
                 return result
             if replaced and another_model(stored, current):
@@ -182,7 +183,7 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
             if config.int8 and calibrate is not None:
                 calibrate(scan.name, scan.image_path)
             result = segment_scan(scan, infer, config.output_dir, config.preview,
-                                  probabilities=config.save_probabilities)
+                                  probabilities=config.save_probabilities, label_set=run_labels(config))
             write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(record, reason, is_full_disk(exc)))
         except BaseException:
             # stopped or failed with a segmentation there (this run's, or with --force the earlier

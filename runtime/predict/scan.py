@@ -36,8 +36,9 @@ from data_loading.write_errors import is_full_disk, write_or_raise
 from runtime.arguments import Config
 from runtime.build import build_model
 from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
+from runtime.labels import is_kits19
 from runtime.outputs import OutputError
-from runtime.predict.records import CaseResult
+from runtime.predict.records import CaseResult, own_label_numbers
 from runtime.signals import Stopped
 from runtime.inference.sliding_window import flush_sliding_window_inference
 
@@ -254,8 +255,19 @@ def write_output(path: str, write: Callable[[], None]) -> None:
 
 
 def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray | None,
-                  spacing: Sequence[float], seconds: float | None = None, stages: dict | None = None) -> CaseResult:
-    """A :class:`CaseResult` from the labels on the scan's grid (and the ground truth)."""
+                  spacing: Sequence[float], seconds: float | None = None, stages: dict | None = None,
+                  label_set=None) -> CaseResult:
+    """A :class:`CaseResult` from the labels on the scan's grid (and the ground truth).
+    ``label_set``: the network's (``runtime.labels``; None: KiTS19's); another than KiTS19's
+    gives each label's volume and Dice under its name (:func:`runtime.predict.records.own_label_numbers`)."""
+    if label_set is not None and not is_kits19(label_set):
+        result = CaseResult(scan.name, status, scan.image_path, tuple(int(s) for s in labels.shape),
+                            tuple(float(s) for s in spacing), seconds=seconds,
+                            stages=stages if stages is not None else {})
+        result.per_label = own_label_numbers(labels, truth, spacing, label_set)
+        if truth is not None:
+            result.mean_dice = result.per_label["mean_dice"]
+        return result
     kidney_ml, tumour_ml = class_volumes_ml(labels, spacing)
     result = CaseResult(scan.name, status, scan.image_path, tuple(int(s) for s in labels.shape),
                         tuple(float(s) for s in spacing), kidney_ml, tumour_ml, seconds,
@@ -266,7 +278,8 @@ def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray
 
 
 def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output_dir: str,
-                 preview: bool = False, timer: StageTimer | None = None, probabilities: bool = False) -> CaseResult:
+                 preview: bool = False, timer: StageTimer | None = None, probabilities: bool = False,
+                 label_set=None) -> CaseResult:
     """Segment one scan into ``output_dir/<case>.nii.gz`` (and ``<case>.png`` with ``preview``,
     ``<case>.npz`` with ``probabilities``: :func:`write_probabilities`).
 
@@ -297,7 +310,7 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
             segmentation.probabilities = None
         write_output(path, lambda: write_segmentation(path, file_labels, raw.nifti))
     result = scored_result(scan, "segmented", file_labels, truth, raw.file_spacing or raw.spacing,
-                           stages=timer.seconds)
+                           stages=timer.seconds, label_set=label_set)
     result.windows = segmentation.windows
     if preview:
         with timer("preview"):
@@ -329,8 +342,8 @@ def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.nd
         result.error = f"preview {path} not written: {one_line_reason(exc)} (the segmentation is written)"
 
 
-def summarise_existing(scan: Scan, path: str) -> CaseResult:
+def summarise_existing(scan: Scan, path: str, label_set=None) -> CaseResult:
     """The summary of a scan whose segmentation ``path`` exists already (skipped, no --force)."""
     labels, spacing = read_labels_file(path)
     truth = read_label(scan.label_path, labels.shape, scan_path=scan.image_path) if scan.label_path else None
-    return scored_result(scan, "skipped", labels, truth, spacing)
+    return scored_result(scan, "skipped", labels, truth, spacing, label_set=label_set)
