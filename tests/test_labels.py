@@ -1,0 +1,167 @@
+"""Training, evaluate and predict on a dataset's own label set (issue 51, items 2-4): the label set
+decided from the checkpoint and the data's description, each label's Dice named after it and
+scored as nnU-Net reports it (absent from both: NaN, left out of the means), KiTS19 unchanged.
+The oracles: brute-force counts of the label maps, and the rules' words for the division."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from data_loading import description as ds
+from data_loading.data_loader import get_data_loaders
+from data_loading.dataset import DataError
+from model.losses import DiceScore
+from runtime import labels as L
+from runtime.arguments import Config
+from runtime.division import data_reasons
+from runtime.evaluate.metrics import evaluate
+from runtime.run_files import EVAL, check_record
+
+KITS23 = (("background", 0), ("kidney", 1), ("tumor", 2), ("cyst", 3))
+BINARY = (("background", 0), ("organ", 1))
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+def test_the_label_set_is_the_checkpoints_then_the_datas():
+    assert L.decide_labels(None, None)[0] == L.KITS19_LABELS                       # KiTS19 by default
+    assert L.decide_labels(KITS23, None, "c.pt") == (KITS23, "the checkpoint's (c.pt)")
+    labels, why = L.decide_labels(None, {"background": 0, "cyst": 3, "kidney": 1, "tumor": 2}, "", "d/dataset.json")
+    assert labels == KITS23 and "d/dataset.json" in why                            # a dict, ordered by value
+    assert L.decide_labels(KITS23, KITS23, "c.pt", "d")[0] == KITS23
+    with pytest.raises(L.LabelError) as info:
+        L.decide_labels(L.KITS19_LABELS, KITS23, "c.pt", "d/dataset.json")
+    message = str(info.value)
+    assert "\n" not in message and "c.pt" in message and "d/dataset.json" in message and "cyst 3" in message
+
+
+def test_metric_names_follow_the_labels_and_kits19_keeps_the_benchmarks():
+    assert L.dice_keys(L.KITS19_LABELS) == ("l1_dice", "l2_dice")
+    assert L.dice_keys(KITS23) == ("kidney_dice", "tumor_dice", "cyst_dice")
+    assert L.dice_keys(BINARY) == ("organ_dice",)                                   # one Dice, not two
+    odd = (("background", 0), ("Left Kidney", 1), ("mean", 2), ("l3", 3), ("", 4))
+    assert L.dice_keys(odd) == ("left_kidney_dice", "l2_dice", "l3_dice", "l4_dice")
+    for keys in (L.dice_keys(KITS23), L.dice_keys(odd)):
+        check_record(EVAL, ["epoch", "mean_dice", *keys])                           # log.json takes them
+    with pytest.raises(ValueError):
+        check_record(EVAL, ["kidney_volume"])
+
+
+def test_the_division_names_own_data():
+    reasons = data_reasons(4, 2, "", "d/dataset.json describes KiTS23")
+    assert reasons[0] == "own data: d/dataset.json describes KiTS23"
+    assert not any("synthetic" in r for r in reasons)
+    assert data_reasons(168, 42) == []
+
+
+# -- the Dice of own data ----------------------------------------------------------------------
+
+def brute_force_dice(prediction: np.ndarray, truth: np.ndarray, value: int) -> float:
+    """nnU-Net's per-label Dice counted voxel by voxel: 2TP / (2TP + FP + FN), NaN when the label
+    is in neither."""
+    tp = fp = fn = 0
+    for p, t in zip(prediction.ravel().tolist(), truth.ravel().tolist()):
+        tp += p == value and t == value
+        fp += p == value and t != value
+        fn += p != value and t == value
+    return math.nan if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def logits_of(labels: np.ndarray, n_class: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.as_tensor(labels).long(), n_class).movedim(-1, 0)[None].float() * 5
+
+
+def test_own_datas_dice_is_nnunets_and_kits19s_the_benchmarks():
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 3, (6, 5, 4))            # no cyst (3) anywhere
+    prediction = rng.integers(0, 3, (6, 5, 4))
+    ours = DiceScore(absent_nan=True)(logits_of(prediction, 4), torch.as_tensor(truth)[None, None])
+    expected = [brute_force_dice(prediction, truth, v) for v in (1, 2, 3)]
+    assert math.isnan(expected[2]) and math.isnan(float(ours[2]))
+    np.testing.assert_allclose(ours[:2].numpy(), expected[:2], rtol=1e-6)
+    benchmark = DiceScore()(logits_of(prediction, 4), torch.as_tensor(truth)[None, None])
+    assert float(benchmark[2]) == pytest.approx(1.0)                                # KiTS19's: 1.0
+
+
+def test_evaluation_leaves_a_label_absent_from_both_out_of_the_means():
+    """Two volumes: the cyst is in one only. nnU-Net's mean over the cases that have the label,
+    and mean_dice over the labels; KiTS19's label set keeps the benchmark's numbers."""
+    rng = np.random.default_rng(1)
+    shape = (8, 8, 8)
+    cases = []
+    for n in range(2):
+        truth = rng.integers(0, 3, shape)
+        prediction = np.where(rng.random(shape) < 0.7, truth, rng.integers(0, 3, shape))
+        if n == 0:
+            truth[:2, :2, :2] = 3
+            prediction[:2, :2, :3] = 3
+        cases.append((prediction, truth))
+    volumes = [(torch.zeros(1, 1, *shape), torch.as_tensor(t, dtype=torch.uint8)[None, None], f"{n:05d}")
+               for n, (_, t) in enumerate(cases)]
+    logits = {f"{n:05d}": logits_of(p, 4) for n, (p, _) in enumerate(cases)}
+    order = iter(logits.values())
+
+    def predict(batch):  # one window covers the volume: the case's fixed logits
+        return next(order)
+
+    from model.losses import DiceCELoss
+
+    metrics = evaluate(predict, volumes, DiceCELoss(), DiceScore(absent_nan=True), shape, 0.5, 1,
+                       torch.device("cpu"), labels=KITS23)
+    per_case = [[brute_force_dice(p, t, v) for v in (1, 2, 3)] for p, t in cases]
+    expected = [float(np.nanmean([c[i] for c in per_case])) for i in range(3)]
+    assert math.isnan(per_case[1][2])
+    for key, value in zip(("kidney_dice", "tumor_dice", "cyst_dice"), expected):
+        assert metrics[key] == pytest.approx(value, rel=1e-6)
+    assert metrics["mean_dice"] == pytest.approx(np.mean(expected), rel=1e-6)
+    assert "l1_dice" not in metrics and metrics["eval_cases"] == 2
+
+
+# -- the data ----------------------------------------------------------------------------------
+
+def write_preprocessed(folder, labels, cyst_value=3, ids=(0, 1, 3)):
+    """Preprocessed 32³ cases (3 is an evaluation id of KiTS19's split) with labels 1.. and a
+    description of ``labels``."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(5)
+    for case in ids:
+        x = rng.normal(0, 0.1, (1, 32, 32, 32)).astype(np.float32)
+        y = np.zeros((1, 32, 32, 32), np.uint8)
+        for value in range(1, len(labels)):
+            start = 4 + 6 * (value - 1)
+            y[0, start:start + 5, 8:20, 8:20] = cyst_value if value == 3 else value
+            x[0, start:start + 5, 8:20, 8:20] += value
+        np.save(os.path.join(folder, f"case_{case:05d}_x.npy"), x)
+        np.save(os.path.join(folder, f"case_{case:05d}_y.npy"), y)
+    record = dataclasses.replace(ds.KITS19, labels=tuple(dict(labels).items())).record([1.6, 1.2, 1.2], "kits19")
+    with open(os.path.join(folder, ds.DESCRIPTION_FILE), "w") as handle:
+        json.dump(record, handle)
+    return str(folder)
+
+
+def loader_config(folder) -> Config:
+    return dataclasses.replace(Config(), data_dir=str(folder), input_shape=(32, 32, 32), seed=1, num_workers=0,
+                               prefetch=0, batch_size=1, cache="memory", val_input_shape=(32, 32, 32))
+
+
+def test_the_loaders_take_the_descriptions_labels(tmp_path):
+    """KiTS23's four labels load (the cyst's boxes among the foreground to oversample); a label
+    value beyond the description's is named in one line."""
+    train, val = get_data_loaders(loader_config(write_preprocessed(tmp_path / "ok", KITS23)), 1, 0)
+    assert sorted(train.dataset.boxes[0]) == [1, 2, 3] and len(train.dataset.boxes[0][3]) == 1
+    assert val.n_class == 4
+    bad = write_preprocessed(tmp_path / "bad", KITS23)
+    with open(os.path.join(bad, ds.DESCRIPTION_FILE)) as handle:
+        record = json.load(handle)
+    record["labels"] = dict(L.KITS19_LABELS)        # the cases hold a cyst (3) the description has not
+    with open(os.path.join(bad, ds.DESCRIPTION_FILE), "w") as handle:
+        json.dump(record, handle)
+    with pytest.raises(DataError) as info:
+        get_data_loaders(loader_config(bad), 1, 0)
+    assert "\n" not in str(info.value) and "outside 0..2" in str(info.value) and "_y.npy" in str(info.value)
