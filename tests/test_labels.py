@@ -125,7 +125,7 @@ def test_evaluation_leaves_a_label_absent_from_both_out_of_the_means():
 
 # -- the data ----------------------------------------------------------------------------------
 
-def write_preprocessed(folder, labels, cyst_value=3, ids=(0, 1, 3)):
+def write_preprocessed(folder, labels, cyst_value=3, ids=(1, 2, 3)):
     """Preprocessed 32³ cases (3 is an evaluation id of KiTS19's split) with labels 1.. and a
     description of ``labels``."""
     os.makedirs(folder, exist_ok=True)
@@ -165,3 +165,47 @@ def test_the_loaders_take_the_descriptions_labels(tmp_path):
     with pytest.raises(DataError) as info:
         get_data_loaders(loader_config(bad), 1, 0)
     assert "\n" not in str(info.value) and "outside 0..2" in str(info.value) and "_y.npy" in str(info.value)
+
+
+# -- a run on own labels -----------------------------------------------------------------------
+
+TINY_REAL = ["--filters", "2", "4", "4", "8", "8", "--input_shape", "32", "32", "32", "--val_input_shape", "32", "32",
+             "32", "--normalization", "batchnorm", "--batch_size", "2", "--num_workers", "0", "--device", "cpu",
+             "--seed", "1"]
+EVAL_FLAGS = ["--filters", "2", "4", "4", "8", "8", "--val_input_shape", "32", "32", "32", "--normalization",
+              "batchnorm", "--device", "cpu"]
+
+
+@pytest.mark.slow
+def test_a_binary_set_trains_evaluates_and_reports_one_dice(tmp_path, capsys):
+    """One foreground label: a network of two outputs (built after run_start, when the folder's
+    description is read), one Dice named after it (not a second, always-empty one scoring 1.0),
+    the label set in the checkpoint, evaluate from the checkpoint alone, and a checkpoint of
+    another label set refused in one line."""
+    from main_runs import call, one_line_error
+    from runtime.checkpoint import load_checkpoint, model_state_from, saved_labels
+
+    data, run = write_preprocessed(tmp_path / "data", BINARY), tmp_path / "run"
+    code, out, err = call(["--data_dir", data, "--log_dir", str(run), "--save_ckpt_path", str(run / "ckpt.pt"),
+                           *TINY_REAL, "--epochs", "1", "--start_eval_at", "1", "--evaluate_every", "1"], capsys)
+    assert code in (0, 3), err[-2000:]                       # 3: a tiny run that did not converge
+    assert "network built again with 2 outputs after run_start" in out
+    (record,) = [r for r in map(json.loads, (run / "log.json").read_text().splitlines()) if r["kind"] == "eval"]
+    assert "organ_dice" in record and "l1_dice" not in record and "l2_dice" not in record
+    assert record["mean_dice"] == record["organ_dice"]
+    assert f"mean_dice {record['mean_dice']:.4f} (organ {record['organ_dice']:.4f})" in out
+    checkpoint = load_checkpoint(str(run / "ckpt.pt"))
+    assert saved_labels(checkpoint) == BINARY
+    assert model_state_from(checkpoint)["output.conv.weight"].shape[0] == 2
+
+    code, out, err = call(["--exec_mode", "evaluate", "--data_dir", data, "--load_ckpt_path", str(run / "ckpt.pt"),
+                           "--log_dir", str(tmp_path / "eval"), *EVAL_FLAGS], capsys)
+    assert code == 0, err[-2000:]
+    assert "organ_dice" in out and "l1_dice" not in out
+    with open(tmp_path / "eval" / "eval_cases.csv") as handle:
+        assert handle.readline().startswith("case,organ_dice,mean_dice,eval_loss")
+
+    other = write_preprocessed(tmp_path / "kits23", KITS23)
+    code, out, err = call(["--exec_mode", "evaluate", "--data_dir", other, "--load_ckpt_path", str(run / "ckpt.pt"),
+                           "--log_dir", str(tmp_path / "eval23"), *EVAL_FLAGS], capsys)
+    one_line_error(code, err, run / "ckpt.pt", "organ 1", "cyst 3")
