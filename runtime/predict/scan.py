@@ -254,6 +254,12 @@ def write_output(path: str, write: Callable[[], None]) -> None:
     write_or_raise(write, lambda reason, exc: OutputWriteError(path, reason, is_full_disk(exc)))
 
 
+def label_values_of(label_set) -> dict:
+    """``label_values`` for :func:`data_loading.scans.read_label` of a network's label set
+    (``runtime.labels``; none: KiTS19's, the readers' default)."""
+    return {} if label_set is None else {"label_values": tuple(value for _, value in label_set)}
+
+
 def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray | None,
                   spacing: Sequence[float], seconds: float | None = None, stages: dict | None = None,
                   label_set=None) -> CaseResult:
@@ -293,8 +299,8 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
     start = time.perf_counter()
     with timer("read"):
         raw = read_scan(scan.image_path)  # in the KiTS19 layout the network was trained in
-        truth = (read_label(scan.label_path, raw.file_shape, raw.orientation, scan.image_path) if scan.label_path
-                 else None)
+        truth = (read_label(scan.label_path, raw.file_shape, raw.orientation, scan.image_path,
+                            **label_values_of(label_set)) if scan.label_path else None)
     if raw.note:  # the header's pixdim disagrees with its affine: which spacing was used
         print(raw.note, flush=True)
     # a Segmenter segments the volume itself (the Python entry point's path); a bare callable here
@@ -344,6 +350,7 @@ def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.nd
 
 def summarise_existing(scan: Scan, path: str, label_set=None) -> CaseResult:
     """The summary of a scan whose segmentation ``path`` exists already (skipped, no --force)."""
-    labels, spacing = read_labels_file(path)
-    truth = read_label(scan.label_path, labels.shape, scan_path=scan.image_path) if scan.label_path else None
+    labels, spacing = read_labels_file(path, **label_values_of(label_set))
+    truth = (read_label(scan.label_path, labels.shape, scan_path=scan.image_path, **label_values_of(label_set))
+             if scan.label_path else None)
     return scored_result(scan, "skipped", labels, truth, spacing, label_set=label_set)
