@@ -31,8 +31,8 @@ import numpy as np
 from data_loading import scan_io
 from data_loading.atomic import atomic_write
 from data_loading.nifti_read import PreprocessError, read_nifti, read_voxels
-from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, LABEL_VALUES, _case_dirs, min_shape_padding, preprocess_arrays,
-                                        resampled_shape, validated_label)
+from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, LABEL_VALUES, _case_dirs,
+                                        min_shape_padding, preprocess_arrays, resampled_shape, validated_label)
 from data_loading.scan_io import NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name, scan_name
 
 __all__ = ["NIFTI_SUFFIXES", "ScanError", "is_nifti_name", "is_scan_name", "scan_name"]  # re-exported

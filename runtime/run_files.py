@@ -128,7 +128,8 @@ def check_record(kind: str, keys: Iterable[str]) -> None:
     (a programming error: the writer and the report would disagree on the file)."""
     if kind not in RECORD_KEYS:
         raise ValueError(f"log.json record kind {kind!r} is not declared in runtime/run_files.py RECORD_KEYS")
-    unknown = [key for key in keys if key not in RECORD_KEYS[kind] and not key.endswith(RECORD_KEY_SUFFIXES.get(kind, ()))]
+    suffixes = RECORD_KEY_SUFFIXES.get(kind, ())
+    unknown = [key for key in keys if key not in RECORD_KEYS[kind] and not key.endswith(suffixes)]
     if unknown:
         raise ValueError(f"log.json {kind!r} record: key(s) {', '.join(map(repr, unknown))} not declared in "
                          "runtime/run_files.py RECORD_KEYS")

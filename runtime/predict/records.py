@@ -152,7 +152,8 @@ class CaseResult:
             return f"{self.case}: {self.status}: {self.error}"
         text = f"{self.case}: {self.status}, {'x'.join(map(str, self.shape))} voxels, "
         if self.per_label:
-            text += ", ".join(f"{key[:-3]} {value:.1f} mL" for key, value in self.per_label.items() if key.endswith("_ml"))
+            volumes = [f"{key[:-3]} {value:.1f} mL" for key, value in self.per_label.items() if key.endswith("_ml")]
+            text += ", ".join(volumes)
             dice = [f"{key[:-5]} {value:.4f}" for key, value in self.per_label.items() if key.endswith("_dice")]
             text += f", dice {' '.join(dice)}" if dice else ""
         else:
