@@ -214,7 +214,12 @@ def choose_levers(is_train: bool, device_type: str, channels_last: bool, amp_dty
                   normalization: str, compile: bool, filters: tuple[int, ...] = DEFAULT_FILTERS) -> tuple[Choice, ...]:
     """Each registered lever's decision for a run (:class:`LeverInputs`' fields), in the order
     :func:`apply_levers` applies them; a lever that does not concern the run says nothing."""
-    inputs = LeverInputs(is_train, device_type, channels_last, amp_dtype, normalization, compile, tuple(filters))
+    return decide_levers(LeverInputs(is_train, device_type, channels_last, amp_dtype, normalization, compile,
+                                     tuple(filters)))
+
+
+def decide_levers(inputs: LeverInputs) -> tuple[Choice, ...]:
+    """:func:`choose_levers` from its inputs as one value."""
     return tuple(choice for lever in LEVERS.values() if (choice := lever.decide(inputs)) is not None)
 
 
