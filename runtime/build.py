@@ -19,7 +19,7 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.compiling import compile_model
-from runtime.levers.cpu.convert import FUSED_NORM, apply_levers
+from runtime.levers.cpu.convert import apply_levers, levers_compile
 from runtime.optimizers import make_optimizer
 from runtime.inference.predictor import autocast_context
 
@@ -192,10 +192,10 @@ def build_components(config: Config, dist_info: D.DistInfo, data=None,
 
 
 def compiles_lazily(config: Config, device: torch.device) -> bool:
-    """Whether the run's first steps compile: ``--compile``, or the channels-last CPU fused norm
-    kernels (the ``fused_norm`` lever). Not with ``--cuda_graphs``, whose capture has already
+    """Whether the run's first steps compile: ``--compile``, or a lever that compiles (the
+    channels-last CPU fused norm kernels). Not with ``--cuda_graphs``, whose capture has already
     run its warm-up steps."""
-    return bool(config.compile or FUSED_NORM in config.levers) and not config.cuda_graphs
+    return bool(config.compile or levers_compile(config.levers)) and not config.cuda_graphs
 
 
 def warm_up(components: Components) -> bool:
