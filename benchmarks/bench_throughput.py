@@ -24,7 +24,7 @@ from data_loading.data_loader import data_source
 from data_loading.dataset import read_evaluation_ids
 from data_loading.windows import window_geometry
 from runtime import distributed as D
-from runtime.arguments import EVALUATE_BENCHMARK, parse_args, used_in
+from runtime.arguments import parse_args, used_in
 from runtime.build import build_components, build_model
 from runtime.compiling import OUT_OF_MEMORY
 from runtime.evaluate.metrics import evaluate
@@ -313,7 +313,7 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
 
 def run_eval_row(name: str, flags: list[str], argv0: list[str], device: torch.device) -> Result:
     result = Result(name=name)
-    config = parse_args(used_in(EVALUATE_BENCHMARK, argv0) + ["--exec_mode", "evaluate", *flags], prog="bench_throughput")
+    config = parse_args(used_in("evaluate --benchmark", argv0) + ["--exec_mode", "evaluate", *flags], prog="bench_throughput")
 
     def work():
         c = bench_components(config, device, data_source(config))

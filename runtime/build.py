@@ -211,7 +211,7 @@ def warm_up(components: Components) -> bool:
         return False
     memory_format = torch.channels_last_3d if config.channels_last else torch.contiguous_format
     buffers = {name: buffer.clone() for name, buffer in ckpt.unwrap(components.model).named_buffers()}
-    if config.is_train:
+    if config.mode.trains:
         shape = (config.batch_size, 1, *config.input_shape)
         image = torch.zeros(shape, device=device).contiguous(memory_format=memory_format)
         components.step(image, torch.zeros(shape, dtype=torch.uint8, device=device), False)

@@ -68,7 +68,7 @@ def cpu_training_precision(config: Config, device: torch.device, say: bool) -> C
     there oneDNN emulates bf16, slower than float32 (docs/performance.md). One line says which
     the run chose and why (``say``), recorded as the precision decision; anything else is
     returned unchanged."""
-    if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
+    if not (config.mode.trains and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
         return config
     native, why = native_bf16()
     line = f"bf16: {why}; " + ("training in bf16 autocast" if native else "training in float32 instead")
@@ -83,7 +83,7 @@ def fused_optimizer_from(config: Config, device: torch.device) -> Config:
     """``--fused_optimizer`` as it runs here (training): torch's fused step where it has one for
     ``--optimizer`` on ``device`` (:func:`runtime.optimizers.fused_step`), else the default step.
     The optimizer is built, and a resumed one kept, with this choice."""
-    if not config.is_train:
+    if not config.mode.trains:
         return config
     if not config.fused_optimizer:
         return decided(config, "fused_optimizer", False, "the default step", asked=False)
@@ -95,7 +95,7 @@ def reuses_host_memory(config: Config, device: torch.device) -> bool:
     """Training on the CPU, evaluation and predict reuse freed host memory: every step's
     activations and gradients are the same large blocks again (docs/performance.md,
     "The fast CPU settings"); a GPU training run's tensors are not host memory."""
-    return not config.is_train or device.type == "cpu"
+    return not config.mode.trains or device.type == "cpu"
 
 
 def host_memory_from(config: Config, device: torch.device) -> Config:
@@ -156,7 +156,7 @@ def levers_from(config: Config, dist_info: D.DistInfo) -> Config:
     from runtime.levers.cpu.convert import choose_levers
 
     amp_dtype = config.amp_dtype if config.amp else None
-    levers = choose_levers(config.is_train, dist_info.device.type, config.channels_last, amp_dtype,
+    levers = choose_levers(config.mode.trains, dist_info.device.type, config.channels_last, amp_dtype,
                            config.normalization, config.compile, tuple(config.filters))
     if dist_info.is_main:
         for lever in levers:
@@ -180,7 +180,7 @@ def epochs_from(config: Config, world_size: int) -> Config:
 def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
     """Samples per epoch (``--last_batch pad``: padded, as the rules count them) and the MLPerf
     evaluation schedule (training only)."""
-    if not config.is_train:
+    if not config.mode.trains:
         return {}
     spe = samples_per_epoch(num_train, world_size, config.batch_size, config.ga_steps, config.last_batch)
     if spe <= 0:
@@ -252,7 +252,7 @@ def window_from(config: Config, saved: Saved | None) -> Config:
     trained = f"the checkpoint was trained on {shape_text(patch)} patches" if other else ""
     if "val_input_shape" in config.explicit:
         source = "from --val_input_shape" + (f" ({trained})" if trained else "")
-    elif config.exec_mode != "predict":
+    elif not config.mode.predicts:
         source = "(the default, the benchmark's" + (f"; {trained}" if trained else "") + ")"
     elif patch is not None:
         config, source = replace(config, val_input_shape=patch), "from the checkpoint's training patch"
@@ -351,7 +351,7 @@ def resolve_predict(config: Config, device: torch.device) -> Config:
 def check_benchmark_budget(config: Config) -> None:
     """``--benchmark_steps`` / ``--benchmark_seconds`` budget ``--benchmark`` only."""
     for name in ("benchmark_steps", "benchmark_seconds"):
-        if getattr(config, name) and not config.benchmark:
+        if getattr(config, name) and not config.mode.benchmark:
             raise UsageError(f"--{name} is the budget of --benchmark (train or evaluate); add --benchmark or drop it")
 
 
@@ -373,7 +373,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     if saved is not None:
         config = architecture_from(config, saved)
     config = host_memory_from(window_from(config, saved), device)
-    if config.exec_mode == "predict":
+    if config.mode.predicts:
         return say_plan(resolve_predict_plan(config, device, saved, ensemble), dist_info)
     check_device_support(config, dist_info)
     config = precision_from(config, device, dist_info.is_main)
@@ -426,7 +426,7 @@ def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: 
     if not_closed:
         why += ("; the MLPerf log, whose division precedes init_stop, says closed: it records not_closed "
                 "after run_start, and the run is no closed result")
-    if why and dist_info.is_main and config.is_train and not config.benchmark:
+    if why and dist_info.is_main and config.mode.mlperf_run:
         print(why)
     config = decided(replace(config, submission_division=division), "division", division, why, asked)
     if not_closed:  # the log's not_closed event: the data stage's reasons

@@ -77,12 +77,12 @@ def test_which_runs_reuse_freed_memory(mode, flags, device, reuses):
 
     import torch
 
-    from runtime import app, resolve
+    from runtime import resolve
     from runtime.arguments import Config
     from runtime.training import start
 
     config = dataclasses.replace(Config(), **{"exec_mode": "train", "benchmark": mode == "benchmark", **flags})
-    assert app.mode_name(config) == mode
+    assert config.mode.name == (f"{config.exec_mode} --benchmark" if mode == "benchmark" else mode)
     assert resolve.reuses_host_memory(config, torch.device(device)) is reuses
     assert resolve.host_memory_from(config, torch.device(device)).decision("host_memory").value is reuses
 

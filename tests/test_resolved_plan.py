@@ -16,7 +16,7 @@ import torch
 import fake_data
 from checkpoints import reference_format_checkpoint, unet
 from main_runs import TINY, call, used_in
-from runtime import app  # noqa: F401 - app: its modules loaded before the hooks go in
+from runtime import app
 from runtime.levers.cpu import isa
 from runtime.checkpoint import load_checkpoint, saved_plan
 from runtime.optimizers import fused_step
@@ -51,6 +51,10 @@ def install_hooks(monkeypatch) -> dict:
     ``build_in``/``built`` (build_components), ``body`` (the config the mode ran with)."""
     import runtime.predict.folder  # noqa: F401 - loaded, so that its predict_scans is hooked
     import runtime.training.benchmark  # noqa: F401
+    from runtime.mode import MODES
+
+    for mode in MODES.values():  # every body's module loaded (app imports it when its mode runs), so hooked
+        app.function(mode.body)
 
     seen: dict[str, list] = {}
 

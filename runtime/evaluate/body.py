@@ -1,4 +1,4 @@
-"""The body of ``--exec_mode evaluate`` (``runtime.app.MODES``): the scores first (stdout), then
+"""The body of ``--exec_mode evaluate`` (``runtime.mode.MODES``): the scores first (stdout), then
 the files, so that a full disk loses no number. In a ``--log_dir`` that holds a training run,
 evaluate's records and per-case Dice go to files of its own (``evaluate.json``,
 ``evaluate_cases.csv``), never into the run's ``log.json`` or ``eval_cases.csv``."""

@@ -39,7 +39,7 @@ def options_from(config) -> PredictorOptions:
     predict's: evaluation scores the logits)."""
     return PredictorOptions(channels_last=config.channels_last,
                             amp_dtype=config.amp_dtype if config.amp else None,
-                            tta=config.tta and config.exec_mode == "predict")
+                            tta=config.tta and config.mode.predicts)
 
 
 def autocast_context(amp_dtype: str | None, device: torch.device) -> Callable[[], object]:

@@ -1,4 +1,4 @@
-"""The bodies of ``--exec_mode train`` and of ``--benchmark`` (``runtime.app.MODES``)."""
+"""The bodies of ``--exec_mode train`` and of ``--benchmark`` (``runtime.mode.MODES``)."""
 from __future__ import annotations
 
 from runtime.mode import Session
@@ -20,5 +20,5 @@ def benchmark_body(session: Session) -> int:
     if parts is None:
         return 0
     out, components = parts
-    (benchmark_evaluate if session.config.exec_mode == "evaluate" else benchmark_train)(components, out)
+    (benchmark_train if session.mode.trains else benchmark_evaluate)(components, out)
     return 0
