@@ -43,8 +43,7 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     config = resolve(config, DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")), None, saved)
     infer = reference_infer(code_dir, ckpt.model_state_from(saved.checkpoint, prefer="best"), config)
     os.makedirs(config.output_dir, exist_ok=True)
-    segmenter = Segmenter.from_inference(infer, config, torch.device("cpu"))
-    results = predict_cases(scans_to_predict(config), segmenter, config, False)
+    results = predict_cases(scans_to_predict(config), Segmenter.from_inference(infer, config), config, False)
     return print_outcome(results, config.output_dir, save_summary(config.output_dir, results))
 
 

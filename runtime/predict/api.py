@@ -202,7 +202,7 @@ class Segmenter:
 
     @classmethod
     def from_inference(cls, infer: Callable[[np.ndarray], torch.Tensor], config: Config,
-                       device: torch.device) -> "Segmenter":
+                       device: torch.device = torch.device("cpu")) -> "Segmenter":
         """The segmenter of a window inference given as it is (preprocessed image (1, D, H, W) ->
         probabilities (3, D, H, W), fp32: a benchmark's reference network) and its resolved
         ``config``, for predict's folder (:func:`runtime.predict.folder.predict_cases`)."""
