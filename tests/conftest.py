@@ -13,8 +13,9 @@ collect_ignore = [] if os.environ.get("UNET3D_DEPLOY_TESTS") == "1" else ["deplo
 
 
 def pytest_configure(config):
-    # `make test` runs everything (CI); `make test-fast` deselects these with -m "not slow".
-    config.addinivalue_line("markers", "slow: long end-to-end runs (torchrun, convergence, benchmark smoke runs)")
+    # `make test` deselects these (-m "not slow"), `make test-slow` runs only these; CI runs both.
+    config.addinivalue_line("markers", "slow: long end-to-end runs (torchrun, convergence, benchmark smoke runs, "
+                            "trainings that no other test shares): `make test-slow`, not `make test`")
 
 
 @pytest.fixture(scope="session")
