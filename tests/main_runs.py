@@ -19,6 +19,11 @@ TINY = ["--loader", "synthetic", "--filters", "2", "4", "4", "8", "8", "--input_
         "--optimizer", "adam", "--learning_rate", "0.01", "--seed", "7", "--device", "cpu", "--num_workers", "0"]
 
 
+# Runs that several tests read (shared_runs.run(argv, capsys): one run each per session; {run}: its folder).
+# TRAINED: one epoch of TINY, evaluated, its log in {run}/l and its checkpoint {run}/c.pt.
+TRAINED = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", "{run}/l", "--save_ckpt_path", "{run}/c.pt"]
+
+
 # used_in(mode, argv): argv without the flags that do nothing in mode (refused there, or named in a
 # note): the training flags of TINY and SMALL, for an evaluate run of the same network.
 EVAL_SMALL = used_in("evaluate", SMALL)  # the network, its window and the seed

@@ -22,7 +22,7 @@ import time
 import pytest
 
 import fake_data
-from main_runs import TINY, call
+from main_runs import TINY, TRAINED, call
 from runtime.report.cli import make_report
 from runtime.report.runs import find_runs
 from runtime.run_files import CHECKPOINTS_ON_THE_CLOCK, PREVIOUS_RUN_PREFIX, RESUMED_FROM_CHECKPOINT
@@ -31,7 +31,6 @@ EVAL_EVERY_EPOCH = ["--start_eval_at", "1", "--evaluate_every", "1", "--quality_
 # Runs that several tests read (the shared_runs fixture: one run each per session).
 CKPT_DURING_RUN = TINY + EVAL_EVERY_EPOCH + ["--epochs", "2", "--log_dir", "{run}/l", "--save_ckpt_path", "{run}/c.pt",
                                              "--ckpt_during_run"]
-ONE_EPOCH = TINY + ["--start_eval_at", "10", "--epochs", "1", "--log_dir", "{run}/a", "--save_ckpt_path", "{run}/a.pt"]
 
 
 def events(path) -> list[dict]:
@@ -151,10 +150,10 @@ def test_a_new_run_moves_every_file_of_the_last_run_out_of_its_way(tmp_path, cap
 def test_a_new_run_keeps_the_last_runs_checkpoint_elsewhere_aside(tmp_path, capsys, shared_runs):
     ckpt = tmp_path / "weights" / "c.pt"
     argv = TINY + ["--start_eval_at", "10", "--epochs", "1", "--save_ckpt_path", str(ckpt)]
-    first = shared_runs.run(ONE_EPOCH, capsys)  # the last run, its checkpoint where this run writes its own
+    first = shared_runs.run(TRAINED, capsys)  # the last run, its checkpoint where this run writes its own
     assert first.code == 0
     ckpt.parent.mkdir()
-    shutil.copy2(first.folder / "a.pt", ckpt)
+    shutil.copy2(first.folder / "c.pt", ckpt)
     before = ckpt.read_bytes()
     code, out, _ = call(argv + ["--log_dir", str(tmp_path / "b")], capsys, fake_data.FakeData())
     assert code == 0
@@ -202,10 +201,10 @@ def test_the_markers_keep_the_official_checker_reading_the_log(tmp_path, capsys,
 def test_the_report_never_stitches_an_earlier_runs_resumed_log_onto_a_later_run(tmp_path, capsys, shared_runs):
     """A folder reused by an older version (nothing moved): the earlier run's resumed attempt
     (a success) started before the folder's unet3d.log, so it is not this run's."""
-    run = shared_runs.run(ONE_EPOCH, capsys)
+    run = shared_runs.run(TRAINED, capsys)
     assert run.code == 0
     log_dir = tmp_path / "l"
-    shutil.copytree(run.folder / "a", log_dir)
+    shutil.copytree(run.folder / "l", log_dir)
     lines = (log_dir / "unet3d.log").read_text().splitlines()
     earlier = []
     for line in lines:  # the same run 100 s earlier, ending in success
@@ -226,9 +225,9 @@ def test_a_warm_start_from_trained_weights_says_so_and_is_not_counted(tmp_path, 
     initialisation; the log says so (resumed_from_checkpoint, weights_only) and the report
     leaves the run out."""
     base = TINY + ["--start_eval_at", "10", "--epochs", "1"]
-    first = shared_runs.run(ONE_EPOCH, capsys)  # base, with --save_ckpt_path: the trained weights
+    first = shared_runs.run(TRAINED, capsys)  # a training's weights
     assert first.code == 0
-    weights = first.folder / "a.pt"
+    weights = first.folder / "c.pt"
     assert call(base + ["--log_dir", str(tmp_path / "b"), "--load_ckpt_path", str(weights)], capsys,
                 fake_data.FakeData())[0] == 0
     (marker,) = [r for r in events(tmp_path / "b" / "unet3d.log") if r["key"] == RESUMED_FROM_CHECKPOINT]
