@@ -36,7 +36,7 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     from runtime.predict.folder import predict_cases, scans_to_predict
     from runtime.predict.records import print_outcome, save_summary
     from runtime.resolve import resolve
-    from runtime.mlcommons_reference import reference_infer
+    from oracles.mlcommons_reference import reference_infer
 
     config = parse_args(flags)
     saved = ckpt.saved_for(config)

@@ -2,7 +2,7 @@
 (every ``import`` statement, at module level or inside a function): no import circle; ``model/``
 and ``data_loading/`` use nothing of ``runtime/``; the speed levers and the inference engines
 are used by the run's assembly, they do not use it; the benchmarks import nothing from the
-tests; ``model/`` is the network, losses and metric only."""
+tests; the product imports nothing of ``oracles/``; ``model/`` is the network, losses and metric only."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +11,7 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("model", "data_loading", "runtime", "benchmarks")
+PACKAGES = ("model", "data_loading", "runtime", "benchmarks", "oracles")
 
 
 def _module_name(path: str) -> str:
@@ -130,6 +130,15 @@ def test_levers_and_inference_are_used_not_users(graph):
 
 def test_benchmarks_import_nothing_from_tests(graph):
     assert _offending(graph, ("benchmarks",), ("tests",)) == {}
+
+
+def test_the_oracles_are_used_by_the_tests_and_benchmarks_only(graph):
+    """oracles/ (the MLCommons reference's loader) is not the product: nothing the product runs
+    imports it, and it imports neither the tests nor the benchmarks that use it."""
+    assert any(_under(m, ("oracles",)) for m in graph), "oracles/ is where the reference's loader lives"
+    product = ("model", "data_loading", "runtime", "main", "preprocess_dataset")
+    assert _offending(graph, product, ("oracles",)) == {}
+    assert _offending(graph, ("oracles",), ("tests", "benchmarks")) == {}
 
 
 def _lines(paths) -> int:

@@ -23,6 +23,7 @@ from data_loading import synthetic
 from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
                                 scan_geometry, segmentation_nifti)
+from main_runs import run_main
 from model.losses import DiceScore, label_map_dice
 from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
@@ -309,17 +310,6 @@ def tiny_checkpoint(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ckpt") / "tiny.pt")
     write_checkpoint(path, architecture((4, 8, 16, 32, 32)))
     return path
-
-
-def run_main(capsys, *argv):
-    from main import main
-
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_good_and_bad_scans_in_one_folder(tmp_path, tiny_checkpoint, capsys):

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from checkpoints import architecture, write_checkpoint
-from test_predict import run_main, write_nifti
+from main_runs import predict_runner, run_main
+from test_predict import write_nifti
 
 SMALL = (2, 4, 4, 8, 8)
 
@@ -82,9 +83,7 @@ def ras_scan(folder, name="scan", shape=(26, 22, 18), spacing=(0.9, 0.8, 2.5), s
     return path
 
 
-def predict(capsys, folder, out, checkpoints, *extra):
-    return run_main(capsys, "--exec_mode", "predict", "--input", str(folder), "--output_dir", str(out),
-                    "--load_ckpt_path", *checkpoints, "--device", "cpu", *extra)
+predict = predict_runner("--device", "cpu")
 
 
 def saved(out, case="scan") -> np.ndarray:
