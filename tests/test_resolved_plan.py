@@ -8,6 +8,7 @@ gets and the one its components carry) and each mode's body (the config it runs 
 is made to look as if it had no native bf16 (``runtime.levers.cpu.isa.cpu_flags``), so ``--amp`` training
 falls back to float32: a decision that once was taken after ``resolve`` by replacing the config.
 """
+import copy
 import sys
 
 import pytest
@@ -57,8 +58,10 @@ def install_hooks(monkeypatch) -> dict:
     def returns(stage):
         def wrapper(original):
             def wrapped(*args, **kwargs):
+                parsed = copy.deepcopy(args[0])
                 result = original(*args, **kwargs)
                 seen.setdefault(stage, []).append(result)
+                seen.setdefault("parsed", []).append((args[0], parsed))
                 return result
             return wrapped
         return wrapper
@@ -108,10 +111,13 @@ def assert_runs_as_resolved(seen, data_stage: bool = True) -> None:
         assert seen["data_in"] == [resolved]
         resolved = seen["data_out"][-1]
     assert seen["body"] and all(config == resolved for config in seen["body"])
+    # the flags parsed are the plan's, unchanged to the end of the run (issue 50)
+    ((config, parsed),) = seen["parsed"]
+    assert resolved.config is config and config == parsed
 
 
-def names(config) -> set:
-    return {decision.name for decision in config.plan}
+def names(plan) -> set:
+    return {decision.name for decision in plan.decisions}
 
 
 def train(tmp_path, capsys, *extra) -> tuple[str, str]:
