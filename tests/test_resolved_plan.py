@@ -21,6 +21,7 @@ from runtime import app  # noqa: F401 - app: its modules loaded before the hooks
 from runtime.levers.cpu import isa
 from runtime.checkpoint import load_checkpoint, saved_plan
 from runtime.optimizers import fused_step
+from runtime.plan import RunPlan
 
 CPU = torch.device("cpu")
 TRAIN_FLAGS = ["--amp", "--fused_optimizer"]  # --amp: float32 on a CPU without native bf16
@@ -86,7 +87,8 @@ def install_hooks(monkeypatch) -> dict:
         def wrapper(original):
             def wrapped(*args, **kwargs):
                 given = args[position]
-                seen.setdefault("body", []).append(getattr(given, "config", given))
+                plan = given if isinstance(given, RunPlan) else getattr(given, "config", given)
+                seen.setdefault("body", []).append(plan)
                 return original(*args, **kwargs)
             return wrapped
         return wrapper
