@@ -5,6 +5,7 @@ Tiny shapes and models on the CPU: the "models" here are oracles (the one-hot of
 preprocessed ground truth, or a fixed flip-symmetric convolution) whose answers are known.
 """
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -38,7 +39,8 @@ def window_predictor(model, config, device):
 
 def model_architecture(config, checkpoint, path):
     """The network flags predict resolves from a checkpoint."""
-    architecture, _ = decide_architecture(config, Saved(path, checkpoint, resume=False))
+    as_predict = dataclasses.replace(config, exec_mode="predict")  # the flags, as predict's
+    architecture, _ = decide_architecture(as_predict, Saved(path, checkpoint, resume=False))
     return SimpleNamespace(**architecture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
