@@ -20,7 +20,6 @@ from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
 from runtime import __version__
 from runtime.mode import FLAG_USES, MODES, Mode, exec_modes, mode_of
 from runtime.mode import problems as _problems
-from runtime.plan import Decision, find
 from runtime.run_files import QUALITY_THRESHOLD
 
 
@@ -97,13 +96,6 @@ class Config:
     submission_platform: str = "unknown"
     submission_division: str = "auto"  # decided by runtime.division in runtime.resolve: closed or open
     submission_status: str = "onprem"
-    # Derived once by runtime.resolve.resolve (None until then); read everywhere else.
-    num_train_cases: int | None = None
-    num_eval_cases: int | None = None
-    samples_per_epoch: int | None = None  # global samples per epoch (padding counted, as the rules)
-    fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
-    # the CPU speed levers the run applies (runtime.levers.cpu.convert), decided by runtime.resolve
-    levers: tuple[str, ...] = ()
     # The flags given on the command line (field names), so that values saved in a checkpoint
     # can fill the others (runtime.resolve).
     explicit: frozenset = frozenset()
@@ -120,20 +112,6 @@ class Config:
     backend: str = "auto"
     max_memory_gb: float = 0.0
     cache_dir: str = ""  # OpenVINO's converted networks; "": $XDG_CACHE_HOME/unet3d-kits19 (runtime.resolve)
-    weights_sha256: str = ""  # predict: the weights it loads (recorded beside each segmentation; runtime.resolve)
-    ensemble_sha256: tuple[str, ...] = ()  # every checkpoint's, in order, when predict ensembles several
-    # Every decision runtime.resolve made, with its reason and what was asked (runtime.plan); a
-    # reason goes here, not into a new field.
-    plan: tuple[Decision, ...] = ()
-
-    def decision(self, name: str) -> Decision | None:
-        """The resolved decision ``name`` (:mod:`runtime.plan`), or None when the run made none."""
-        return find(self.plan, name)
-
-    def why(self, name: str) -> str:
-        """The one-line reason of the decision ``name`` ("" when the run made none)."""
-        made = self.decision(name)
-        return made.why if made is not None else ""
 
     @property
     def checkpoints(self) -> tuple[str, ...]:

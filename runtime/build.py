@@ -21,6 +21,7 @@ from runtime.arguments import Config
 from runtime.compiling import compile_model
 from runtime.levers.cpu.convert import apply_levers, levers_compile
 from runtime.optimizers import make_optimizer
+from runtime.plan import RunPlan
 from runtime.inference.predictor import autocast_context
 
 # step(image, label, last_micro_batch, weights=None) -> detached loss of the micro-batch, on the
@@ -152,10 +153,10 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
     return step
 
 
-def build_components(config: Config, dist_info: D.DistInfo, data=None,
+def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
                      saved: ckpt.Saved | None = None) -> Components:
     """Model, loss, optimizer, scaler, train step and this rank's loaders for a resolved
-    ``config``. ``data``: the data source (``loaders(config, world, rank, device)``; ``config``
+    ``plan``. ``data``: the data source (``loaders(plan, world, rank, device)``; ``plan``
     resolved with its data), or None: no loaders yet (:func:`with_loaders` adds them).
 
     ``saved``: a resumed run (weights, optimizer, scaler, RNG and training state restored) or
@@ -163,30 +164,30 @@ def build_components(config: Config, dist_info: D.DistInfo, data=None,
     The seed of this rank is set before the weights are initialised.
     """
     device = dist_info.device
-    configure_backends(config, device)
-    torch.manual_seed(D.rank_seed(config.seed, dist_info.rank))
-    model = build_model(config, device, dist_info.distributed)
-    apply_levers(model, config.levers, config.compile)
-    autocast, scaler = autocast_factory(config, device)
-    optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,
-                               config.momentum, config.weight_decay, config.lamb_betas,
-                               fused=config.fused_optimizer)  # as resolved (runtime.resolve.fused_optimizer_from)
+    configure_backends(plan, device)
+    torch.manual_seed(D.rank_seed(plan.seed, dist_info.rank))
+    model = build_model(plan, device, dist_info.distributed)
+    apply_levers(model, plan.levers, plan.compile)
+    autocast, scaler = autocast_factory(plan, device)
+    optimizer = make_optimizer(plan.optimizer, model.parameters(), plan.learning_rate,
+                               plan.momentum, plan.weight_decay, plan.lamb_betas,
+                               fused=plan.fused_optimizer)  # as planned (runtime.resolve.decide_fused_optimizer)
     state = ckpt.TrainState()
     if saved is not None and saved.resume:
         state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)
     elif saved is not None:
         ckpt.load_weights(model, saved.path, saved.checkpoint)
-    loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=config.include_background)
-    score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=config.include_background)
-    wrapped = wrap_model(model, config, dist_info)
-    if config.cuda_graphs:
-        step = graphed_train_step(wrapped, loss_fn, optimizer, scaler, autocast, config, device)
+    loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=plan.include_background)
+    score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=plan.include_background)
+    wrapped = wrap_model(model, plan, dist_info)
+    if plan.cuda_graphs:
+        step = graphed_train_step(wrapped, loss_fn, optimizer, scaler, autocast, plan, device)
     else:
-        step = eager_train_step(wrapped, loss_fn, optimizer, scaler, autocast, config.ga_steps)
-    components = Components(config=config, dist=dist_info, model=wrapped, optimizer=optimizer, scaler=scaler,
+        step = eager_train_step(wrapped, loss_fn, optimizer, scaler, autocast, plan.ga_steps)
+    components = Components(config=plan, dist=dist_info, model=wrapped, optimizer=optimizer, scaler=scaler,
                             loss_fn=loss_fn, score_fn=score_fn, autocast=autocast, step=step,
                             train_loader=None, val_loader=None,
-                            eval_model=compile_model(model, config.compile) if dist_info.distributed else wrapped,
+                            eval_model=compile_model(model, plan.compile) if dist_info.distributed else wrapped,
                             state=state)
     return components if data is None else with_loaders(components, data)
 

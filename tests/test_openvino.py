@@ -156,9 +156,9 @@ def test_window_batch_bounded_by_memory(tmp_path):
     lines = []
     limit = (estimate[1] + estimate[2]) / 2 / memory_budget.GB
     got = memory_budget.bounded_window_batch(replace(config, max_memory_gb=limit), "torch", lines.append)
-    assert got.sw_batch_size == 2 and "lowered to 2" in lines[0]
-    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e15).sw_batch_size == 4
-    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e9).sw_batch_size == 1
+    assert got == 2 and "lowered to 2" in lines[0]
+    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e15) == 4
+    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e9) == 1
     with pytest.raises(UsageError, match=r"--max_memory_gb 0.5: predict needs about"):
         memory_budget.bounded_window_batch(replace(config, max_memory_gb=0.5), "torch", lines.append)
     # OpenVINO runs one window per request: its estimate does not grow with the batch

@@ -5,10 +5,12 @@ Tiny shapes and models on the CPU: the "models" here are oracles (the one-hot of
 preprocessed ground truth, or a fixed flip-symmetric convolution) whose answers are known.
 """
 import csv
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import nibabel
 import numpy as np
@@ -29,7 +31,7 @@ from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
 from runtime.predict.scan import ScanInference, segment_scan, volume_probabilities
 from runtime.inference.predictor import FLIPS, build_predictor, options_from
-from runtime.resolve import architecture_from, resolve_predict
+from runtime.resolve import decide_architecture
 
 
 def window_predictor(model, config, device):
@@ -38,7 +40,9 @@ def window_predictor(model, config, device):
 
 def model_architecture(config, checkpoint, path):
     """The network flags predict resolves from a checkpoint."""
-    return resolve_predict(architecture_from(config, Saved(path, checkpoint, resume=False)), torch.device("cpu"))
+    as_predict = dataclasses.replace(config, exec_mode="predict")  # the flags, as predict's
+    architecture, _ = decide_architecture(as_predict, Saved(path, checkpoint, resume=False))
+    return SimpleNamespace(**architecture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--filters", "4", "8", "16", "32", "32"]

@@ -9,6 +9,7 @@ threshold moves with the set's digest). tests/test_openvino.py runs the real one
 """
 import dataclasses
 import os
+from types import SimpleNamespace
 
 import nibabel
 import numpy as np
@@ -108,7 +109,10 @@ def test_int8_calibration_flag_checks(tmp_path, capsys, checkpoint, flags, named
 
 def test_openvino_cache_goes_to_the_cache_folder_never_beside_the_checkpoint(tmp_path, monkeypatch):
     from runtime.inference.openvino.cache import cache_folder
-    from runtime.resolve import with_cache_dir
+    from runtime.resolve import decide_cache_dir
+
+    def with_cache_dir(config):  # the cache folder a run of these flags is planned with
+        return SimpleNamespace(cache_dir=decide_cache_dir(config.cache_dir).value)
 
     checkpoint = str(tmp_path / "models" / "a.pt")
     os.makedirs(tmp_path / "models")

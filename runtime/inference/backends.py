@@ -14,8 +14,8 @@ code:
   with ``--int8``: NNCF's post-training quantisation, calibrated on each scan alone or on the
   scans ``--int8_calibration`` names (no training data needed).
 
-:func:`decide_backend` runs once, in ``resolve()``, which sets the config's backend and records
-why in its plan (``config.why("backend")``). In predict, ``--backend auto`` takes OpenVINO on
+:func:`decide_backend` runs once, in ``resolve()``, which sets the plan's backend and records
+why (``plan.why("backend")``). In predict, ``--backend auto`` takes OpenVINO on
 the CPU when it is installed and no PyTorch-only lever (``--amp``, ``--compile``,
 ``--channels_last``) is asked for, else PyTorch: both compute fp32, the same logits up to float32
 rounding, so ``auto`` never changes the algorithm. Evaluate's ``auto`` is PyTorch, the network as trained, whatever is installed (the
@@ -65,7 +65,7 @@ def openvino_missing(int8: bool = False) -> str | None:
 
 
 def _torch_module(model: torch.nn.Module, config: Config, say: Say, calibration=None) -> torch.nn.Module:
-    if not config.mode.predicts:  # evaluate: the trained network, as built
+    if not config.inference_copy:  # evaluate: the trained network, as built (runtime.resolve)
         return model
     if config.channels_last:
         model = prepare_for_inference(model, channels_last=True)
