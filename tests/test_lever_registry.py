@@ -2,7 +2,6 @@
 whose ``decide`` reads the run's inputs and whose ``convert`` changes the network; the decision
 is made once (``choose_levers``, in ``resolve``) and ``apply_levers`` converts what was decided.
 What each lever computes is tested in ``tests/test_train_cpu_levers.py``."""
-import dataclasses
 
 from types import SimpleNamespace
 
@@ -12,7 +11,6 @@ import torch
 from model.layers import ConvBlock, UpsampleBlock
 from model.unet3d import DEFAULT_FILTERS, Unet3D
 from runtime import build
-from runtime.arguments import Config
 from runtime.levers.cpu import convert
 from runtime.levers.cpu.blocks import FastConvBlock
 from runtime.levers.cpu.norms import FusedNormActivation
