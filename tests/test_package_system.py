@@ -27,7 +27,7 @@ from runtime.arguments import Config, parse_args
 from runtime.submission import package as P
 from runtime.submission import what_ran as W
 from runtime.submission.cli import main as submission_main
-from runtime.submission.validity import read_events
+from runtime.report.validity import read_events
 from test_submission import TINY  # the same tiny run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -67,7 +67,7 @@ def test_the_report_reads_declared_keys_only():
 
 
 def test_case_csv_columns_are_the_keys_of_a_case_score():
-    from runtime.evaluate.metrics import case_scores
+    from runtime.clocked.evaluation import case_scores
 
     scores = case_scores("00001", torch.tensor(0.5), torch.tensor([0.9, 0.8]), torch.tensor([0.95, 0.85]))
     assert tuple(scores) == F.EVAL_CASES_COLUMNS
