@@ -158,8 +158,9 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
 def build_components(config: Config, dist_info: D.DistInfo, data=None,
                      saved: ckpt.Saved | None = None) -> Components:
     """Model, loss, optimizer, scaler, train step and this rank's loaders for a resolved
-    ``config`` (a run that does not train: model, loss, metric and loaders only). ``data``: the data source (``loaders(config, world, rank, device)``; ``config``
-    resolved with its data), or None: no loaders yet (:func:`with_loaders` adds them).
+    ``config`` (a run that does not train: model, loss, metric and loaders only). ``data``: the
+    data source (``loaders(config, world, rank, device)``; ``config`` resolved with its data), or
+    None: no loaders yet (:func:`with_loaders` adds them).
 
     ``saved``: a resumed run (weights, optimizer, scaler, RNG and training state restored) or
     a checkpoint whose (best) weights are loaded (``--load_ckpt_path``).
