@@ -51,7 +51,7 @@ def test_the_writer_refuses_an_undeclared_key_or_kind(tmp_path, enabled):
 
 def test_every_record_the_runtime_writes_is_declared():
     """The records written by app.py and training.py, with the keys they pass (the eval metrics
-    are those of runtime.evaluate.metrics.evaluate; an end-to-end run writes them through the same
+    are those of runtime.clocked.evaluation.evaluate; an end-to-end run writes them through the same
     check)."""
     for kind, keys in [(F.TRAIN, ["epoch", "loss", "lr", "throughput"]),
                        (F.EVAL, ["epoch", *EVAL_METRICS]), (F.EVAL, ["epoch", "checkpoint", *EVAL_METRICS]),
