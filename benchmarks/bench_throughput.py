@@ -26,8 +26,8 @@ from data_loading.windows import window_geometry
 from runtime import distributed as D
 from runtime.arguments import EVALUATE_BENCHMARK, parse_args, used_in
 from runtime.build import build_components, build_model
-from runtime.compiling import OUT_OF_MEMORY
 from runtime.clocked.evaluation import evaluate
+from runtime.compiling import OUT_OF_MEMORY
 from runtime.levers.gpu.graphs import cuda_graphs_supported
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.inference.sliding_window import sliding_window_inference

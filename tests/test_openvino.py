@@ -505,10 +505,10 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     import dataclasses
 
     from model.losses import DiceCELoss, DiceScore
-    from runtime.evaluate.components import evaluation_components
     from runtime.clocked.evaluation import evaluate
-    from runtime.run_log import MetricsWriter
     from runtime.clocked.reporters import Reporters
+    from runtime.evaluate.components import evaluation_components
+    from runtime.run_log import MetricsWriter
 
     @dataclasses.dataclass
     class Parts:

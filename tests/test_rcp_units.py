@@ -14,9 +14,9 @@ import pytest
 import mlperf_logging
 from mlperf_logging.mllog import constants as C
 from runtime.arguments import parse_args, replace
+from runtime.clocked.evaluation import eval_metadata
 from runtime.run_log import MLPerfLogger
 from runtime.schedule import samples_per_epoch
-from runtime.clocked.evaluation import eval_metadata
 
 RCPS = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", "training_4.0.0", "rcps_unet3d.json")
 WORLD, BATCH = 4, 7  # global batch 28, which the 4.0.0 RCPs have
