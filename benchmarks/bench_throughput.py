@@ -26,8 +26,8 @@ from data_loading.windows import window_geometry
 from runtime import distributed as D
 from runtime.arguments import parse_args, used_in
 from runtime.build import build_components, build_model
+from runtime.clocked.evaluation import evaluate
 from runtime.compiling import OUT_OF_MEMORY
-from runtime.evaluate.metrics import evaluate
 from runtime.levers.gpu.graphs import cuda_graphs_supported
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.inference.sliding_window import sliding_window_inference
@@ -166,7 +166,8 @@ def bench_components(config, device: torch.device, data):
     dist_info = D.DistInfo(rank=0, local_rank=0, world_size=1, device=device)
     config = resolve(config, dist_info, data)
     components = build_components(config, dist_info, data)
-    set_learning_rate(components.optimizer, config.learning_rate)
+    if components.optimizer is not None:  # training (an evaluation row builds none)
+        set_learning_rate(components.optimizer, config.learning_rate)
     return components
 
 

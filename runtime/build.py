@@ -1,7 +1,8 @@
 """``build_components(config, dist_info, data)``: everything a run computes with, built once from
-a resolved config. Used by ``runtime.training.start``, the benchmarks and the tests alike.
+a resolved config (training: the optimizer and the train step too; evaluation only scores).
+Used by ``runtime.clocked.start``, the benchmarks and the tests alike.
 
-``runtime.training.start.start_run`` builds in two parts around the MLPerf ``run_start``: the
+``runtime.clocked.start.start_run`` builds in two parts around the MLPerf ``run_start``: the
 model, optimizer and train step before it (``data`` None: no loaders, nothing of ``--data_dir`` touched), this
 rank's loaders after it (:func:`with_loaders`).
 """
@@ -33,17 +34,19 @@ TrainStep = Callable[..., torch.Tensor]
 
 @dataclass
 class Components:
-    """The model and what trains and scores it, plus this rank's loaders and training state."""
+    """The model and what trains and scores it, plus this rank's loaders and training state. A
+    run that does not train (evaluate, ``--benchmark``'s evaluation) has no optimizer, scaler or
+    train step (None)."""
 
     config: Config  # resolved (runtime.resolve)
     dist: D.DistInfo
     model: torch.nn.Module  # possibly DDP- and/or compile-wrapped
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
+    optimizer: torch.optim.Optimizer | None
+    scaler: torch.amp.GradScaler | None
     loss_fn: Callable
     score_fn: Callable
     autocast: Callable[[], object]
-    step: TrainStep
+    step: TrainStep | None
     train_loader: object  # None until with_loaders
     val_loader: object
     # Evaluation bypasses DDP: its forward would broadcast buffers (batch norm) on every call,
@@ -156,8 +159,9 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
 def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
                      saved: ckpt.Saved | None = None) -> Components:
     """Model, loss, optimizer, scaler, train step and this rank's loaders for a resolved
-    ``plan``. ``data``: the data source (``loaders(plan, world, rank, device)``; ``plan``
-    resolved with its data), or None: no loaders yet (:func:`with_loaders` adds them).
+    ``plan`` (a run that does not train: model, loss, metric and loaders only). ``data``: the
+    data source (``loaders(plan, world, rank, device)``; ``plan`` resolved with its data), or
+    None: no loaders yet (:func:`with_loaders` adds them).
 
     ``saved``: a resumed run (weights, optimizer, scaler, RNG and training state restored) or
     a checkpoint whose (best) weights are loaded (``--load_ckpt_path``).
@@ -169,9 +173,10 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
     model = build_model(plan, device, dist_info.distributed)
     apply_levers(model, plan.levers, plan.compile)
     autocast, scaler = autocast_factory(plan, device)
+    trains = plan.mode.trains
     optimizer = make_optimizer(plan.optimizer, model.parameters(), plan.learning_rate,
                                plan.momentum, plan.weight_decay, plan.lamb_betas,
-                               fused=plan.fused_optimizer)  # as planned (runtime.resolve.decide_fused_optimizer)
+                               fused=plan.fused_optimizer) if trains else None  # as planned (runtime.resolve.decide_fused_optimizer)
     state = ckpt.TrainState()
     if saved is not None and saved.resume:
         state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)
@@ -180,13 +185,15 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
     loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=plan.include_background)
     score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=plan.include_background)
     wrapped = wrap_model(model, plan, dist_info)
-    if plan.cuda_graphs:
+    if not trains:
+        step = None
+    elif plan.cuda_graphs:
         step = graphed_train_step(wrapped, loss_fn, optimizer, scaler, autocast, plan, device)
     else:
         step = eager_train_step(wrapped, loss_fn, optimizer, scaler, autocast, plan.ga_steps)
-    components = Components(config=plan, dist=dist_info, model=wrapped, optimizer=optimizer, scaler=scaler,
-                            loss_fn=loss_fn, score_fn=score_fn, autocast=autocast, step=step,
-                            train_loader=None, val_loader=None,
+    components = Components(config=plan, dist=dist_info, model=wrapped, optimizer=optimizer,
+                            scaler=scaler if trains else None, loss_fn=loss_fn, score_fn=score_fn,
+                            autocast=autocast, step=step, train_loader=None, val_loader=None,
                             eval_model=compile_model(model, plan.compile) if dist_info.distributed else wrapped,
                             state=state)
     return components if data is None else with_loaders(components, data)

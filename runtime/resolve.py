@@ -462,7 +462,7 @@ def decide_division(plan: RunPlan, reasons: list, dist_info: D.DistInfo, logged:
     The flag as given stays the decision's ``asked``. ``logged``: the MLPerf log already holds
     the division (the data stage: it must precede ``init_stop``), so a run found open only now
     says that its log's "closed" is no result, and records the reasons as the ``not_closed``
-    decision for the log's ``not_closed`` event (``runtime.training.start.start_run``)."""
+    decision for the log's ``not_closed`` event (``runtime.clocked.start.start_run``)."""
     asked = plan.config.submission_division
     try:
         division, why = decide(asked, reasons)

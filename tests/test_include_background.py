@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from model.losses import DiceCELoss, DiceScore
-from runtime.evaluate.metrics import evaluate
+from runtime.clocked.evaluation import evaluate
 
 REAL = os.environ.get("UNET3D_REFERENCE_CODE", "")
 needs_real = pytest.mark.skipif(not REAL, reason="UNET3D_REFERENCE_CODE (a mlcommons/training "

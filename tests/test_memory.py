@@ -79,7 +79,7 @@ def test_which_runs_reuse_freed_memory(mode, flags, device, reuses):
 
     from runtime import resolve
     from runtime.arguments import Config
-    from runtime.training import start
+    from runtime.clocked import start
 
     config = dataclasses.replace(Config(), **{"exec_mode": "train", "benchmark": mode == "benchmark", **flags})
     assert config.mode.name == (f"{config.exec_mode} --benchmark" if mode == "benchmark" else mode)
@@ -94,7 +94,7 @@ def test_cpu_training_run_reuses_freed_memory_before_the_model(monkeypatch, tmp_
 
     from runtime import app, resolve
     from runtime.arguments import Config
-    from runtime.training import start
+    from runtime.clocked import start
 
     class Called(Exception):
         pass

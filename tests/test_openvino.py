@@ -527,10 +527,10 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     import dataclasses
 
     from model.losses import DiceCELoss, DiceScore
+    from runtime.clocked.evaluation import evaluate
+    from runtime.clocked.reporters import Reporters
     from runtime.evaluate.components import evaluation_components
-    from runtime.evaluate.metrics import evaluate
     from runtime.run_log import MetricsWriter
-    from runtime.training.loop import Reporters
 
     @dataclasses.dataclass
     class Parts:

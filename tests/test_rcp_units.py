@@ -15,11 +15,11 @@ import torch
 import mlperf_logging
 from mlperf_logging.mllog import constants as C
 from runtime.arguments import parse_args, replace
+from runtime.clocked.evaluation import eval_metadata
 from runtime.distributed import DistInfo
 from runtime.resolve import resolve
 from runtime.run_log import MLPerfLogger
 from runtime.schedule import samples_per_epoch
-from runtime.training.loop import eval_metadata
 
 RCPS = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", "training_4.0.0", "rcps_unet3d.json")
 CPU = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

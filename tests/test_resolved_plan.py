@@ -101,7 +101,7 @@ def install_hooks(monkeypatch) -> dict:
     hook(monkeypatch, "runtime.resolve", "resolve_data", data_stage)
     hook(monkeypatch, "runtime.build", "build_components", build)
     for module, name, position in (("runtime.training.loop", "run_training", 0),
-                                   ("runtime.training.loop", "run_evaluation", 0),
+                                   ("runtime.clocked.evaluation", "run_evaluation", 0),
                                    ("runtime.training.benchmark", "benchmark_train", 0),
                                    ("runtime.training.benchmark", "benchmark_evaluate", 0),
                                    ("runtime.predict.folder", "predict_scans", 0)):

@@ -76,7 +76,7 @@ def test_append_is_all_or_nothing(tmp_path):
 def _fill_after_reporters(monkeypatch, folder, leave: int = 0):
     """The disk of ``folder`` fills up (to ``leave`` bytes) once the run has opened its logs
     (after the lock and the up-front checks), so that the first write after that fails."""
-    import runtime.training.start as start
+    import runtime.clocked.start as start
 
     original = start.make_reporters
 

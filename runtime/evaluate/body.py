@@ -8,14 +8,14 @@ import dataclasses
 
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
+from runtime.clocked.evaluation import run_evaluation
+from runtime.clocked.start import started
 from runtime.evaluate.components import evaluation_components
 from runtime.evaluate.report import (OWN_CASES, OWN_RECORDS, OwnRecords, explain_scores, holds_training_run,
                                      write_case_scores)
 from runtime.mode import Session
 from runtime.resolve import window_line
 from runtime.run_files import BACKEND, EVAL
-from runtime.training.loop import run_evaluation
-from runtime.training.start import started
 
 
 def evaluate_body(session: Session) -> int:

@@ -1,8 +1,11 @@
 """The start of a run that builds ``runtime.build``'s components (train, evaluate, ``--benchmark``):
 the checkpoint it starts from, its reporters, and everything up to its first step around the
 MLPerf clock (:func:`started`). Here, not in ``runtime.app``, because evaluate's body shares it
-with training's and the lifecycle needs none of it."""
+with training's and the lifecycle needs none of it; not in either product, so that neither
+imports the other."""
 from __future__ import annotations
+
+from typing import Callable
 
 from mlperf_logging.mllog import constants as C
 
@@ -10,6 +13,7 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
+from runtime.clocked.reporters import Reporters, abort_clock_on_error, start_clock
 from runtime.host import record_run
 from runtime.mode import Session
 from runtime.outputs import move_previous_run
@@ -17,7 +21,6 @@ from runtime.progress import make_progress
 from runtime.resolve import apply_host_memory, resolve, resolve_data
 from runtime.run_files import resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
-from runtime.training.loop import Reporters, abort_clock_on_error, start_clock
 
 # A run whose checkpoint says it reached the target or stopped for good: resuming it would train
 # past its end (a job requeued just as it succeeded, a scheduler's retry).
@@ -39,10 +42,13 @@ def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
     return saved
 
 
-def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None) -> Reporters:
+def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None,
+                   curves: Callable[[str, float], object] | None = None) -> Reporters:
     """The run's reporters (rank 0 writes), for ``config`` (resolved) and ``saved`` (the checkpoint
-    the run starts from, or None). A new training run (``Mode.mlperf_run``) first moves the last
-    run's files in ``--log_dir`` and its ``--save_ckpt_path`` out of the way
+    the run starts from, or None); ``curves(log_dir, quality_threshold)``: the plotter that
+    ``--plot`` redraws ``curves.png`` with (training's), made on rank 0 of an MLPerf run. A new
+    training run (``Mode.mlperf_run``) first moves the last run's files in ``--log_dir`` and its
+    ``--save_ckpt_path`` out of the way
     (``move_previous_run``: one folder holds one run; nothing deleted, said in one line each); a
     resumed attempt writes an MLPerf log of its own. The attempt's log then says when it is not
     an MLPerf result: resumed from a checkpoint, or checkpoints written on the clock."""
@@ -56,11 +62,7 @@ def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None) -
         if main:
             for line in move_previous_run(config.log_dir, config.save_ckpt_path):
                 print(line)
-    curves = None
-    if config.plot and mlperf_on:
-        from runtime.report.plotter import CurvePlotter
-
-        curves = CurvePlotter(config.log_dir, config.quality_threshold)
+    plotter = curves(config.log_dir, config.quality_threshold) if curves and config.plot and mlperf_on else None
     mlperf = MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name)
     resumed_from = None
     if saved is not None and mode.mlperf_run:  # --resume, or a warm start from --load_ckpt_path's weights
@@ -74,7 +76,7 @@ def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None) -
     return Reporters(
         mlperf=mlperf,
         metrics=MetricsWriter(config.log_dir, enabled=main and mode.writes_metrics_for(config)),
-        progress=make_progress(config, main), preempt=session.preempt, is_main=main, curves=curves)
+        progress=make_progress(config, main), preempt=session.preempt, is_main=main, curves=plotter)
 
 
 def close_reporters(out: Reporters) -> None:
@@ -83,7 +85,8 @@ def close_reporters(out: Reporters) -> None:
         out.curves.close(timeout=60)
 
 
-def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Components]:
+def start_run(session: Session, saved: ckpt.Saved | None,
+              curves: Callable[[str, float], object] | None = None) -> tuple[Reporters, Components]:
     """The run up to its first step, around the MLPerf clock: ``(reporters, components)``.
 
     Before ``run_start`` nothing lists, opens, maps or uploads a file of the data: the config
@@ -97,7 +100,7 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
 
     config = resolve(session.config, session.dist, None, saved)
     apply_host_memory(config)
-    out = make_reporters(session, config, saved)
+    out = make_reporters(session, config, saved, curves)
     session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(config)
     if session.mode.mlperf_run and not (saved is not None and saved.resume):
@@ -121,12 +124,14 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
     return out, with_loaders(components, data, config)
 
 
-def started(session: Session) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:
-    """The run's reporters and components, or None when ``--resume`` finds an ended run."""
+def started(session: Session, curves: Callable[[str, float], object] | None = None
+            ) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:
+    """The run's reporters and components, or None when ``--resume`` finds an ended run;
+    ``curves``: see :func:`make_reporters`."""
     saved = starting_point(session.config, session.dist)
     ended = already_ended(saved)
     if ended:
         if session.dist.is_main:
             print(ended)
         return None, saved
-    return start_run(session, saved), saved
+    return start_run(session, saved, curves), saved
