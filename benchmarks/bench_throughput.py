@@ -162,10 +162,9 @@ def endless(loader):
 
 
 def bench_components(config, device: torch.device, data):
-    """The training components exactly as ``runtime.app.run`` builds them (no logging)."""
+    """The components exactly as ``runtime.app.run`` builds them (no logging; training's at --learning_rate)."""
     dist_info = D.DistInfo(rank=0, local_rank=0, world_size=1, device=device)
-    config = resolve(config, dist_info, data)
-    components = build_components(config, dist_info, data)
+    components = build_components(resolve(config, dist_info, data), dist_info, data)
     if components.optimizer is not None:  # training (an evaluation row builds none)
         set_learning_rate(components.optimizer, config.learning_rate)
     return components
