@@ -115,7 +115,6 @@ class RunPlan:
         return made.why if made is not None else ""
 
 
-
 def saved_values(run: RunPlan | Config) -> dict:
     """What a checkpoint saves as its "config": the flags with a plan's decided values overlaid,
     and ``plan``, every decision (plain data: tuples and frozensets as lists; read back by name).
