@@ -35,7 +35,7 @@ OPENVINO_TESTS ?= tests/test_openvino.py
 # without CUDA its CPU smoke path (tiny shapes, under a minute), which says so.
 GPU_CHECK_DIR ?= gpu_check
 
-.PHONY: setup demo demo-convergence test test-fast test-compat test-deploy test-deploy-jobs test-openvino gpu-check clean
+.PHONY: setup demo demo-convergence test test-slow test-all test-compat test-deploy test-deploy-jobs test-openvino gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -55,12 +55,18 @@ demo: setup
 demo-convergence: setup
 	DEMO_EPOCHS=60 bash scripts/demo.sh "$(PY)" "$(DEMO_DIR)"
 
+# The suite but the tests marked slow: ten minutes at most on an idle 2-core machine (CI runs it first).
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
-
-# Everything but the tests marked slow (torchrun, convergence, benchmark smoke runs).
-test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
+
+# The tests marked slow (torchrun, convergence, benchmark smoke runs, the larger end-to-end runs):
+# CI runs them after `make test`, so every test runs somewhere.
+test-slow: setup
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS) tests
+
+# Both in one pytest run (what `make test` was before the slow set moved out).
+test-all: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 $(COMPAT_VENV)/.installed: requirements.txt requirements-test.txt constraints-compat.txt
 	@echo "test-compat: $$($(COMPAT_PYTHON) --version) ($(COMPAT_PYTHON))"

@@ -47,8 +47,7 @@ def main(argv=None) -> int:
         print(f"main.py: error: {one_line(exc)}", file=sys.stderr)
         return 1
     except Stopped as stop:
-        print(f"main.py: {stop} during --exec_mode {config.exec_mode}"
-              f"{' --benchmark' if config.benchmark else ''}; nothing to save", file=sys.stderr)
+        print(f"main.py: {stop} during --exec_mode {config.mode.name}; nothing to save", file=sys.stderr)
         return stop.exit_code
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)

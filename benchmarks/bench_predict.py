@@ -32,17 +32,18 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     from runtime import checkpoint as ckpt
     from runtime.arguments import parse_args
     from runtime.distributed import DistInfo
+    from runtime.predict.api import Segmenter
     from runtime.predict.folder import predict_cases, scans_to_predict
     from runtime.predict.records import print_outcome, save_summary
     from runtime.resolve import resolve
-    from runtime.mlcommons_reference import reference_infer
+    from oracles.mlcommons_reference import reference_infer
 
     config = parse_args(flags)
     saved = ckpt.saved_for(config)
     config = resolve(config, DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")), None, saved)
     infer = reference_infer(code_dir, ckpt.model_state_from(saved.checkpoint, prefer="best"), config)
     os.makedirs(config.output_dir, exist_ok=True)
-    results = predict_cases(scans_to_predict(config), infer, config, False)
+    results = predict_cases(scans_to_predict(config), Segmenter.from_inference(infer, config), config, False)
     return print_outcome(results, config.output_dir, save_summary(config.output_dir, results))
 
 

@@ -24,10 +24,10 @@ from data_loading.data_loader import data_source
 from data_loading.dataset import read_evaluation_ids
 from data_loading.windows import window_geometry
 from runtime import distributed as D
-from runtime.arguments import EVALUATE_BENCHMARK, parse_args, used_in
+from runtime.arguments import parse_args, used_in
 from runtime.build import build_components, build_model
+from runtime.clocked.evaluation import evaluate
 from runtime.compiling import OUT_OF_MEMORY
-from runtime.evaluate.metrics import evaluate
 from runtime.levers.gpu.graphs import cuda_graphs_supported
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.inference.sliding_window import sliding_window_inference
@@ -162,11 +162,11 @@ def endless(loader):
 
 
 def bench_components(config, device: torch.device, data):
-    """The training components exactly as ``runtime.app.run`` builds them (no logging)."""
+    """The components exactly as ``runtime.app.run`` builds them (no logging; training's at --learning_rate)."""
     dist_info = D.DistInfo(rank=0, local_rank=0, world_size=1, device=device)
-    config = resolve(config, dist_info, data)
-    components = build_components(config, dist_info, data)
-    set_learning_rate(components.optimizer, config.learning_rate)
+    components = build_components(resolve(config, dist_info, data), dist_info, data)
+    if components.optimizer is not None:  # training (an evaluation row builds none)
+        set_learning_rate(components.optimizer, config.learning_rate)
     return components
 
 
@@ -313,7 +313,7 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
 
 def run_eval_row(name: str, flags: list[str], argv0: list[str], device: torch.device) -> Result:
     result = Result(name=name)
-    config = parse_args(used_in(EVALUATE_BENCHMARK, argv0) + ["--exec_mode", "evaluate", *flags], prog="bench_throughput")
+    config = parse_args(used_in("evaluate --benchmark", argv0) + ["--exec_mode", "evaluate", *flags], prog="bench_throughput")
 
     def work():
         c = bench_components(config, device, data_source(config))

@@ -38,7 +38,7 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     from runtime.arguments import parse_args
     from runtime.build import Components
     from runtime.distributed import DistInfo
-    from runtime.mlcommons_reference import load_reference_training
+    from oracles.mlcommons_reference import load_reference_training
     from runtime.resolve import resolve
     from runtime.training.benchmark import Budget, time_training
 

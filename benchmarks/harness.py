@@ -104,13 +104,13 @@ def ratios(values: dict[str, list[float]], baseline: str) -> dict[str, float]:
 
 def checked_variants(prog: str, text: str, known: Sequence[str], reference_code: str) -> tuple[list[str], str]:
     """The variants of a comma list, one line naming the choices for an unknown one; with
-    ``mlcommons``, the reference folder checked (:mod:`runtime.mlcommons_reference`)."""
+    ``mlcommons``, the reference folder checked (:mod:`oracles.mlcommons_reference`)."""
     names = [name for name in text.split(",") if name]
     if not names or set(names) - set(known) or ("mlcommons" in names and not reference_code):
         raise SystemExit(f"{prog}: --variants {text}: choose from {list(known)}; mlcommons needs --reference_code "
                          "(image_segmentation/pytorch of a mlcommons/training checkout; or UNET3D_REFERENCE_CODE)")
     if "mlcommons" in names:
-        from runtime.mlcommons_reference import check_reference_code
+        from oracles.mlcommons_reference import check_reference_code
 
         reference_code = check_reference_code(reference_code)
     return names, reference_code

@@ -255,13 +255,13 @@ class PreprocessedData:
 
     def summary(self, config) -> DataSummary:
         train_cases, eval_cases = self.split()
-        if config.is_train and not train_cases:
+        if config.mode.trains and not train_cases:
             raise DataError(f"no training cases in {self.data_dir}: every case found is listed "
                             f"in {self._split_source}")
-        if not config.benchmark and not eval_cases:
+        if not config.mode.benchmark and not eval_cases:
             raise DataError(f"no evaluation case in {self.data_dir}: none of the ids in "
                             f"{self._split_source} has a case_XXXXX_x.npy / _y.npy pair there")
-        if config.is_train:  # evaluate samples no patch (--input_shape is a training flag)
+        if config.mode.trains:  # evaluate samples no patch (--input_shape is a training flag)
             check_patch_fits(train_cases, config.input_shape)
         nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)
         description = self._description
@@ -290,9 +290,9 @@ class PreprocessedData:
             train_cases, patch=config.input_shape, oversampling=config.oversampling,
             brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
             batch_size=config.batch_size, cache=config.cache, device=device,
-            num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.is_train,
+            num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.mode.trains,
             crop=config.semantics, ga_steps=config.ga_steps, last_batch=config.last_batch, n_class=self.n_class())
-        if config.is_train and len(train_loader) == 0:
+        if config.mode.trains and len(train_loader) == 0:
             raise DataError(f"{len(train_cases)} training cases in {self.data_dir} make no full "
                             f"batch of {config.batch_size} on each of {num_shards} ranks")
         shards = assign_evaluation_cases(eval_cases, config.val_input_shape, config.overlap, num_shards)

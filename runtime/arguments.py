@@ -18,7 +18,8 @@ from data_loading.cli_types import OneLineParser, positive_int
 from model.layers import ACTIVATIONS, NORMALIZATIONS
 from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
 from runtime import __version__
-from runtime.plan import Decision, find
+from runtime.mode import FLAG_USES, MODES, Mode, exec_modes, mode_of
+from runtime.mode import problems as _problems
 from runtime.run_files import QUALITY_THRESHOLD
 
 
@@ -95,13 +96,6 @@ class Config:
     submission_platform: str = "unknown"
     submission_division: str = "auto"  # decided by runtime.division in runtime.resolve: closed or open
     submission_status: str = "onprem"
-    # Derived once by runtime.resolve.resolve (None until then); read everywhere else.
-    num_train_cases: int | None = None
-    num_eval_cases: int | None = None
-    samples_per_epoch: int | None = None  # global samples per epoch (padding counted, as the rules)
-    fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
-    # the CPU speed levers the run applies (runtime.levers.cpu.convert), decided by runtime.resolve
-    levers: tuple[str, ...] = ()
     # The flags given on the command line (field names), so that values saved in a checkpoint
     # can fill the others (runtime.resolve).
     explicit: frozenset = frozenset()
@@ -118,20 +112,6 @@ class Config:
     backend: str = "auto"
     max_memory_gb: float = 0.0
     cache_dir: str = ""  # OpenVINO's converted networks; "": $XDG_CACHE_HOME/unet3d-kits19 (runtime.resolve)
-    weights_sha256: str = ""  # predict: the weights it loads (recorded beside each segmentation; runtime.resolve)
-    ensemble_sha256: tuple[str, ...] = ()  # every checkpoint's, in order, when predict ensembles several
-    # Every decision runtime.resolve made, with its reason and what was asked (runtime.plan); a
-    # reason goes here, not into a new field.
-    plan: tuple[Decision, ...] = ()
-
-    def decision(self, name: str) -> Decision | None:
-        """The resolved decision ``name`` (:mod:`runtime.plan`), or None when the run made none."""
-        return find(self.plan, name)
-
-    def why(self, name: str) -> str:
-        """The one-line reason of the decision ``name`` ("" when the run made none)."""
-        made = self.decision(name)
-        return made.why if made is not None else ""
 
     @property
     def checkpoints(self) -> tuple[str, ...]:
@@ -139,8 +119,15 @@ class Config:
         return self.load_ckpt_paths or ((self.load_ckpt_path,) if self.load_ckpt_path else ())
 
     @property
+    def mode(self) -> Mode:
+        """The exec mode ``--exec_mode`` and ``--benchmark`` select (:mod:`runtime.mode`): ask it
+        what the run does."""
+        return mode_of(self.exec_mode, self.benchmark)
+
+    @property
     def is_train(self) -> bool:
-        return self.exec_mode == "train"
+        """``mode.trains`` (kept while other code moves to asking the mode)."""
+        return self.mode.trains
 
     @property
     def checkpoints_on_the_clock(self) -> bool:
@@ -148,7 +135,7 @@ class Config:
         evaluations, periodically, on a signal): asked for with --ckpt_during_run or a
         --ckpt_every_epochs; such a run is not an MLPerf result (its log says so). Otherwise the
         checkpoint is written once, after run_stop, as the reference writes it."""
-        return (self.is_train and not self.benchmark and bool(self.save_ckpt_path)
+        return (self.mode.saves_checkpoints and bool(self.save_ckpt_path)
                 and (self.ckpt_during_run or self.ckpt_every_epochs > 0))
 
 
@@ -201,7 +188,7 @@ def _process_flags(g, d: Config) -> None:
                    help="GPU index on this node (torchrun sets LOCAL_RANK)")
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                    help="(new) auto = CUDA/ROCm when available, else CPU")
-    g.add_argument("--exec_mode", default=d.exec_mode, choices=["train", "evaluate", "predict"],
+    g.add_argument("--exec_mode", default=d.exec_mode, choices=exec_modes(),
                    help="train to the target, evaluate --load_ckpt_path on the evaluation cases, or "
                         "predict: segment the raw NIfTI scans of --input into --output_dir")
     g.add_argument("--benchmark", action="store_true",
@@ -443,17 +430,12 @@ def checkpoint_path_problem(path: str, flag: str) -> str:
     return f"{flag} {path!r} is a folder; give the checkpoint file{hint}"
 
 
-def _problems(*checks: tuple[bool, str]) -> list[str]:
-    """The messages of the failed ``(ok, message)`` checks, in order."""
-    return [message for ok, message in checks if not ok]
-
-
 def _count_errors(cfg: Config) -> list[str]:
     """Epochs, workers, warm-up and evaluation schedule: counts of every mode."""
     if cfg.epochs == EPOCHS_AUTO:
         # plain evaluate reads no --epochs (a script's shared flag set passes): only evaluate
-        # --benchmark counts passes with it
-        errors = _problems((not (cfg.exec_mode == "evaluate" and cfg.benchmark),
+        # --benchmark, which trains nothing, counts passes with it
+        errors = _problems((not (cfg.mode.uses("epochs") and not cfg.mode.trains),
                             "--epochs auto is training's non-convergence limit; give evaluate --benchmark a number "
                             "of passes"))
     else:
@@ -475,7 +457,7 @@ def _shape_errors(cfg: Config) -> list[str]:
             (len(shape) == 3, f"--{name} needs 3 sizes, got {len(shape)}"),
             (all(s > 0 and s % SHAPE_DIVISOR == 0 for s in shape),
              f"--{name} sizes must be positive multiples of {SHAPE_DIVISOR}, got {list(shape)}"))
-    if cfg.is_train:
+    if cfg.mode.trains:
         errors += _training_shape_errors(cfg)
     levels = len(DEFAULT_FILTERS)
     errors += _problems((len(cfg.filters) == levels and all(f > 0 for f in cfg.filters),
@@ -518,15 +500,14 @@ def _range_errors(cfg: Config) -> list[str]:
 def _file_and_device_errors(cfg: Config) -> list[str]:
     """Paths that must exist, checkpoints, and a CUDA device when asked for."""
     errors = []
-    if cfg.loader == "pytorch" and cfg.exec_mode != "predict":
+    if cfg.loader == "pytorch" and cfg.mode.scores:
         errors += _problems((os.path.isdir(cfg.data_dir),
                              f"--data_dir {cfg.data_dir!r} does not exist or is not a folder"))
     for path in cfg.checkpoints:
         errors += _problems((os.path.isfile(path), checkpoint_path_problem(path, "--load_ckpt_path")))
-    if len(cfg.checkpoints) > 1 and (cfg.exec_mode != "predict" or cfg.benchmark):
-        errors.append(f"--load_ckpt_path takes one checkpoint for --exec_mode {cfg.exec_mode}"
-                      f"{' --benchmark' if cfg.benchmark else ''}, got {len(cfg.checkpoints)} (several: an ensemble, "
-                      "predict only)")
+    if len(cfg.checkpoints) > 1 and not cfg.mode.predicts:
+        errors.append(f"--load_ckpt_path takes one checkpoint for --exec_mode {cfg.mode.name}, got "
+                      f"{len(cfg.checkpoints)} (several: an ensemble, predict only)")
     if cfg.resume:
         errors += _problems((bool(cfg.save_ckpt_path),
                              "--resume needs --save_ckpt_path (the checkpoint to continue)"))
@@ -538,145 +519,19 @@ def _file_and_device_errors(cfg: Config) -> list[str]:
         (cfg.ckpt_every_minutes >= 0, f"--ckpt_every_minutes must be >= 0, got {cfg.ckpt_every_minutes}"))
 
 
-def _int8_errors(cfg: Config) -> list[str]:
-    return _problems((not cfg.int8,
-                      "--int8 applies to --exec_mode predict only (evaluation scores the model as trained)"))
-
-
-def _train_errors(cfg: Config) -> list[str]:
-    return _int8_errors(cfg) + _problems(
-        (cfg.backend != "openvino", "--backend openvino applies to --exec_mode predict and evaluate; "
-                                    "training runs PyTorch"))
-
-
-def _evaluate_errors(cfg: Config) -> list[str]:
-    needs_checkpoint = _problems((cfg.benchmark or bool(cfg.load_ckpt_path),
-                                  "--exec_mode evaluate needs --load_ckpt_path"))
-    return needs_checkpoint + _int8_errors(cfg)
-
-
-def _predict_errors(cfg: Config) -> list[str]:
-    errors = _problems(*((bool(getattr(cfg, name)), f"--exec_mode predict needs --{name}")
-                         for name in ("load_ckpt_path", "input", "output_dir")))
-    return errors + _problems(
-        (not cfg.input or os.path.exists(cfg.input), f"--input {cfg.input!r} does not exist"),
-        (not cfg.benchmark, "--benchmark does not apply to --exec_mode predict "
-                            "(its summary times every stage; docs/performance.md)"),
-        (not (cfg.int8 and cfg.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu"),
-        (not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them"),
-        (not cfg.int8_calibration or cfg.int8,
-         "--int8_calibration names the scans --int8 calibrates on: add --int8 or drop it"),
-        (not cfg.int8_calibration or os.path.exists(cfg.int8_calibration),
-         f"--int8_calibration {cfg.int8_calibration!r} does not exist"))
-
-
-def _benchmark_errors(cfg: Config) -> list[str]:
-    return _problems((cfg.backend != "openvino",
-                      "--backend openvino does not apply to --benchmark (it times PyTorch)"))
-
-
-# The checks of each --exec_mode, after those every mode shares.
-MODE_ERRORS = {"train": _train_errors, "evaluate": _evaluate_errors, "predict": _predict_errors}
-
-
-# Which run modes each flag means something in (issue 42): a flag of this project's own given on the
-# command line in a mode that does not use it is refused in one line naming the flag and the mode
-# (a default is never refused); a flag of the MLCommons reference (REFERENCE_FLAGS) is accepted
-# there, as the reference's one parser accepts every flag in every mode, and one line says it has
-# no effect (issue 48). Every flag of the parser has an entry (tests/test_mode_flags.py checks it
-# against --help): a new flag needs one.
-TRAIN, TRAIN_BENCHMARK, EVALUATE, EVALUATE_BENCHMARK, PREDICT = (
-    "train", "train --benchmark", "evaluate", "evaluate --benchmark", "predict")
-RUN_MODES = (TRAIN, TRAIN_BENCHMARK, EVALUATE, EVALUATE_BENCHMARK, PREDICT)
-_ALL = frozenset(RUN_MODES)
-_TRAINING = frozenset({TRAIN, TRAIN_BENCHMARK})  # a training step runs
-_BENCHMARKS = frozenset({TRAIN_BENCHMARK, EVALUATE_BENCHMARK})
-_DATASET = _ALL - {PREDICT}  # read the preprocessed dataset, build the network from the flags
-_SCORED = frozenset({TRAIN, TRAIN_BENCHMARK, EVALUATE, EVALUATE_BENCHMARK})  # the benchmark's evaluation
-_SCHEDULE = _TRAINING | {EVALUATE_BENCHMARK}  # --benchmark predicts a time to train from the schedule
-
+# The modes by name (runtime.mode.MODES), and which of them each flag means something in, by flag
+# (runtime.mode.FLAG_USES says it by what a mode does; docs/usage.md).
+RUN_MODES = tuple(MODES)
+PREDICT = "predict"
 FLAG_MODES: dict[str, frozenset[str]] = {
-    # data and files
-    "data_dir": _DATASET,
-    "log_dir": _DATASET,  # --benchmark: log.json's benchmark record, as the reference's; predict: --output_dir
-    "save_ckpt_path": frozenset({TRAIN}),
-    "load_ckpt_path": _ALL,
-    "resume": frozenset({TRAIN}),
-    "ckpt_during_run": frozenset({TRAIN}),
-    "ckpt_every_epochs": frozenset({TRAIN}),
-    "ckpt_every_minutes": frozenset({TRAIN}),
-    "loader": _DATASET,
-    "cache": _TRAINING,  # where training volumes live
-    "num_workers": _TRAINING,  # the training loader's workers (evaluation reads in the process)
-    "prefetch": _DATASET,
-    "brightness": _TRAINING,
-    # process
-    "local_rank": _ALL,
-    "device": _ALL,
-    "exec_mode": _ALL,
-    "benchmark": _BENCHMARKS,
-    "benchmark_steps": _BENCHMARKS,
-    "benchmark_seconds": _BENCHMARKS,
-    "seed": _DATASET,  # weights, sampling, augmentation, the synthetic loader's volumes
-    "verbose": _ALL,
-    "plot": frozenset({TRAIN}),
-    # schedule
-    "epochs": _TRAINING | {EVALUATE_BENCHMARK},  # evaluate --benchmark: passes over the evaluation set
-    "quality_threshold": frozenset({TRAIN}),
-    "ga_steps": _SCHEDULE,
-    "warmup_steps": _BENCHMARKS,
-    "batch_size": _SCHEDULE,
-    "evaluate_every": _SCHEDULE,
-    "start_eval_at": _SCHEDULE,
-    # shapes
-    "layout": _ALL,  # accepted for the reference's scripts (ACCEPTED_ONLY); no mode reads it
-    "pad_mode": frozenset(),  # accepted for the reference's scripts (ACCEPTED_ONLY); read nowhere, as there
-    "input_shape": _TRAINING,
-    "val_input_shape": _ALL,
-    # optimisation
-    **{name: _TRAINING for name in ("optimizer", "learning_rate", "init_learning_rate", "lr_warmup_epochs",
-                                     "lr_decay_epochs", "lr_decay_factor", "lamb_betas", "momentum", "weight_decay")},
-    # model: given with a checkpoint, checked against the one it was trained with
-    "normalization": _ALL,
-    "activation": _ALL,
-    "filters": _ALL,
-    "include_background": _SCORED,  # the Dice loss (the benchmark's Dice stays kidney and tumour)
-    # augmentation and evaluation
-    "oversampling": _TRAINING,
-    "semantics": _TRAINING,  # the crop sampler and accumulation tail
-    "last_batch": _TRAINING,
-    "overlap": _ALL,
-    "sw_batch_size": _ALL,
-    # speed
-    "amp": _ALL,
-    "amp_dtype": _ALL,
-    "channels_last": _ALL,
-    "compile": _ALL,
-    "cuda_graphs": _TRAINING,  # captures the training step
-    "fused_optimizer": _TRAINING,
-    "cudnn_benchmark": _DATASET,
-    "cudnn_deterministic": _DATASET,
-    # MLPerf submission metadata: the MLPerf log, which only training writes
-    **{name: frozenset({TRAIN}) for name in ("submission_org", "submission_platform", "submission_division",
-                                               "submission_status")},
-    # predict
-    **{name: frozenset({PREDICT}) for name in ("input", "output_dir", "tta", "preview", "force",
-                                                 "save_probabilities", "int8", "int8_calibration")},
-    # inference backend
-    "backend": frozenset({EVALUATE, PREDICT}),
-    "max_memory_gb": frozenset({PREDICT}),
-    "cache_dir": frozenset({EVALUATE, PREDICT}),  # OpenVINO's converted networks
-}
+    flag: frozenset(mode.name for mode in MODES.values() if mode.uses(flag)) for flag in FLAG_USES}
+# Each --exec_mode's own checks, after those every mode shares (--benchmark's: its mode's, Mode.checks).
+MODE_ERRORS = {exec_mode: mode_of(exec_mode, False).errors for exec_mode in exec_modes()}
 
 
-def run_mode(cfg: Config) -> str:
-    """``cfg``'s mode as :data:`FLAG_MODES` names it ("evaluate --benchmark"; predict refuses
-    --benchmark on its own)."""
-    return f"{cfg.exec_mode} --benchmark" if cfg.benchmark and cfg.exec_mode != "predict" else cfg.exec_mode
-
-
-def _mode_names(modes) -> str:
-    return ", ".join(mode for mode in RUN_MODES if mode in modes)
+def _mode_names(flag: str) -> str:
+    """The modes that use ``flag``, in the table's order."""
+    return ", ".join(mode.name for mode in MODES.values() if mode.uses(flag))
 
 
 # The flags of the MLCommons reference's parser (image_segmentation/pytorch/runtime/arguments.py),
@@ -695,16 +550,15 @@ REFERENCE_FLAGS = frozenset({
 
 def unused_flags(cfg: Config) -> list[str]:
     """The flags (Config fields) given explicitly (``cfg.explicit``) that do nothing in this run's
-    mode, in :data:`FLAG_MODES`'s order (defaults never count)."""
-    mode = run_mode(cfg)
-    return [name for name in FLAG_MODES if name in cfg.explicit and mode not in FLAG_MODES[name]]
+    mode, in :data:`runtime.mode.FLAG_USES`' order (defaults never count)."""
+    return [name for name in FLAG_USES if name in cfg.explicit and not cfg.mode.uses(name)]
 
 
 def _unused_text(names: Sequence[str], mode: str) -> str:
     """``--a, --b do nothing in --exec_mode M (where they apply)`` for the flags ``names``."""
     groups: dict[str, list[str]] = {}  # the modes that use them -> the flags
     for name in names:
-        groups.setdefault(_mode_names(FLAG_MODES[name]) or "no mode", []).append(f"--{name}")
+        groups.setdefault(_mode_names(name) or "no mode", []).append(f"--{name}")
     flags = ", ".join(f"--{name}" for name in names)
     verb = "does" if len(names) == 1 else "do"
     if len(groups) == 1:
@@ -720,7 +574,7 @@ def unused_flag_errors(cfg: Config) -> list[str]:
     unused = [name for name in unused_flags(cfg) if name not in REFERENCE_FLAGS]
     if not unused:
         return []
-    return [f"{_unused_text(unused, run_mode(cfg))}; drop {'it' if len(unused) == 1 else 'them'}"]
+    return [f"{_unused_text(unused, cfg.mode.name)}; drop {'it' if len(unused) == 1 else 'them'}"]
 
 
 def no_effect_line(cfg: Config) -> str:
@@ -731,18 +585,19 @@ def no_effect_line(cfg: Config) -> str:
         return ""
     flags = ", ".join(f"--{name}" for name in unused)
     verb, noun, pronoun = ("has", "flag", "it") if len(unused) == 1 else ("have", "flags", "them")
-    return (f"{flags} {verb} no effect in --exec_mode {run_mode(cfg)} (the MLCommons reference's {noun}: "
+    return (f"{flags} {verb} no effect in --exec_mode {cfg.mode.name} (the MLCommons reference's {noun}: "
             f"accepted, as its parser accepts {pronoun} in every mode)")
 
 
 def used_in(mode: str, argv: Sequence[str]) -> list[str]:
     """``argv`` (main.py's flags) without the flags, and their values, that do nothing in ``mode``
-    (one of :data:`RUN_MODES`): one set of flags for runs of several modes (a tool's, a test's)."""
+    (a name of :data:`runtime.mode.MODES`): one set of flags for runs of several modes (a tool's, a test's)."""
     dests = {option: action.dest for action in build_parser()._actions for option in action.option_strings}
     kept, keep = [], True
     for token in argv:
         if token.startswith("--"):
-            keep = mode in FLAG_MODES.get(dests.get(token.split("=")[0], ""), _ALL)
+            flag = dests.get(token.split("=")[0], "")
+            keep = flag not in FLAG_USES or MODES[mode].uses(flag)
         if keep:
             kept.append(token)
     return kept
@@ -750,13 +605,10 @@ def used_in(mode: str, argv: Sequence[str]) -> list[str]:
 
 def validate(cfg: Config) -> list[str]:
     """Every problem with ``cfg``, as one message each naming the flag: the checks every mode
-    shares, then those of ``cfg.exec_mode``, then those of ``--benchmark``, then the flags given
-    that do nothing in this mode (:data:`FLAG_MODES`)."""
+    shares, then those of its mode (``Mode.checks``), then the flags given that do nothing in
+    this mode (:data:`runtime.mode.FLAG_USES`)."""
     errors = _count_errors(cfg) + _shape_errors(cfg) + _range_errors(cfg) + _file_and_device_errors(cfg)
-    errors += MODE_ERRORS[cfg.exec_mode](cfg)
-    if cfg.benchmark:
-        errors += _benchmark_errors(cfg)
-    return errors + unused_flag_errors(cfg)
+    return errors + cfg.mode.errors(cfg) + unused_flag_errors(cfg)
 
 
 # The reference's flags accepted for its scripts and kept in no Config field: --layout (one

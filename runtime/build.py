@@ -1,7 +1,8 @@
 """``build_components(config, dist_info, data)``: everything a run computes with, built once from
-a resolved config. Used by ``runtime.training.start``, the benchmarks and the tests alike.
+a resolved config (training: the optimizer and the train step too; evaluation only scores).
+Used by ``runtime.clocked.start``, the benchmarks and the tests alike.
 
-``runtime.training.start.start_run`` builds in two parts around the MLPerf ``run_start``: the
+``runtime.clocked.start.start_run`` builds in two parts around the MLPerf ``run_start``: the
 model, optimizer and train step before it (``data`` None: no loaders, nothing of ``--data_dir`` touched), this
 rank's loaders after it (:func:`with_loaders`).
 """
@@ -20,8 +21,9 @@ from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.compiling import compile_model
 from runtime.labels import NNUNET, dice_definition, n_classes, run_labels
-from runtime.levers.cpu.convert import FUSED_NORM, apply_levers
+from runtime.levers.cpu.convert import apply_levers, levers_compile
 from runtime.optimizers import make_optimizer
+from runtime.plan import RunPlan
 from runtime.inference.predictor import autocast_context
 
 # step(image, label, last_micro_batch, weights=None) -> detached loss of the micro-batch, on the
@@ -33,17 +35,19 @@ TrainStep = Callable[..., torch.Tensor]
 
 @dataclass
 class Components:
-    """The model and what trains and scores it, plus this rank's loaders and training state."""
+    """The model and what trains and scores it, plus this rank's loaders and training state. A
+    run that does not train (evaluate, ``--benchmark``'s evaluation) has no optimizer, scaler or
+    train step (None)."""
 
     config: Config  # resolved (runtime.resolve)
     dist: D.DistInfo
     model: torch.nn.Module  # possibly DDP- and/or compile-wrapped
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
+    optimizer: torch.optim.Optimizer | None
+    scaler: torch.amp.GradScaler | None
     loss_fn: Callable
     score_fn: Callable
     autocast: Callable[[], object]
-    step: TrainStep
+    step: TrainStep | None
     train_loader: object  # None until with_loaders
     val_loader: object
     # Evaluation bypasses DDP: its forward would broadcast buffers (batch norm) on every call,
@@ -154,51 +158,55 @@ def graphed_train_step(model, loss_fn, optimizer, scaler, autocast, config: Conf
     return step
 
 
-def build_components(config: Config, dist_info: D.DistInfo, data=None,
+def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
                      saved: ckpt.Saved | None = None) -> Components:
     """Model, loss, optimizer, scaler, train step and this rank's loaders for a resolved
-    ``config``. ``data``: the data source (``loaders(config, world, rank, device)``; ``config``
-    resolved with its data), or None: no loaders yet (:func:`with_loaders` adds them).
+    ``plan`` (a run that does not train: model, loss, metric and loaders only). ``data``: the
+    data source (``loaders(plan, world, rank, device)``; ``plan`` resolved with its data), or
+    None: no loaders yet (:func:`with_loaders` adds them).
 
     ``saved``: a resumed run (weights, optimizer, scaler, RNG and training state restored) or
     a checkpoint whose (best) weights are loaded (``--load_ckpt_path``).
     The seed of this rank is set before the weights are initialised.
     """
     device = dist_info.device
-    configure_backends(config, device)
-    torch.manual_seed(D.rank_seed(config.seed, dist_info.rank))
-    model = build_model(config, device, dist_info.distributed)
-    apply_levers(model, config.levers, config.compile)
-    autocast, scaler = autocast_factory(config, device)
-    optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate,
-                               config.momentum, config.weight_decay, config.lamb_betas,
-                               fused=config.fused_optimizer)  # as resolved (runtime.resolve.fused_optimizer_from)
+    configure_backends(plan, device)
+    torch.manual_seed(D.rank_seed(plan.seed, dist_info.rank))
+    model = build_model(plan, device, dist_info.distributed)
+    apply_levers(model, plan.levers, plan.compile)
+    autocast, scaler = autocast_factory(plan, device)
+    trains = plan.mode.trains
+    optimizer = make_optimizer(plan.optimizer, model.parameters(), plan.learning_rate,
+                               plan.momentum, plan.weight_decay, plan.lamb_betas,
+                               fused=plan.fused_optimizer) if trains else None  # as planned (runtime.resolve.decide_fused_optimizer)
     state = ckpt.TrainState()
     if saved is not None and saved.resume:
         state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)
     elif saved is not None:
         ckpt.load_weights(model, saved.path, saved.checkpoint)
-    loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=config.include_background)
-    score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=config.include_background,
-                         absent_nan=dice_definition(run_labels(config)) == NNUNET)
-    wrapped = wrap_model(model, config, dist_info)
-    if config.cuda_graphs:
-        step = graphed_train_step(wrapped, loss_fn, optimizer, scaler, autocast, config, device)
+    loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=plan.include_background)
+    score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=plan.include_background,
+                         absent_nan=dice_definition(run_labels(plan)) == NNUNET)
+    wrapped = wrap_model(model, plan, dist_info)
+    if not trains:
+        step = None
+    elif plan.cuda_graphs:
+        step = graphed_train_step(wrapped, loss_fn, optimizer, scaler, autocast, plan, device)
     else:
-        step = eager_train_step(wrapped, loss_fn, optimizer, scaler, autocast, config.ga_steps)
-    components = Components(config=config, dist=dist_info, model=wrapped, optimizer=optimizer, scaler=scaler,
-                            loss_fn=loss_fn, score_fn=score_fn, autocast=autocast, step=step,
-                            train_loader=None, val_loader=None,
-                            eval_model=compile_model(model, config.compile) if dist_info.distributed else wrapped,
+        step = eager_train_step(wrapped, loss_fn, optimizer, scaler, autocast, plan.ga_steps)
+    components = Components(config=plan, dist=dist_info, model=wrapped, optimizer=optimizer,
+                            scaler=scaler if trains else None, loss_fn=loss_fn, score_fn=score_fn,
+                            autocast=autocast, step=step, train_loader=None, val_loader=None,
+                            eval_model=compile_model(model, plan.compile) if dist_info.distributed else wrapped,
                             state=state)
     return components if data is None else with_loaders(components, data)
 
 
 def compiles_lazily(config: Config, device: torch.device) -> bool:
-    """Whether the run's first steps compile: ``--compile``, or the channels-last CPU fused norm
-    kernels (the ``fused_norm`` lever). Not with ``--cuda_graphs``, whose capture has already
+    """Whether the run's first steps compile: ``--compile``, or a lever that compiles (the
+    channels-last CPU fused norm kernels). Not with ``--cuda_graphs``, whose capture has already
     run its warm-up steps."""
-    return bool(config.compile or FUSED_NORM in config.levers) and not config.cuda_graphs
+    return bool(config.compile or levers_compile(config.levers)) and not config.cuda_graphs
 
 
 def warm_up(components: Components) -> bool:
@@ -214,7 +222,7 @@ def warm_up(components: Components) -> bool:
         return False
     memory_format = torch.channels_last_3d if config.channels_last else torch.contiguous_format
     buffers = {name: buffer.clone() for name, buffer in ckpt.unwrap(components.model).named_buffers()}
-    if config.is_train:
+    if config.mode.trains:
         shape = (config.batch_size, 1, *config.input_shape)
         image = torch.zeros(shape, device=device).contiguous(memory_format=memory_format)
         components.step(image, torch.zeros(shape, dtype=torch.uint8, device=device), False)

@@ -13,7 +13,6 @@ the last weights and say so (:func:`has_best`, :func:`weights_description`).
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from data_loading.atomic import atomic_write
+from runtime.plan import saved_values
 
 FORMAT_VERSION = 2
 # Reference checkpoints carry no version; ours from 1 on (2 adds ``has_best``). A newer version
@@ -334,8 +334,7 @@ def payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: to
         "master_seed": config.seed,
         "rng": rng_state(device),
         "status": status,
-        "config": {k: (sorted(v) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v)
-                   for k, v in dataclasses.asdict(config).items()},
+        "config": saved_values(config),  # the flags with the decided values overlaid, and the plan
     }
 
 

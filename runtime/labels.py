@@ -2,15 +2,16 @@
 
 A label set is plain data, ``(("background", 0), ("kidney", 1), ...)``, ordered by value (0..N-1,
 0 the background): the network has N output channels, the loss and the metric N classes. It is a
-decision of the run (``labels`` in its plan, which the checkpoint saves), made by the pure
-:func:`decide_labels` from what is known at each stage of ``runtime.resolve``:
+decision of the run (the ``labels`` field and decision of its ``RunPlan``, which the checkpoint
+saves), made by the pure :func:`decide_labels` from what is known at each stage of
+``runtime.resolve`` (``decide_labels_before_data``, ``decide_labels_with_data``):
 
 * before the MLPerf ``run_start`` (``resolve``): the checkpoint's labels (a checkpoint written
   before label sets, or the reference's, holds KiTS19's), else KiTS19's; the network is built
   with them. The data folder is not read there (the clock has not started).
 * after it (``resolve_data``): the data folder's description (``dataset.json``; none: KiTS19's),
   which must be the checkpoint's label set. A run without a checkpoint on data with another
-  class count has its network built again after ``run_start`` (``runtime.training.start``): an
+  class count has its network built again after ``run_start`` (``runtime.clocked.start``): an
   own-data run is open, and its clock then counts that build.
 
 KiTS19's label set keeps the benchmark's names (``l1_dice``, ``l2_dice``) and Dice (a label absent
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable, Sequence
+from typing import Sequence
 
 Labels = tuple[tuple[str, int], ...]
 
@@ -115,39 +116,9 @@ def decide_labels(saved: Labels | None, data: Labels | None, saved_path: str = "
     return KITS19_LABELS, "KiTS19's (no checkpoint; the data's description is read after run_start)"
 
 
-def run_labels(config) -> Labels:
-    """The label set a resolved ``config`` decided (its ``labels`` decision), else KiTS19's (an
-    unresolved config: the tools and tests that build a network directly)."""
-    decision = getattr(config, "decision", None)
-    made = decision("labels") if decision is not None else None
-    return as_labels(made.value) if made is not None else KITS19_LABELS
+def run_labels(plan) -> Labels:
+    """The label set of a resolved ``plan`` (its ``labels``), else KiTS19's (a bare ``Config``:
+    the tools and tests that build a network directly)."""
+    labels = getattr(plan, "labels", None)
+    return as_labels(labels) if labels is not None else KITS19_LABELS
 
-
-def label_pairs(labels: Iterable) -> list[list]:
-    """As JSON writes them: ``[["background", 0], ...]``."""
-    return [[name, value] for name, value in labels]
-
-
-def labels_before_data(config, saved_labels: Labels | None, saved_path: str = ""):
-    """``config`` with the first stage's ``labels`` decision (``runtime.resolve.resolve``): the
-    checkpoint's (``saved_labels``, None without one), else KiTS19's; the checkpoint's labels kept
-    as the decision's ``asked`` for the data stage."""
-    from runtime.plan import decided
-
-    labels, why = decide_labels(saved_labels, None, saved_path)
-    asked = None if saved_labels is None else (saved_path, as_labels(saved_labels))
-    return decided(config, "labels", labels, why, asked)
-
-
-def labels_with_data(config, data_labels: Labels | None, data_path: str = ""):
-    """``config`` with the data stage's ``labels`` decision (``runtime.resolve.resolve_data``):
-    the data's description (``data_labels``; None: a folder without one, KiTS19's), which must
-    be the checkpoint's label set (:class:`LabelError` otherwise)."""
-    from runtime.plan import decided
-
-    earlier = config.decision("labels")
-    asked = earlier.asked if earlier is not None else None
-    saved_path, saved = asked if asked else ("", None)
-    data = KITS19_LABELS if data_labels is None else as_labels(data_labels)
-    labels, why = decide_labels(saved, data, saved_path, data_path if data_labels is not None else "")
-    return decided(config, "labels", labels, why, asked)

@@ -57,8 +57,9 @@ TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                    betas=(0.9, 0.999), fused: bool = False) -> torch.optim.Optimizer:
     """The optimizer named by ``--optimizer``. ``fused``: the fused step, as decided for the run
-    (:func:`fused_step`, in ``runtime.resolve``); otherwise the default step (multi-tensor on
-    CUDA, one tensor at a time on the CPU)."""
+    (:func:`fused_step`, in ``runtime.resolve``, which tried it: built as decided, never swapped
+    here for another); otherwise the default step (multi-tensor on CUDA, one tensor at a time on
+    the CPU)."""
     params = list(params)
     if name == "lamb":
         return Lamb(params, lr=lr, betas=betas, weight_decay=weight_decay)
@@ -67,37 +68,30 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_d
     cls, kwargs = TORCH_OPTIMIZERS[name], {"momentum": momentum, "nesterov": True} if name == "sgd" else {}
     on_cuda = all(p.is_cuda for p in params)
     speed = {"fused": True} if fused else {"foreach": True} if on_cuda else {}
-    return _with_fallback(cls, params, speed, lr=lr, weight_decay=weight_decay, **kwargs)
+    return cls(params, lr=lr, weight_decay=weight_decay, **kwargs, **speed)
 
 
 def fused_step(name: str, device: torch.device) -> tuple[bool, str]:
-    """Whether ``--fused_optimizer`` gets torch's fused ``name`` step on ``device``, and why: on
-    CUDA, and on the CPU where torch has the kernel (one pass over weights, gradients and
-    momentum instead of one per operation; docs/performance.md, "The fast CPU settings")."""
+    """Whether ``--fused_optimizer`` gets torch's fused ``name`` step on ``device``, and why:
+    where torch has the kernel (CUDA; the CPU in newer torch), asked by trying one step
+    (:func:`fused_step_runs`): one pass over weights, gradients and momentum instead of one per
+    operation (docs/performance.md, "The fast CPU settings"). Decided once, in ``runtime.resolve``."""
     if name not in TORCH_OPTIMIZERS:
         return False, f"--optimizer {name} has no fused step: the default step"
-    if device.type == "cuda":
-        return True, "torch's fused step on CUDA"
-    if fused_step_runs_on_cpu(TORCH_OPTIMIZERS[name]):
-        return True, "torch's fused step on the CPU"
-    return False, f"torch {torch.__version__} has no fused {name} step on the CPU: the default step"
+    where = "CUDA" if device.type == "cuda" else "the CPU" if device.type == "cpu" else device.type
+    if fused_step_runs(TORCH_OPTIMIZERS[name], device.type):
+        return True, f"torch's fused step on {where}"
+    return False, f"torch {torch.__version__} has no fused {name} step on {where}: the default step"
 
 
 @functools.lru_cache(maxsize=None)
-def fused_step_runs_on_cpu(cls) -> bool:
-    """Whether torch's fused ``cls`` step runs on the CPU, asked with one step on one element:
-    torch 2.3 takes ``fused=True`` for CPU tensors and fails at the first step."""
-    p = torch.nn.Parameter(torch.zeros(1))
-    p.grad = torch.zeros(1)
+def fused_step_runs(cls, device_type: str) -> bool:
+    """Whether torch's fused ``cls`` step runs on ``device_type``, asked with one step on one
+    element: torch 2.3 takes ``fused=True`` for CPU tensors and fails at the first step."""
     try:
+        p = torch.nn.Parameter(torch.zeros(1, device=device_type))
+        p.grad = torch.zeros(1, device=device_type)
         cls([p], lr=0.1, fused=True).step()
     except (TypeError, RuntimeError, ValueError):   # NotImplementedError is a RuntimeError
         return False
     return True
-
-
-def _with_fallback(cls, params, speed: dict, **kwargs):
-    try:
-        return cls(params, **kwargs, **speed)
-    except (TypeError, RuntimeError):  # older torch or a device without the fused kernel
-        return cls(params, **kwargs)

@@ -1,38 +1,43 @@
-"""Every "auto" and every derived value of a run, decided once, in two stages:
+"""Every "auto" and every derived value of a run, decided once, in two stages, into one value:
+the :class:`~runtime.plan.RunPlan`.
 
 * ``resolve(config, dist_info, None, checkpoint)``: everything that needs no data, right after
   the process group starts and before any MLPerf event (nothing here lists, opens or maps a
   file of ``--data_dir``: the MLPerf clock has not started);
-* ``resolve_data(config, dist_info, summary)``: the values that need the data (case counts,
+* ``resolve_data(plan, dist_info, summary)``: the values that need the data (case counts,
   samples per epoch and the evaluation schedule, the cache mode), right after ``run_start``,
-  from the data source's ``summary(config)``.
+  from the data source's ``summary(config)``: a new plan.
 
 Tools with no MLPerf clock (the benchmarks) pass the data source to ``resolve`` and get both
-stages at once. Everything after reads the resolved :class:`~runtime.arguments.Config`; nothing
-derives these values again, and nothing replaces it. Each decision is also recorded in the
-config's plan (:mod:`runtime.plan`: what runs, why, what was asked), which the checkpoint
-saves; a new decision is one :func:`~runtime.plan.decided` call here. The one process-wide
-effect of a decision, the host-memory reuse, is :func:`apply_host_memory`, called right after
-``resolve``. A flag combination that cannot run here raises :class:`UsageError` (one line).
+stages at once. The parsed :class:`~runtime.arguments.Config` is never changed: each decision is
+one pure ``decide_*`` function whose arguments name what it depends on (the flags, the device,
+the checkpoint, and the earlier decisions it needs), returning the decided value and its
+:class:`~runtime.plan.Decision` (what runs, why, what was asked); :func:`resolve` calls them in
+a visible order and builds the plan from them, which the checkpoint saves. Nothing after
+decides again. The one process-wide effect of a decision, the host-memory reuse, is
+:func:`apply_host_memory`, called right after ``resolve``. A flag combination that cannot run
+here raises :class:`UsageError` (one line).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from types import SimpleNamespace
 
 import torch
 
 from runtime import distributed as D
-from runtime.arguments import Config, UsageError, no_effect_line, replace
+from runtime.arguments import Config, UsageError, no_effect_line
 from runtime.checkpoint import Saved, model_state_from, saved_config, saved_labels, saved_seed, weights_digest
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
-from runtime.labels import LabelError, labels_before_data, labels_with_data
+from runtime.labels import KITS19_LABELS, LabelError, as_labels, decide_labels
 from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import native_bf16
 from runtime.optimizers import fused_step
-from runtime.plan import decided
+from runtime.plan import Decision, RunPlan, recorded
 from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch
 
 
@@ -45,143 +50,166 @@ def amp_dtype_for(amp_dtype: str, device: torch.device) -> str:
     return amp_dtype
 
 
-def check_device_support(config: Config, dist_info: D.DistInfo) -> None:
-    if config.normalization == "syncbatchnorm" and dist_info.device.type != "cuda" and dist_info.distributed:
+def check_device_support(normalization: str, dist_info: D.DistInfo) -> None:
+    if normalization == "syncbatchnorm" and dist_info.device.type != "cuda" and dist_info.distributed:
         raise UsageError("--normalization syncbatchnorm needs GPUs; use batchnorm on the CPU")
 
 
-def precision_text(config: Config) -> str:
-    return f"{config.amp_dtype} autocast" if config.amp else "float32"
+def precision_text(amp: bool, amp_dtype: str) -> str:
+    return f"{amp_dtype} autocast" if amp else "float32"
 
 
-def precision_from(config: Config, device: torch.device, say: bool) -> Config:
-    """The run's precision decided: ``--amp``'s type on ``device`` (:func:`amp_dtype_for`), and
-    training's float32 fallback on a CPU without native bf16 (:func:`cpu_training_precision`)."""
+def decide_device(asked: str, device: torch.device) -> Decision:
+    """The device the run computes on (``runtime.distributed.select_device``, before resolve)."""
+    why = "" if asked == device.type else f"--device {asked}: {device}"
+    return Decision("device", device.type, why, asked)
+
+
+def decide_precision(config: Config, device: torch.device, say: bool) -> tuple[bool, str, Decision]:
+    """``(amp, amp_dtype, decision)``: ``--amp``'s type on ``device`` (:func:`amp_dtype_for`),
+    training's float32 fallback on a CPU without native bf16 (one line said, ``say``: oneDNN
+    emulates bf16 there, slower than float32; docs/performance.md), predict's ``--int8``."""
     asked = f"--amp --amp_dtype {config.amp_dtype}" if config.amp else "float32"
-    if config.amp:
-        config = replace(config, amp_dtype=amp_dtype_for(config.amp_dtype, device))
-    why = f"--amp_dtype auto on {device.type}" if config.amp and asked.endswith(" auto") else ""
-    return cpu_training_precision(decided(config, "precision", precision_text(config), why, asked), device, say)
+    amp, amp_dtype = config.amp, amp_dtype_for(config.amp_dtype, device) if config.amp else config.amp_dtype
+    why = f"--amp_dtype auto on {device.type}" if amp and config.amp_dtype == "auto" else ""
+    if config.mode.trains and amp and amp_dtype == "bf16" and device.type == "cpu":
+        native, reason = native_bf16()
+        why = f"bf16: {reason}; " + ("training in bf16 autocast" if native else "training in float32 instead")
+        if say:
+            print(why)
+        amp = native
+    if config.int8:
+        return amp, amp_dtype, Decision("precision", "int8", "", "--int8")
+    return amp, amp_dtype, Decision("precision", precision_text(amp, amp_dtype), why, asked)
 
 
-def cpu_training_precision(config: Config, device: torch.device, say: bool) -> Config:
-    """``--amp`` (bf16) training on a CPU without native bf16 dot products trains in float32:
-    there oneDNN emulates bf16, slower than float32 (docs/performance.md). One line says which
-    the run chose and why (``say``), recorded as the precision decision; anything else is
-    returned unchanged."""
-    if not (config.is_train and config.amp and config.amp_dtype == "bf16" and device.type == "cpu"):
-        return config
-    native, why = native_bf16()
-    line = f"bf16: {why}; " + ("training in bf16 autocast" if native else "training in float32 instead")
-    if say:
-        print(line)
-    chosen = config if native else replace(config, amp=False)
-    made = config.decision("precision")
-    return decided(chosen, "precision", precision_text(chosen), line, made.asked if made else "--amp")
-
-
-def fused_optimizer_from(config: Config, device: torch.device) -> Config:
+def decide_fused_optimizer(config: Config, device: torch.device) -> tuple[bool, Decision | None]:
     """``--fused_optimizer`` as it runs here (training): torch's fused step where it has one for
-    ``--optimizer`` on ``device`` (:func:`runtime.optimizers.fused_step`), else the default step.
-    The optimizer is built, and a resumed one kept, with this choice."""
-    if not config.is_train:
-        return config
+    ``--optimizer`` on ``device`` (:func:`runtime.optimizers.fused_step`, which tries one step),
+    else the default step; the optimizer is built, and a resumed one kept, with this choice."""
+    if not config.mode.trains:
+        return config.fused_optimizer, None
     if not config.fused_optimizer:
-        return decided(config, "fused_optimizer", False, "the default step", asked=False)
+        return False, Decision("fused_optimizer", False, "the default step", False)
     runs, why = fused_step(config.optimizer, device)
-    return decided(replace(config, fused_optimizer=runs), "fused_optimizer", runs, why, asked=True)
+    return runs, Decision("fused_optimizer", runs, why, True)
 
 
-def reuses_host_memory(config: Config, device: torch.device) -> bool:
+def reuses_host_memory(trains: bool, device: torch.device) -> bool:
     """Training on the CPU, evaluation and predict reuse freed host memory: every step's
     activations and gradients are the same large blocks again (docs/performance.md,
     "The fast CPU settings"); a GPU training run's tensors are not host memory."""
-    return not config.is_train or device.type == "cpu"
+    return not trains or device.type == "cpu"
 
 
-def host_memory_from(config: Config, device: torch.device) -> Config:
+def decide_host_memory(trains: bool, device: torch.device) -> Decision:
     """The host-memory decision (value: whether freed blocks are reused; :func:`apply_host_memory`)."""
-    reuse = reuses_host_memory(config, device)
+    reuse = reuses_host_memory(trains, device)
     why = "freed blocks reused: the same large blocks every step" if reuse else \
         "training on the GPU: its tensors are not host memory"
-    return decided(config, "host_memory", reuse, why)
+    return Decision("host_memory", reuse, why)
 
 
-def apply_host_memory(config: Config) -> None:
+def apply_host_memory(plan: RunPlan) -> None:
     """The host-memory decision put into effect (glibc's ``mallopt``: process-wide, so not in
     :func:`resolve` itself): call it right after ``resolve``, before the model is built. Says why
     it cannot (``--verbose``)."""
-    made = config.decision("host_memory")
-    if made is None or not made.value:
+    if not plan.host_memory:
         return
     why_not = reuse_freed_memory()
-    if why_not and config.verbose:
+    if why_not and plan.verbose:
         print(f"host memory: freed blocks go back to the system ({why_not})")
 
 
-def cuda_graphs_from(config: Config, dist_info: D.DistInfo) -> Config:
-    """``--cuda_graphs`` as it can run here (``config``: its AMP type resolved); says once
-    (rank 0) why it is off."""
+def decide_cuda_graphs(config: Config, dist_info: D.DistInfo, amp: bool, amp_dtype: str) -> Decision:
+    """``--cuda_graphs`` as it can run here with the run's precision; says once (rank 0) why it
+    is off."""
     if not config.cuda_graphs:
-        return decided(config, "cuda_graphs", False, asked=False)
+        return Decision("cuda_graphs", False, "", False)
     from runtime.levers.gpu.graphs import cuda_graphs_supported
 
-    ok, reason = cuda_graphs_supported(dist_info.device, config, dist_info.world_size)
+    # what the capture depends on: the flags, with the precision that runs
+    step = SimpleNamespace(ga_steps=config.ga_steps, amp=amp, amp_dtype=amp_dtype, optimizer=config.optimizer)
+    ok, reason = cuda_graphs_supported(dist_info.device, step, dist_info.world_size)
     if not ok and dist_info.is_main:
         print(f"--cuda_graphs off: {reason}")
-    return decided(replace(config, cuda_graphs=ok), "cuda_graphs", ok, reason if not ok else "", asked=True)
+    return Decision("cuda_graphs", ok, reason if not ok else "", True)
 
 
-def seed_from(config: Config, device: torch.device, saved: Saved | None) -> Config:
+def decide_seed(asked: int, device: torch.device, saved: Saved | None) -> Decision:
     """The master seed: the resumed run's, else ``--seed``, else drawn on rank 0 and broadcast (a
     collective)."""
     seed = saved_seed(saved.checkpoint) if saved is not None and saved.resume else None
     why = "the resumed run's"
     if seed is None:
-        seed = D.resolve_master_seed(config.seed, device)
-        why = "--seed" if config.seed != -1 else "drawn at random on rank 0"
-    return decided(replace(config, seed=seed), "seed", seed, why, asked=config.seed)
+        seed = D.resolve_master_seed(asked, device)
+        why = "--seed" if asked != -1 else "drawn at random on rank 0"
+    return Decision("seed", seed, why, asked)
 
 
-def backend_from(config: Config, device: torch.device) -> Config:
-    """The inference backend (``runtime.inference.backends.decide_backend``), recorded with why,
-    and OpenVINO's cache."""
+def decide_inference_backend(config: Config, device: torch.device) -> Decision:
+    """The inference backend (``runtime.inference.backends.decide_backend``), recorded with why."""
     backend, why = decide_backend(config, device)
-    return decided(with_cache_dir(replace(config, backend=backend)), "backend", backend, why, config.backend)
+    return Decision("backend", backend, why, config.backend)
 
 
-def levers_from(config: Config, dist_info: D.DistInfo) -> Config:
-    """``config`` with its speed levers chosen (:func:`runtime.levers.cpu.convert.choose_levers`)
-    for the precision that runs (:func:`precision_from`: float32 on a CPU without native bf16),
-    one line each said on rank 0, and recorded as the ``levers`` decision."""
+def decide_inference_copy(predicts: bool) -> Decision:
+    """Whether the PyTorch backend runs the network's inference copy (predict:
+    ``runtime.levers.cpu.convert.prepare_for_inference`` with ``--channels_last``, compiled with
+    ``--compile``) or the network as trained (evaluate and training: its logits are the benchmark's)."""
+    copy = predicts
+    return Decision("inference_copy", copy, "predict: the network's inference copy" if copy else
+                    "the network as trained: its logits are the benchmark's")
+
+
+def decide_tta(config: Config) -> Decision | None:
+    """Predict's ``--tta`` (the 8 flips' mean softmax); evaluation scores the logits."""
+    if not config.mode.predicts:
+        return None
+    return Decision("tta", config.tta, "--tta: the softmax averaged over the 8 flips" if config.tta else "", config.tta)
+
+
+def decide_cache_dir(asked: str) -> Decision:
+    """OpenVINO's cache: ``--cache_dir``, else the user's cache folder
+    (:func:`runtime.inference.openvino.cache.default_cache_dir`), never beside an input."""
+    from runtime.inference.openvino.cache import default_cache_dir
+
+    if asked:
+        return Decision("cache_dir", os.path.abspath(asked), "--cache_dir", asked)
+    return Decision("cache_dir", default_cache_dir(), "the user's cache folder", None)
+
+
+def decide_levers(config: Config, dist_info: D.DistInfo, architecture: dict, amp: bool, amp_dtype: str) -> Decision:
+    """The speed levers (:func:`runtime.levers.cpu.convert.choose_levers`) for the precision that
+    runs (:func:`decide_precision`: float32 on a CPU without native bf16) and the network, one
+    line each said on rank 0."""
     from runtime.levers.cpu.convert import choose_levers
 
-    amp_dtype = config.amp_dtype if config.amp else None
-    levers = choose_levers(config.is_train, dist_info.device.type, config.channels_last, amp_dtype,
-                           config.normalization, config.compile, tuple(config.filters))
+    levers = choose_levers(config.mode.trains, dist_info.device.type, config.channels_last, amp_dtype if amp else None,
+                           architecture["normalization"], config.compile, tuple(architecture["filters"]))
     if dist_info.is_main:
         for lever in levers:
             print(lever.why)
     names = tuple(lever.name for lever in levers if lever.applied)
     why = "; ".join(lever.why for lever in levers) or "none applies to this device, layout and precision"
-    return decided(replace(config, levers=names), "levers", names, why)
+    return Decision("levers", names, why)
 
 
-def epochs_from(config: Config, world_size: int) -> Config:
+def decide_epochs(config: Config, world_size: int) -> Decision | None:
     """``--epochs auto``: the rules' non-convergence limit ``ceil(10000 * 168 / spe)`` at the run's
     global batch (``runtime.schedule.rules_schedule``), recorded with its reason; a number stays."""
     if config.epochs != "auto":
-        return config
+        return None
     global_batch = config.batch_size * world_size * config.ga_steps
     epochs = rules_schedule(global_batch).fail_epoch
     why = f"--epochs auto: the MLPerf non-convergence limit ceil(10000*168/samples_per_epoch) at global batch {global_batch}"
-    return decided(replace(config, epochs=epochs), "epochs", epochs, why, "auto")
+    return Decision("epochs", epochs, why, "auto")
 
 
 def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
     """Samples per epoch (``--last_batch pad``: padded, as the rules count them) and the MLPerf
     evaluation schedule (training only)."""
-    if not config.is_train:
+    if not config.mode.trains:
         return {}
     spe = samples_per_epoch(num_train, world_size, config.batch_size, config.ga_steps, config.last_batch)
     if spe <= 0:
@@ -202,11 +230,17 @@ def _flag_text(value) -> str:
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def architecture_from(config: Config, saved: Saved) -> Config:
-    """``config`` with the network flags the checkpoint was trained with, where they were not
-    given; a given flag that differs from the checkpoint is a :class:`UsageError`."""
-    trained = saved_config(saved.checkpoint)
-    changes = {}
+def architecture_text(architecture: dict) -> str:
+    return ", ".join(f"--{name} {_flag_text(architecture[name])}" for name in ARCHITECTURE)
+
+
+def decide_architecture(config: Config, saved: Saved | None) -> tuple[dict, Decision]:
+    """``({filters, normalization, activation}, decision)``: the network flags the checkpoint was
+    trained with where they were not given (a given flag that differs from the checkpoint is a
+    :class:`UsageError`), and for predict batch norm for a sync-batch-norm network (the same
+    weights; inference needs no cross-rank statistics)."""
+    trained = saved_config(saved.checkpoint) if saved is not None else {}
+    architecture, taken = {name: getattr(config, name) for name in ARCHITECTURE}, []
     for name in ARCHITECTURE:
         if name not in trained:
             continue  # a reference checkpoint: the flags (or their defaults) decide
@@ -214,8 +248,40 @@ def architecture_from(config: Config, saved: Saved) -> Config:
         if name in config.explicit and getattr(config, name) != value:
             raise UsageError(f"--{name} {_flag_text(getattr(config, name))} conflicts with {saved.path!r}, "
                              f"trained with --{name} {_flag_text(value)}; drop the flag to use the checkpoint's")
-        changes[name] = value
-    return replace(config, **changes)
+        architecture[name] = value
+        taken.append(f"--{name}")
+    why = f"{', '.join(taken)} from {saved.path!r}" if taken else ""
+    if config.mode.predicts and architecture["normalization"] == "syncbatchnorm":
+        architecture["normalization"] = "batchnorm"
+        why = "; ".join(filter(None, (why, "predict: batchnorm for syncbatchnorm (the same weights, one process)")))
+    asked = architecture_text({name: getattr(config, name) for name in ARCHITECTURE})
+    return architecture, Decision("architecture", architecture_text(architecture), why, asked)
+
+
+def decide_labels_before_data(saved: Saved | None) -> Decision:
+    """The run's label set before ``run_start`` (``runtime.labels.decide_labels``): the
+    checkpoint's (one written before label sets, or the reference's, holds KiTS19's), else
+    KiTS19's; the data folder is not read here. The checkpoint's labels and path ride in the
+    decision's ``asked`` for the data stage (:func:`decide_labels_with_data`)."""
+    saved_set = saved_labels(saved.checkpoint) if saved is not None else None
+    path = saved.path if saved is not None else ""
+    labels, why = decide_labels(saved_set, None, path)
+    return Decision("labels", labels, why, None if saved_set is None else (path, saved_set))
+
+
+def decide_labels_with_data(earlier: Decision, summary) -> Decision:
+    """The data stage's label set: the data's description (``summary.labels``, read from
+    ``summary.labels_from``; none: KiTS19's), which must be the checkpoint's (``earlier.asked``,
+    from :func:`decide_labels_before_data`): a :class:`UsageError` naming both otherwise."""
+    asked = earlier.asked if earlier is not None else None
+    saved_path, saved = asked if asked else ("", None)
+    described = as_labels(getattr(summary, "labels", None))
+    data_path = getattr(summary, "labels_from", "") if described is not None else ""
+    try:
+        labels, why = decide_labels(saved, KITS19_LABELS if described is None else described, saved_path, data_path)
+    except LabelError as err:
+        raise UsageError(str(err)) from None
+    return Decision("labels", labels, why, asked)
 
 
 def shape_text(shape) -> str:
@@ -241,31 +307,32 @@ def training_patch(saved: Saved | None) -> tuple[tuple[int, ...] | None, str]:
     return patch, ""
 
 
-def window_from(config: Config, saved: Saved | None) -> Config:
-    """The sliding window and where it comes from (``window_source``, for :func:`window_line`).
+def decide_window(config: Config, saved: Saved | None) -> Decision:
+    """The sliding window, its ``why`` saying where it comes from (:func:`window_line`).
 
     A given ``--val_input_shape`` wins. Otherwise predict takes the checkpoint's training patch
     (a network has not seen windows larger than its patches, mostly pad), or the default when
     the checkpoint records none; evaluate (and training's evaluations) keep the default, the
     benchmark's window, since they compute the benchmark's number."""
     patch, why_not = training_patch(saved)
-    other = patch is not None and patch != tuple(config.val_input_shape)
+    window = tuple(config.val_input_shape)
+    other = patch is not None and patch != window
     trained = f"the checkpoint was trained on {shape_text(patch)} patches" if other else ""
     if "val_input_shape" in config.explicit:
         source = "from --val_input_shape" + (f" ({trained})" if trained else "")
-    elif config.exec_mode != "predict":
+    elif not config.mode.predicts:
         source = "(the default, the benchmark's" + (f"; {trained}" if trained else "") + ")"
     elif patch is not None:
-        config, source = replace(config, val_input_shape=patch), "from the checkpoint's training patch"
+        window, source = patch, "from the checkpoint's training patch"
     else:
         source = f"(the default: {why_not})"
-    asked = tuple(config.val_input_shape) if "val_input_shape" in config.explicit else None
-    return decided(config, "window", tuple(config.val_input_shape), source, asked)
+    asked = window if "val_input_shape" in config.explicit else None
+    return Decision("window", window, source, asked)
 
 
-def window_line(config: Config) -> str:
-    """"window 64x64x64 from the checkpoint's training patch" (a resolved ``config``)."""
-    return f"window {shape_text(config.val_input_shape)} {config.why('window')}".rstrip()
+def window_line(plan: RunPlan) -> str:
+    """"window 64x64x64 from the checkpoint's training patch" (a resolved plan)."""
+    return f"window {shape_text(plan.val_input_shape)} {plan.why('window')}".rstrip()
 
 
 def weights_sha256(saved: Saved) -> str:
@@ -278,25 +345,25 @@ def _tensor_shapes(saved: Saved) -> dict:
             if torch.is_tensor(value)}
 
 
-def ensemble_problem(config: Config, first: Saved, other: Saved) -> str | None:
-    """Why ``other`` cannot be averaged with ``first`` (the run's network and window), or None:
-    another network flag recorded, other tensors, or (no ``--val_input_shape``) another
-    training patch, so another window."""
+def ensemble_problem(architecture: dict, window_given: bool, first: Saved, other: Saved) -> str | None:
+    """Why ``other`` cannot be averaged with ``first`` (the run's network ``architecture``, and
+    its window): another network flag recorded, other tensors, or (no ``--val_input_shape``:
+    ``window_given`` False) another training patch, so another window."""
     theirs = saved_config(other.checkpoint)
     names = f"{other.path!r} and {first.path!r}"
     for name in ARCHITECTURE:
         value = theirs.get(name)
         value = tuple(value) if isinstance(value, list) else value
-        if value is not None and value != getattr(config, name):
+        if value is not None and value != architecture[name]:
             return (f"{names} are different networks (--{name} {_flag_text(value)} in {other.path!r}, "
-                    f"{_flag_text(getattr(config, name))} in {first.path!r})")
+                    f"{_flag_text(architecture[name])} in {first.path!r})")
     shapes, others = _tensor_shapes(first), _tensor_shapes(other)
     if shapes != others:
         differ = sorted(set(shapes) ^ set(others)) or sorted(n for n in shapes if shapes[n] != others[n])
         name = differ[0]
         return (f"{names} are different networks (tensor {name}: {list(others.get(name, ())) or 'absent'} in "
                 f"{other.path!r}, {list(shapes.get(name, ())) or 'absent'} in {first.path!r})")
-    if "val_input_shape" not in config.explicit:
+    if not window_given:
         patch, _ = training_patch(first)
         their_patch, _ = training_patch(other)
         if patch != their_patch:
@@ -306,85 +373,105 @@ def ensemble_problem(config: Config, first: Saved, other: Saved) -> str | None:
     return None
 
 
-def ensemble_from(config: Config, saved: Saved, ensemble) -> Config:
-    """Predict's ensemble: every checkpoint after the first must be the same network, predicted
-    with the same window (else a :class:`UsageError` naming both); its weights digests in order."""
-    if not ensemble:
-        return config
+def decide_weights(config: Config, architecture: dict, saved: Saved | None, ensemble) -> Decision | None:
+    """Predict's weights: the digest of each checkpoint's, in order (value: a tuple, one per
+    checkpoint). Every checkpoint after the first must be the same network, predicted with the
+    same window (else a :class:`UsageError` naming both)."""
+    if saved is None:
+        return None
     for other in ensemble:
-        problem = ensemble_problem(config, saved, other)
+        problem = ensemble_problem(architecture, "val_input_shape" in config.explicit, saved, other)
         if problem is not None:
             raise UsageError(f"--load_ckpt_path: {problem}")
-    return replace(config, ensemble_sha256=tuple(weights_sha256(s) for s in (saved, *ensemble)))
+    digests = tuple(weights_sha256(s) for s in (saved, *ensemble))
+    return Decision("weights", digests, f"an ensemble of {len(digests)}" if ensemble else "")
 
 
-def with_cache_dir(config: Config) -> Config:
-    """``config`` with ``cache_dir`` decided: ``--cache_dir``, else the user's cache folder
-    (:func:`runtime.inference.openvino.cache.default_cache_dir`), never beside an input."""
-    from runtime.inference.openvino.cache import default_cache_dir
+def decide_calibration(config: Config) -> Decision | None:
+    """Predict ``--int8``'s calibration set: the scans of ``--int8_calibration``, or each scan
+    alone (the set itself is read per run or per scan: ``runtime.predict.api.Segmenter``)."""
+    if not config.int8:
+        return None
+    why = "--int8_calibration" if config.int8_calibration else "no --int8_calibration: each scan calibrates its own"
+    return Decision("calibration", config.int8_calibration or "each scan", why, config.int8_calibration or None)
 
-    return replace(config, cache_dir=os.path.abspath(config.cache_dir) if config.cache_dir else default_cache_dir())
 
-
-def resolve_predict(config: Config, device: torch.device) -> Config:
-    """Predict's values: batch norm for a sync-batch-norm network (the same weights; inference
-    needs no cross-rank statistics), the device, and, each recorded in the plan, the precision
-    (the AMP type; ``--int8`` on the CPU only), the backend, the int8 calibration set and the
-    window batch that fits memory (why it was lowered, when it was)."""
-    asked = config
-    if config.normalization == "syncbatchnorm":
-        config = replace(config, normalization="batchnorm")
-    if config.int8 and device.type != "cpu":
-        raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
-    config = precision_from(config, device, say=False)  # predict: no CPU training fallback
-    if config.int8:
-        config = decided(config, "precision", "int8", "", "--int8")
-    config = backend_from(replace(config, device=device.type), device)
-    if config.int8:  # the set itself is read per run or per scan (runtime.predict.api.Segmenter.calibration)
-        source = config.int8_calibration or "each scan"
-        why = "--int8_calibration" if config.int8_calibration else "no --int8_calibration: each scan calibrates its own"
-        config = decided(config, "calibration", source, why, config.int8_calibration or None)
+def decide_window_batch(config: Config, backend: str, architecture: dict, window: tuple) -> Decision:
+    """The window batch: ``--sw_batch_size``; predict lowers it to fit memory
+    (:func:`runtime.inference.memory_budget.bounded_window_batch`, for the network and window
+    that run), one line saying why."""
+    if not config.mode.predicts:
+        return Decision("window_batch", config.sw_batch_size, "", config.sw_batch_size)
     notes: list[str] = []
-    config = bounded_window_batch(config, config.backend, say=notes.append)
-    return window_batch_decided(config, asked.sw_batch_size, " ".join(notes))
+    budget = SimpleNamespace(max_memory_gb=config.max_memory_gb, sw_batch_size=config.sw_batch_size,
+                             filters=tuple(architecture["filters"]), val_input_shape=window)
+    batch = bounded_window_batch(budget, backend, say=notes.append)
+    return Decision("window_batch", batch, " ".join(notes), config.sw_batch_size)
 
 
 def check_benchmark_budget(config: Config) -> None:
     """``--benchmark_steps`` / ``--benchmark_seconds`` budget ``--benchmark`` only."""
     for name in ("benchmark_steps", "benchmark_seconds"):
-        if getattr(config, name) and not config.benchmark:
+        if getattr(config, name) and not config.mode.benchmark:
             raise UsageError(f"--{name} is the budget of --benchmark (train or evaluate); add --benchmark or drop it")
 
 
-def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | None = None, ensemble=()) -> Config:
-    """The run's config with every value decided that needs no data (the first stage).
+def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | None = None, ensemble=()) -> RunPlan:
+    """The run's plan: every value decided that needs no data (the first stage).
 
     ``data``: None for a run with an MLPerf clock (train, evaluate, benchmark: the data stage,
     :func:`resolve_data`, runs after ``run_start``) and for predict; a data source
     (``summary(config)``; see ``data_loading.data_loader``) for a tool with no clock, which
     then gets both stages. ``saved``: the checkpoint the run starts from (its network flags fill
-    those not given, its training patch predict's window: :func:`window_from`; a resumed run
+    those not given, its training patch predict's window: :func:`decide_window`; a resumed run
     also keeps its master seed), or None; ``ensemble``: predict's further checkpoints
-    (:func:`ensemble_from`). The seed is drawn on rank 0 and broadcast, so this is a
-    collective: call it on every rank.
+    (:func:`decide_weights`). The seed is drawn on rank 0 and broadcast, so this is a
+    collective: call it on every rank. ``config`` is not changed.
     """
-    device = dist_info.device
+    device, predict = dist_info.device, config.mode.predicts
     check_benchmark_budget(config)
     say_no_effect(config, dist_info)
-    if saved is not None:
-        config = architecture_from(config, saved)
-    config = labels_before_data(config, saved_labels(saved.checkpoint) if saved else None, saved.path if saved else "")
-    config = host_memory_from(window_from(config, saved), device)
-    if config.exec_mode == "predict":
-        return say_plan(resolve_predict_plan(config, device, saved, ensemble), dist_info)
-    check_device_support(config, dist_info)
-    config = precision_from(config, device, dist_info.is_main)
-    config = fused_optimizer_from(seed_from(config, device, saved), device)
-    config = window_batch_decided(backend_from(config, device), config.sw_batch_size, "")
-    config = levers_from(cuda_graphs_from(replace(config, device=device.type), dist_info), dist_info)
-    config = epochs_from(config, dist_info.world_size)
-    config = division_from(config, flag_reasons(config, dist_info.world_size), dist_info)
-    return config if data is None else resolve_data(config, dist_info, data.summary(config))
+    architecture, made_architecture = decide_architecture(config, saved)
+    labels = decide_labels_before_data(saved)
+    if not predict:
+        check_device_support(architecture["normalization"], dist_info)
+    if predict and config.int8 and device.type != "cpu":
+        raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
+    made_device = decide_device(config.device, device)
+    window = decide_window(config, saved)
+    host_memory = decide_host_memory(config.mode.trains, device)
+    weights = decide_weights(config, architecture, saved, ensemble) if predict else None
+    amp, amp_dtype, precision = decide_precision(config, device, say=dist_info.is_main and not predict)
+    seed = None if predict else decide_seed(config.seed, device, saved)
+    fused, made_fused = decide_fused_optimizer(config, device)
+    backend = decide_inference_backend(config, device)
+    cache_dir = decide_cache_dir(config.cache_dir)
+    calibration = decide_calibration(config) if predict else None
+    window_batch = decide_window_batch(config, backend.value, architecture, window.value)
+    cuda_graphs = None if predict else decide_cuda_graphs(config, dist_info, amp, amp_dtype)
+    levers = None if predict else decide_levers(config, dist_info, architecture, amp, amp_dtype)
+    epochs = None if predict else decide_epochs(config, dist_info.world_size)
+    inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
+    decisions = recorded((), made_architecture, labels, made_device, window, host_memory, weights, precision, seed,
+                         made_fused, backend, cache_dir, calibration, window_batch, cuda_graphs, levers, epochs,
+                         inference_copy, tta)
+    digests = weights.value if weights is not None else ()
+    plan = RunPlan(
+        config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
+        amp=amp, amp_dtype=amp_dtype, **architecture, labels=labels.value, levers=levers.value if levers else (),
+        seed=seed.value if seed else config.seed, fused_optimizer=fused,
+        cuda_graphs=cuda_graphs.value if cuda_graphs else config.cuda_graphs,
+        epochs=epochs.value if epochs else config.epochs, submission_division=config.submission_division,
+        backend=backend.value, inference_copy=inference_copy.value, tta=bool(tta and tta.value),
+        cache_dir=cache_dir.value, val_input_shape=window.value, sw_batch_size=window_batch.value,
+        calibration=calibration.value if calibration else None, load_ckpt_path=config.load_ckpt_path,
+        weights_sha256=digests[0] if digests else "", ensemble_sha256=digests if len(digests) > 1 else (),
+        cache=config.cache, start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every)
+    if not predict:  # the division reads the network and window decided above
+        plan = with_division(plan, flag_reasons(plan, dist_info.world_size), dist_info)
+    if predict:  # no data stage: the plan is whole
+        return say_plan(plan, dist_info)
+    return plan if data is None else resolve_data(plan, dist_info, data.summary(config))
 
 
 def say_no_effect(config: Config, dist_info: D.DistInfo) -> None:
@@ -396,74 +483,69 @@ def say_no_effect(config: Config, dist_info: D.DistInfo) -> None:
         print(f"note: {line}", file=sys.stderr)
 
 
-def window_batch_decided(config: Config, asked: int, why: str) -> Config:
-    """The window batch (``--sw_batch_size``; predict may lower it to fit memory: ``why``)."""
-    return decided(config, "window_batch", config.sw_batch_size, why, asked)
-
-
-def resolve_predict_plan(config: Config, device: torch.device, saved: Saved | None, ensemble) -> Config:
-    """Predict's part of :func:`resolve`: the weights' digests and :func:`resolve_predict`'s values."""
-    if saved is not None:
-        config = ensemble_from(replace(config, weights_sha256=weights_sha256(saved)), saved, ensemble)
-    return resolve_predict(config, device)
-
-
-def division_from(config: Config, reasons: list, dist_info: D.DistInfo, logged: bool = False) -> Config:
-    """``config`` with its MLPerf division decided (``runtime.division``) from ``reasons`` (the
-    stage's reasons the run is open): closed, or open with one line saying why (rank 0,
+def decide_division(plan: RunPlan, reasons: list, dist_info: D.DistInfo, logged: bool) -> tuple[Decision, Decision | None]:
+    """``(division, not_closed)``: the MLPerf division (``runtime.division``) from ``reasons``
+    (the stage's reasons the run is open): closed, or open with one line saying why (rank 0,
     training, once); ``--submission_division closed`` on an open run is a :class:`UsageError`.
-    The flag as given is kept as the decision's ``asked`` for the data stage. ``logged``: the MLPerf
-    log already holds the division (the data stage: it must precede ``init_stop``), so a run
-    found open only now says that its log's "closed" is no result, and records the reasons as the
-    ``not_closed`` decision for the log's ``not_closed`` event (``runtime.training.start.start_run``)."""
-    earlier = config.decision("division")
-    asked = earlier.asked if earlier is not None else config.submission_division
-    if config.why("division"):  # already open by the flags: the data adds nothing to say
-        return config
+    The flag as given stays the decision's ``asked``. ``logged``: the MLPerf log already holds
+    the division (the data stage: it must precede ``init_stop``), so a run found open only now
+    says that its log's "closed" is no result, and records the reasons as the ``not_closed``
+    decision for the log's ``not_closed`` event (``runtime.clocked.start.start_run``)."""
+    asked = plan.config.submission_division
     try:
         division, why = decide(asked, reasons)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    not_closed = bool(why) and logged and config.submission_division == "closed"
+    not_closed = bool(why) and logged and plan.submission_division == "closed"  # what the log said
     if not_closed:
         why += ("; the MLPerf log, whose division precedes init_stop, says closed: it records not_closed "
                 "after run_start, and the run is no closed result")
-    if why and dist_info.is_main and config.is_train and not config.benchmark:
+    if why and dist_info.is_main and plan.mode.mlperf_run:
         print(why)
-    config = decided(replace(config, submission_division=division), "division", division, why, asked)
-    if not_closed:  # the log's not_closed event: the data stage's reasons
-        config = decided(config, "not_closed", "; ".join(reasons), "the MLPerf log already says closed")
-    return config
+    made = Decision("division", division, why, asked)
+    return made, Decision("not_closed", "; ".join(reasons), "the MLPerf log already says closed") if not_closed else None
 
 
-def resolve_data(config: Config, dist_info: D.DistInfo, summary) -> Config:
-    """The second stage: the values that need the data, from its ``summary`` (a
+def with_division(plan: RunPlan, reasons: list, dist_info: D.DistInfo, logged: bool = False) -> RunPlan:
+    """``plan`` with its division decided (:func:`decide_division`); a run already open by its
+    flags stays as it is (the data adds nothing to say)."""
+    if plan.why("division"):
+        return plan
+    division, not_closed = decide_division(plan, reasons, dist_info, logged)
+    return dataclasses.replace(plan, submission_division=division.value,
+                               decisions=recorded(plan.decisions, division, not_closed))
+
+
+def decide_cache(asked: str, device: torch.device, train_bytes) -> Decision:
+    """The cache mode (``auto``: on the device when the training set fits)."""
+    from data_loading.data_loader import resolve_cache
+
+    cache = resolve_cache(asked, device, train_bytes)
+    return Decision("cache", cache, "" if cache == asked else
+                    "--cache auto: on the GPU when the training set fits, else in memory", asked)
+
+
+def resolve_data(plan: RunPlan, dist_info: D.DistInfo, summary) -> RunPlan:
+    """The second stage: a new plan with the values that need the data, from its ``summary`` (a
     ``data_loading.source.DataSummary``; the source's ``summary(config)`` lists and checks the
     cases, so it runs after the MLPerf ``run_start``): the case counts, samples per epoch and the
     evaluation schedule (training), and the cache mode (``auto``: on the device when the
-    training set fits). ``config``: resolved by :func:`resolve`. The same on every rank (no
-    collective)."""
-    from data_loading.data_loader import resolve_cache
-
-    try:  # the data's label set (its description), the checkpoint's if it has one (runtime.labels)
-        config = labels_with_data(config, getattr(summary, "labels", None), getattr(summary, "labels_from", ""))
-    except LabelError as err:
-        raise UsageError(str(err)) from None
-    cache = resolve_cache(config.cache, dist_info.device, summary.train_bytes)
-    config = decided(config, "cache", cache, "" if cache == config.cache else
-                     "--cache auto: on the GPU when the training set fits, else in memory", config.cache)
-    config = replace(config, cache=cache, num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
-                     **schedule_fields(config, summary.num_train, dist_info.world_size))
+    training set fits). ``plan``: from :func:`resolve`. The same on every rank (no collective)."""
+    labels = decide_labels_with_data(plan.decision("labels"), summary)
+    cache = decide_cache(plan.config.cache, dist_info.device, summary.train_bytes)
+    plan = dataclasses.replace(plan, labels=labels.value, cache=cache.value, num_train_cases=summary.num_train,
+                               num_eval_cases=summary.num_eval, decisions=recorded(plan.decisions, labels, cache),
+                               **schedule_fields(plan.config, summary.num_train, dist_info.world_size))
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
     reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""),
                            getattr(summary, "own_data", ""))
-    return say_plan(division_from(config, reasons, dist_info, logged=True), dist_info)
+    return say_plan(with_division(plan, reasons, dist_info, logged=True), dist_info)
 
 
-def say_plan(config: Config, dist_info: D.DistInfo) -> Config:
-    """With ``--verbose``, every decision of the resolved ``config`` in one line each, on rank 0's
+def say_plan(plan: RunPlan, dist_info: D.DistInfo) -> RunPlan:
+    """With ``--verbose``, every decision of the resolved ``plan`` in one line each, on rank 0's
     stderr (stdout is evaluate's result); the lines a run says anyway are said where decided."""
-    if config.verbose and dist_info.is_main:
-        for made in config.plan:
+    if plan.verbose and dist_info.is_main:
+        for made in plan.decisions:
             print(f"plan: {made.line()}", file=sys.stderr)
-    return config
+    return plan

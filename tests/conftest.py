@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -11,5 +13,15 @@ collect_ignore = [] if os.environ.get("UNET3D_DEPLOY_TESTS") == "1" else ["deplo
 
 
 def pytest_configure(config):
-    # `make test` runs everything (CI); `make test-fast` deselects these with -m "not slow".
-    config.addinivalue_line("markers", "slow: long end-to-end runs (torchrun, convergence, benchmark smoke runs)")
+    # `make test` deselects these (-m "not slow"), `make test-slow` runs only these; CI runs both.
+    config.addinivalue_line("markers", "slow: long end-to-end runs (torchrun, convergence, benchmark smoke runs, "
+                            "trainings that no other test shares): `make test-slow`, not `make test`")
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """main.py training runs shared by the tests that read them (tests/main_runs.py, SharedRuns):
+    ``shared_runs.run(argv, capsys)`` runs ``argv`` once per session."""
+    from main_runs import SharedRuns
+
+    return SharedRuns(tmp_path_factory.mktemp("shared_runs"))

@@ -2,7 +2,9 @@
 (every ``import`` statement, at module level or inside a function): no import circle; ``model/``
 and ``data_loading/`` use nothing of ``runtime/``; the speed levers and the inference engines
 are used by the run's assembly, they do not use it; the benchmarks import nothing from the
-tests; ``model/`` is the network, losses and metric only."""
+tests; ``model/`` is the network, losses and metric only; a product (training, evaluate, predict,
+report, submission) uses no other product but those :data:`MAY_USE` names, and what products
+share uses none; the product imports nothing of ``oracles/``."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +13,7 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("model", "data_loading", "runtime", "benchmarks")
+PACKAGES = ("model", "data_loading", "runtime", "benchmarks", "oracles")
 
 
 def _module_name(path: str) -> str:
@@ -123,13 +125,76 @@ def test_model_and_data_loading_use_nothing_of_runtime(graph):
 def test_levers_and_inference_are_used_not_users(graph):
     users = ("runtime.levers", "runtime.inference")
     assembly = ("runtime.build", "runtime.resolve", "runtime.app", "runtime.predict", "runtime.training",
-                "runtime.evaluate")
+                "runtime.evaluate", "runtime.clocked")
     assert any(_under(m, ("runtime.levers",)) for m in graph), "runtime/levers/ is where the speed levers live"
     assert _offending(graph, users, assembly) == {}
 
 
+# The products: each a folder of runtime/ behind one command or exec mode. What several of them
+# share lives outside every product (runtime/clocked/, the modules at the top of runtime/).
+PRODUCTS = ("runtime.training", "runtime.evaluate", "runtime.predict", "runtime.report", "runtime.submission")
+# Which product may use which (docs/development.md, "Layout"): the report reads and scores run
+# folders, for the submission's package and for training's --plot curves and --benchmark's
+# predicted time to train; no other product uses another.
+MAY_USE = {"runtime.training": {"runtime.report"}, "runtime.submission": {"runtime.report"}}
+
+
+def _product(module: str) -> str | None:
+    return next((p for p in PRODUCTS if _under(module, (p,))), None)
+
+
+def _product_arrows(graph, may_use) -> dict[str, list[str]]:
+    """Module -> the modules of another product it imports that ``may_use`` does not allow."""
+    found = {}
+    for module, deps in graph.items():
+        user = _product(module)
+        if user is None:
+            continue
+        wrong = sorted(d for d in deps if _product(d) not in (None, user) and _product(d) not in may_use.get(user, ()))
+        if wrong:
+            found[module] = wrong
+    return found
+
+
+def test_products_use_only_the_products_they_may(graph):
+    assert all(_product(m) for m in graph if _under(m, PRODUCTS)) and all(any(_under(m, (p,)) for m in graph)
+                                                                          for p in PRODUCTS)
+    assert _product_arrows(graph, MAY_USE) == {}
+
+
+def test_the_product_rule_finds_a_forbidden_arrow():
+    graph = {"runtime.evaluate.body": {"runtime.training.loop", "runtime.clocked.start"},
+             "runtime.training.loop": {"runtime.clocked.evaluation", "runtime.report.plotter"},
+             "runtime.report.scoring": {"runtime.submission.validity"}}
+    assert _product_arrows(graph, MAY_USE) == {"runtime.evaluate.body": ["runtime.training.loop"],
+                                              "runtime.report.scoring": ["runtime.submission.validity"]}
+
+
+def test_products_use_each_other_in_one_direction():
+    """The table itself: no product may use one that may use it (directly or not)."""
+    edges = {user: set(used) for user, used in MAY_USE.items()}
+    assert _circles(edges) == [] and all(user not in used for user, used in MAY_USE.items())
+
+
+def test_shared_modules_use_no_product(graph):
+    """What products share is below them: only the lifecycle's table of modes names the bodies."""
+    shared = {m: sorted(d for d in deps if _product(d)) for m, deps in graph.items()
+              if _under(m, ("runtime",)) and _product(m) is None and m != "runtime.app"}
+    assert "runtime.clocked.start" in shared and {m: used for m, used in shared.items() if used} == {}
+    assert {_product(d) for d in graph["runtime.app"] if _product(d)} <= set(PRODUCTS)
+
+
 def test_benchmarks_import_nothing_from_tests(graph):
     assert _offending(graph, ("benchmarks",), ("tests",)) == {}
+
+
+def test_the_oracles_are_used_by_the_tests_and_benchmarks_only(graph):
+    """oracles/ (the MLCommons reference's loader) is not the product: nothing the product runs
+    imports it, and it imports neither the tests nor the benchmarks that use it."""
+    assert any(_under(m, ("oracles",)) for m in graph), "oracles/ is where the reference's loader lives"
+    product = ("model", "data_loading", "runtime", "main", "preprocess_dataset")
+    assert _offending(graph, product, ("oracles",)) == {}
+    assert _offending(graph, ("oracles",), ("tests", "benchmarks")) == {}
 
 
 def _lines(paths) -> int:

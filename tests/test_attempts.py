@@ -16,17 +16,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 
 import pytest
 
 import fake_data
-from main_runs import TINY, call
+from main_runs import TINY, TRAINED, call
 from runtime.report.cli import make_report
 from runtime.report.runs import find_runs
 from runtime.run_files import CHECKPOINTS_ON_THE_CLOCK, PREVIOUS_RUN_PREFIX, RESUMED_FROM_CHECKPOINT
 
 EVAL_EVERY_EPOCH = ["--start_eval_at", "1", "--evaluate_every", "1", "--quality_threshold", "1.0"]
+# Runs that several tests read (the shared_runs fixture: one run each per session).
+CKPT_DURING_RUN = TINY + EVAL_EVERY_EPOCH + ["--epochs", "2", "--log_dir", "{run}/l", "--save_ckpt_path", "{run}/c.pt",
+                                             "--ckpt_during_run"]
 
 
 def events(path) -> list[dict]:
@@ -70,18 +74,17 @@ def test_a_timed_run_writes_its_checkpoint_after_run_stop_only(tmp_path, capsys,
     assert "not an MLPerf result" not in out
 
 
-def test_checkpoints_during_the_run_are_asked_for_and_marked(tmp_path, capsys, save_times):
-    ckpt = tmp_path / "c.pt"
-    argv = TINY + EVAL_EVERY_EPOCH + ["--epochs", "2", "--log_dir", str(tmp_path / "l"), "--save_ckpt_path", str(ckpt),
-                                      "--ckpt_during_run"]
-    code, out, _ = call(argv, capsys, fake_data.FakeData())
-    assert code == 0 and "not an MLPerf result" in out
-    log = events(tmp_path / "l" / "unet3d.log")
+def test_checkpoints_during_the_run_are_asked_for_and_marked(tmp_path, capsys, shared_runs):
+    run = shared_runs.run(CKPT_DURING_RUN, capsys)
+    ckpt = run.folder / "c.pt"
+    assert run.code == 0 and "not an MLPerf result" in run.out
+    log = events(run.folder / "l" / "unet3d.log")
     start_ms, stop_ms = event_time(log, "run_start"), event_time(log, "run_stop")
-    assert any(start_ms <= t * 1000 < stop_ms for t, _ in save_times)  # written on the clock, as asked
+    assert any(start_ms <= t * 1000 < stop_ms for t, _ in run.save_times)  # written on the clock, as asked
     (marker,) = [r for r in log if r["key"] == CHECKPOINTS_ON_THE_CLOCK]
     assert marker["value"] == str(ckpt) and marker["time_ms"] <= start_ms
-    report = make_report([str(tmp_path / "l")], str(tmp_path / "report"), check=False, draw=False, say=lambda _: None)
+    report = make_report([str(run.folder / "l")], str(tmp_path / "report"), check=False, draw=False,
+                         say=lambda _: None)
     (summary,) = report["runs"]
     assert not summary.is_result and "checkpoints between run_start and run_stop" in summary.not_a_result[0]
     assert "left out, not MLPerf results" in report["score"].text
@@ -144,10 +147,13 @@ def test_a_new_run_moves_every_file_of_the_last_run_out_of_its_way(tmp_path, cap
     assert find_runs(str(tmp_path)) == [str(log_dir)]  # previous-* is read with its folder, not as one more
 
 
-def test_a_new_run_keeps_the_last_runs_checkpoint_elsewhere_aside(tmp_path, capsys):
+def test_a_new_run_keeps_the_last_runs_checkpoint_elsewhere_aside(tmp_path, capsys, shared_runs):
     ckpt = tmp_path / "weights" / "c.pt"
     argv = TINY + ["--start_eval_at", "10", "--epochs", "1", "--save_ckpt_path", str(ckpt)]
-    assert call(argv + ["--log_dir", str(tmp_path / "a")], capsys, fake_data.FakeData())[0] == 0
+    first = shared_runs.run(TRAINED, capsys)  # the last run, its checkpoint where this run writes its own
+    assert first.code == 0
+    ckpt.parent.mkdir()
+    shutil.copy2(first.folder / "c.pt", ckpt)
     before = ckpt.read_bytes()
     code, out, _ = call(argv + ["--log_dir", str(tmp_path / "b")], capsys, fake_data.FakeData())
     assert code == 0
@@ -171,15 +177,14 @@ def test_move_previous_run_never_overwrites(tmp_path):
     assert move_previous_run(str(tmp_path)) == []  # nothing left to move
 
 
-def test_the_markers_keep_the_official_checker_reading_the_log(tmp_path, capsys):
+def test_the_markers_keep_the_official_checker_reading_the_log(tmp_path, capsys, shared_runs):
     """mlperf_logging's compliance checker allows keys it does not know: a marked log gets the
     same verdict as the log without the marker lines."""
     from runtime.report.compliance import check_compliance
 
-    argv = TINY + EVAL_EVERY_EPOCH + ["--epochs", "1", "--log_dir", str(tmp_path / "l"),
-                                      "--save_ckpt_path", str(tmp_path / "c.pt"), "--ckpt_during_run"]
-    assert call(argv, capsys, fake_data.FakeData())[0] == 0
-    marked = tmp_path / "l" / "unet3d.log"
+    run = shared_runs.run(CKPT_DURING_RUN, capsys)
+    assert run.code == 0
+    marked = run.folder / "l" / "unet3d.log"
     plain = tmp_path / "plain.log"
     plain.write_text("".join(line for line in marked.read_text().splitlines(keepends=True)
                              if CHECKPOINTS_ON_THE_CLOCK not in line))
@@ -193,12 +198,13 @@ def test_the_markers_keep_the_official_checker_reading_the_log(tmp_path, capsys)
     assert not any("parse error" in problem for problem in with_marker.problems)
 
 
-def test_the_report_never_stitches_an_earlier_runs_resumed_log_onto_a_later_run(tmp_path, capsys):
+def test_the_report_never_stitches_an_earlier_runs_resumed_log_onto_a_later_run(tmp_path, capsys, shared_runs):
     """A folder reused by an older version (nothing moved): the earlier run's resumed attempt
     (a success) started before the folder's unet3d.log, so it is not this run's."""
+    run = shared_runs.run(TRAINED, capsys)
+    assert run.code == 0
     log_dir = tmp_path / "l"
-    argv = TINY + ["--log_dir", str(log_dir), "--start_eval_at", "10", "--epochs", "1"]
-    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    shutil.copytree(run.folder / "l", log_dir)
     lines = (log_dir / "unet3d.log").read_text().splitlines()
     earlier = []
     for line in lines:  # the same run 100 s earlier, ending in success
@@ -214,17 +220,18 @@ def test_the_report_never_stitches_an_earlier_runs_resumed_log_onto_a_later_run(
     assert any("an earlier run's attempt, left out" in note for note in summary.notes)
 
 
-def test_a_warm_start_from_trained_weights_says_so_and_is_not_counted(tmp_path, capsys):
+def test_a_warm_start_from_trained_weights_says_so_and_is_not_counted(tmp_path, capsys, shared_runs):
     """--load_ckpt_path in training: the weights of another run, not the benchmark's
     initialisation; the log says so (resumed_from_checkpoint, weights_only) and the report
     leaves the run out."""
     base = TINY + ["--start_eval_at", "10", "--epochs", "1"]
-    assert call(base + ["--log_dir", str(tmp_path / "a"), "--save_ckpt_path", str(tmp_path / "a.pt")], capsys,
-                fake_data.FakeData())[0] == 0
-    assert call(base + ["--log_dir", str(tmp_path / "b"), "--load_ckpt_path", str(tmp_path / "a.pt")], capsys,
+    first = shared_runs.run(TRAINED, capsys)  # a training's weights
+    assert first.code == 0
+    weights = first.folder / "c.pt"
+    assert call(base + ["--log_dir", str(tmp_path / "b"), "--load_ckpt_path", str(weights)], capsys,
                 fake_data.FakeData())[0] == 0
     (marker,) = [r for r in events(tmp_path / "b" / "unet3d.log") if r["key"] == RESUMED_FROM_CHECKPOINT]
-    assert marker["value"] == str(tmp_path / "a.pt") and marker["metadata"]["weights_only"] is True
+    assert marker["value"] == str(weights) and marker["metadata"]["weights_only"] is True
     report = make_report([str(tmp_path / "b")], str(tmp_path / "report"), check=False, draw=False,
                          say=lambda _: None)
     (summary,) = report["runs"]

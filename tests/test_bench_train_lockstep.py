@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from runtime.mlcommons_reference import ReferenceCodeError, load_reference_training
+from oracles.mlcommons_reference import ReferenceCodeError, load_reference_training
 from test_mlcommons_reference import REAL, needs_real, write_stand_in
 
 TRAINING_STAND_IN = {

@@ -141,7 +141,7 @@ def test_the_compile_warm_up_runs_before_run_start_and_changes_no_number(tmp_pat
 
     import fake_data
     import runtime.build as build
-    import runtime.training.start as start
+    import runtime.clocked.start as start
     from main_runs import TINY
 
     # torch.compile itself is left out (a network takes minutes to compile on this CPU): what

@@ -15,7 +15,7 @@ from checkpoints import architecture, write_checkpoint
 from data_loading import preprocessing as pp
 from main_runs import call
 from model.losses import DiceCELoss, DiceScore
-from runtime.evaluate.metrics import evaluate
+from runtime.clocked.evaluation import evaluate
 
 SMOOTH = 1e-6
 

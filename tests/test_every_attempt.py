@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from runtime.report import time_to_train as T
+from runtime.report import validity as V
 from runtime.report.cli import make_report, parse_args
-from runtime.submission import validity as V
 from runtime.submission.package import PackageError, assemble
 from test_report import T0_MS, mlperf_lines
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from model.losses import DiceCELoss, DiceScore
-from runtime.evaluate.metrics import evaluate
+from runtime.clocked.evaluation import evaluate
 
 REAL = os.environ.get("UNET3D_REFERENCE_CODE", "")
 needs_real = pytest.mark.skipif(not REAL, reason="UNET3D_REFERENCE_CODE (a mlcommons/training "
@@ -59,7 +59,7 @@ def test_the_dice_is_kidney_and_tumour_and_only_the_loss_counts_the_background()
 
 @needs_real
 def test_the_references_evaluate_gives_the_same_numbers_with_include_background():
-    from runtime.mlcommons_reference import _import_reference
+    from oracles.mlcommons_reference import _import_reference
 
     inference, losses = _import_reference(REAL, ("runtime.inference", "model.losses"))
     flags = SimpleNamespace(load_ckpt_path="", verbose=False, amp=False, val_input_shape=list(ROI), overlap=0.5,

@@ -19,8 +19,8 @@ from data_loading.dataset import DataError
 from model.losses import DiceScore
 from runtime import labels as L
 from runtime.arguments import Config
+from runtime.clocked.evaluation import evaluate
 from runtime.division import data_reasons
-from runtime.evaluate.metrics import evaluate
 from runtime.run_files import EVAL, check_record
 
 KITS23 = (("background", 0), ("kidney", 1), ("tumor", 2), ("cyst", 3))

@@ -1,13 +1,15 @@
 """The one lifecycle of runtime.app: every mode's outputs are checked and locked before its body
 runs, released after, and a refused or failed run leaves no empty folder behind. A mode added
-to the table (docs/development.md: "An exec mode") gets all of it without a line of start-up code."""
+to the table of modes (runtime.mode.MODES; docs/development.md: "An exec mode") gets all of it
+without a line of start-up code."""
 import os
 import signal
 
 import pytest
 
 import runtime.app as app
-from runtime.arguments import parse_args
+import runtime.mode as M
+from runtime.arguments import build_parser, parse_args
 from runtime.outputs import LOCK_NAME, OutputError, RunLock
 
 
@@ -18,10 +20,10 @@ def evaluate_config(tmp_path, *flags):
                        "--device", "cpu", *flags])
 
 
-def scratch_mode(seen: dict, fail: bool = False) -> app.Mode:
+def scratch_mode(seen: dict, fail: bool = False) -> M.Mode:
     """A new mode: writes one folder (--log_dir), records what the lifecycle gave it."""
 
-    def body(session: app.Session) -> int:
+    def body(session: M.Session) -> int:
         lock = os.path.join(session.config.log_dir, LOCK_NAME)
         seen.update(locked=os.path.exists(lock), rank=session.dist.rank, world=session.dist.world_size,
                     handler=signal.getsignal(signal.SIGTERM), source=session.source)
@@ -30,13 +32,13 @@ def scratch_mode(seen: dict, fail: bool = False) -> app.Mode:
             raise RuntimeError("the body failed")
         return 7
 
-    return app.Mode(body, outputs=lambda config: [app.Output(config.log_dir, "--log_dir")],
-                    source=lambda config, data: "checked before the process group")
+    return M.Mode("evaluate", body, scores=True, outputs=lambda config: [M.Output(config.log_dir, "--log_dir")],
+                  source=lambda config, data: "checked before the process group", checks=M.MODES["evaluate"].checks)
 
 
 def test_a_new_mode_gets_the_whole_lifecycle(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setitem(app.MODES, "evaluate", scratch_mode(seen))
+    monkeypatch.setitem(M.MODES, "evaluate", scratch_mode(seen))
     before = signal.getsignal(signal.SIGTERM)
     config = evaluate_config(tmp_path)
     assert app.run(config) == 7
@@ -49,7 +51,7 @@ def test_a_new_mode_gets_the_whole_lifecycle(tmp_path, monkeypatch):
 
 def test_a_failed_body_leaves_no_empty_folder_and_no_lock(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setitem(app.MODES, "evaluate", scratch_mode(seen, fail=True))
+    monkeypatch.setitem(M.MODES, "evaluate", scratch_mode(seen, fail=True))
     with pytest.raises(RuntimeError, match="the body failed"):
         app.run(evaluate_config(tmp_path))
     assert seen["locked"] and seen["cleanup_saw_lock"]
@@ -58,7 +60,7 @@ def test_a_failed_body_leaves_no_empty_folder_and_no_lock(tmp_path, monkeypatch)
 
 def test_a_locked_output_refuses_the_run_before_its_body(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setitem(app.MODES, "evaluate", scratch_mode(seen))
+    monkeypatch.setitem(M.MODES, "evaluate", scratch_mode(seen))
     config = evaluate_config(tmp_path)
     os.makedirs(config.log_dir)
     with open(os.path.join(config.log_dir, LOCK_NAME), "w") as handle:  # a live holder: this process
@@ -69,13 +71,15 @@ def test_a_locked_output_refuses_the_run_before_its_body(tmp_path, monkeypatch):
 
 
 def test_every_exec_mode_is_one_table_entry(tmp_path):
-    modes = {"train", "evaluate", "predict"}
-    assert modes | {"benchmark"} == set(app.MODES)
+    """--exec_mode's choices are the table's, and each command line selects its entry."""
+    assert set(M.MODES) == {"train", "train --benchmark", "evaluate", "evaluate --benchmark", "predict"}
+    choices = next(action.choices for action in build_parser()._actions if action.dest == "exec_mode")
+    assert set(choices) == {"train", "evaluate", "predict"}
     (tmp_path / "c.pt").touch()
     d = str(tmp_path)
-    for name in modes:
-        argv = ["--exec_mode", name, "--load_ckpt_path", d + "/c.pt",
-                *(["--input", d, "--output_dir", d + "/o"] if name == "predict" else ["--data_dir", d])]
-        assert app.mode_name(parse_args(argv)) == name
-    assert app.mode_name(parse_args(["--data_dir", d, "--benchmark"])) == "benchmark"
+    for name in M.MODES:
+        exec_mode, _, benchmark = name.partition(" ")
+        argv = ["--exec_mode", exec_mode, "--load_ckpt_path", d + "/c.pt", *([benchmark] if benchmark else []),
+                *(["--input", d, "--output_dir", d + "/o"] if exec_mode == "predict" else ["--data_dir", d])]
+        assert parse_args(argv).mode is M.MODES[name]
     assert isinstance(app.take_lock(RunLock("unused", enabled=False), app.D.DistInfo(0, 0, 1, None)), RunLock)

@@ -77,14 +77,14 @@ def test_which_runs_reuse_freed_memory(mode, flags, device, reuses):
 
     import torch
 
-    from runtime import app, resolve
+    from runtime import resolve
     from runtime.arguments import Config
-    from runtime.training import start
+    from runtime.clocked import start
 
     config = dataclasses.replace(Config(), **{"exec_mode": "train", "benchmark": mode == "benchmark", **flags})
-    assert app.mode_name(config) == mode
-    assert resolve.reuses_host_memory(config, torch.device(device)) is reuses
-    assert resolve.host_memory_from(config, torch.device(device)).decision("host_memory").value is reuses
+    assert config.mode.name == (f"{config.exec_mode} --benchmark" if mode == "benchmark" else mode)
+    assert resolve.reuses_host_memory(config.mode.trains, torch.device(device)) is reuses
+    assert resolve.decide_host_memory(config.mode.trains, torch.device(device)).value is reuses
 
 
 def test_cpu_training_run_reuses_freed_memory_before_the_model(monkeypatch, tmp_path):
@@ -94,7 +94,7 @@ def test_cpu_training_run_reuses_freed_memory_before_the_model(monkeypatch, tmp_
 
     from runtime import app, resolve
     from runtime.arguments import Config
-    from runtime.training import start
+    from runtime.clocked import start
 
     class Called(Exception):
         pass
@@ -120,7 +120,7 @@ TRAIN = textwrap.dedent("""
     from runtime.levers.cpu.convert import apply_levers, choose_levers
     from runtime.levers.cpu.host_memory import reuse_freed_memory
     from runtime.optimizers import make_optimizer
-    from runtime.resolve import cpu_training_precision
+    from runtime.resolve import decide_precision
     if sys.argv[1] == "reuse":
         assert reuse_freed_memory() is None
     cpu = torch.device("cpu")
@@ -128,7 +128,8 @@ TRAIN = textwrap.dedent("""
     cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp=sys.argv[2] == "bf16",
                               amp_dtype="bf16", filters=(4, 8, 8, 8, 8), input_shape=shape, batch_size=2)
     torch.manual_seed(0)
-    cfg = cpu_training_precision(cfg, cpu, say=False)
+    amp, _, _ = decide_precision(cfg, cpu, say=False)
+    cfg = dataclasses.replace(cfg, amp=amp)  # the precision planned for it
     model = build.build_model(cfg, cpu)
     levers = choose_levers(True, "cpu", cfg.channels_last, cfg.amp_dtype if cfg.amp else None, cfg.normalization,
                            cfg.compile, cfg.filters)

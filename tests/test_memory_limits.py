@@ -171,5 +171,5 @@ def test_predicts_window_batch_is_bounded_by_the_jobs_cgroup(tmp_path, monkeypat
     monkeypatch.setattr(memory_budget, "read_memory", lambda: Memory(None, "", int(two * 1.01), source))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     lines = []
-    assert memory_budget.bounded_window_batch(config, "torch", lines.append).sw_batch_size == 2
+    assert memory_budget.bounded_window_batch(config, "torch", lines.append) == 2
     assert len(lines) == 1 and "lowered to 2" in lines[0] and source in lines[0]

@@ -1,4 +1,4 @@
-"""The MLCommons reference (``runtime/mlcommons_reference.py``): the tests' oracle, and the ``mlcommons``
+"""The MLCommons reference (``oracles/mlcommons_reference.py``): the tests' oracle, and the ``mlcommons``
 variant of ``python -m benchmarks.bench_predict``.
 
 Everywhere: the loader imports a reference tree's packages (named ``model`` and ``runtime``, like
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.mlcommons_reference import (REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference,
-                                  reference_infer, trimmed_box)
+from oracles.mlcommons_reference import (REFERENCE_FILES, ReferenceCodeError, check_reference_code, load_reference,
+                                         reference_infer, trimmed_box)
 from checkpoints import architecture, write_checkpoint
 from data_loading.synthetic import kits_affine
 from data_loading.windows import window_geometry
@@ -117,6 +117,24 @@ def test_load_reference_imports_the_given_tree_and_puts_the_project_back(tmp_pat
     assert after == before and sys.path == path
     assert runtime.inference.sliding_window.PAD_VALUE == -2.2
     assert unet3d(1, 3, "instancenorm", "relu")(torch.zeros(2, 1, 4, 4, 4)).shape == (2, 3, 4, 4, 4)
+
+
+def test_the_reference_gets_its_gaussian_and_dllogger_and_the_process_keeps_its_own(tmp_path):
+    """The reference's ``signal.gaussian`` (removed in SciPy 1.13) and ``dllogger`` (not on PyPI)
+    are given to the reference's modules only: ``scipy.signal`` and ``sys.modules`` are as they
+    were, and the reference's window still calls its ``signal.gaussian`` (the stand-in asserts it)."""
+    import scipy.signal
+
+    gaussian_before = getattr(scipy.signal, "gaussian", None)
+    dllogger_before = sys.modules.get("dllogger")
+    _, window = load_reference(write_stand_in(tmp_path / "ref"))
+    assert getattr(scipy.signal, "gaussian", None) is gaussian_before
+    assert sys.modules.get("dllogger") is dllogger_before
+    assert window.__globals__["signal"].gaussian(7, 1.5).tolist() == scipy.signal.windows.gaussian(7, 1.5).tolist()
+    assert window.__globals__["signal"].windows is scipy.signal.windows  # every other name is scipy.signal's
+    logits, _ = window(inputs=torch.zeros(1, 1, 8, 8, 8), labels=torch.zeros(1, 1, 8, 8, 8), roi_shape=[8] * 3,
+                       model=lambda x: torch.zeros(x.shape[0], 3, *x.shape[2:]))
+    assert logits.shape == (1, 3, 8, 8, 8)
 
 
 def test_load_reference_puts_the_project_back_when_the_import_fails(tmp_path):

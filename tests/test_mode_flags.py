@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fake_data
-from main_runs import TINY, call, used_in
+from main_runs import TINY, TRAINED, call, used_in
 from runtime.arguments import (ACCEPTED_ONLY, FLAG_MODES, PREDICT, REFERENCE_FLAGS, RUN_MODES, Config, build_parser,
                                no_effect_line, parse_args, unused_flag_errors)
 
@@ -183,12 +183,11 @@ def test_evaluates_auto_is_pytorch_even_with_openvino_installed(tmp_path, monkey
     assert backend.decide_backend(parse_args(predict), CPU)[0] == "openvino"
 
 
-def test_evaluate_prints_the_backend_it_used(tmp_path, capsys):
-    train = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "t"),
-                    "--save_ckpt_path", str(tmp_path / "c.pt")]
-    assert call(train, capsys, fake_data.FakeData())[0] == 0
+def test_evaluate_prints_the_backend_it_used(tmp_path, capsys, shared_runs):
+    run = shared_runs.run(TRAINED, capsys)
+    assert run.code == 0
     code, out, _ = call(used_in("evaluate", TINY) + ["--exec_mode", "evaluate", "--load_ckpt_path",
-                                                      str(tmp_path / "c.pt"), "--log_dir", str(tmp_path / "e")],
+                                                      str(run.folder / "c.pt"), "--log_dir", str(tmp_path / "e")],
                         capsys, fake_data.FakeData())
     assert code == 0 and out.startswith("mean_dice ")
     lines = [line for line in out.splitlines() if line.startswith("backend: ")]

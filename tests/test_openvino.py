@@ -156,9 +156,9 @@ def test_window_batch_bounded_by_memory(tmp_path):
     lines = []
     limit = (estimate[1] + estimate[2]) / 2 / memory_budget.GB
     got = memory_budget.bounded_window_batch(replace(config, max_memory_gb=limit), "torch", lines.append)
-    assert got.sw_batch_size == 2 and "lowered to 2" in lines[0]
-    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e15).sw_batch_size == 4
-    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e9).sw_batch_size == 1
+    assert got == 2 and "lowered to 2" in lines[0]
+    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e15) == 4
+    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e9) == 1
     with pytest.raises(UsageError, match=r"--max_memory_gb 0.5: predict needs about"):
         memory_budget.bounded_window_batch(replace(config, max_memory_gb=0.5), "torch", lines.append)
     # OpenVINO runs one window per request: its estimate does not grow with the batch
@@ -226,11 +226,33 @@ def test_validation_windows_are_where_fp32_sees_organs():
     assert validation_windows([background, background]) == [0, 1]  # none: all of them
 
 
-def test_window_at_pads_like_the_sliding_window():
-    image = np.arange(40 * 50 * 60, dtype=np.float32).reshape(1, 40, 50, 60)
-    window = window_at(image, (0, 27, 44), (64, 16, 16))
-    assert window.shape == (1, 64, 16, 16) and np.all(window[:, 40:] == -2.2)
-    assert np.array_equal(window[:, :40], image[:, :, 27:43, 44:60])
+def test_calibration_windows_are_windows_predict_runs_the_network_on():
+    """Oracle: predict's own sliding window (flush_sliding_window_inference, overlap 0.5: its
+    strides are half a window). On a volume shorter than the window on two axes, every
+    calibration window is one the network is given there (the short axes padded with the edge's
+    values, half before), none holds the constant -2.2 the benchmark's evaluation pads with."""
+    from runtime.inference.openvino.calibration import calibration_windows
+    from runtime.inference.sliding_window import flush_sliding_window_inference
+
+    image = np.random.default_rng(0).normal(size=(1, 40, 50, 21)).astype(np.float32)
+    roi = (64, 16, 32)
+    seen = []
+
+    def network(batch):
+        seen.extend(window.numpy().copy() for window in batch)
+        return torch.zeros(batch.shape[0], 3, *batch.shape[2:])
+
+    flush_sliding_window_inference(network, torch.from_numpy(image)[None], roi, 0.5)
+    windows = calibration_windows(image, roi, 100)
+    assert len(windows) == len(seen) == 6 and all(w.shape == (1, 1, *roi) for w in windows)
+    for window in windows:
+        assert any(np.array_equal(window[0], s) for s in seen)
+        assert not np.any(window == -2.2)
+    first = windows[0][0, 0]  # origin 0: 12 slices before the volume's 40, 5 columns before its 21
+    assert np.array_equal(first[:12], np.broadcast_to(first[12], (12, 16, 32)))
+    assert np.array_equal(windows[0][0, 0, 12:52, :, 5:26], image[0, :, :16, :])
+    with pytest.raises(ValueError, match="is not"):
+        window_at(image, (0, 0, 0), roi)
 
 
 # ----------------------------------------------------------------------------- with OpenVINO
@@ -505,10 +527,10 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     import dataclasses
 
     from model.losses import DiceCELoss, DiceScore
+    from runtime.clocked.evaluation import evaluate
+    from runtime.clocked.reporters import Reporters
     from runtime.evaluate.components import evaluation_components
-    from runtime.evaluate.metrics import evaluate
     from runtime.run_log import MetricsWriter
-    from runtime.training.loop import Reporters
 
     @dataclasses.dataclass
     class Parts:

@@ -24,7 +24,8 @@ from data_loading.preprocessing import load_image, preprocess_arrays
 from data_loading.scans import (Scan, ScanError, labels_in_original_grid, preprocess_scan, read_scan, scan_geometry,
                                 write_segmentation)
 from runtime.predict.scan import segment_scan
-from test_predict import blob_label, run_main
+from main_runs import predict_runner
+from test_predict import blob_label
 
 SPACING = (2.5, 0.75, 1.25)  # exact in float32 and in decimal: every variant reads the same numbers
 SHAPE = (14, 30, 23)        # resampled to (21, 18, 23): every axis changes, none alike
@@ -183,9 +184,7 @@ def tiny_checkpoint(tmp_path_factory):
     return path
 
 
-def predict(capsys, checkpoint, input_path, out, *extra):
-    return run_main(capsys, "--exec_mode", "predict", "--input", str(input_path), "--output_dir", str(out),
-                    "--load_ckpt_path", checkpoint, "--val_input_shape", "128", "128", "128", *extra)
+predict = predict_runner("--val_input_shape", "128", "128", "128")
 
 
 def test_predict_command_line_with_a_tiny_network(tmp_path, tiny_checkpoint, capsys):
@@ -197,7 +196,7 @@ def test_predict_command_line_with_a_tiny_network(tmp_path, tiny_checkpoint, cap
     variants = VARIANTS[:3]
     for codes in variants:
         nibabel.save(to_codes(kits_image(), codes), str(folder / f"{''.join(codes)}.nii.gz"))
-    code, stdout, stderr = predict(capsys, tiny_checkpoint, folder, tmp_path / "out")
+    code, stdout, stderr = predict(capsys, folder, tmp_path / "out", tiny_checkpoint)
     assert code == 0, stderr
     labels = {c: kits_labels(str(tmp_path / "out" / f"{''.join(c)}.nii.gz")) for c in variants}
     kits = labels[variants[0]]
@@ -267,7 +266,7 @@ def test_an_affine_that_cannot_be_read_is_one_line(tmp_path, tiny_checkpoint, ca
     monkeypatch.setattr(folder_module, "segment_scan", lambda *a, **k: pytest.fail("voxels read"))
     path = str(tmp_path / "bad.nii.gz")
     nibabel.save(unusable(kind), path)
-    code, stdout, stderr = predict(capsys, tiny_checkpoint, path, tmp_path / "out")
+    code, stdout, stderr = predict(capsys, path, tmp_path / "out", tiny_checkpoint)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and "Traceback" not in stderr, stderr
     assert path in lines[0] and "orientation cannot be read" in lines[0], lines

@@ -5,10 +5,12 @@ Tiny shapes and models on the CPU: the "models" here are oracles (the one-hot of
 preprocessed ground truth, or a fixed flip-symmetric convolution) whose answers are known.
 """
 import csv
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import nibabel
 import numpy as np
@@ -23,12 +25,13 @@ from data_loading import synthetic
 from data_loading.preprocessing import preprocess_arrays
 from data_loading.scans import (find_scans, labels_in_original_grid, read_label, read_scan,
                                 scan_geometry, segmentation_nifti)
+from main_runs import run_main
 from model.losses import DiceScore, label_map_dice
 from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
 from runtime.predict.scan import ScanInference, segment_scan, volume_probabilities
 from runtime.inference.predictor import FLIPS, build_predictor, options_from
-from runtime.resolve import architecture_from, resolve_predict
+from runtime.resolve import decide_architecture
 
 
 def window_predictor(model, config, device):
@@ -37,7 +40,9 @@ def window_predictor(model, config, device):
 
 def model_architecture(config, checkpoint, path):
     """The network flags predict resolves from a checkpoint."""
-    return resolve_predict(architecture_from(config, Saved(path, checkpoint, resume=False)), torch.device("cpu"))
+    as_predict = dataclasses.replace(config, exec_mode="predict")  # the flags, as predict's
+    architecture, _ = decide_architecture(as_predict, Saved(path, checkpoint, resume=False))
+    return SimpleNamespace(**architecture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--filters", "4", "8", "16", "32", "32"]
@@ -309,17 +314,6 @@ def tiny_checkpoint(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ckpt") / "tiny.pt")
     write_checkpoint(path, architecture((4, 8, 16, 32, 32)))
     return path
-
-
-def run_main(capsys, *argv):
-    from main import main
-
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_good_and_bad_scans_in_one_folder(tmp_path, tiny_checkpoint, capsys):

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from checkpoints import architecture, write_checkpoint
-from test_predict import run_main, write_nifti
+from main_runs import predict_runner, run_main
+from test_predict import write_nifti
 
 SMALL = (2, 4, 4, 8, 8)
 
@@ -82,9 +83,7 @@ def ras_scan(folder, name="scan", shape=(26, 22, 18), spacing=(0.9, 0.8, 2.5), s
     return path
 
 
-def predict(capsys, folder, out, checkpoints, *extra):
-    return run_main(capsys, "--exec_mode", "predict", "--input", str(folder), "--output_dir", str(out),
-                    "--load_ckpt_path", *checkpoints, "--device", "cpu", *extra)
+predict = predict_runner("--device", "cpu")
 
 
 def saved(out, case="scan") -> np.ndarray:
@@ -298,3 +297,51 @@ def test_segmenter_bad_array_is_one_line():
     sheared[0, 1] = 0.5
     with pytest.raises(ScanError, match="array"):
         segmenter.segment_array(np.zeros((8, 8, 8)), sheared)
+
+
+@pytest.mark.parametrize("options, flags", [
+    ({"window": (128, 128, 100)}, ["--val_input_shape", "128", "128", "100"]),
+    ({"window": (128, 128)}, ["--val_input_shape", "128", "128"]),
+    ({"overlap": 1.0}, ["--overlap", "1.0"]),
+    ({"int8": True, "amp": True}, ["--int8", "--amp"]),
+    ({"int8_calibration": "{scans}"}, ["--int8_calibration", "{scans}"]),
+    ({"int8": True, "int8_calibration": "{missing}"}, ["--int8", "--int8_calibration", "{missing}"]),
+])
+def test_predict_options_are_checked_when_made_in_the_flags_words(tmp_path, options, flags):
+    """Oracle: the command line's own check of the same value (runtime.arguments.validate) gives
+    the one line PredictOptions raises, when the options are made, before any checkpoint."""
+    from runtime.arguments import UsageError, build_parser, config_from_namespace, explicit_flags, validate
+    from runtime.predict.api import PredictOptions
+
+    fill = {"scans": str(tmp_path), "missing": str(tmp_path / "nowhere")}
+    options = {k: v.format(**fill) if isinstance(v, str) else v for k, v in options.items()}
+    checkpoint = tmp_path / "a.pt"
+    checkpoint.write_bytes(b"")
+    argv = ["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "o"),
+            "--load_ckpt_path", str(checkpoint), *(f.format(**fill) for f in flags)]
+    parser = build_parser()
+    expected = validate(config_from_namespace(parser.parse_args(argv), explicit_flags(argv, parser)))
+    assert len(expected) == 1
+    with pytest.raises(UsageError) as raised:
+        PredictOptions(device="cpu", **options)
+    assert str(raised.value) == expected[0]
+
+
+@pytest.mark.parametrize("options, said", [({"device": "gpu"}, "--device must be one of auto, cpu, cuda, got 'gpu'"),
+                                           ({"backend": "onnx"}, "--backend must be one of auto, torch, openvino"),
+                                           ({"sw_batch_size": 0}, "--sw_batch_size must be >= 1, got 0")])
+def test_predict_options_refuse_what_the_parser_refuses(options, said):
+    from runtime.arguments import UsageError
+    from runtime.predict.api import PredictOptions
+
+    with pytest.raises(UsageError, match=said):
+        PredictOptions(**options)
+
+
+def test_a_missing_checkpoint_is_the_flags_one_line(tmp_path):
+    from runtime.arguments import UsageError, checkpoint_path_problem
+    from runtime.predict.api import PredictOptions, Segmenter
+
+    with pytest.raises(UsageError) as raised:
+        Segmenter.from_checkpoint(tmp_path / "none.pt", PredictOptions(device="cpu", verbose=False))
+    assert str(raised.value) == checkpoint_path_problem(str(tmp_path / "none.pt"), "--load_ckpt_path")

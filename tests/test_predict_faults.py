@@ -13,7 +13,8 @@ import pytest
 from checkpoints import architecture, broken_checkpoint, reference_format_checkpoint, unet
 from disks import fill, small_disk
 from runtime.outputs import LOCK_NAME
-from test_predict import run_main, write_nifti
+from main_runs import predict_runner
+from test_predict import write_nifti
 
 TARGET = (1.6, 1.2, 1.2)
 FILTERS = (2, 4, 4, 8, 8)
@@ -42,10 +43,7 @@ def folder_of_scans(root, spacings: dict) -> str:
     return str(root)
 
 
-def predict(capsys, folder, out, checkpoint, *extra):
-    return run_main(capsys, "--exec_mode", "predict", "--input", folder, "--output_dir", str(out),
-                    "--load_ckpt_path", checkpoint, "--val_input_shape", "128", "128", "128",
-                    "--filters", *map(str, FILTERS), *extra)
+predict = predict_runner("--val_input_shape", "128", "128", "128", "--filters", *map(str, FILTERS))
 
 
 def rows(out) -> dict:

@@ -9,7 +9,9 @@ threshold moves with the set's digest). tests/test_openvino.py runs the real one
 """
 import dataclasses
 import os
+from types import SimpleNamespace
 
+import nibabel
 import numpy as np
 import pytest
 import torch
@@ -107,7 +109,10 @@ def test_int8_calibration_flag_checks(tmp_path, capsys, checkpoint, flags, named
 
 def test_openvino_cache_goes_to_the_cache_folder_never_beside_the_checkpoint(tmp_path, monkeypatch):
     from runtime.inference.openvino.cache import cache_folder
-    from runtime.resolve import with_cache_dir
+    from runtime.resolve import decide_cache_dir
+
+    def with_cache_dir(config):  # the cache folder a run of these flags is planned with
+        return SimpleNamespace(cache_dir=decide_cache_dir(config.cache_dir).value)
 
     checkpoint = str(tmp_path / "models" / "a.pt")
     os.makedirs(tmp_path / "models")
@@ -126,3 +131,60 @@ def test_openvino_cache_goes_to_the_cache_folder_never_beside_the_checkpoint(tmp
     assert with_cache_dir(parse_args(argv)).cache_dir == str(tmp_path / "home" / ".cache" / "unet3d-kits19")
     given = with_cache_dir(parse_args(argv + ["--cache_dir", "rel"]))
     assert given.cache_dir == os.path.abspath("rel")
+
+
+def test_the_calibration_policy_is_the_plans_decision(tmp_path, checkpoint, int8_stand_in):
+    """The Segmenter's policy follows resolve()'s decision "calibration": none without --int8,
+    each scan's own (made when the scan comes, "this scan" in the record), or the named set,
+    read once when the policy is made (the stand-in is built on it at once)."""
+    from runtime.distributed import DistInfo
+    from runtime.predict.calibration import FixedCalibration, NoCalibration, PerScanCalibration, calibration_policy
+    from runtime.resolve import resolve
+    from runtime.checkpoint import saved_for
+
+    folder = scan_folder(tmp_path / "in", ("s0", "s1"))
+    chosen = scan_folder(tmp_path / "calibration", ("c0", "c1"))
+    dist = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+    def policy(*flags):
+        config = parse_args(["--exec_mode", "predict", "--input", folder, "--output_dir", str(tmp_path / "o"),
+                             "--load_ckpt_path", checkpoint, *flags])
+        return calibration_policy(resolve(config, dist, None, saved_for(config)))
+
+    assert isinstance(policy(), NoCalibration) and policy().set_for("s0", os.path.join(folder, "s0.nii.gz")) is None
+    each = policy("--int8")
+    assert isinstance(each, PerScanCalibration) and each.per_scan and each.source == "this scan"
+    assert int8_stand_in == []  # nothing calibrated before a scan comes
+    s0 = os.path.join(folder, "s0.nii.gz")
+    assert [scan.name for scan in each.set_for("s0", s0).scans] == ["s0"]
+    named = policy("--int8", "--int8_calibration", chosen)
+    assert isinstance(named, FixedCalibration) and not named.per_scan and named.source == os.path.abspath(chosen)
+    assert named.set_for("s0", s0) is named.set_for(None, None)
+    assert [scan.name for scan in named.set_for(None, None).scans] == ["c0", "c1"]
+
+
+def test_an_int8_segmenter_is_whole_and_never_segments_with_another_scans_calibration(tmp_path, checkpoint,
+                                                                                        int8_stand_in):
+    """Each scan alone: a file is segmented on its own set; an array, which is no scan, is refused
+    in one line before any work, also after a file (never with that file's set). A named set:
+    built when the segmenter is made, used for arrays and files alike."""
+    from runtime.arguments import UsageError
+    from runtime.predict.api import PredictOptions, Segmenter
+
+    folder = scan_folder(tmp_path / "in", ("s0", "s1"))
+    image = nibabel.load(os.path.join(folder, "s1.nii.gz"))
+    segmenter = Segmenter.from_checkpoint(checkpoint, PredictOptions(device="cpu", int8=True, verbose=False))
+    assert int8_stand_in == []
+    segmenter.segment_file(os.path.join(folder, "s0.nii.gz"))
+    assert int8_stand_in == [["s0"]]
+    with pytest.raises(UsageError, match="calibrates on each scan alone") as refused:
+        segmenter.segment_array(np.asarray(image.dataobj), image.affine, spacing=(1.0, 1.0, 1.0))
+    assert "\n" not in str(refused.value) and int8_stand_in == [["s0"]]
+
+    named = Segmenter.from_checkpoint(checkpoint, PredictOptions(device="cpu", int8=True, verbose=False,
+                                                                 int8_calibration=folder))
+    assert int8_stand_in == [["s0"], ["s0", "s1"]]  # built whole when made
+    labels, _ = named.segment_array(np.asarray(image.dataobj), image.affine, spacing=(1.0, 1.0, 1.0))
+    named.segment_file(os.path.join(folder, "s0.nii.gz"))
+    assert labels.shape == image.shape and int8_stand_in == [["s0"], ["s0", "s1"]]
+    assert [scan.name for scan in named.calibration.scans] == ["s0", "s1"]

@@ -17,7 +17,8 @@ from data_loading.scan_checks import MAX_DENSE_FRACTION, MIN_TISSUE_FRACTION, in
 from data_loading.scans import ScanError
 from runtime.predict.api import raw_from_array
 from runtime.predict.scan import ScanInference, StageTimer, segment_volume
-from test_predict import pointwise_model, run_main, tiny_checkpoint, window_config, write_nifti  # noqa: F401
+from main_runs import run_main
+from test_predict import pointwise_model, tiny_checkpoint, window_config, write_nifti  # noqa: F401
 
 SPACING = synthetic.TARGET_SPACING
 

@@ -24,10 +24,10 @@ import pytest
 import fake_data
 from checkpoints import architecture, reference_format_checkpoint, unet, write_checkpoint
 from data_loading.scans import find_scans
-from main_runs import call
+from main_runs import call, predict_runner
 from runtime.predict.provenance import FIELDS, MADE_BY
 from runtime.predict.records import CaseResult, summary_texts
-from test_predict import ground_truth_oracle, run_main, write_case, write_nifti
+from test_predict import ground_truth_oracle, write_case, write_nifti
 
 SMALL = (2, 4, 4, 8, 8)
 SPACING = (1.6, 1.2, 1.2)  # the target spacing: the scan is not resampled, only padded to 128
@@ -47,9 +47,7 @@ def scan_folder(root, names=("scan",), shape=(20, 24, 22)):
     return str(root)
 
 
-def predict(capsys, folder, out, checkpoint, *extra):
-    return run_main(capsys, "--exec_mode", "predict", "--input", str(folder), "--output_dir", str(out),
-                    "--load_ckpt_path", checkpoint, "--device", "cpu", *extra)
+predict = predict_runner("--device", "cpu")
 
 
 def rows(out) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["main.py", "preprocess_dataset.py", "data_loading", "model", "runtime", "benchmarks",
+SOURCES = ["main.py", "preprocess_dataset.py", "data_loading", "model", "runtime", "benchmarks", "oracles",
            "scripts", "tests"]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vermin") is None,
                                 reason="vermin not installed (pip install -r requirements-test.txt)")

@@ -10,15 +10,19 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import mlperf_logging
 from mlperf_logging.mllog import constants as C
 from runtime.arguments import parse_args, replace
+from runtime.clocked.evaluation import eval_metadata
+from runtime.distributed import DistInfo
+from runtime.resolve import resolve
 from runtime.run_log import MLPerfLogger
 from runtime.schedule import samples_per_epoch
-from runtime.training.loop import eval_metadata
 
 RCPS = os.path.join(os.path.dirname(mlperf_logging.__file__), "rcp_checker", "training_4.0.0", "rcps_unet3d.json")
+CPU = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 WORLD, BATCH = 4, 7  # global batch 28, which the 4.0.0 RCPs have
 
 
@@ -27,8 +31,9 @@ def write_log(folder, index: int, epochs: int, samples: bool) -> None:
     ``MLPerfLogger`` and the loop's ``eval_metadata``; ``samples=False``: the epoch index as
     ``epoch_num`` (the old unit)."""
     spe = samples_per_epoch(168, WORLD, BATCH)
-    cfg = replace(parse_args(["--data_dir", "/", "--batch_size", str(BATCH), "--learning_rate", "2.0",
-                              "--lr_warmup_epochs", "1000", "--seed", str(index)]),
+    cfg = replace(resolve(parse_args(["--data_dir", "/", "--device", "cpu", "--batch_size", str(BATCH),
+                                      "--learning_rate", "2.0", "--lr_warmup_epochs", "1000", "--seed", str(index)]),
+                          CPU),
                   num_train_cases=168, num_eval_cases=42, samples_per_epoch=spe, submission_division="closed")
     log = MLPerfLogger(str(folder), enabled=True, name=f"result_{index}.txt")
     log.submission_info(cfg)

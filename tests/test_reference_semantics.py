@@ -145,7 +145,7 @@ def _reference_starts(crop, label, foreground: bool, draws: int) -> set:
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the reference's scipy.ndimage.measurements
 @pytest.mark.parametrize("crop_mode, same", [("reference", True), ("project", False)])
 def test_crop_positions_are_the_references(crop_mode, same):
-    from runtime.mlcommons_reference import load_reference_crop
+    from oracles.mlcommons_reference import load_reference_crop
 
     crop = load_reference_crop(REAL)(patch_size=list(PATCH), oversampling=1.0)
     label = _label()
@@ -207,7 +207,7 @@ def _reference_train(training, ga_steps: int, batches: int, epochs: int, start: 
 
 @needs_real
 def test_evaluation_epochs_and_accumulation_tail_are_the_references():
-    from runtime.mlcommons_reference import load_reference_train_loop
+    from oracles.mlcommons_reference import load_reference_train_loop
 
     training = load_reference_train_loop(REAL)
     evaluated, steps = _reference_train(training, ga_steps=3, batches=4, epochs=30, start=10, every=4)
@@ -220,7 +220,7 @@ def test_evaluation_epochs_and_accumulation_tail_are_the_references():
 @needs_real
 def test_a_diverged_evaluation_stops_the_run_as_the_references():
     """mean_dice below 1e-6 at an evaluation: the reference stops after it, the project aborts."""
-    from runtime.mlcommons_reference import load_reference_train_loop
+    from oracles.mlcommons_reference import load_reference_train_loop
 
     training = load_reference_train_loop(REAL)
     evaluated, _ = _reference_train(training, ga_steps=1, batches=1, epochs=30, start=10, every=4, mean_dice=0.0)

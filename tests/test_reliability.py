@@ -15,7 +15,7 @@ import easy_data
 import fake_data
 from checkpoints import (architecture, broken_checkpoint, format_1, reference_format, reference_format_checkpoint,
                          unet, write_checkpoint)
-from main_runs import EVAL_SMALL, SMALL, TINY, call, one_line_error, used_in
+from main_runs import EVAL_SMALL, SMALL, TINY, TRAINED, call, one_line_error, used_in
 from runtime.checkpoint import load_checkpoint
 from runtime.outputs import LOCK_NAME, RunLock, keep_previous
 
@@ -299,10 +299,11 @@ def test_bad_flags_are_one_line(tmp_path, capsys, argv, named):
     one_line_error(code, err, named)
 
 
-def test_resume_with_another_optimizer_is_one_line(tmp_path, capsys):
-    argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "l"),
-                   "--save_ckpt_path", str(tmp_path / "c.pt")]
-    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+def test_resume_with_another_optimizer_is_one_line(tmp_path, capsys, shared_runs):
+    run = shared_runs.run(TRAINED, capsys)
+    assert run.code == 0
+    folder = run.copy_to(tmp_path / "run")  # the resume is refused, but in a folder of its own
+    argv = [a.replace("{run}", str(folder)) for a in TRAINED]
     argv = [a if a != "adam" else "sgd" for a in argv]
     with pytest.raises(Exception) as info:
         call(argv + ["--epochs", "2", "--resume"], capsys, fake_data.FakeData())
@@ -318,16 +319,15 @@ def test_checkpoint_holding_a_list_is_one_line(data, tmp_path, capsys):
 
 # -------------------------------------------------------------------- architecture from the checkpoint
 
-def test_evaluate_reads_the_architecture_from_the_checkpoint(tmp_path, capsys):
-    argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "l"),
-                   "--save_ckpt_path", str(tmp_path / "c.pt")]
-    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+def test_evaluate_reads_the_architecture_from_the_checkpoint(tmp_path, capsys, shared_runs):
+    run = shared_runs.run(TRAINED, capsys)
+    assert run.code == 0
     no_arch = used_in("evaluate", TINY)
     i = no_arch.index("--filters")
     del no_arch[i:i + 6]
     i = no_arch.index("--normalization")
     del no_arch[i:i + 2]
-    evaluate = ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "c.pt"), "--log_dir", str(tmp_path / "e")]
+    evaluate = ["--exec_mode", "evaluate", "--load_ckpt_path", str(run.folder / "c.pt"), "--log_dir", str(tmp_path / "e")]
     code, out, _ = call(no_arch + evaluate, capsys, fake_data.FakeData())
     assert code == 0 and out.startswith("mean_dice")
     with pytest.raises(Exception) as info:

@@ -8,6 +8,7 @@ gets and the one its components carry) and each mode's body (the config it runs 
 is made to look as if it had no native bf16 (``runtime.levers.cpu.isa.cpu_flags``), so ``--amp`` training
 falls back to float32: a decision that once was taken after ``resolve`` by replacing the config.
 """
+import copy
 import sys
 
 import pytest
@@ -16,10 +17,11 @@ import torch
 import fake_data
 from checkpoints import reference_format_checkpoint, unet
 from main_runs import TINY, call, used_in
-from runtime import app  # noqa: F401 - app: its modules loaded before the hooks go in
+from runtime import app
 from runtime.levers.cpu import isa
 from runtime.checkpoint import load_checkpoint, saved_plan
 from runtime.optimizers import fused_step
+from runtime.plan import RunPlan
 
 CPU = torch.device("cpu")
 TRAIN_FLAGS = ["--amp", "--fused_optimizer"]  # --amp: float32 on a CPU without native bf16
@@ -51,14 +53,20 @@ def install_hooks(monkeypatch) -> dict:
     ``build_in``/``built`` (build_components), ``body`` (the config the mode ran with)."""
     import runtime.predict.folder  # noqa: F401 - loaded, so that its predict_scans is hooked
     import runtime.training.benchmark  # noqa: F401
+    from runtime.mode import MODES
+
+    for mode in MODES.values():  # every body's module loaded (app imports it when its mode runs), so hooked
+        app.function(mode.body)
 
     seen: dict[str, list] = {}
 
     def returns(stage):
         def wrapper(original):
             def wrapped(*args, **kwargs):
+                parsed = copy.deepcopy(args[0])
                 result = original(*args, **kwargs)
                 seen.setdefault(stage, []).append(result)
+                seen.setdefault("parsed", []).append((args[0], parsed))
                 return result
             return wrapped
         return wrapper
@@ -83,7 +91,8 @@ def install_hooks(monkeypatch) -> dict:
         def wrapper(original):
             def wrapped(*args, **kwargs):
                 given = args[position]
-                seen.setdefault("body", []).append(getattr(given, "config", given))
+                plan = given if isinstance(given, RunPlan) else getattr(given, "config", given)
+                seen.setdefault("body", []).append(plan)
                 return original(*args, **kwargs)
             return wrapped
         return wrapper
@@ -92,7 +101,7 @@ def install_hooks(monkeypatch) -> dict:
     hook(monkeypatch, "runtime.resolve", "resolve_data", data_stage)
     hook(monkeypatch, "runtime.build", "build_components", build)
     for module, name, position in (("runtime.training.loop", "run_training", 0),
-                                   ("runtime.training.loop", "run_evaluation", 0),
+                                   ("runtime.clocked.evaluation", "run_evaluation", 0),
                                    ("runtime.training.benchmark", "benchmark_train", 0),
                                    ("runtime.training.benchmark", "benchmark_evaluate", 0),
                                    ("runtime.predict.folder", "predict_scans", 0)):
@@ -108,10 +117,13 @@ def assert_runs_as_resolved(seen, data_stage: bool = True) -> None:
         assert seen["data_in"] == [resolved]
         resolved = seen["data_out"][-1]
     assert seen["body"] and all(config == resolved for config in seen["body"])
+    # the flags parsed are the plan's, unchanged to the end of the run (issue 50)
+    ((config, parsed),) = seen["parsed"]
+    assert resolved.config is config and config == parsed
 
 
-def names(config) -> set:
-    return {decision.name for decision in config.plan}
+def names(plan) -> set:
+    return {decision.name for decision in plan.decisions}
 
 
 def train(tmp_path, capsys, *extra) -> tuple[str, str]:

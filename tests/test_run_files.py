@@ -51,7 +51,7 @@ def test_the_writer_refuses_an_undeclared_key_or_kind(tmp_path, enabled):
 
 def test_every_record_the_runtime_writes_is_declared():
     """The records written by app.py and training.py, with the keys they pass (the eval metrics
-    are those of runtime.evaluate.metrics.evaluate; an end-to-end run writes them through the same
+    are those of runtime.clocked.evaluation.evaluate; an end-to-end run writes them through the same
     check)."""
     for kind, keys in [(F.TRAIN, ["epoch", "loss", "lr", "throughput"]),
                        (F.EVAL, ["epoch", *EVAL_METRICS]), (F.EVAL, ["epoch", "checkpoint", *EVAL_METRICS]),
@@ -67,7 +67,7 @@ def test_the_report_reads_declared_keys_only():
 
 
 def test_case_csv_columns_are_the_keys_of_a_case_score():
-    from runtime.evaluate.metrics import case_scores
+    from runtime.clocked.evaluation import case_scores
 
     scores = case_scores("00001", torch.tensor(0.5), torch.tensor([0.9, 0.8]), torch.tensor([0.95, 0.85]))
     assert tuple(scores) == F.EVAL_CASES_COLUMNS

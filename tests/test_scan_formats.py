@@ -25,7 +25,7 @@ from data_loading.scans import Scan, ScanError, find_scans, read_scan
 from runtime.predict.scan import segment_scan
 from test_orientation import SPACING, kits_image, kits_labels, random_conv_infer, to_codes
 from test_orientation import tiny_checkpoint  # noqa: F401 - the fixture
-from test_predict import run_main
+from main_runs import predict_runner
 
 SLOPE, INTERCEPT = 2.0, -1024.0
 
@@ -94,9 +94,7 @@ def sitk():
     return pytest.importorskip("SimpleITK")
 
 
-def predict(capsys, checkpoint, input_path, out):
-    return run_main(capsys, "--exec_mode", "predict", "--input", str(input_path), "--output_dir", str(out),
-                    "--load_ckpt_path", checkpoint, "--val_input_shape", "128", "128", "128")
+predict = predict_runner("--val_input_shape", "128", "128", "128")
 
 
 # ----------------------------------------------------------------------------- DICOM
@@ -122,7 +120,7 @@ def test_dicom_series_segments_as_the_kits_nifti(tmp_path, sitk, tiny_checkpoint
     header = check_header(str(series), limit=2**40)  # the header alone: the file's (i, j, k) axes
     assert header.shape == data.shape[::-1] and header.spacing == pytest.approx(SPACING[::-1], abs=1e-6)
 
-    code, _, stderr = predict(capsys, tiny_checkpoint, series, tmp_path / "out")  # the command line, a tiny U-Net
+    code, _, stderr = predict(capsys, series, tmp_path / "out", tiny_checkpoint)  # the command line, a tiny U-Net
     assert code == 0, stderr
     assert nibabel.load(str(tmp_path / "out" / "series.nii.gz")).shape == data.shape[::-1]
     infer = random_conv_infer()  # the comparison: one network, no symmetry, on both inputs
@@ -166,14 +164,14 @@ def test_several_series_in_one_folder_each_its_own_scan_a_localiser_left_out(tmp
     small = nibabel.Nifti1Image(np.asarray(kits_volume().dataobj)[:6], kits_volume().affine, kits_volume().header)
     chosen = write_dicom_series(sitk, folder, small, second, description="LOCALIZER",
                                 names=[f"B{i}.dcm" for i in range(6)], number=1)
-    code, stdout, stderr = predict(capsys, tiny_checkpoint, folder, tmp_path / "out")
+    code, stdout, stderr = predict(capsys, folder, tmp_path / "out", tiny_checkpoint)
     assert code == 0 and "Traceback" not in stderr and "1 segmented" in stdout, stderr
     table = {row["case"]: row for row in csv.DictReader(open(tmp_path / "out" / "summary.csv"))}
     assert table["study_s3_CT_ABDOMEN"]["status"] == "segmented"
     assert table["study_s1_LOCALIZER"]["status"] == "left out" and "localiser" in table["study_s1_LOCALIZER"]["error"]
     assert "study_s1_LOCALIZER (series 1 'LOCALIZER': a localiser" in stdout
     assert nibabel.load(str(tmp_path / "out" / "study_s3_CT_ABDOMEN.nii.gz")).shape == kits_volume().shape[::-1]
-    code, _, stderr = predict(capsys, tiny_checkpoint, folder / chosen[2], tmp_path / "out")
+    code, _, stderr = predict(capsys, folder / chosen[2], tmp_path / "out", tiny_checkpoint)
     assert code == 0, stderr
     written = nibabel.load(str(tmp_path / "out" / "study_s1_LOCALIZER.nii.gz"))
     assert written.shape == (small.shape[2], small.shape[1], 6)
@@ -184,7 +182,7 @@ def test_several_series_in_one_folder_each_its_own_scan_a_localiser_left_out(tmp
 def test_a_series_with_a_missing_slice_is_one_line(tmp_path, sitk, tiny_checkpoint, capsys):
     names = write_dicom_series(sitk, tmp_path / "series", kits_volume(), "1.2.826.0.1.3680043.9.7.1.1")
     os.remove(tmp_path / "series" / names[5])
-    code, _, stderr = predict(capsys, tiny_checkpoint, tmp_path / "series", tmp_path / "out")
+    code, _, stderr = predict(capsys, tmp_path / "series", tmp_path / "out", tiny_checkpoint)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and "Traceback" not in stderr, stderr
     assert str(tmp_path / "series") in lines[0] and "not evenly spaced" in lines[0]
@@ -239,7 +237,7 @@ def test_without_simpleitk_is_one_line_with_the_install_command(tmp_path, tiny_c
         path = tmp_path / "series"
         path.mkdir()
         (path / "IM0001").write_bytes(b"\0" * 128 + b"DICM" + b"\0" * 64)
-    code, _, stderr = predict(capsys, tiny_checkpoint, path, tmp_path / "out")
+    code, _, stderr = predict(capsys, path, tmp_path / "out", tiny_checkpoint)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and "Traceback" not in stderr, stderr
     assert str(path) in lines[0] and "pip install SimpleITK" in lines[0]

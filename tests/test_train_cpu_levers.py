@@ -474,14 +474,14 @@ def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
 
     monkeypatch.setattr(resolve, "native_bf16", lambda: (native, "because"))
     cfg = train_config(amp=True, amp_dtype="bf16")
-    got = resolve.cpu_training_precision(cfg, torch.device("cpu"), say=True)
+    amp, _, precision = resolve.decide_precision(cfg, torch.device("cpu"), say=True)
     line = capsys.readouterr().out.strip()
-    assert got.amp is native and line.count("\n") == 0 and "because" in line
+    assert amp is native and precision.why == line and line.count("\n") == 0 and "because" in line
     assert ("float32" in line) is not native
     # fp32 runs, other devices and evaluation are not touched (nothing said)
     for cfg, device in ((train_config(), "cpu"), (train_config(amp=True, amp_dtype="bf16"), "meta"),
                         (dataclasses.replace(cfg, exec_mode="evaluate"), "cpu")):
-        assert resolve.cpu_training_precision(cfg, torch.device(device), say=True) is cfg
+        assert resolve.decide_precision(cfg, torch.device(device), say=True)[0] is cfg.amp
     assert capsys.readouterr().out == ""
 
 

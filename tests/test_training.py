@@ -141,6 +141,32 @@ def test_evaluate_mode_prints_mean_dice(tmp_path, fake_loaders, capsys):
     assert out.startswith("mean_dice ") and "l2_dice" in out
 
 
+@pytest.mark.parametrize("benchmark", [False, True], ids=["evaluate", "evaluate-benchmark"])
+def test_evaluate_builds_no_optimizer_and_no_train_step(tmp_path, capsys, monkeypatch, benchmark):
+    """Evaluate and --benchmark's evaluation score a network: no optimizer, no gradient scaler
+    and no train step is built for them (runtime.build's makers of those are never called)."""
+    import runtime.build as build
+    import runtime.clocked.start as start
+    from checkpoints import architecture, write_checkpoint
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a training part built for a run that does not train")
+
+    for maker in ("make_optimizer", "eager_train_step", "graphed_train_step"):
+        monkeypatch.setattr(build, maker, refuse)
+    built = []
+    real_build = start.build_components
+    monkeypatch.setattr(start, "build_components", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    if benchmark:
+        flags = used_in("evaluate --benchmark", TINY) + ["--benchmark", "--warmup_steps", "1", "--epochs", "1"]
+    else:
+        write_checkpoint(tmp_path / "w.pt", architecture((2, 4, 4, 8, 8), "batchnorm"))
+        flags = used_in("evaluate", TINY) + ["--load_ckpt_path", str(tmp_path / "w.pt"), "--log_dir", str(tmp_path / "ev")]
+    assert app_run(parse_args(flags + ["--exec_mode", "evaluate"])) == 0
+    assert "mean_dice " in capsys.readouterr().out or benchmark
+    assert [(c.optimizer, c.scaler, c.step) for c in built] == [(None, None, None)]
+
+
 def test_benchmark_mode_prints_throughput(tmp_path, fake_loaders, capsys):
     # --benchmark writes no checkpoint and no log: it refuses --save_ckpt_path and --log_dir
     assert app_run(parse_args(TINY + ["--benchmark", "--epochs", "2", "--warmup_steps", "2"])) == 0

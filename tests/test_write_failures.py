@@ -12,7 +12,7 @@ import fake_data
 from checkpoints import architecture, write_checkpoint
 from data_loading.atomic import atomic_write
 from disks import fill, read_only, small_disk
-from main_runs import TINY, call, call_main, one_line_error, used_in
+from main_runs import TINY, TRAINED, call, call_main, one_line_error, used_in
 from runtime.checkpoint import atomic_save, load_checkpoint, model_state_from
 from runtime.outputs import OutputError, RunLock
 
@@ -76,7 +76,7 @@ def test_append_is_all_or_nothing(tmp_path):
 def _fill_after_reporters(monkeypatch, folder, leave: int = 0):
     """The disk of ``folder`` fills up (to ``leave`` bytes) once the run has opened its logs
     (after the lock and the up-front checks), so that the first write after that fails."""
-    import runtime.training.start as start
+    import runtime.clocked.start as start
 
     original = start.make_reporters
 
@@ -151,13 +151,12 @@ def test_mlperf_log_on_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
         assert not os.path.exists(os.path.join(disk, ".unet3d.lock"))   # released
 
 
-def test_log_json_on_a_full_disk_is_one_line_and_the_scores_are_printed(tmp_path, capsys, monkeypatch):
+def test_log_json_on_a_full_disk_is_one_line_and_the_scores_are_printed(tmp_path, capsys, monkeypatch, shared_runs):
     with small_disk(tmp_path / "disk", "1m") as disk:
-        train = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "l"),
-                        "--save_ckpt_path", str(tmp_path / "c.pt")]
-        assert call(train, capsys, fake_data.FakeData())[0] == 0
+        run = shared_runs.run(TRAINED, capsys)
+        assert run.code == 0
         _fill_after_reporters(monkeypatch, disk)
-        argv = used_in("evaluate", TINY) + ["--exec_mode", "evaluate", "--load_ckpt_path", str(tmp_path / "c.pt"),
+        argv = used_in("evaluate", TINY) + ["--exec_mode", "evaluate", "--load_ckpt_path", str(run.folder / "c.pt"),
                                             "--log_dir", disk]
         code, out, err = call_main(argv, capsys, fake_data.FakeData())
         one_line_error(code, err, os.path.join(disk, "log.json"), NO_SPACE)
@@ -220,17 +219,17 @@ def test_a_failed_save_leaves_the_previous_checkpoint_loadable(tmp_path):
 # -------------------------------------------------------------------- the report
 
 @pytest.mark.parametrize("fault", ["full", "read_only"])
-def test_report_on_a_full_or_read_only_disk_names_the_file(tmp_path, capsys, fault):
+def test_report_on_a_full_or_read_only_disk_names_the_file(tmp_path, capsys, fault, shared_runs):
     from runtime.report import cli as report
 
-    argv = TINY + ["--epochs", "1", "--start_eval_at", "1", "--log_dir", str(tmp_path / "run")]
-    assert call(argv, capsys, fake_data.FakeData())[0] == 0
+    run = shared_runs.run(TRAINED, capsys)
+    assert run.code == 0
     with small_disk(tmp_path / "disk", "256k") as disk:
         if fault == "full":
             fill(disk)
         else:
             read_only(disk)
-        code = report.main([str(tmp_path / "run"), "--output", disk, "--no_compliance", "--no_curves"])
+        code = report.main([str(run.folder / "l"), "--output", disk, "--no_compliance", "--no_curves"])
         _, err = capsys.readouterr()
         one_line_error(code, err, os.path.join(disk, "summary.md"), NO_SPACE if fault == "full" else READ_ONLY)
         assert [n for n in os.listdir(disk) if n != "filler"] == []

@@ -1,4 +1,4 @@
-"""The body of ``--exec_mode evaluate`` (``runtime.app.MODES``): the scores first (stdout), then
+"""The body of ``--exec_mode evaluate`` (``runtime.mode.MODES``): the scores first (stdout), then
 the files, so that a full disk loses no number. In a ``--log_dir`` that holds a training run,
 evaluate's records and per-case Dice go to files of its own (``evaluate.json``,
 ``evaluate_cases.csv``), never into the run's ``log.json`` or ``eval_cases.csv``."""
@@ -8,6 +8,8 @@ import dataclasses
 
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
+from runtime.clocked.evaluation import run_evaluation
+from runtime.clocked.start import started
 from runtime.evaluate.components import evaluation_components
 from runtime.evaluate.report import (OWN_CASES, OWN_RECORDS, OwnRecords, explain_scores, holds_training_run,
                                      write_case_scores)
@@ -15,8 +17,6 @@ from runtime.labels import dice_keys, run_labels
 from runtime.mode import Session
 from runtime.resolve import window_line
 from runtime.run_files import BACKEND, EVAL
-from runtime.training.loop import run_evaluation
-from runtime.training.start import started
 
 
 def evaluate_body(session: Session) -> int:

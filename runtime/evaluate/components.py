@@ -6,8 +6,8 @@ import sys
 
 from runtime.build import Components
 from runtime.checkpoint import unwrap
+from runtime.clocked.reporters import Reporters
 from runtime.inference.backends import BACKENDS, say_on
-from runtime.training.loop import Reporters
 
 
 def evaluation_components(components: Components, out: Reporters) -> Components:

@@ -14,8 +14,8 @@ code:
   with ``--int8``: NNCF's post-training quantisation, calibrated on each scan alone or on the
   scans ``--int8_calibration`` names (no training data needed).
 
-:func:`decide_backend` runs once, in ``resolve()``, which sets the config's backend and records
-why in its plan (``config.why("backend")``). In predict, ``--backend auto`` takes OpenVINO on
+:func:`decide_backend` runs once, in ``resolve()``, which sets the plan's backend and records
+why (``plan.why("backend")``). In predict, ``--backend auto`` takes OpenVINO on
 the CPU when it is installed and no PyTorch-only lever (``--amp``, ``--compile``,
 ``--channels_last``) is asked for, else PyTorch: both compute fp32, the same logits up to float32
 rounding, so ``auto`` never changes the algorithm. Evaluate's ``auto`` is PyTorch, the network as trained, whatever is installed (the
@@ -65,7 +65,7 @@ def openvino_missing(int8: bool = False) -> str | None:
 
 
 def _torch_module(model: torch.nn.Module, config: Config, say: Say, calibration=None) -> torch.nn.Module:
-    if config.exec_mode != "predict":  # evaluate: the trained network, as built
+    if not config.inference_copy:  # evaluate: the trained network, as built (runtime.resolve)
         return model
     if config.channels_last:
         model = prepare_for_inference(model, channels_last=True)
@@ -118,13 +118,13 @@ def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
     one line saying why (see the module docstring), for ``resolve()`` to record. Raises
     :class:`UsageError` (one line) when ``--backend openvino`` or ``--int8`` cannot run here."""
     asked = config.backend
-    if config.exec_mode not in ("predict", "evaluate") or config.benchmark:
+    if not config.mode.chooses_backend:
         return "torch", "PyTorch (training and --benchmark run PyTorch)"
     if asked == "torch":
         if config.int8 and "int8" not in BACKENDS["torch"].precisions:
             raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
         return "torch", "--backend torch: PyTorch"
-    if asked == "auto" and config.exec_mode == "evaluate":
+    if asked == "auto" and config.mode.scores:
         return "torch", ("--backend auto: PyTorch, the network as trained "
                          "(evaluate computes the benchmark's Dice; --backend openvino asks for OpenVINO)")
     levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]

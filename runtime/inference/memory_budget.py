@@ -26,7 +26,7 @@ import os
 from typing import Callable
 
 from data_loading.memory_limits import read_memory
-from runtime.arguments import Config, UsageError, replace
+from runtime.arguments import Config, UsageError
 
 GB = 1e9
 BASE_BYTES = 1.0 * GB  # interpreter, PyTorch and its libraries, the network's weights
@@ -63,14 +63,15 @@ def estimate_bytes(config: Config, backend: str, batch: int) -> float:
 
 
 def bounded_window_batch(config: Config, backend: str, say: Callable[[str], None] = print,
-                         available: Callable[[], float | None] = available_bytes) -> Config:
-    """``config`` with ``sw_batch_size`` lowered until the estimate fits the limit (see the
-    module docstring); one line when it is lowered. :class:`UsageError` when an explicit
+                         available: Callable[[], float | None] = available_bytes) -> int:
+    """The window batch: ``config.sw_batch_size`` lowered until the estimate fits the limit (see the
+    module docstring; ``config``: the flags with the network's filters and the window that run);
+    one line when it is lowered. :class:`UsageError` when an explicit
     ``--max_memory_gb`` cannot hold one window."""
     explicit = config.max_memory_gb > 0
     limit = config.max_memory_gb * GB if explicit else available()
     if limit is None:
-        return config
+        return config.sw_batch_size
     source = f"--max_memory_gb {config.max_memory_gb:g}" if explicit else "the memory available now"
     if not explicit and available is available_bytes:
         source += f" ({read_memory().available_source})"
@@ -84,11 +85,11 @@ def bounded_window_batch(config: Config, backend: str, say: Callable[[str], None
                              f"({backend}, {list(config.val_input_shape)} windows)")
         say(f"memory: about {estimate_bytes(config, backend, 1) / GB:.1f} GB needed, "
             f"{limit / GB:.1f} GB available; one window per forward")
-        return replace(config, sw_batch_size=1)
+        return 1
     batch = config.sw_batch_size
     while batch > 1 and estimate_bytes(config, backend, batch) > limit:
         batch -= 1
     if batch != config.sw_batch_size:
         say(f"memory: --sw_batch_size {config.sw_batch_size} lowered to {batch} to stay within {source} "
             f"({limit / GB:.1f} GB; about {estimate_bytes(config, backend, batch) / GB:.1f} GB estimated)")
-    return replace(config, sw_batch_size=batch)
+    return batch

@@ -35,11 +35,10 @@ class PredictorOptions:
 
 
 def options_from(config) -> PredictorOptions:
-    """The predictor options of a resolved :class:`runtime.arguments.Config` (``--tta`` is
-    predict's: evaluation scores the logits)."""
+    """The predictor options of a resolved plan (:class:`runtime.plan.RunPlan`; ``tta`` as decided:
+    predict's ``--tta``, evaluation scores the logits)."""
     return PredictorOptions(channels_last=config.channels_last,
-                            amp_dtype=config.amp_dtype if config.amp else None,
-                            tta=config.tta and config.exec_mode == "predict")
+                            amp_dtype=config.amp_dtype if config.amp else None, tta=config.tta)
 
 
 def autocast_context(amp_dtype: str | None, device: torch.device) -> Callable[[], object]:

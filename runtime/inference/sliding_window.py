@@ -109,6 +109,16 @@ def short_axis_padding(shape: Sequence[int], roi: Sequence[int]) -> tuple[tuple[
                  for size, window in zip(shape, roi))
 
 
+def pad_short_axes(image: torch.Tensor, roi: Sequence[int]) -> tuple[torch.Tensor, tuple[tuple[int, int], ...]]:
+    """``image`` (1, C, D, H, W) with each axis shorter than ``roi`` padded to it with the edge's
+    values (replicated, :func:`short_axis_padding`: half before), and that padding: what
+    predict's windows (and int8's calibration windows) are cut from."""
+    padding = short_axis_padding(image.shape[2:], roi)
+    if not any(before or after for before, after in padding):
+        return image, padding
+    return F.pad(image, [p for pair in reversed(padding) for p in pair], mode="replicate"), padding
+
+
 def flush_sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor,
                                    roi: Sequence[int], overlap: float, sw_batch_size: int = 1,
                                    n_class: int | None = None) -> torch.Tensor:
@@ -124,10 +134,7 @@ def flush_sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tenso
     preprocessing pads a scan to 128 voxels (the network saw that in training), then cropped
     back. Evaluation keeps :func:`sliding_window_inference` (the benchmark's trimming and padding).
     """
-    padding = short_axis_padding(image.shape[2:], roi)
-    padded = image
-    if any(before or after for before, after in padding):
-        padded = F.pad(image, [p for pair in reversed(padding) for p in pair], mode="replicate")
+    padded, padding = pad_short_axes(image, roi)
     strides = window_geometry(padded.shape[2:], roi, overlap).strides  # the benchmark's
     starts = [flush_starts(size, window, stride) for size, window, stride in zip(padded.shape[2:], roi, strides)]
     origins = [tuple(origin) for origin in itertools.product(*starts)]  # raster order, as the benchmark's

@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
+from numbers import Integral
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from data_loading.scans import RawScan, read_scan
-from runtime.arguments import Config, UsageError, replace, validate
+from model.unet3d import SHAPE_DIVISOR
+from runtime.arguments import Config, UsageError, checkpoint_path_problem, replace
 from runtime.checkpoint import Saved
-from runtime.inference.backends import int8_calibration, say_on, window_predictor
+from runtime.inference.backends import say_on, window_predictor
+from runtime.predict.calibration import calibration_policy
 from runtime.predict.records import Dice, score  # noqa: F401 - the API's Dice (NaN: a label absent from both)
 from runtime.predict.scan import (EnsembleInference, ScanInference, Segmentation, StageTimer, load_trained_model,
                                   segment_volume)
@@ -56,6 +60,10 @@ def raw_from_array(array: np.ndarray, affine: np.ndarray, spacing: Sequence[floa
     return RawScan(kits[None], orientation.spacing_to_kits(file_spacing), None, orientation, file_spacing)
 
 
+DEVICES = ("auto", "cpu", "cuda")  # --device's choices
+BACKENDS = ("auto", "torch", "openvino")  # --backend's choices
+
+
 @dataclass(frozen=True)
 class PredictOptions:
     """Predict's knobs, each its flag's value with the flag's default: ``device`` (``--device``:
@@ -63,7 +71,9 @@ class PredictOptions:
     128³ for :meth:`Segmenter.from_network`), ``overlap``, ``sw_batch_size``, ``tta``, ``amp``,
     ``backend`` (``--backend``: auto, torch, openvino), ``int8``, ``int8_calibration``
     (``--int8_calibration``: a scan file or folder to calibrate on once; "": each file alone),
-    ``channels_last``; ``verbose`` prints the lines predict prints (window, weights, backend)."""
+    ``channels_last``; ``verbose`` prints the lines predict prints (window, weights, backend).
+    Checked when made: a bad value raises ``UsageError``, the command line's one line naming
+    the flag."""
 
     device: str = Config.device
     window: tuple[int, ...] | None = None
@@ -77,11 +87,45 @@ class PredictOptions:
     channels_last: bool = Config.channels_last
     verbose: bool = True
 
+    def __post_init__(self):
+        errors = self.errors()
+        if errors:
+            raise UsageError(errors[0])
+
+    def errors(self) -> list[str]:
+        """Every problem with these options, one line each, in the words of the flags' checks
+        (:func:`runtime.arguments.validate`)."""
+        from runtime.arguments import cuda_available
+
+        window = None if self.window is None else list(self.window)
+        checks = [
+            (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}"),
+            (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"),
+            (window is None or len(window) == 3, f"--val_input_shape needs 3 sizes, got {len(window or ())}"),
+            (window is None or all(isinstance(s, Integral) and s > 0 and s % SHAPE_DIVISOR == 0 for s in window),
+             f"--val_input_shape sizes must be positive multiples of {SHAPE_DIVISOR}, got {window}"),
+            (0.0 <= self.overlap < 1.0, f"--overlap must be in [0, 1), got {self.overlap}"),
+            (isinstance(self.sw_batch_size, Integral) and self.sw_batch_size >= 1,
+             f"--sw_batch_size must be >= 1, got {self.sw_batch_size}"),
+            (self.device != "cuda" or cuda_available(),
+             "--device cuda: no CUDA or ROCm GPU is visible here; use --device cpu or auto"),
+            (not (self.int8 and self.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu"),
+            (not (self.int8 and self.amp), "--int8 replaces --amp: give one of them"),
+            (not self.int8_calibration or self.int8,
+             "--int8_calibration names the scans --int8 calibrates on: add --int8 or drop it"),
+            (not self.int8_calibration or os.path.exists(self.int8_calibration),
+             f"--int8_calibration {self.int8_calibration!r} does not exist")]
+        return [message for ok, message in checks if not ok]
+
     def config(self, checkpoints: Sequence[str] = ()) -> Config:
         """Predict's config of these options on ``checkpoints`` (none: a network given), before
-        :func:`runtime.resolve.resolve`; a bad value raises ``UsageError`` (one line naming the flag)."""
-        values = {"exec_mode": "predict", "input": os.curdir, "output_dir": os.curdir, "device": self.device,
-                  "overlap": self.overlap, "sw_batch_size": self.sw_batch_size, "backend": self.backend}
+        :func:`runtime.resolve.resolve`; a checkpoint that is no file raises ``UsageError`` (one
+        line naming it)."""
+        for path in checkpoints:
+            if not os.path.isfile(path):
+                raise UsageError(checkpoint_path_problem(path, "--load_ckpt_path"))
+        values = {"exec_mode": "predict", "device": self.device, "overlap": self.overlap,
+                  "sw_batch_size": self.sw_batch_size, "backend": self.backend}
         if self.window is not None:
             values["val_input_shape"] = tuple(int(size) for size in self.window)
         values.update((name, getattr(self, name)) for name in ("tta", "amp", "int8", "int8_calibration",
@@ -89,12 +133,8 @@ class PredictOptions:
         if checkpoints:
             values["load_ckpt_path"] = checkpoints[0]
         # the fields given, as if on the command line: the checkpoint's values fill the others
-        config = Config(**values, load_ckpt_paths=tuple(checkpoints) if len(checkpoints) > 1 else (),
-                        explicit=frozenset(values))
-        errors = [e for e in validate(config) if checkpoints or "needs --load_ckpt_path" not in e]
-        if errors:
-            raise UsageError(errors[0])
-        return config
+        return Config(**values, load_ckpt_paths=tuple(checkpoints) if len(checkpoints) > 1 else (),
+                      explicit=frozenset(values))
 
 
 def _say_backend(config: Config, say: Callable[[str], None]) -> None:
@@ -102,6 +142,10 @@ def _say_backend(config: Config, say: Callable[[str], None]) -> None:
     say(f"backend: {config.why('backend')}")
     if config.why("window_batch"):
         say(config.why("window_batch"))
+
+
+# builds the window inference of the networks for an int8 calibration set (None: fp32)
+Build = Callable[[object], Callable[[np.ndarray], torch.Tensor]]
 
 
 class Segmenter:
@@ -112,28 +156,23 @@ class Segmenter:
     (``--exec_mode predict``'s resolved config). With ``int8``, each file is calibrated on alone
     (:meth:`segment_file`: its result can be reproduced from that file alone), unless
     ``int8_calibration`` names the scans to calibrate on once, which an array
-    (:meth:`segment_array`) needs. ``config`` is the resolved :class:`runtime.arguments.Config`
-    (never changed after); ``calibration`` the int8 calibration set in use (None without int8).
+    (:meth:`segment_array`) needs: ``policy`` (:mod:`runtime.predict.calibration`, from the
+    plan's decision). ``config`` is the resolved config (never changed after); ``calibration``
+    the int8 calibration set of the last volume segmented (None without int8).
 
     :meth:`segment_file` and :meth:`segment_array` return labels (0 background, 1 kidney,
     2 tumour) on the input's own grid and in its own axis order, whatever its orientation.
     """
 
-    def __init__(self, config: Config, members: Sequence[tuple[Config, torch.nn.Module]], device: torch.device,
-                 verbose: bool = True):
-        """``members``: each network (eval mode) with its resolved config."""
-        self._say, self.device, self.config, self._members = say_on(verbose), device, config, list(members)
-        # --int8: calibrated on each scan alone (calibrate_for), or once on the set --int8_calibration names
-        self.per_scan = bool(config.int8 and not config.int8_calibration)
-        self.calibration = None
-        self.infer: Callable[[np.ndarray], torch.Tensor] | None = None
-        if config.int8 and not self.per_scan:
-            from data_loading.scans import find_scans
-
-            named = find_scans(config.int8_calibration)
-            self._build(int8_calibration(config, [(scan.name, scan.image_path) for scan in named]))
-        elif not config.int8:
-            self._build(None)
+    def __init__(self, config: Config, build: Build, device: torch.device, verbose: bool = True):
+        """``build(calibration)``: the window inference (preprocessed image -> probabilities) of
+        the networks, int8 on ``calibration`` when given. Everything one set serves (fp32, or the
+        set ``int8_calibration`` names) is built here; each scan's own set when the scan comes."""
+        self._say, self.device, self.config, self._build = say_on(verbose), device, config, build
+        self.policy = calibration_policy(config)
+        self.calibration, self._digest, self._infer = None, None, None
+        if not self.policy.per_scan:
+            self._inference(self.policy.set_for(None, None))
 
     @classmethod
     def from_checkpoint(cls, checkpoints: str | os.PathLike | Sequence[str | os.PathLike],
@@ -156,8 +195,21 @@ class Segmenter:
         window is ``options.window`` (default 128³, there being no training patch to take)."""
         networks = [network] if isinstance(network, torch.nn.Module) else list(network)
         config, device = cls._resolved(options.config(), options.verbose)
-        _say_backend(config, say_on(options.verbose))
-        return cls(config, [(config, net.to(device).eval()) for net in networks], device, options.verbose)
+        say = say_on(options.verbose)
+        _say_backend(config, say)
+        members = [(config, net.to(device).eval()) for net in networks]
+        return cls(config, partial(_window_inference, members, device, say), device, options.verbose)
+
+    @classmethod
+    def from_inference(cls, infer: Callable[[np.ndarray], torch.Tensor], config: Config,
+                       device: torch.device = torch.device("cpu")) -> "Segmenter":
+        """The segmenter of a window inference given as it is (preprocessed image (1, D, H, W) ->
+        probabilities (3, D, H, W), fp32: a benchmark's reference network) and its resolved
+        ``config``, for predict's folder (:func:`runtime.predict.folder.predict_cases`)."""
+        if config.int8:
+            raise UsageError("--int8 quantises predict's own networks; a window inference given as it is "
+                             "computes what it computes: drop --int8")
+        return cls(config, lambda calibration: infer, device, verbose=False)
 
     @staticmethod
     def _resolved(config: Config, verbose: bool, saved: Saved | None = None,
@@ -183,49 +235,33 @@ class Segmenter:
         for one in [saved] if isinstance(saved, Saved) else list(saved):
             member = replace(config, load_ckpt_path=one.path)
             members.append((member, load_trained_model(member, one, device, say)))
-        return cls(config, members, device, verbose)
-
-    def _build(self, calibration) -> None:
-        """The window predictors of every network, int8 on ``calibration`` (the backend's
-        calibration set, :func:`runtime.inference.backends.int8_calibration`) when given."""
-        members = [ScanInference(window_predictor(model, member, self.device, self._say, calibration), member,
-                                 self.device) for member, model in self._members]
-        self.calibration = calibration
-        self.infer = members[0] if len(members) == 1 else EnsembleInference(members)
+        return cls(config, partial(_window_inference, members, device, say), device, verbose)
 
     def calibration_for(self, name: str, path: str):
-        """The int8 calibration set the scan ``path`` (named ``name``) is segmented with: itself
-        alone (the default), or the named set; None without ``--int8``."""
-        if not self.per_scan:
-            return self.calibration
-        return int8_calibration(self.config, [(name, path)])
+        """The int8 calibration set the scan ``path`` (named ``name``) is segmented with (the
+        policy's: itself alone, or the named set; None without ``--int8``): give it to
+        :meth:`segment_raw`, and its ``digest()`` to the scan's record."""
+        return self.policy.set_for(name, path)
 
-    def calibrate_for(self, name: str, path: str) -> None:
-        """With ``--int8`` on each scan alone: the networks quantised on the scan ``path`` (once
-        per scan; the conversion is cached), before it is segmented."""
-        if not self.per_scan:
-            return
-        calibration = self.calibration_for(name, path)
-        if self.calibration is None or calibration.digest() != self.calibration.digest():
-            self._build(calibration)
-
-    # the window predictor of predict's folder loop: preprocessed image -> probabilities
-    def __call__(self, image: np.ndarray) -> torch.Tensor:
-        """Class probabilities (3, D', H', W') of one preprocessed image (1, D', H', W')."""
-        if self.infer is None:
-            raise UsageError("--int8 calibrates on each scan alone: segment a file (segment_file), or name the "
-                             "scans to calibrate on once (int8_calibration)")
-        return self.infer(image)
+    def _inference(self, calibration):
+        """The window inference on ``calibration`` (None: fp32), built once per set in a row."""
+        digest = None if calibration is None else calibration.digest()
+        if self._infer is None or digest != self._digest:
+            self._infer, self._digest = None, None  # the previous networks go before the next are built
+            self._infer, self._digest, self.calibration = self._build(calibration), digest, calibration
+        return self._infer
 
     @property
     def windows(self) -> int:
         """How many windows the last volume ran through the network(s)."""
-        return self.infer.windows
+        return self._infer.windows
 
     def segment_raw(self, raw: RawScan, probabilities: bool = False, path: str = "",
-                    timer: StageTimer | None = None) -> Segmentation:
-        """A volume read into the KiTS19 layout -> its :class:`Segmentation` on its own grid."""
-        return segment_volume(raw, self, timer or StageTimer(), probabilities, path)
+                    timer: StageTimer | None = None, calibration=None) -> Segmentation:
+        """A volume read into the KiTS19 layout -> its :class:`Segmentation` on its own grid,
+        int8 on ``calibration`` (:meth:`calibration_for`; None: the policy's one set, or fp32)."""
+        infer = self._inference(calibration if calibration is not None else self.policy.set_for(None, None))
+        return segment_volume(raw, infer, timer or StageTimer(), probabilities, path)
 
     def segment_file(self, path: str | os.PathLike, probabilities: bool = False) -> Segmentation:
         """Segment one scan file (NIfTI; NRRD, MHA/MHD or a DICOM series with SimpleITK), any
@@ -237,12 +273,13 @@ class Segmenter:
         path = os.fspath(path)
         check_header(path)
         raw = read_scan(path)
-        if self.per_scan:  # named as predict names it, so that its calibration is the command line's
+        calibration = None
+        if self.policy.per_scan:  # named as predict names it, so that its calibration is the command line's
             from data_loading.scans import find_scans
 
             found = find_scans(path)
-            self.calibrate_for(found[0].name if len(found) == 1 else os.path.basename(path), path)
-        return self.segment_raw(raw, probabilities, path)
+            calibration = self.calibration_for(found[0].name if len(found) == 1 else os.path.basename(path), path)
+        return self.segment_raw(raw, probabilities, path, calibration=calibration)
 
     def segment_array(self, array: np.ndarray, affine: np.ndarray, probabilities: bool = False,
                       spacing: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -259,3 +296,13 @@ class Segmenter:
                       "(give spacing= if they are not)")
         result = self.segment_raw(raw_from_array(array, affine, spacing), probabilities, "array")
         return result.labels, result.probabilities
+
+
+def _window_inference(members: Sequence[tuple[Config, torch.nn.Module]], device: torch.device,
+                      say: Callable[[str], None], calibration) -> ScanInference | EnsembleInference:
+    """The window inference of every network of ``members`` (each with its resolved config),
+    converted by the backend, int8 on ``calibration`` (the backend's calibration set) when given:
+    one network's, or the mean of their probabilities."""
+    inferences = [ScanInference(window_predictor(model, member, device, say, calibration), member, device)
+                  for member, model in members]
+    return inferences[0] if len(inferences) == 1 else EnsembleInference(inferences)

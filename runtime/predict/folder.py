@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from data_loading.scan_checks import check_header
 from data_loading.scan_io import input_digest, input_files
@@ -37,6 +38,7 @@ from runtime.arguments import Config, UsageError
 from runtime.labels import run_labels
 from runtime.outputs import OutputError
 from runtime.progress import progress, write
+from runtime.predict.api import Segmenter
 from runtime.predict.provenance import (PendingRecord, difference, pending_records, read_record,
                                         record_path, recorded_files, run_fields)
 from runtime.predict.scan import OutputWriteError, one_line_reason, probabilities_path, segment_scan, summarise_existing
@@ -115,86 +117,149 @@ def entry_result(scan: Scan) -> CaseResult:
     return CaseResult(scan.name, "left out", scan.image_path, error=scan.left_out)
 
 
-def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
+@dataclass(frozen=True)
+class ScanOutputs:
+    """The files of one scan in ``--output_dir``: its segmentation, the record beside it, its
+    preview and its probabilities; ``writes``: those this run writes (the segmentation, and the
+    preview and probabilities when asked for)."""
+
+    segmentation: str
+    record: str
+    preview: str
+    probabilities: str
+    writes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, scan: Scan, config: Config) -> "ScanOutputs":
+        path = output_path(config.output_dir, scan)
+        png, npz = preview_path(config.output_dir, scan), probabilities_path(config.output_dir, scan)
+        return cls(path, record_path(path), png, npz,
+                   (path,) + ((png,) if config.preview else ()) + ((npz,) if config.save_probabilities else ()))
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """What earlier runs left of one scan: its record (None: ``why_none``), the pending records
+    of a run stopped while it wrote them (``leftovers``: ``(path, record)``), and the names of
+    the files those records say predict wrote (``owned``: the only ones it replaces or removes)."""
+
+    record: dict | None
+    why_none: str
+    leftovers: list
+    owned: frozenset
+
+
+def earlier_outputs(outputs: ScanOutputs) -> Earlier:
+    """What earlier runs left of a scan's ``outputs``; :class:`NotOurs` when its record is no
+    record of this project, or a file this run would write is not predict's own."""
+    stored, why_none = read_record(outputs.record)
+    if os.path.lexists(outputs.record) and stored is None:  # unreadable, or someone else's file
+        raise not_ours(outputs.record, "is no record of this project")
+    leftovers = pending_records(outputs.record)  # of a run stopped while it wrote this scan's outputs
+    path = outputs.segmentation
+    owned = frozenset(recorded_files(stored, path).union(*(recorded_files(r, path) for _, r in leftovers)))
+    for target in outputs.writes:
+        if os.path.lexists(target) and os.path.basename(target) not in owned:
+            raise not_ours(target)
+    return Earlier(stored, why_none, leftovers, owned)
+
+
+def reuse(scan: Scan, outputs: ScanOutputs, earlier: Earlier, current: dict,
+          config: Config) -> tuple[CaseResult | None, str]:
+    """Whether the scan's existing segmentation (``current``: this run's record of it, its input's
+    digest too) is kept: ``(its result, "")`` when it is (its record matches this run, or it is
+    another model's and there is no ``--force``), else ``(None, why it is replaced)``."""
+    stored = earlier.record
+    replaced = difference(stored, earlier.why_none, current)
+    if replaced is None and config.save_probabilities and not (stored.get("probabilities")
+                                                               and os.path.exists(outputs.probabilities)):
+        replaced = "without saved probabilities"
+    if another_model(stored, current) and not config.force:
+        result = summarise_existing(scan, outputs.segmentation, run_labels(config))
+        result.status, result.provenance = "kept", stored
+        result.error = (f"{outputs.segmentation} was made by another model ({model_text(stored)}): kept; --force "
+                        "replaces it")
+        return result, ""
+    if replaced is None and not config.force:
+        result = summarise_existing(scan, outputs.segmentation, run_labels(config))
+        result.provenance = stored
+        return result, ""
+    if replaced and another_model(stored, current):
+        replaced = f"of another model ({model_text(stored)})"
+    return None, replaced or ""
+
+
+def remove_stale(outputs: ScanOutputs, earlier: Earlier, replaced: str, force: bool) -> None:
+    """What claims or shows an earlier output goes first (only what its record says predict
+    wrote), and the pending records of a stopped run; with ``--force`` the segmentation itself
+    is kept until the new one replaces it."""
+    for stale in (outputs.record, outputs.preview, outputs.probabilities) + (
+            (outputs.segmentation,) if replaced and not force else ()):
+        if stale == outputs.record or os.path.basename(stale) in earlier.owned:
+            remove_output(stale)
+    for leftover, _ in earlier.leftovers:
+        remove_output(leftover)
+
+
+def segment_recorded(scan: Scan, segmenter: Segmenter, calibration, outputs: ScanOutputs, current: dict,
+                     config: Config) -> CaseResult:
+    """Segment the scan with ``segmenter`` (int8 on ``calibration``), its record ``current``
+    written first under a temporary name (:class:`PendingRecord`) and put in place only after
+    the segmentation took its own."""
+    pending = pending_record(outputs.record, current, outputs.segmentation)
+    keep = False
+    try:
+        result = segment_scan(scan, segmenter, config.output_dir, config.preview,
+                              probabilities=config.save_probabilities, calibration=calibration,
+                              label_set=run_labels(config))
+        write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(outputs.record, reason, is_full_disk(exc)))
+    except BaseException:
+        # stopped or failed with a segmentation there (this run's, or with --force the earlier
+        # one, whose record is gone): the pending record stays, so that the next run knows
+        # the files it lists as predict's own (it claims nothing: it is no record)
+        keep = os.path.lexists(outputs.segmentation)
+        raise
+    finally:
+        if not keep:
+            pending.discard()
+    return result
+
+
+def predict_one(scan: Scan, segmenter: Segmenter, config: Config) -> CaseResult:
     """Segment (or reuse) one scan, its header checked before any voxel is read; every failure
     inside it (bad input, out of memory, an allocator error, a full output disk) is its result.
 
-    An existing output is reused when its record matches this run (never with ``--force``);
-    one made otherwise is removed first, with its record and preview, so that a failure of this
-    run never leaves another run's segmentation behind. The new record is written before the
-    scan is segmented and takes its place only after the segmentation has taken its own.
-    Only files a record says predict wrote are replaced or removed (:class:`NotOurs`). An output
-    of another model (other weights: :func:`another_model`) is kept, status "kept", unless
-    ``--force``; replaced with it, the result says so. An entry of ``--input`` that is no scan
-    is its result as it is (:func:`entry_result`)."""
+    An existing output is reused when its record matches this run (:func:`reuse`; never with
+    ``--force``); one made otherwise is removed first, with its record and preview
+    (:func:`remove_stale`), so that a failure of this run never leaves another run's
+    segmentation behind. The new record is written before the scan is segmented and takes its
+    place only after the segmentation has taken its own (:func:`segment_recorded`).
+    Only files a record says predict wrote are replaced or removed (:func:`earlier_outputs`,
+    :class:`NotOurs`). An output of another model (other weights: :func:`another_model`) is
+    kept, status "kept", unless ``--force``; replaced with it, the result says so. The scan's
+    int8 calibration set is the segmenter's (:meth:`Segmenter.calibration_for`). An entry of
+    ``--input`` that is no scan is its result as it is (:func:`entry_result`)."""
     if not scan.is_scan:
         return entry_result(scan)
-    path = output_path(config.output_dir, scan)
-    record = record_path(path)
-    png, npz = preview_path(config.output_dir, scan), probabilities_path(config.output_dir, scan)
+    outputs = ScanOutputs.of(scan, config)
     try:
-        calibration_for = getattr(infer, "calibration_for", None)  # --int8: each scan alone, or the named set
-        current = dict(run_fields(config, calibration_for(scan.name, scan.image_path)
-                                  if config.int8 and calibration_for is not None else None))
-        stored, why_none = read_record(record)
-        if os.path.lexists(record) and stored is None:  # unreadable, or someone else's file
-            raise not_ours(record, "is no record of this project")
-        leftovers = pending_records(record)  # of a run stopped while it wrote this scan's outputs
-        owned = recorded_files(stored, path).union(*(recorded_files(r, path) for _, r in leftovers))
-        writes = [path] + ([png] if config.preview else []) + ([npz] if config.save_probabilities else [])
-        for target in writes:
-            if os.path.lexists(target) and os.path.basename(target) not in owned:
-                raise not_ours(target)
+        calibration = segmenter.calibration_for(scan.name, scan.image_path)
+        current = dict(run_fields(config, calibration, segmenter.policy.source))
+        earlier = earlier_outputs(outputs)
         replaced = ""
-        if os.path.exists(path):
+        if os.path.exists(outputs.segmentation):
             current["input_sha256"] = input_digest(scan.image_path)
-            replaced = difference(stored, why_none, current)
-            if replaced is None and config.save_probabilities and not (stored.get("probabilities")
-                                                                       and os.path.exists(npz)):
-                replaced = "without saved probabilities"
-            if another_model(stored, current) and not config.force:
-                result = summarise_existing(scan, path, run_labels(config))
-                result.status, result.provenance = "kept", stored
-                result.error = (f"{path} was made by another model ({model_text(stored)}): kept; --force "
-                                "replaces it")
-                return result
-            if replaced is None and not config.force:
-                result = summarise_existing(scan, path, run_labels(config))
-                result.provenance = stored
-                return result
-            if replaced and another_model(stored, current):
-                replaced = f"of another model ({model_text(stored)})"
-        # what claims or shows an earlier output goes first (only what its record says predict
-        # wrote); with --force the output itself is kept until the new one replaces it
-        for stale in (record, png, npz) + ((path,) if replaced and not config.force else ()):
-            if stale == record or os.path.basename(stale) in owned:
-                remove_output(stale)
-        for leftover, _ in leftovers:
-            remove_output(leftover)
+            kept, replaced = reuse(scan, outputs, earlier, current, config)
+            if kept is not None:
+                return kept
+        remove_stale(outputs, earlier, replaced, config.force)
         check_header(scan.image_path)
         if "input_sha256" not in current:
             current["input_sha256"] = input_digest(scan.image_path)
-        current["probabilities"] = os.path.basename(npz) if config.save_probabilities else ""
-        current["files"] = [os.path.basename(f) for f in writes]
-        pending = pending_record(record, current, path)
-        keep = False
-        try:
-            calibrate = getattr(infer, "calibrate_for", None)  # --int8 on this scan alone
-            if config.int8 and calibrate is not None:
-                calibrate(scan.name, scan.image_path)
-            result = segment_scan(scan, infer, config.output_dir, config.preview,
-                                  probabilities=config.save_probabilities, label_set=run_labels(config))
-            write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(record, reason, is_full_disk(exc)))
-        except BaseException:
-            # stopped or failed with a segmentation there (this run's, or with --force the earlier
-            # one, whose record is gone): the pending record stays, so that the next run knows
-            # the files it lists as predict's own (it claims nothing: it is no record)
-            keep = os.path.lexists(path)
-            raise
-        finally:
-            if not keep:
-                pending.discard()
-        result.provenance, result.replaced = current, replaced or ""
+        current["probabilities"] = os.path.basename(outputs.probabilities) if config.save_probabilities else ""
+        current["files"] = [os.path.basename(f) for f in outputs.writes]
+        result = segment_recorded(scan, segmenter, calibration, outputs, current, config)
+        result.provenance, result.replaced = current, replaced
         return result
     except Stopped:  # SIGTERM / SIGUSR1: the run stops, it is no failure of this scan
         raise
@@ -203,9 +268,11 @@ def predict_one(scan: Scan, infer: Callable, config: Config) -> CaseResult:
                           full_disk=isinstance(exc, OutputWriteError) and exc.full)
 
 
-def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_progress: bool,
+def predict_cases(scans: Sequence[Scan], segmenter: Segmenter, config: Config, show_progress: bool,
                   results: list | None = None) -> list[CaseResult]:
-    """Segment (or skip) each scan of this rank into ``results`` (returned); a scan that fails
+    """Segment (or skip) each scan of this rank with ``segmenter`` (of the resolved ``config``;
+    a window inference given as it is: :meth:`Segmenter.from_inference`) into ``results``
+    (returned); a scan that fails
     is one stderr line naming it. Once the output disk is full, the remaining scans are "not
     run" (each would fail the same way after minutes of work)."""
     results = [] if results is None else results
@@ -215,7 +282,7 @@ def predict_cases(scans: Sequence[Scan], infer: Callable, config: Config, show_p
         if full_disk is not None:
             result = CaseResult(scan.name, "not run", scan.image_path, error=f"the output disk is full ({full_disk})")
         else:
-            result = predict_one(scan, infer, config)
+            result = predict_one(scan, segmenter, config)
             full_disk = result.error if result.full_disk else None
         if result.status in ("failed", "kept") or (result.error and result.status not in ("not run", "left out")):
             write(f"main.py: error: {result.error}", sys.stderr)
@@ -301,7 +368,7 @@ def scans_to_predict(config: Config) -> list[Scan]:
     return scans
 
 
-def predict_scans(config: Config, segmenter: Callable, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
+def predict_scans(config: Config, segmenter: Segmenter, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
     """Segment this rank's share of ``scans`` with ``segmenter`` (the run's
     :class:`runtime.predict.api.Segmenter`, of the resolved ``config``), write the summary
     (rank 0); the exit code."""

@@ -42,11 +42,14 @@ FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "int8_ca
           "amp", "tta", "window_shape", "overlap", "input_sha256", "probabilities")
 
 
-def run_fields(config, calibration=None) -> dict:
+def run_fields(config, calibration=None, calibrated_on: str = "") -> dict:
     """The fields of :data:`FIELDS` this run of a resolved, backend-chosen ``config`` gives a
-    scan (``calibration``: the int8 calibration set it is segmented with), but ``input_sha256`` (the scan's own) and ``probabilities`` (the name of the saved
-    probabilities, only when ``--save_probabilities`` wrote them). An ensemble's ``checkpoint``
-    and ``weights_sha256`` are lists, every checkpoint's in order (one checkpoint: strings)."""
+    scan (``calibration``: the int8 calibration set it is segmented with, and ``calibrated_on``
+    what that set is for the record: ``"this scan"``, the path ``--int8_calibration`` named, or
+    "" without ``--int8``: :mod:`runtime.predict.calibration`), but ``input_sha256`` (the scan's
+    own) and ``probabilities`` (the name of the saved probabilities, only when
+    ``--save_probabilities`` wrote them). An ensemble's ``checkpoint`` and ``weights_sha256`` are
+    lists, every checkpoint's in order (one checkpoint: strings)."""
     if len(config.checkpoints) > 1:
         checkpoint = [os.path.abspath(path) for path in config.checkpoints]
         weights = list(config.ensemble_sha256)
@@ -55,18 +58,10 @@ def run_fields(config, calibration=None) -> dict:
         weights = config.weights_sha256
     return {"version": __version__, "checkpoint": checkpoint,
             "weights_sha256": weights, "backend": config.backend, "int8": bool(config.int8),
-            "int8_calibration": calibration.digest() if config.int8 and calibration is not None else "",
-            "int8_calibration_set": calibration_set(config),
+            "int8_calibration": calibration.digest() if calibration is not None else "",
+            "int8_calibration_set": calibrated_on,
             "amp": config.amp_dtype if config.amp else "off", "tta": bool(config.tta),
             "window_shape": [int(s) for s in config.val_input_shape], "overlap": float(config.overlap)}
-
-
-def calibration_set(config) -> str:
-    """What ``--int8`` calibrated on, for the record: ``"this scan"`` (each scan alone, the
-    default), the absolute path ``--int8_calibration`` named, or "" without ``--int8``."""
-    if not config.int8:
-        return ""
-    return os.path.abspath(config.int8_calibration) if config.int8_calibration else "this scan"
 
 
 def record_path(output: str) -> str:

@@ -285,13 +285,14 @@ def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray
 
 def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output_dir: str,
                  preview: bool = False, timer: StageTimer | None = None, probabilities: bool = False,
-                 label_set=None) -> CaseResult:
+                 calibration=None, label_set=None) -> CaseResult:
     """Segment one scan into ``output_dir/<case>.nii.gz`` (and ``<case>.png`` with ``preview``,
     ``<case>.npz`` with ``probabilities``: :func:`write_probabilities`).
 
     ``infer`` maps the preprocessed image (1, D', H', W') to class probabilities (3, D', H', W')
-    (a :class:`runtime.predict.api.Segmenter`, or any such callable); its ``windows`` after the
-    call, when it has them, go to the result. The probabilities are written before the
+    (a :class:`runtime.predict.api.Segmenter`, int8 on ``calibration`` when given: its
+    ``calibration_for`` the scan; or any such callable); its ``windows`` after the call, when it
+    has them, go to the result. The probabilities are written before the
     segmentation, whose existence marks the case done; a preview that cannot be drawn is the
     result's ``error``, never the loss of the segmentation.
     """
@@ -305,8 +306,12 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
         print(raw.note, flush=True)
     # a Segmenter segments the volume itself (the Python entry point's path); a bare callable here
     segment = getattr(infer, "segment_raw", None)
-    segmentation = (segment(raw, probabilities, scan.image_path, timer) if segment is not None
-                    else segment_volume(raw, infer, timer, probabilities, scan.image_path))
+    if segment is not None:
+        segmentation = segment(raw, probabilities, scan.image_path, timer, calibration=calibration)
+    elif calibration is None:
+        segmentation = segment_volume(raw, infer, timer, probabilities, scan.image_path)
+    else:
+        raise TypeError("an int8 calibration set is a Segmenter's (runtime.predict.api), not a bare window inference's")
     file_labels = segmentation.labels
     path = output_path(output_dir, scan)
     with timer("write"):

@@ -4,6 +4,8 @@ One module per job, each importing only those before it:
 
 * ``files``: the report's error type and its atomic file write;
 * ``runs``: reading run folders (``log.json``, the MLPerf logs) into ``Run`` records;
+* ``validity``: which MLPerf logs are results: the one rule of the report's score and the
+  submission package (``runtime.submission`` uses it; the report uses nothing of the submission);
 * ``compliance``: the MLPerf compliance checker's verdict on each MLPerf log;
 * ``time_to_train``: the MLPerf time to train predicted from a speed (also ``--benchmark``'s);
 * ``scoring``: a run's outcome, time to target and best Dice, the time to train predicted at its

@@ -14,7 +14,7 @@ official tools.
 (``--submission_org``, ``--submission_platform``, ``--submission_division``,
 ``--submission_status``); every counted run must agree on them. Every attempt of every run
 folder is judged, its ``previous-<time>/`` folders included (earlier attempts moved out of the way
-of a rerun); a run is counted or left out by :mod:`runtime.submission.validity`: a crashed attempt
+of a rerun); a run is counted or left out by :mod:`runtime.report.validity`: a crashed attempt
 (``run_start``, no ``run_stop``) is a failed run and is packed as it is. The counted runs are
 packed in the order they started; of more than ``--expected_runs``, the consecutive ones whose
 olympic score is closest to the median of every such window's (the rules' choice,
@@ -37,10 +37,10 @@ from data_loading.write_errors import failure_reason
 from runtime.report.compliance import check_compliance
 from runtime.report.runs import find_runs, folder_runs, mlperf_logs
 from runtime.report.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, olympic_score, rules_window
+from runtime.report.validity import NOT_A_RESULT, RESULT, Validity, judge_events, read_events
 from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, UNVERIFIED
 from runtime.submission import system as S
 from runtime.submission import what_ran as W
-from runtime.submission.validity import NOT_A_RESULT, RESULT, Validity, judge_events, read_events
 
 RULESET = "4.0.0"  # the only ruleset whose checkers still know unet3d (retired after v4.0)
 USAGE = "training"

@@ -32,13 +32,14 @@ from data_loading.windows import window_geometry
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.build import Components
+from runtime.clocked.reporters import Reporters
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.report import time_to_train as T
 from runtime.schedule import eval_schedule, samples_per_epoch
 from runtime.inference.sliding_window import sliding_window_inference
 from runtime.run_files import BENCHMARK
 from runtime.training.latency import format_summary, latency_summary, reference_stats
-from runtime.training.loop import Reporters, set_learning_rate, step_inputs
+from runtime.training.loop import set_learning_rate, step_inputs
 
 
 def _synchronizer(device: torch.device):

@@ -1,14 +1,15 @@
-"""The bodies of ``--exec_mode train`` and of ``--benchmark`` (``runtime.app.MODES``)."""
+"""The bodies of ``--exec_mode train`` and of ``--benchmark`` (``runtime.mode.MODES``)."""
 from __future__ import annotations
 
+from runtime.clocked.start import started
 from runtime.mode import Session
+from runtime.report.plotter import CurvePlotter
 from runtime.training.benchmark import benchmark_evaluate, benchmark_train
 from runtime.training.loop import run_training
-from runtime.training.start import started
 
 
 def train_body(session: Session) -> int:
-    parts, _ = started(session)
+    parts, _ = started(session, curves=CurvePlotter)  # --plot: curves.png redrawn after each evaluation
     if parts is None:
         return 0
     out, components = parts
@@ -20,5 +21,5 @@ def benchmark_body(session: Session) -> int:
     if parts is None:
         return 0
     out, components = parts
-    (benchmark_evaluate if session.config.exec_mode == "evaluate" else benchmark_train)(components, out)
+    (benchmark_train if session.mode.trains else benchmark_evaluate)(components, out)
     return 0

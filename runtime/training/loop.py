@@ -8,8 +8,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 from mlperf_logging.mllog import constants as C
@@ -18,34 +17,16 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from data_loading.write_errors import write_failure
 from runtime.build import Components
-from runtime.evaluate.metrics import evaluate
-from runtime.inference.predictor import build_predictor, options_from
+from runtime.clocked.evaluation import run_evaluation
+from runtime.clocked.reporters import Reporters, start_clock, stop_clock
 from runtime.labels import dice_keys, foreground, is_kits19, run_labels
 from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
-from runtime.run_log import MetricsWriter, MLPerfLogger
+from runtime.run_log import MLPerfLogger
 from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
 from runtime.signals import PreemptionFlag
 
 PREEMPT_CHECK_EVERY = 8  # steps between collective pre-emption checks when world size > 1
-
-
-@dataclass
-class Reporters:
-    """Where a run reports: MLPerf log, metrics file, progress bars; and the pre-emption flag."""
-
-    mlperf: MLPerfLogger = field(default_factory=lambda: MLPerfLogger("", enabled=False))
-    metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter("", enabled=False))
-    progress: Callable = lambda it, **_: it
-    preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
-    is_main: bool = True
-    curves: object | None = None  # a runtime.report.plotter.CurvePlotter with --plot (rank 0)
-    run_start: float | None = None  # time.time() at the MLPerf run_start (start_clock)
-    run_stopped: bool = False  # run_stop logged (stop_clock): never twice
-
-    def say(self, *args, **kwargs) -> None:
-        if self.is_main:
-            print(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -229,39 +210,6 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
     return EpochResult(mean_loss, throughput, preempted=False)
 
 
-def eval_metadata(cfg, epoch: int) -> dict:
-    """The metadata of an evaluation's MLPerf events after ``epoch``: ``epoch_num`` in samples
-    trained (``epoch x samples_per_epoch``), the unit of the RCPs and of real v4.0 unet3d logs,
-    which the official ``rcp_checker`` reads; ``epoch`` the epoch index (this project's report)."""
-    return {"epoch_num": epoch * (cfg.samples_per_epoch or 0), "epoch": epoch}
-
-
-def run_evaluation(components: Components, out: Reporters, epoch: int, cases: list | None = None) -> dict:
-    """Sliding-window evaluation of all evaluation cases (MLPerf eval events around it);
-    ``cases`` receives this rank's per-case scores (``runtime.evaluate.metrics.case_scores``)."""
-    cfg = components.config
-    # Evaluation bypasses DDP; with batch norm every rank must use rank 0's running statistics
-    # (the ones the checkpoint holds), not the ones its own last training forward left.
-    D.broadcast_buffers(ckpt.unwrap(components.model))
-    at = eval_metadata(cfg, epoch)
-    out.mlperf.start(C.EVAL_START, metadata=at)
-    loader = components.val_loader
-    model = components.eval_model
-    model.eval()
-    try:
-        metrics = evaluate(build_predictor(model, components.dist.device, options_from(cfg)), loader,
-                           components.loss_fn, components.score_fn, cfg.val_input_shape, cfg.overlap,
-                           cfg.sw_batch_size, components.dist.device,
-                           progress=lambda it: out.progress(it, desc=f"eval {epoch} cases", total=len(loader),
-                                                            always=True),
-                           cases=cases, scan_region=getattr(loader, "scan_region", None), labels=run_labels(cfg))
-    finally:
-        model.train()
-    out.mlperf.event(C.EVAL_ACCURACY, value=metrics["mean_dice"], metadata=at)
-    out.mlperf.end(C.EVAL_STOP, metadata=at)
-    return metrics
-
-
 def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedule, epoch: int) -> dict | None:
     """Evaluate on the schedule's epochs (None otherwise); keeps the best weights."""
     if not schedule.is_eval_epoch(epoch):
@@ -359,45 +307,9 @@ def train(components: Components, out: Reporters) -> RunResult:
     return RunResult(status or "finished", state.epoch, state.best_mean_dice)
 
 
-def start_clock(out: Reporters) -> None:
-    """``init_stop``, every rank waits, ``run_start``: the MLPerf clock starts. Called before
-    anything lists, opens, maps or uploads the data (the rules: "The clock must start before
-    any part of the system touches the dataset")."""
-    out.mlperf.end(C.INIT_STOP)
-    D.barrier()
-    out.mlperf.start(C.RUN_START)
-    out.run_start = time.time()
-
-
-def stop_clock(out: Reporters, status: str, epoch: int) -> None:
-    """``run_stop`` with MLPerf's ``status`` (success or aborted), once, and only after
-    ``run_start``."""
-    if out.run_start is None or out.run_stopped:
-        return
-    out.run_stopped = True
-    out.mlperf.end(C.RUN_STOP, metadata={"status": status, "epoch_num": epoch})
-
-
-def abort_clock_on_error(out: Reporters, state: ckpt.TrainState):
-    """An ``ExitStack.push`` callback: an error after ``run_start`` (bad data found by the
-    loaders, a failed write, a bug) ends the MLPerf log with ``run_stop`` status aborted, then
-    goes on (the one-line error and the exit code are the caller's). A failure to write that
-    line gives way to the original error."""
-
-    def on_exit(exc_type, exc, tb) -> bool:
-        if exc_type is not None:
-            try:
-                stop_clock(out, "aborted", state.epoch)
-            except Exception:  # noqa: BLE001 - the log itself failing: the first error is the one to tell
-                pass
-        return False
-
-    return on_exit
-
-
 def run_training(components: Components, out: Reporters) -> int:
     """The timed MLPerf run of a built ``components`` (the clock started, the loaders built:
-    ``runtime.training.start.start_run``): the hyper-parameters, the epochs, run stop, the RUN_SUMMARY line;
+    ``runtime.clocked.start.start_run``): the hyper-parameters, the epochs, run stop, the RUN_SUMMARY line;
     returns the exit code."""
     cfg = components.config
     if out.run_start is None:  # a caller that built its loaders itself

@@ -6,7 +6,9 @@ The calibration set (:func:`scan_calibration`): at most ``CALIBRATION_SCANS`` of
 evenly spaced in its (sorted) list, each preprocessed as predict preprocesses it, and
 ``CALIBRATION_WINDOWS`` windows in all, shared evenly among them, each scan's evenly spaced over
 the windows at half-window steps that cover it (so the set holds background, borders and padded
-windows as inference does, not only the organs). NNCF runs the fp32 network on them to fix each
+windows as inference does, not only the organs), cut as predict's sliding window cuts them: an
+axis shorter than the window is first padded with the edge's values, half before
+(:func:`runtime.inference.sliding_window.pad_short_axes`), never with a constant. NNCF runs the fp32 network on them to fix each
 activation's int8 range (static quantisation: every window then uses the same ranges), the range
 of each from the extremes over all windows; weights per output channel. The inputs of the norms
 stay float (a convolution's output before its instance norm has the scale of the window's
@@ -42,7 +44,7 @@ import numpy as np
 from model.losses import foreground_agreement
 from runtime.arguments import Config, UsageError
 from runtime.levers.cpu.isa import int8_pairs_saturate
-from runtime.inference.sliding_window import PAD_VALUE
+from runtime.inference.sliding_window import pad_short_axes
 
 CALIBRATION_SCANS = 8  # at most, evenly spaced over the run's scans
 CALIBRATION_WINDOWS = 24  # at most, shared among them; NNCF runs the fp32 network once on each
@@ -75,7 +77,8 @@ class CalibrationSet:
     def fields(self) -> dict:
         return {"roi": list(self.roi), "overflow_fix": self.overflow_fix,
                 "scans": [{"name": scan.name, "sha256": scan.sha256} for scan in self.scans],
-                "windows": {"at_most": self.window_count, "shared_evenly": True, "steps": "half a window"},
+                "windows": {"at_most": self.window_count, "shared_evenly": True, "steps": "half a window",
+                            "short_axes": "edge values, as predict's sliding window"},
                 "validation": {"at_most": VALIDATION_WINDOWS, "where": "fp32 labels kidney or tumour"},
                 "accuracy_control": {"metric": "foreground agreement with fp32", "max_drop": MAX_AGREEMENT_DROP,
                                      "ranking_windows": RANKING_WINDOWS}}
@@ -103,8 +106,7 @@ class CalibrationSet:
                 image, _ = preprocess_scan(read_scan(scan.path), scan.path)
             except (ScanError, PreprocessError, OSError):
                 continue
-            windows += [window_at(image, origin, self.roi)[None]
-                        for origin in spread(grid_origins(image.shape[1:], self.roi), count)]
+            windows += calibration_windows(image, self.roi, count)
             del image
         if not windows:
             raise CalibrationError("--int8: none of the scans to calibrate on could be read "
@@ -153,12 +155,25 @@ def spread(items: Sequence, count: int) -> list:
     return [items[(2 * i + 1) * len(items) // (2 * count)] for i in range(count)]
 
 
-def window_at(image: np.ndarray, origin: Sequence[int], roi: Sequence[int], pad: float = PAD_VALUE) -> np.ndarray:
-    """``image (C, D, H, W)``'s window at ``origin`` as float32, padded with ``pad`` (the sliding
-    window's value) where the volume is smaller than ``roi``."""
+def window_at(image: np.ndarray, origin: Sequence[int], roi: Sequence[int]) -> np.ndarray:
+    """``image (C, D, H, W)``'s window at ``origin`` as float32 (C, *roi); ``image`` holds the
+    whole window (:func:`calibration_windows` pads a short axis first)."""
     cut = np.asarray(image[(slice(None), *(slice(o, o + r) for o, r in zip(origin, roi)))], dtype=np.float32)
-    widths = [(0, 0)] + [(0, r - s) for r, s in zip(roi, cut.shape[1:])]
-    return np.pad(cut, widths, constant_values=pad) if any(w for _, w in widths) else np.ascontiguousarray(cut)
+    if tuple(cut.shape[1:]) != tuple(roi):
+        raise ValueError(f"the window at {tuple(origin)} of a {tuple(image.shape[1:])} volume is not {tuple(roi)}")
+    return np.ascontiguousarray(cut)
+
+
+def calibration_windows(image: np.ndarray, roi: Sequence[int], count: int) -> list[np.ndarray]:
+    """``count`` windows (1, C, *roi) float32 of the preprocessed ``image`` (C, D, H, W), evenly
+    spaced over its half-window grid (:func:`grid_origins`), each what predict's sliding window
+    would give the network there: an axis shorter than the window padded with the edge's values
+    first, as :func:`runtime.inference.sliding_window.flush_sliding_window_inference` pads it."""
+    import torch
+
+    padded, _ = pad_short_axes(torch.from_numpy(np.asarray(image, dtype=np.float32))[None], roi)
+    volume = padded[0].numpy()
+    return [window_at(volume, origin, roi)[None] for origin in spread(grid_origins(volume.shape[1:], roi), count)]
 
 
 def quantize(ov_model, calibration: CalibrationSet, compile_fp32: Callable, say: Callable[[str], None] = print):

@@ -1,8 +1,11 @@
 """The start of a run that builds ``runtime.build``'s components (train, evaluate, ``--benchmark``):
 the checkpoint it starts from, its reporters, and everything up to its first step around the
 MLPerf clock (:func:`started`). Here, not in ``runtime.app``, because evaluate's body shares it
-with training's and the lifecycle needs none of it."""
+with training's and the lifecycle needs none of it; not in either product, so that neither
+imports the other."""
 from __future__ import annotations
+
+from typing import Callable
 
 from mlperf_logging.mllog import constants as C
 
@@ -10,15 +13,15 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
+from runtime.clocked.reporters import Reporters, abort_clock_on_error, start_clock
 from runtime.host import record_run
-from runtime.labels import labels_text, n_classes, run_labels
+from runtime.labels import labels_text, n_classes
 from runtime.mode import Session
 from runtime.outputs import move_previous_run
 from runtime.progress import make_progress
 from runtime.resolve import apply_host_memory, resolve, resolve_data
 from runtime.run_files import resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
-from runtime.training.loop import Reporters, abort_clock_on_error, start_clock
 
 # A run whose checkpoint says it reached the target or stopped for good: resuming it would train
 # past its end (a job requeued just as it succeeded, a scheduler's retry).
@@ -40,10 +43,13 @@ def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
     return saved
 
 
-def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None) -> Reporters:
+def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None,
+                   curves: Callable[[str, float], object] | None = None) -> Reporters:
     """The run's reporters (rank 0 writes), for ``config`` (resolved) and ``saved`` (the checkpoint
-    the run starts from, or None). A new training run (``Mode.mlperf_run``) first moves the last
-    run's files in ``--log_dir`` and its ``--save_ckpt_path`` out of the way
+    the run starts from, or None); ``curves(log_dir, quality_threshold)``: the plotter that
+    ``--plot`` redraws ``curves.png`` with (training's), made on rank 0 of an MLPerf run. A new
+    training run (``Mode.mlperf_run``) first moves the last run's files in ``--log_dir`` and its
+    ``--save_ckpt_path`` out of the way
     (``move_previous_run``: one folder holds one run; nothing deleted, said in one line each); a
     resumed attempt writes an MLPerf log of its own. The attempt's log then says when it is not
     an MLPerf result: resumed from a checkpoint, or checkpoints written on the clock."""
@@ -57,11 +63,7 @@ def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None) -
         if main:
             for line in move_previous_run(config.log_dir, config.save_ckpt_path):
                 print(line)
-    curves = None
-    if config.plot and mlperf_on:
-        from runtime.report.plotter import CurvePlotter
-
-        curves = CurvePlotter(config.log_dir, config.quality_threshold)
+    plotter = curves(config.log_dir, config.quality_threshold) if curves and config.plot and mlperf_on else None
     mlperf = MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name)
     resumed_from = None
     if saved is not None and mode.mlperf_run:  # --resume, or a warm start from --load_ckpt_path's weights
@@ -75,7 +77,7 @@ def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None) -
     return Reporters(
         mlperf=mlperf,
         metrics=MetricsWriter(config.log_dir, enabled=main and mode.writes_metrics_for(config)),
-        progress=make_progress(config, main), preempt=session.preempt, is_main=main, curves=curves)
+        progress=make_progress(config, main), preempt=session.preempt, is_main=main, curves=plotter)
 
 
 def close_reporters(out: Reporters) -> None:
@@ -84,7 +86,8 @@ def close_reporters(out: Reporters) -> None:
         out.curves.close(timeout=60)
 
 
-def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Components]:
+def start_run(session: Session, saved: ckpt.Saved | None,
+              curves: Callable[[str, float], object] | None = None) -> tuple[Reporters, Components]:
     """The run up to its first step, around the MLPerf clock: ``(reporters, components)``.
 
     Before ``run_start`` nothing lists, opens, maps or uploads a file of the data: the config
@@ -98,7 +101,7 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
 
     config = resolve(session.config, session.dist, None, saved)
     apply_host_memory(config)
-    out = make_reporters(session, config, saved)
+    out = make_reporters(session, config, saved, curves)
     session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(config)
     if session.mode.mlperf_run and not (saved is not None and saved.resume):
@@ -123,26 +126,28 @@ def start_run(session: Session, saved: ckpt.Saved | None) -> tuple[Reporters, Co
     return out, with_loaders(components, data, config)
 
 
-def network_for_labels(components: Components, config, saved: ckpt.Saved | None, out: Reporters) -> Components:
-    """``components`` whose network has one output per label of the data's label set
-    (``runtime.labels``: decided after ``run_start``, from the folder's description). Before
-    the clock the network was built with the checkpoint's label set, else KiTS19's (the data
-    cannot be read then); an own-data run without a checkpoint whose labels are not three builds
-    its network, optimizer and train step again here, on the clock (the run is open)."""
-    labels = run_labels(config)
-    if n_classes(labels) == n_classes(run_labels(components.config)):
+def network_for_labels(components: Components, plan, saved: ckpt.Saved | None, out: Reporters) -> Components:
+    """``components`` whose network has one output per label of ``plan``'s label set (its
+    ``labels``, which the data stage decided after ``run_start`` from the folder's description;
+    nothing is decided here). Before the clock the network was built with the first stage's
+    label set (the checkpoint's, else KiTS19's: the data cannot be read then); an own-data run
+    without a checkpoint whose labels are not three builds its network, optimizer and train step
+    again from ``plan`` here, on the clock (the run is open)."""
+    if n_classes(plan.labels) == n_classes(components.config.labels):
         return components
-    out.say(f"{n_classes(labels)} labels ({labels_text(labels)}): the network built again with "
-            f"{n_classes(labels)} outputs after run_start (the data's description is read on the clock)")
-    return build_components(config, components.dist, None, saved)
+    out.say(f"{n_classes(plan.labels)} labels ({labels_text(plan.labels)}): the network built again with "
+            f"{n_classes(plan.labels)} outputs after run_start (the data's description is read on the clock)")
+    return build_components(plan, components.dist, None, saved)
 
 
-def started(session: Session) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:
-    """The run's reporters and components, or None when ``--resume`` finds an ended run."""
+def started(session: Session, curves: Callable[[str, float], object] | None = None
+            ) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:
+    """The run's reporters and components, or None when ``--resume`` finds an ended run;
+    ``curves``: see :func:`make_reporters`."""
     saved = starting_point(session.config, session.dist)
     ended = already_ended(saved)
     if ended:
         if session.dist.is_main:
             print(ended)
         return None, saved
-    return start_run(session, saved), saved
+    return start_run(session, saved, curves), saved

@@ -1,5 +1,5 @@
-"""Which MLPerf logs are results: the one rule that the submission package and the report's
-score both apply.
+"""Which MLPerf logs are results: the one rule that the report's score and the submission
+package both apply (the report owns it; ``runtime.submission.package`` imports it).
 
 A log is one of four kinds:
 

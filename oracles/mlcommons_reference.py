@@ -1,20 +1,24 @@
 """The MLCommons reference's own network, loss, optimizer and sliding window, from a checkout of its code.
 
 The tests' oracle (tests/test_mlcommons_reference.py compares the project with it) and what the
-benchmarks' ``mlcommons`` variants run (a neutral module, so that neither imports the other): point
+benchmarks' ``mlcommons`` variants run; it lives in ``oracles/``, beside the product, because
+both use it and neither imports the other (the product imports nothing of it). Point
 ``--reference_code`` at the ``image_segmentation/pytorch`` folder of a checkout of
 github.com/mlcommons/training (none of that code is in this repository). Its ``model.unet3d.Unet3D``
 and ``runtime.inference.sliding_window_inference`` run unchanged. Two accommodations, each only
-where the thing is missing: SciPy 1.13 removed ``scipy.signal.gaussian``, which the reference's
-``gaussian_kernel`` calls, so it is given ``scipy.signal.windows.gaussian`` (the same function
-under its current name); and NVIDIA's ``dllogger`` (not on PyPI), which the reference's
-``runtime/logging.py`` imports for its training log, is given an empty stand-in (nothing on the
-inference path calls it). Both stay in place for the rest of the process. The reference's
-layers log their weight initialisation through ``mlperf_logging`` (``:::MLLOG`` lines) as they
-are built.
+where the thing is missing and each for the reference's modules alone (nothing is patched for the
+rest of the process): SciPy 1.13 removed ``scipy.signal.gaussian``, which the reference's
+``gaussian_kernel`` calls, so the reference modules' own ``signal`` is scipy.signal with
+``gaussian`` = ``scipy.signal.windows.gaussian`` (the same function under its current name), while
+``scipy.signal`` itself is left as it is; and NVIDIA's ``dllogger`` (not on PyPI), which the
+reference's ``runtime/logging.py`` imports for its training log, is an empty stand-in in
+``sys.modules`` for the import only (nothing on the inference path calls it; torchvision, for the
+data loader's import, likewise). The reference's layers log their weight initialisation through
+``mlperf_logging`` (``:::MLLOG`` lines) as they are built.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -89,10 +93,8 @@ def load_reference_crop(code_dir: str) -> type:
     """The reference's ``RandBalancedCrop`` (``data_loading/pytorch_loader.py``): its uniform and
     foreground crop, drawn from Python's ``random`` and NumPy's global generator."""
     _require(code_dir, ("data_loading/pytorch_loader.py",))
-    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None:
-        sys.modules["torchvision"] = torchvision_stand_in()
-        sys.modules["torchvision.transforms"] = sys.modules["torchvision"].transforms
-    (loader,) = _import_reference(code_dir, ("data_loading.pytorch_loader",), required=())
+    (loader,) = _import_reference(code_dir, ("data_loading.pytorch_loader",), required=(),
+                                  stand_ins=STAND_INS + (("torchvision", torchvision_stand_in),))
     return loader.RandBalancedCrop
 
 
@@ -101,40 +103,90 @@ def load_reference_train_loop(code_dir: str) -> types.ModuleType:
     tail and the evaluation epochs; a test replaces its ``evaluate`` and logging globals)."""
     _require(code_dir, ("runtime/training.py", "runtime/inference.py", "runtime/logging.py",
                         "runtime/distributed_utils.py"))
-    if "dllogger" not in sys.modules and importlib.util.find_spec("dllogger") is None:
-        sys.modules["dllogger"] = dllogger_stand_in()
     (training,) = _import_reference(code_dir, ("runtime.training",), required=())
     return training
 
 
-def _import_reference(code_dir: str, names: Sequence[str],
-                      required: Sequence[str] | None = None) -> list[types.ModuleType]:
+def _missing(name: str) -> bool:
+    return name not in sys.modules and importlib.util.find_spec(name) is None
+
+
+@contextlib.contextmanager
+def _stand_ins_while_importing(stand_ins: Sequence[tuple[str, Callable[[], types.ModuleType]]]):
+    """Each ``(name, make)`` whose module is not installed put in ``sys.modules`` (with its
+    submodules) for the ``with`` block only; the reference's modules keep what they imported."""
+    added = []
+    for name, make in stand_ins:
+        if _missing(name):
+            module = make()
+            modules = {name: module, **{f"{name}.{key}": value for key, value in vars(module).items()
+                                        if isinstance(value, types.ModuleType)}}
+            sys.modules.update(modules)
+            added += list(modules)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+def signal_with_gaussian() -> types.ModuleType:
+    """``scipy.signal`` as the reference calls it: itself where it still has ``gaussian``
+    (SciPy before 1.13), else a module of its own that answers every name as scipy.signal does
+    and ``gaussian`` as ``scipy.signal.windows.gaussian`` (scipy.signal itself unchanged)."""
+    import scipy.signal
+
+    if hasattr(scipy.signal, "gaussian"):
+        return scipy.signal
+    own = types.ModuleType("scipy.signal", "scipy.signal with gaussian (removed in SciPy 1.13) for the reference")
+    own.gaussian = scipy.signal.windows.gaussian
+    own.__getattr__ = lambda name: getattr(scipy.signal, name)  # PEP 562: every other name is scipy.signal's
+    return own
+
+
+def _give_own_signal(modules: Sequence[types.ModuleType]) -> None:
+    """In each reference module, ``signal`` (``from scipy import signal``) becomes
+    :func:`signal_with_gaussian`: the module's own global, not scipy's attribute."""
+    import scipy.signal
+
+    own = signal_with_gaussian()
+    for module in modules:
+        for key, value in list(vars(module).items()):
+            if value is scipy.signal:
+                setattr(module, key, own)
+
+
+STAND_INS = (("dllogger", dllogger_stand_in),)
+
+
+def _import_reference(code_dir: str, names: Sequence[str], required: Sequence[str] | None = None,
+                      stand_ins: Sequence[tuple[str, Callable[[], types.ModuleType]]] = STAND_INS
+                      ) -> list[types.ModuleType]:
     """The reference's modules ``names`` imported from ``code_dir`` (see :func:`load_reference`);
-    ``required``: the files checked first (default: :data:`REFERENCE_FILES`)."""
+    ``required``: the files checked first (default: :data:`REFERENCE_FILES`); ``stand_ins``:
+    modules given for the import where not installed (:func:`_stand_ins_while_importing`)."""
     if required is None:
         code_dir = check_reference_code(code_dir)
     else:
         _require(code_dir, required)
         code_dir = os.path.realpath(code_dir)
-    import scipy.signal
-
-    if not hasattr(scipy.signal, "gaussian"):
-        scipy.signal.gaussian = scipy.signal.windows.gaussian
-    if "dllogger" not in sys.modules and importlib.util.find_spec("dllogger") is None:
-        sys.modules["dllogger"] = dllogger_stand_in()
     ours = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in PACKAGES}
     path = list(sys.path)
     sys.path[:] = [code_dir] + [p for p in path if not _is_project_path(p)]
+    theirs = []
     try:
-        modules = [importlib.import_module(name) for name in names]
+        with _stand_ins_while_importing(stand_ins):
+            modules = [importlib.import_module(name) for name in names]
     finally:
         sys.path[:] = path
         for name in [k for k in sys.modules if k.split(".")[0] in PACKAGES]:
-            del sys.modules[name]
+            theirs.append(sys.modules.pop(name))
         sys.modules.update(ours)
     for module in modules:
         if not os.path.realpath(module.__file__).startswith(code_dir + os.sep):
             raise ReferenceCodeError(f"--reference_code {code_dir}: imported {module.__file__} instead")
+    _give_own_signal([m for m in theirs if os.path.realpath(getattr(m, "__file__", None) or "")
+                      .startswith(code_dir + os.sep)])
     return modules
 
 

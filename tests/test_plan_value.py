@@ -1,0 +1,138 @@
+"""The plan as a value (issue 50, item 1): every mode's plan is built by ``resolve()`` (and its data
+stage) from a :class:`Config` that never changes after ``parse_args``, each decision recorded once,
+and the plan answers every flag.
+
+Oracle: the parsed config itself, deep-copied right after ``parse_args``; and a counter on
+``Config.__init__``, through which every ``dataclasses.replace`` of a Config goes: none is built
+between parsing and the plan. Tiny flags on the CPU, no training (the whole runs are
+``tests/test_resolved_plan.py``'s).
+"""
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from checkpoints import architecture, write_checkpoint
+from main_runs import TINY, used_in
+from runtime.arguments import Config, parse_args
+from runtime.checkpoint import Saved, load_checkpoint, saved_plan
+from runtime.distributed import DistInfo
+from runtime.plan import RunPlan
+from runtime.resolve import resolve, resolve_data
+
+CPU = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+BUDGET = ["--epochs", "1", "--warmup_steps", "0", "--benchmark_steps", "1"]
+SUMMARY = dataclasses.make_dataclass("Summary", [("num_train", int), ("num_eval", int), ("train_bytes", int),
+                                                 ("synthetic", str)])(6, 2, 0, "synthetic")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "c.pt"
+    config = dataclasses.replace(architecture((2, 4, 4, 8, 8), "batchnorm"), input_shape=(32, 32, 32))
+    write_checkpoint(str(path), config)
+    return str(path)
+
+
+def argv_of(mode: str, checkpoint: str, tmp_path) -> list[str]:
+    if mode == "predict":
+        return ["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "out"),
+                "--load_ckpt_path", checkpoint, "--device", "cpu"]
+    argv = used_in(mode, TINY)
+    if mode.startswith("evaluate"):
+        argv += ["--exec_mode", "evaluate", "--load_ckpt_path", checkpoint]
+    return argv + (["--benchmark", *BUDGET] if mode.endswith("--benchmark") else [])
+
+
+@pytest.fixture
+def configs_built(monkeypatch):
+    """How many Configs were built (a ``dataclasses.replace`` of one builds one) since it was reset."""
+    built = []
+    original = Config.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(kwargs)
+        original(self, *args, **kwargs)
+    monkeypatch.setattr(Config, "__init__", counted)
+    return built
+
+
+@pytest.mark.parametrize("mode", ["train", "train --benchmark", "evaluate", "evaluate --benchmark", "predict"])
+def test_every_mode_plans_from_an_unchanged_config(mode, checkpoint, tmp_path, configs_built, capsys):
+    config = parse_args(argv_of(mode, checkpoint, tmp_path))
+    parsed = copy.deepcopy(config)
+    configs_built.clear()
+    saved = Saved(checkpoint, load_checkpoint(checkpoint), resume=False) if config.load_ckpt_path else None
+    plan = resolve(config, CPU, None, saved)
+    if mode != "predict":  # the data stage, after run_start
+        plan = resolve_data(plan, CPU, SUMMARY)
+    assert configs_built == []  # no Config replaced after parse_args
+    assert config == parsed and plan.config is config
+    assert isinstance(plan, RunPlan) and dataclasses.is_dataclass(plan)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.seed = 1
+    names = [made.name for made in plan.decisions]
+    assert len(names) == len(set(names))  # each decision recorded once
+    # today's unrecorded decisions are recorded too
+    assert {"device", "cache_dir", "architecture", "window", "window_batch", "backend", "precision"} <= set(names)
+    if mode != "predict":
+        assert {"seed", "levers", "cuda_graphs", "division", "cache"} <= set(names)
+    # the plan answers the decided values under the flags' names, and every other flag as parsed
+    assert plan.device == "cpu" and plan.val_input_shape == plan.decision("window").value
+    assert plan.sw_batch_size == plan.decision("window_batch").value and plan.backend == "torch"
+    assert plan.overlap == config.overlap and plan.is_train == config.is_train
+    assert plan.checkpoints == config.checkpoints and plan.explicit == config.explicit
+    with pytest.raises(AttributeError):
+        plan.no_such_flag  # noqa: B018
+
+
+def test_predict_records_the_architecture_and_the_normalization_it_runs(checkpoint, tmp_path, configs_built):
+    """The checkpoint's network flags, and batch norm for a sync-batch-norm network, are
+    recorded decisions of the plan (the Config keeps what was given)."""
+    sync = tmp_path / "sync.pt"
+    write_checkpoint(str(sync), dataclasses.replace(architecture((2, 4, 4, 8, 8), "syncbatchnorm"),
+                                                    input_shape=(32, 32, 32)))
+    config = parse_args(argv_of("predict", str(sync), tmp_path))
+    plan = resolve(config, CPU, None, Saved(str(sync), load_checkpoint(str(sync)), resume=False))
+    assert config.normalization == "instancenorm" and config.filters != (2, 4, 4, 8, 8)  # the flags' defaults
+    assert (plan.normalization, plan.filters) == ("batchnorm", (2, 4, 4, 8, 8))
+    made = plan.decision("architecture")
+    assert "syncbatchnorm" in made.why and "--normalization batchnorm" in made.value and str(sync) in made.why
+
+
+def test_the_unfused_step_is_decided_in_the_plan(monkeypatch, tmp_path):
+    """Where torch has no fused step (its probe fails), the plan decides the default step and
+    says so; the builder obeys the plan and no longer swaps a failing fused step for another."""
+    from runtime import optimizers
+
+    monkeypatch.setattr(optimizers, "fused_step_runs", lambda cls, device_type: False)
+    plan = resolve(parse_args(TINY + ["--fused_optimizer"]), CPU)
+    made = plan.decision("fused_optimizer")
+    assert plan.fused_optimizer is False and made.value is False and made.asked is True
+    assert "no fused adam step on the CPU" in made.why
+
+    class NoFused(torch.optim.SGD):
+        def __init__(self, params, fused=None, **kwargs):
+            if fused:
+                raise RuntimeError("no fused kernel here")
+            super().__init__(params, **kwargs)
+    monkeypatch.setitem(optimizers.TORCH_OPTIMIZERS, "sgd", NoFused)
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert isinstance(optimizers.make_optimizer("sgd", params, 0.1, fused=False), NoFused)
+    with pytest.raises(RuntimeError, match="no fused kernel"):
+        optimizers.make_optimizer("sgd", params, 0.1, fused=True)
+
+
+def test_a_checkpoint_saves_the_flags_overlaid_with_the_plan(tmp_path):
+    """The saved "config" keeps today's format: every flag, the decided values under the flags'
+    names, and every decision under "plan" (read back by ``saved_plan``)."""
+    from runtime.plan import saved_values
+
+    config = parse_args(TINY + ["--amp"])
+    plan = resolve_data(resolve(config, CPU), CPU, SUMMARY)
+    values = saved_values(plan)
+    assert values["seed"] == 7 and values["amp_dtype"] == "bf16" and values["num_train_cases"] == 6
+    assert values["samples_per_epoch"] == plan.samples_per_epoch and values["filters"] == [2, 4, 4, 8, 8]
+    assert set(saved_plan({"config": values})) == {made.name for made in plan.decisions}
+    assert set(dataclasses.asdict(config)) <= set(values)
