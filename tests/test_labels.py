@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import types
 
 import numpy as np
 import pytest
@@ -121,6 +122,35 @@ def test_evaluation_leaves_a_label_absent_from_both_out_of_the_means():
         assert metrics[key] == pytest.approx(value, rel=1e-6)
     assert metrics["mean_dice"] == pytest.approx(np.mean(expected), rel=1e-6)
     assert "l1_dice" not in metrics and metrics["eval_cases"] == 2
+
+
+def test_the_plan_holds_the_label_set_of_each_stage():
+    """The plan's ``labels`` (its field and its Decision, recorded once): before the data the
+    checkpoint's, else KiTS19's; after it (``resolve_data``) the data's description, which a
+    checkpoint's other label set contradicts in one line."""
+    from main_runs import TINY
+    from runtime.arguments import UsageError, parse_args
+    from runtime.checkpoint import Saved
+    from runtime.distributed import DistInfo
+    from runtime.resolve import resolve, resolve_data
+
+    cpu = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    summary = types.SimpleNamespace(num_train=6, num_eval=2, train_bytes=0, synthetic="", own_data="own",
+                                    labels=KITS23, labels_from="d/dataset.json")
+    config = parse_args(TINY)
+    plan = resolve(config, cpu)
+    assert plan.labels == L.KITS19_LABELS and plan.decision("labels").value == L.KITS19_LABELS
+    data_plan = resolve_data(plan, cpu, summary)
+    assert data_plan.labels == KITS23 and "d/dataset.json" in data_plan.why("labels")
+    assert [d.name for d in data_plan.decisions].count("labels") == 1 and plan.labels == L.KITS19_LABELS
+    assert L.run_labels(data_plan) == KITS23 and L.run_labels(config) == L.KITS19_LABELS
+
+    binary = {"config": {"plan": [{"name": "labels", "value": [list(pair) for pair in BINARY]}]}}
+    plan = resolve(config, cpu, None, Saved("b.pt", binary, resume=False))
+    assert plan.labels == BINARY and "b.pt" in plan.why("labels")
+    with pytest.raises(UsageError) as info:
+        resolve_data(plan, cpu, summary)
+    assert "\n" not in str(info.value) and "organ 1" in str(info.value) and "cyst 3" in str(info.value)
 
 
 # -- the data ----------------------------------------------------------------------------------
