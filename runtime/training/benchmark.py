@@ -1,6 +1,6 @@
 """``--benchmark``: time training steps or sliding-window evaluations (no checkpoints, no
 evaluation schedule), statistics from :mod:`runtime.training.latency`, and the predicted MLPerf
-time to train (:mod:`runtime.report.time_to_train`). With ``--log_dir`` given, ``log.json`` there
+time to train (:mod:`runtime.results.time_to_train`). With ``--log_dir`` given, ``log.json`` there
 gets one ``benchmark`` record with the reference's keys (``throughput_train``,
 ``latency_train_mean``, ``latency_train_90/95/99``; evaluate: ``_eval``), where the reference's
 ``--benchmark`` writes them.
@@ -34,7 +34,7 @@ from runtime.arguments import Config, UsageError
 from runtime.build import Components
 from runtime.clocked.reporters import Reporters
 from runtime.inference.predictor import build_predictor, options_from
-from runtime.report import time_to_train as T
+from runtime.results import time_to_train as T
 from runtime.schedule import eval_schedule, samples_per_epoch
 from runtime.inference.sliding_window import sliding_window_inference
 from runtime.run_files import BENCHMARK
