@@ -458,7 +458,7 @@ def train_config(**changes):
 def apply_as_resolved(model, cfg, device, lever, say=False, filters=FILTERS):
     """The levers ``runtime.resolve`` chooses for ``cfg`` on ``device`` (its AMP type as given);
     ``lever`` applied to ``model`` (and its line said) when among them. Returns the names."""
-    levers = convert.choose_levers(cfg.is_train, device.type, cfg.channels_last, cfg.amp_dtype if cfg.amp else None,
+    levers = convert.choose_levers(cfg.mode.trains, device.type, cfg.channels_last, cfg.amp_dtype if cfg.amp else None,
                                    cfg.normalization, cfg.compile, filters)
     for chosen in levers:
         if chosen.name == lever and chosen.applied:

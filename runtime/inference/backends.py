@@ -124,7 +124,7 @@ def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
         if config.int8 and "int8" not in BACKENDS["torch"].precisions:
             raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
         return "torch", "--backend torch: PyTorch"
-    if asked == "auto" and config.mode.scores:
+    if asked == "auto" and config.mode.scores_as_trained:
         return "torch", ("--backend auto: PyTorch, the network as trained "
                          "(evaluate computes the benchmark's Dice; --backend openvino asks for OpenVINO)")
     levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]
