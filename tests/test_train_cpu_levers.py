@@ -481,7 +481,8 @@ def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
     # fp32 runs, other devices and evaluation are not touched (nothing said)
     for cfg, device in ((train_config(), "cpu"), (train_config(amp=True, amp_dtype="bf16"), "meta"),
                         (dataclasses.replace(cfg, exec_mode="evaluate"), "cpu")):
-        assert resolve.decide_precision(cfg, torch.device(device), say=True)[0] is cfg.amp
+        amp, amp_dtype, decision = resolve.decide_precision(cfg, torch.device(device), say=True)
+        assert amp is cfg.amp and amp_dtype == cfg.amp_dtype and decision.why == "", (cfg, device, decision)
     assert capsys.readouterr().out == ""
 
 
