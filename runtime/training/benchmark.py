@@ -37,6 +37,7 @@ from runtime.inference.predictor import build_predictor, options_from
 from runtime.results import time_to_train as T
 from runtime.schedule import eval_schedule, samples_per_epoch
 from runtime.inference.sliding_window import sliding_window_inference
+from runtime.plan import RunPlan
 from runtime.run_files import BENCHMARK
 from runtime.training.latency import format_summary, latency_summary, reference_stats
 from runtime.training.loop import set_learning_rate, step_inputs
@@ -225,16 +226,16 @@ class ShapesSeen:
         return self.predict(batch)
 
 
-def warm_window_batches(predict: ShapesSeen, loader, cfg: Config, device: torch.device, sync) -> list[int]:
+def warm_window_batches(predict: ShapesSeen, loader, plan: RunPlan, device: torch.device, sync) -> list[int]:
     """Runs every window batch this rank's timed evaluation will run once, untimed: each batch
     size of :func:`window_batch_sizes` over the loader's volume shapes (``--sw_batch_size``
     alone when the loader does not tell them: :func:`timed_volume_warm` then re-times a volume
     that met a new one). Returns the sizes run."""
     shapes = volume_shapes(loader)
-    sizes = ([cfg.sw_batch_size] if shapes is None else
-             window_batch_sizes(shapes, cfg.val_input_shape, cfg.overlap, cfg.sw_batch_size))
+    sizes = ([plan.sw_batch_size] if shapes is None else
+             window_batch_sizes(shapes, plan.val_input_shape, plan.overlap, plan.sw_batch_size))
     for size in sizes:
-        predict(torch.zeros((size, 1, *cfg.val_input_shape), device=device))
+        predict(torch.zeros((size, 1, *plan.val_input_shape), device=device))
     sync()
     return sizes
 
