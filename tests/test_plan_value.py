@@ -81,7 +81,7 @@ def test_every_mode_plans_from_an_unchanged_config(mode, checkpoint, tmp_path, c
     # the plan answers the decided values under the flags' names, and every other flag as parsed
     assert plan.device == "cpu" and plan.val_input_shape == plan.decision("window").value
     assert plan.sw_batch_size == plan.decision("window_batch").value and plan.backend == "torch"
-    assert plan.overlap == config.overlap and plan.is_train == config.is_train
+    assert plan.overlap == config.overlap and plan.mode.trains == config.mode.trains
     assert plan.checkpoints == config.checkpoints and plan.explicit == config.explicit
     with pytest.raises(AttributeError):
         plan.no_such_flag  # noqa: B018

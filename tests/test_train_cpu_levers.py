@@ -458,7 +458,7 @@ def train_config(**changes):
 def apply_as_resolved(model, cfg, device, lever, say=False, filters=FILTERS):
     """The levers ``runtime.resolve`` chooses for ``cfg`` on ``device`` (its AMP type as given);
     ``lever`` applied to ``model`` (and its line said) when among them. Returns the names."""
-    levers = convert.choose_levers(cfg.is_train, device.type, cfg.channels_last, cfg.amp_dtype if cfg.amp else None,
+    levers = convert.choose_levers(cfg.mode.trains, device.type, cfg.channels_last, cfg.amp_dtype if cfg.amp else None,
                                    cfg.normalization, cfg.compile, filters)
     for chosen in levers:
         if chosen.name == lever and chosen.applied:
@@ -481,7 +481,8 @@ def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
     # fp32 runs, other devices and evaluation are not touched (nothing said)
     for cfg, device in ((train_config(), "cpu"), (train_config(amp=True, amp_dtype="bf16"), "meta"),
                         (dataclasses.replace(cfg, exec_mode="evaluate"), "cpu")):
-        assert resolve.decide_precision(cfg, torch.device(device), say=True)[0] is cfg.amp
+        amp, amp_dtype, decision = resolve.decide_precision(cfg, torch.device(device), say=True)
+        assert amp is cfg.amp and amp_dtype == cfg.amp_dtype and decision.why == "", (cfg, device, decision)
     assert capsys.readouterr().out == ""
 
 
