@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import warnings
 from types import SimpleNamespace
 
 import torch
@@ -30,6 +31,7 @@ import torch
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, no_effect_line
 from runtime.checkpoint import Saved, model_state_from, saved_config, saved_seed, weights_digest
+from runtime.compiling import compile_unavailable
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
@@ -135,6 +137,17 @@ def decide_cuda_graphs(config: Config, dist_info: D.DistInfo, amp: bool, amp_dty
     return Decision("cuda_graphs", ok, reason if not ok else "", True)
 
 
+def decide_compile(asked: bool, unavailable: str | None) -> Decision:
+    """``--compile`` as it runs here: off, with why, where this torch cannot compile
+    (``unavailable``: :func:`runtime.compiling.compile_unavailable`); the builders (the model,
+    the loss, the inference copy, the levers' fused norm) and the warm-up obey it."""
+    if not asked:
+        return Decision("compile", False, "", False)
+    if unavailable:
+        return Decision("compile", False, f"--compile ignored: {unavailable}; running eagerly", True)
+    return Decision("compile", True, "", True)
+
+
 def decide_seed(asked: int, device: torch.device, saved: Saved | None) -> Decision:
     """The master seed: the resumed run's, else ``--seed``, else drawn on rank 0 and broadcast (a
     collective)."""
@@ -178,14 +191,15 @@ def decide_cache_dir(asked: str) -> Decision:
     return Decision("cache_dir", default_cache_dir(), "the user's cache folder", None)
 
 
-def decide_levers(config: Config, dist_info: D.DistInfo, architecture: dict, amp: bool, amp_dtype: str) -> Decision:
+def decide_levers(config: Config, dist_info: D.DistInfo, architecture: dict, amp: bool, amp_dtype: str,
+                  compile: bool) -> Decision:
     """The speed levers (:func:`runtime.levers.cpu.convert.choose_levers`) for the precision that
-    runs (:func:`decide_precision`: float32 on a CPU without native bf16) and the network, one
-    line each said on rank 0."""
+    runs (:func:`decide_precision`: float32 on a CPU without native bf16), the network and
+    ``compile`` (:func:`decide_compile`), one line each said on rank 0."""
     from runtime.levers.cpu.convert import choose_levers
 
     levers = choose_levers(config.mode.trains, dist_info.device.type, config.channels_last, amp_dtype if amp else None,
-                           architecture["normalization"], config.compile, tuple(architecture["filters"]))
+                           architecture["normalization"], compile, tuple(architecture["filters"]))
     if dist_info.is_main:
         for lever in levers:
             print(lever.why)
@@ -416,22 +430,25 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     amp, amp_dtype, precision = decide_precision(config, device, say=dist_info.is_main and not predict)
     seed = None if predict else decide_seed(config.seed, device, saved)
     fused, made_fused = decide_fused_optimizer(config, device)
+    compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
     backend = decide_inference_backend(config, device)
     cache_dir = decide_cache_dir(config.cache_dir)
     calibration = decide_calibration(config) if predict else None
     window_batch = decide_window_batch(config, backend.value, architecture, window.value)
     cuda_graphs = None if predict else decide_cuda_graphs(config, dist_info, amp, amp_dtype)
-    levers = None if predict else decide_levers(config, dist_info, architecture, amp, amp_dtype)
+    levers = None if predict else decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
     epochs = None if predict else decide_epochs(config, dist_info.world_size)
     inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
     decisions = recorded((), made_architecture, made_device, window, host_memory, weights, precision, seed,
-                         made_fused, backend, cache_dir, calibration, window_batch, cuda_graphs, levers, epochs,
+                         made_fused, compiled, backend, cache_dir, calibration, window_batch, cuda_graphs, levers, epochs,
                          inference_copy, tta)
+    if compiled.asked and not compiled.value:
+        warnings.warn(compiled.why, RuntimeWarning, stacklevel=2)
     digests = weights.value if weights is not None else ()
     plan = RunPlan(
         config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
         amp=amp, amp_dtype=amp_dtype, **architecture, levers=levers.value if levers else (),
-        seed=seed.value if seed else config.seed, fused_optimizer=fused,
+        seed=seed.value if seed else config.seed, fused_optimizer=fused, compile=compiled.value,
         cuda_graphs=cuda_graphs.value if cuda_graphs else config.cuda_graphs,
         epochs=epochs.value if epochs else config.epochs, submission_division=config.submission_division,
         backend=backend.value, inference_copy=inference_copy.value, tta=bool(tta and tta.value),

@@ -136,3 +136,24 @@ def test_a_checkpoint_saves_the_flags_overlaid_with_the_plan(tmp_path):
     assert values["samples_per_epoch"] == plan.samples_per_epoch and values["filters"] == [2, 4, 4, 8, 8]
     assert set(saved_plan({"config": values})) == {made.name for made in plan.decisions}
     assert set(dataclasses.asdict(config)) <= set(values)
+
+
+def test_compile_is_decided_in_the_plan_and_the_builders_obey(monkeypatch):
+    """Where this torch cannot compile, the plan decides --compile off (recorded, one warning);
+    the levers, the builders and the warm-up read the plan's value, not the flag."""
+    from runtime import build, resolve as resolve_module
+
+    monkeypatch.setattr(resolve_module, "compile_unavailable", lambda: "no compiler here")
+    config = parse_args(TINY + ["--compile"])
+    with pytest.warns(RuntimeWarning, match="--compile ignored: no compiler here"):
+        plan = resolve(config, CPU)
+    made = plan.decision("compile")
+    assert config.compile is True and plan.compile is False
+    assert (made.value, made.asked) == (False, True) and "no compiler here" in made.why
+    monkeypatch.setattr(build, "compile_model", lambda module, enabled: pytest.fail("compiled") if enabled else module)
+    model = build.wrap_model(torch.nn.Linear(1, 1), plan, CPU)
+    assert isinstance(model, torch.nn.Linear)
+    assert not build.compiles_lazily(plan, CPU.device)
+    # with a compiler, the flag runs
+    monkeypatch.setattr(resolve_module, "compile_unavailable", lambda: None)
+    assert resolve(config, CPU).compile is True
