@@ -157,3 +157,43 @@ def test_compile_is_decided_in_the_plan_and_the_builders_obey(monkeypatch):
     # with a compiler, the flag runs
     monkeypatch.setattr(resolve_module, "compile_unavailable", lambda: None)
     assert resolve(config, CPU).compile is True
+
+
+@pytest.fixture
+def plans_built(monkeypatch):
+    """How many RunPlans were built (a ``dataclasses.replace`` of one builds one) since reset."""
+    built = []
+    original = RunPlan.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(kwargs)
+        original(self, *args, **kwargs)
+    monkeypatch.setattr(RunPlan, "__init__", counted)
+    return built
+
+
+def test_an_ensemble_runs_the_plan_unchanged_with_each_members_weights(checkpoint, tmp_path, monkeypatch,
+                                                                       plans_built, configs_built):
+    """Predict's ensemble: every member runs on the one resolved plan (no replace of the plan or
+    the Config after resolve), the backend told each member's own checkpoint."""
+    from runtime.inference import backends
+    from runtime.predict.api import Segmenter
+
+    second = tmp_path / "second.pt"
+    write_checkpoint(str(second), dataclasses.replace(architecture((2, 4, 4, 8, 8), "batchnorm"),
+                                                      input_shape=(32, 32, 32)), seed=1)
+    config = parse_args(argv_of("predict", checkpoint, tmp_path) + ["--load_ckpt_path", str(second)])
+    members = [Saved(path, load_checkpoint(path), resume=False) for path in (checkpoint, str(second))]
+    plan = resolve(config, CPU, None, members[0], members[1:])
+    told = []
+
+    def convert(model, plan_seen, say, calibration=None, checkpoint=""):
+        told.append((plan_seen, checkpoint))
+        return model
+    monkeypatch.setitem(backends.BACKENDS, "torch", dataclasses.replace(backends.BACKENDS["torch"], convert=convert))
+    plans_built.clear()
+    configs_built.clear()
+    segmenter = Segmenter.from_config(plan, members, CPU.device, verbose=False)
+    segmenter._inference(None)
+    assert plans_built == [] and configs_built == []
+    assert told == [(plan, checkpoint), (plan, str(second))]

@@ -64,7 +64,8 @@ def openvino_missing(int8: bool = False) -> str | None:
     return None
 
 
-def _torch_module(model: torch.nn.Module, config: Config, say: Say, calibration=None) -> torch.nn.Module:
+def _torch_module(model: torch.nn.Module, config: Config, say: Say, calibration=None,
+                  checkpoint: str = "") -> torch.nn.Module:
     if not config.inference_copy:  # evaluate: the trained network, as built (runtime.resolve)
         return model
     if config.channels_last:
@@ -72,10 +73,11 @@ def _torch_module(model: torch.nn.Module, config: Config, say: Say, calibration=
     return compile_model(model.eval(), config.compile)
 
 
-def _openvino_module(model: torch.nn.Module, config: Config, say: Say, calibration=None) -> torch.nn.Module:
+def _openvino_module(model: torch.nn.Module, config: Config, say: Say, calibration=None,
+                     checkpoint: str = "") -> torch.nn.Module:
     from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
-    compiled = cached_openvino_model(model, config, config.load_ckpt_path, calibration, say=say)
+    compiled = cached_openvino_model(model, config, checkpoint or config.load_ckpt_path, calibration, say=say)
     return OpenVINOWindows(compiled, tuple(config.val_input_shape))
 
 
@@ -88,8 +90,8 @@ def _openvino_calibration(config: Config, scans):
 @dataclass(frozen=True)
 class Backend:
     """A runtime for the windows: the precisions it computes, its converter
-    ``convert(model, config, say, calibration) -> module`` (``calibration``: an int8 calibration
-    set), and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
+    ``convert(model, config, say, calibration, checkpoint) -> module`` (``calibration``: an int8
+    calibration set; ``checkpoint``: the weights' path, default the plan's ``load_ckpt_path``), and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
 
     precisions: tuple[str, ...]
     convert: Callable[..., torch.nn.Module]
@@ -148,11 +150,11 @@ def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
 
 
 def window_predictor(model: torch.nn.Module, config: Config, device: torch.device, say: Say = print,
-                     calibration=None) -> Predict:
-    """Predict's window predictor: ``model`` (eval mode, the checkpoint's weights, fp32) converted
-    by the resolved ``config``'s backend (``calibration``: the int8 calibration set with
-    ``--int8``), wrapped by :func:`build_predictor`."""
-    module = BACKENDS[config.backend].convert(model, config, say, calibration)
+                     calibration=None, checkpoint: str = "") -> Predict:
+    """Predict's window predictor: ``model`` (eval mode, the weights of ``checkpoint``, default
+    the plan's ``load_ckpt_path``; fp32) converted by the resolved ``config``'s backend
+    (``calibration``: the int8 calibration set with ``--int8``), wrapped by :func:`build_predictor`."""
+    module = BACKENDS[config.backend].convert(model, config, say, calibration, checkpoint)
     return build_predictor(module, device, options_from(config))
 
 
