@@ -72,7 +72,7 @@ def configure_backends(config: Config, device: torch.device) -> None:
 def build_model(config: Config, device: torch.device, distributed: bool = False) -> torch.nn.Module:
     model = Unet3D(IN_CHANNELS, N_CLASSES, normalization=config.normalization, activation=config.activation,
                    filters=config.filters)
-    if config.normalization == "syncbatchnorm" and distributed:
+    if config.normalization == "syncbatchnorm" and distributed:  # one process: batch norm (resolve.decide_architecture)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
     if config.channels_last:

@@ -247,11 +247,13 @@ def architecture_text(architecture: dict) -> str:
     return ", ".join(f"--{name} {_flag_text(architecture[name])}" for name in ARCHITECTURE)
 
 
-def decide_architecture(config: Config, saved: Saved | None) -> tuple[dict, Decision]:
+def decide_architecture(config: Config, saved: Saved | None, distributed: bool = False) -> tuple[dict, Decision]:
     """``({filters, normalization, activation}, decision)``: the network flags the checkpoint was
     trained with where they were not given (a given flag that differs from the checkpoint is a
     :class:`UsageError`), and for predict batch norm for a sync-batch-norm network (the same
-    weights; inference needs no cross-rank statistics)."""
+    weights; inference needs no cross-rank statistics). A sync-batch-norm network of one process
+    (not ``distributed``) runs batch norm in every mode: recorded here, ``runtime.build.build_model``
+    converts only a distributed one (the flag stays, so a resumed run and its checkpoint agree)."""
     trained = saved_config(saved.checkpoint) if saved is not None else {}
     architecture, taken = {name: getattr(config, name) for name in ARCHITECTURE}, []
     for name in ARCHITECTURE:
@@ -267,6 +269,9 @@ def decide_architecture(config: Config, saved: Saved | None) -> tuple[dict, Deci
     if config.mode.predicts and architecture["normalization"] == "syncbatchnorm":
         architecture["normalization"] = "batchnorm"
         why = "; ".join(filter(None, (why, "predict: batchnorm for syncbatchnorm (the same weights, one process)")))
+    elif architecture["normalization"] == "syncbatchnorm" and not distributed:
+        why = "; ".join(filter(None, (why, "one process: syncbatchnorm runs as batchnorm (no other rank to "
+                                           "synchronise with; the same weights)")))
     asked = architecture_text({name: getattr(config, name) for name in ARCHITECTURE})
     return architecture, Decision("architecture", architecture_text(architecture), why, asked)
 
@@ -418,7 +423,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     device, predict = dist_info.device, config.mode.predicts
     check_benchmark_budget(config)
     say_no_effect(config, dist_info)
-    architecture, made_architecture = decide_architecture(config, saved)
+    architecture, made_architecture = decide_architecture(config, saved, dist_info.distributed)
     if not predict:
         check_device_support(architecture["normalization"], dist_info)
     if predict and config.int8 and device.type != "cpu":

@@ -197,3 +197,22 @@ def test_an_ensemble_runs_the_plan_unchanged_with_each_members_weights(checkpoin
     segmenter._inference(None)
     assert plans_built == [] and configs_built == []
     assert told == [(plan, checkpoint), (plan, str(second))]
+
+
+@pytest.mark.parametrize("mode", ["train", "evaluate"])
+def test_one_process_syncbatchnorm_is_recorded_as_batchnorm(mode, tmp_path):
+    """A one-process --normalization syncbatchnorm run computes batch norm (build_model converts
+    only a distributed network): the architecture decision says so in every mode, and the model
+    built has no SyncBatchNorm."""
+    from runtime.build import build_model
+
+    sync = tmp_path / "sync.pt"
+    write_checkpoint(str(sync), dataclasses.replace(architecture((2, 4, 4, 8, 8), "syncbatchnorm"),
+                                                    input_shape=(32, 32, 32)))
+    config = parse_args(argv_of(mode, str(sync), tmp_path) + ["--normalization", "syncbatchnorm"])
+    saved = Saved(str(sync), load_checkpoint(str(sync)), resume=False) if config.load_ckpt_path else None
+    plan = resolve(config, CPU, None, saved)
+    assert "one process: syncbatchnorm runs as batchnorm" in plan.why("architecture")
+    model = build_model(plan, CPU.device, CPU.distributed)
+    assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
+    assert any(isinstance(m, torch.nn.BatchNorm3d) for m in model.modules())
