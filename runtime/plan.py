@@ -74,6 +74,7 @@ class RunPlan:
     # training
     seed: int
     fused_optimizer: bool
+    foreach_optimizer: bool  # the unfused step multi-tensor (CUDA), as decided with fused_optimizer
     compile: bool  # --compile where this torch can compile (the model, the loss, the inference copy)
     cuda_graphs: bool
     epochs: int | str

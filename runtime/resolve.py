@@ -37,7 +37,7 @@ from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
 from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import native_bf16
-from runtime.optimizers import fused_step
+from runtime.optimizers import default_step, fused_step
 from runtime.plan import Decision, RunPlan, recorded
 from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch
 
@@ -84,16 +84,21 @@ def decide_precision(config: Config, device: torch.device, say: bool) -> tuple[b
     return amp, amp_dtype, Decision("precision", precision_text(amp, amp_dtype), why, asked)
 
 
-def decide_fused_optimizer(config: Config, device: torch.device) -> tuple[bool, Decision | None]:
-    """``--fused_optimizer`` as it runs here (training): torch's fused step where it has one for
-    ``--optimizer`` on ``device`` (:func:`runtime.optimizers.fused_step`, which tries one step),
-    else the default step; the optimizer is built, and a resumed one kept, with this choice."""
+def decide_fused_optimizer(config: Config, device: torch.device) -> tuple[bool, bool, Decision | None]:
+    """``(fused, foreach, decision)``: ``--fused_optimizer`` as it runs here (training): torch's
+    fused step where it has one for ``--optimizer`` on ``device`` (:func:`runtime.optimizers.fused_step`,
+    which tries one step), else the default step, multi-tensor (foreach) on CUDA
+    (:func:`runtime.optimizers.default_step`); the optimizer is built, and a resumed one kept,
+    with this choice."""
     if not config.mode.trains:
-        return config.fused_optimizer, None
+        return config.fused_optimizer, False, None
+    foreach, default = default_step(config.optimizer, device)
     if not config.fused_optimizer:
-        return False, Decision("fused_optimizer", False, "the default step", False)
+        return False, foreach, Decision("fused_optimizer", False, default, False)
     runs, why = fused_step(config.optimizer, device)
-    return runs, Decision("fused_optimizer", runs, why, True)
+    if not runs:
+        why = f"{why} ({default.removeprefix('the default step: ')})" if foreach else why
+    return runs, foreach and not runs, Decision("fused_optimizer", runs, why, True)
 
 
 def reuses_host_memory(trains: bool, device: torch.device) -> bool:
@@ -434,7 +439,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     weights = decide_weights(config, architecture, saved, ensemble) if predict else None
     amp, amp_dtype, precision = decide_precision(config, device, say=dist_info.is_main and not predict)
     seed = None if predict else decide_seed(config.seed, device, saved)
-    fused, made_fused = decide_fused_optimizer(config, device)
+    fused, foreach, made_fused = decide_fused_optimizer(config, device)
     compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
     backend = decide_inference_backend(config, device)
     cache_dir = decide_cache_dir(config.cache_dir)
@@ -453,7 +458,8 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     plan = RunPlan(
         config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
         amp=amp, amp_dtype=amp_dtype, **architecture, levers=levers.value if levers else (),
-        seed=seed.value if seed else config.seed, fused_optimizer=fused, compile=compiled.value,
+        seed=seed.value if seed else config.seed, fused_optimizer=fused, foreach_optimizer=foreach,
+        compile=compiled.value,
         cuda_graphs=cuda_graphs.value if cuda_graphs else config.cuda_graphs,
         epochs=epochs.value if epochs else config.epochs, submission_division=config.submission_division,
         backend=backend.value, inference_copy=inference_copy.value, tta=bool(tta and tta.value),

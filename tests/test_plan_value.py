@@ -216,3 +216,21 @@ def test_one_process_syncbatchnorm_is_recorded_as_batchnorm(mode, tmp_path):
     model = build_model(plan, CPU.device, CPU.distributed)
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
     assert any(isinstance(m, torch.nn.BatchNorm3d) for m in model.modules())
+
+
+def test_the_default_steps_foreach_is_decided_from_the_plans_device():
+    """The unfused step is multi-tensor (foreach) on CUDA, one tensor at a time on the CPU: decided
+    from the device in the plan (recorded), not from the parameters when the optimizer is built."""
+    from runtime import optimizers
+    from runtime.resolve import decide_fused_optimizer
+
+    config = parse_args(TINY)
+    fused, foreach, made = decide_fused_optimizer(config, torch.device("cuda"))
+    assert (fused, foreach, made.value) == (False, True, False) and "foreach" in made.why
+    fused, foreach, made = decide_fused_optimizer(config, torch.device("cpu"))
+    assert (fused, foreach) == (False, False) and "one tensor at a time" in made.why
+    plan = resolve(config, CPU)
+    assert plan.foreach_optimizer is False and plan.decision("fused_optimizer").why == made.why
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert optimizers.make_optimizer("sgd", params, 0.1, foreach=True).defaults["foreach"] is True
+    assert not optimizers.make_optimizer("sgd", params, 0.1).defaults["foreach"]
