@@ -83,7 +83,7 @@ class RunPlan:
     backend: str
     inference_copy: bool  # the torch backend converts the network for inference (predict), else runs it as trained
     tta: bool
-    cache_dir: str
+    cache_dir: str  # OpenVINO's cache (evaluate, predict); "" where the mode chooses no backend
     val_input_shape: tuple[int, ...]
     sw_batch_size: int
     calibration: str | None  # predict --int8: --int8_calibration, or "each scan"; None without --int8

@@ -186,11 +186,15 @@ def decide_tta(config: Config) -> Decision | None:
     return Decision("tta", config.tta, "--tta: the softmax averaged over the 8 flips" if config.tta else "", config.tta)
 
 
-def decide_cache_dir(asked: str) -> Decision:
+def decide_cache_dir(asked: str, chooses_backend: bool) -> Decision | None:
     """OpenVINO's cache: ``--cache_dir``, else the user's cache folder
-    (:func:`runtime.inference.openvino.cache.default_cache_dir`), never beside an input."""
+    (:func:`runtime.inference.openvino.cache.default_cache_dir`), never beside an input; decided
+    only where the mode chooses a backend (evaluate, predict), so that a training checkpoint
+    records no cache path of the user's."""
     from runtime.inference.openvino.cache import default_cache_dir
 
+    if not chooses_backend:
+        return None
     if asked:
         return Decision("cache_dir", os.path.abspath(asked), "--cache_dir", asked)
     return Decision("cache_dir", default_cache_dir(), "the user's cache folder", None)
@@ -442,7 +446,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     fused, foreach, made_fused = decide_fused_optimizer(config, device)
     compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
     backend = decide_inference_backend(config, device)
-    cache_dir = decide_cache_dir(config.cache_dir)
+    cache_dir = decide_cache_dir(config.cache_dir, config.mode.chooses_backend)
     calibration = decide_calibration(config) if predict else None
     window_batch = decide_window_batch(config, backend.value, architecture, window.value)
     cuda_graphs = None if predict else decide_cuda_graphs(config, dist_info, amp, amp_dtype)
@@ -463,7 +467,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         cuda_graphs=cuda_graphs.value if cuda_graphs else config.cuda_graphs,
         epochs=epochs.value if epochs else config.epochs, submission_division=config.submission_division,
         backend=backend.value, inference_copy=inference_copy.value, tta=bool(tta and tta.value),
-        cache_dir=cache_dir.value, val_input_shape=window.value, sw_batch_size=window_batch.value,
+        cache_dir=cache_dir.value if cache_dir else "", val_input_shape=window.value, sw_batch_size=window_batch.value,
         calibration=calibration.value if calibration else None, load_ckpt_path=config.load_ckpt_path,
         weights_sha256=digests[0] if digests else "", ensemble_sha256=digests if len(digests) > 1 else (),
         cache=config.cache, start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every)

@@ -75,9 +75,12 @@ def test_every_mode_plans_from_an_unchanged_config(mode, checkpoint, tmp_path, c
     names = [made.name for made in plan.decisions]
     assert len(names) == len(set(names))  # each decision recorded once
     # today's unrecorded decisions are recorded too
-    assert {"device", "cache_dir", "architecture", "window", "window_batch", "backend", "precision"} <= set(names)
+    assert {"device", "architecture", "window", "window_batch", "backend", "precision", "compile"} <= set(names)
     if mode != "predict":
         assert {"seed", "levers", "cuda_graphs", "division", "cache"} <= set(names)
+    # OpenVINO's cache folder only where the mode chooses a backend: a training run's checkpoint
+    # records no cache path of the user's
+    assert ("cache_dir" in names) == (mode in ("evaluate", "predict")) == bool(plan.cache_dir)
     # the plan answers the decided values under the flags' names, and every other flag as parsed
     assert plan.device == "cpu" and plan.val_input_shape == plan.decision("window").value
     assert plan.sw_batch_size == plan.decision("window_batch").value and plan.backend == "torch"
@@ -216,6 +219,14 @@ def test_one_process_syncbatchnorm_is_recorded_as_batchnorm(mode, tmp_path):
     model = build_model(plan, CPU.device, CPU.distributed)
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
     assert any(isinstance(m, torch.nn.BatchNorm3d) for m in model.modules())
+
+
+def test_the_openvino_cache_needs_the_plans_folder():
+    from runtime.inference.openvino.cache import cache_folder
+
+    with pytest.raises(ValueError, match="cache_dir"):
+        cache_folder("a.pt", "")
+    assert cache_folder("a.pt", "/c").startswith("/c/openvino/a.pt-")
 
 
 def test_the_default_steps_foreach_is_decided_from_the_plans_device():
