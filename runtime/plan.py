@@ -87,6 +87,7 @@ class RunPlan:
     val_input_shape: tuple[int, ...]
     sw_batch_size: int
     calibration: str | None  # predict --int8: --int8_calibration, or "each scan"; None without --int8
+    overflow_fix: str | None  # predict --int8: NNCF's overflow fix, "enable" (no VNNI) or "first_layer"
     load_ckpt_path: str  # the checkpoint this plan's network loads (an ensemble member's own)
     weights_sha256: str  # predict: the weights it loads (recorded beside each segmentation)
     ensemble_sha256: tuple[str, ...]  # every checkpoint's, in order, when predict ensembles several

@@ -36,7 +36,7 @@ from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
 from runtime.levers.cpu.host_memory import reuse_freed_memory
-from runtime.levers.cpu.isa import native_bf16
+from runtime.levers.cpu.isa import int8_pairs_saturate, native_bf16
 from runtime.optimizers import default_step, fused_step
 from runtime.plan import Decision, RunPlan, recorded
 from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch
@@ -388,13 +388,19 @@ def decide_weights(config: Config, architecture: dict, saved: Saved | None, ense
     return Decision("weights", digests, f"an ensemble of {len(digests)}" if ensemble else "")
 
 
-def decide_calibration(config: Config) -> Decision | None:
-    """Predict ``--int8``'s calibration set: the scans of ``--int8_calibration``, or each scan
-    alone (the set itself is read per run or per scan: ``runtime.predict.api.Segmenter``)."""
+def decide_calibration(config: Config, pairs_saturate: bool) -> tuple[str | None, Decision | None]:
+    """``(overflow_fix, decision)``: predict ``--int8``'s calibration set, the scans of
+    ``--int8_calibration`` or each scan alone (the set itself is read per run or per scan:
+    ``runtime.predict.api.Segmenter``), and NNCF's overflow fix for every set: on every layer
+    ("enable") where this CPU's int8 pairs saturate (``pairs_saturate``:
+    :func:`runtime.levers.cpu.isa.int8_pairs_saturate`, no VNNI), else on the first layer only."""
     if not config.int8:
-        return None
+        return None, None
     why = "--int8_calibration" if config.int8_calibration else "no --int8_calibration: each scan calibrates its own"
-    return Decision("calibration", config.int8_calibration or "each scan", why, config.int8_calibration or None)
+    fix = "enable" if pairs_saturate else "first_layer"
+    why += ("; NNCF's overflow fix on every layer: this CPU's int8 pairs saturate (no VNNI)" if pairs_saturate
+            else "; NNCF's overflow fix on the first layer only: VNNI int8 dot products")
+    return fix, Decision("calibration", config.int8_calibration or "each scan", why, config.int8_calibration or None)
 
 
 def decide_window_batch(config: Config, backend: str, architecture: dict, window: tuple) -> Decision:
@@ -447,7 +453,8 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
     backend = decide_inference_backend(config, device)
     cache_dir = decide_cache_dir(config.cache_dir, config.mode.chooses_backend)
-    calibration = decide_calibration(config) if predict else None
+    overflow_fix, calibration = decide_calibration(config, config.int8 and int8_pairs_saturate()) \
+        if predict else (None, None)
     window_batch = decide_window_batch(config, backend.value, architecture, window.value)
     cuda_graphs = None if predict else decide_cuda_graphs(config, dist_info, amp, amp_dtype)
     levers = None if predict else decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
@@ -468,7 +475,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         epochs=epochs.value if epochs else config.epochs, submission_division=config.submission_division,
         backend=backend.value, inference_copy=inference_copy.value, tta=bool(tta and tta.value),
         cache_dir=cache_dir.value if cache_dir else "", val_input_shape=window.value, sw_batch_size=window_batch.value,
-        calibration=calibration.value if calibration else None, load_ckpt_path=config.load_ckpt_path,
+        calibration=calibration.value if calibration else None, overflow_fix=overflow_fix, load_ckpt_path=config.load_ckpt_path,
         weights_sha256=digests[0] if digests else "", ensemble_sha256=digests if len(digests) > 1 else (),
         cache=config.cache, start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every)
     if not predict:  # the division reads the network and window decided above

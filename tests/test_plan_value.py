@@ -245,3 +245,22 @@ def test_the_default_steps_foreach_is_decided_from_the_plans_device():
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert optimizers.make_optimizer("sgd", params, 0.1, foreach=True).defaults["foreach"] is True
     assert not optimizers.make_optimizer("sgd", params, 0.1).defaults["foreach"]
+
+
+@pytest.mark.parametrize("saturate, fix", [(True, "enable"), (False, "first_layer")])
+def test_int8s_overflow_fix_is_decided_once_in_the_plan(saturate, fix, tmp_path, checkpoint, monkeypatch):
+    """NNCF's overflow fix (every layer where this CPU's int8 pairs saturate) is decided with the
+    calibration in the plan and recorded; every calibration set is built with the plan's."""
+    from runtime import resolve as resolve_module
+    from runtime.inference import backends
+
+    monkeypatch.setattr(resolve_module, "int8_pairs_saturate", lambda: saturate)
+    monkeypatch.setattr(resolve_module, "decide_backend", lambda config, device: ("openvino", "a stand-in"))
+    plan = resolve(parse_args(argv_of("predict", checkpoint, tmp_path) + ["--int8"]), CPU,
+                   None, Saved(checkpoint, load_checkpoint(checkpoint), resume=False))
+    assert plan.overflow_fix == fix and ("every layer" if saturate else "first layer") in plan.why("calibration")
+    made = []
+    monkeypatch.setattr("runtime.inference.openvino.calibration.scan_calibration",
+                        lambda config, scans, overflow_fix: made.append(overflow_fix))
+    backends.BACKENDS["openvino"].calibrate(plan, [("s", "s.nii.gz")])
+    assert made == [fix]

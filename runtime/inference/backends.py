@@ -84,7 +84,7 @@ def _openvino_module(model: torch.nn.Module, config: Config, say: Say, calibrati
 def _openvino_calibration(config: Config, scans):
     from runtime.inference.openvino.calibration import scan_calibration
 
-    return scan_calibration(config, scans)
+    return scan_calibration(config, scans, config.overflow_fix)  # as planned (runtime.resolve.decide_calibration)
 
 
 @dataclass(frozen=True)
