@@ -66,18 +66,22 @@ def decide_device(asked: str, device: torch.device) -> Decision:
     return Decision("device", device.type, why, asked)
 
 
-def decide_precision(config: Config, device: torch.device, say: bool) -> tuple[bool, str, Decision]:
+def trains_bf16_on_cpu(config: Config, amp_dtype: str, device: torch.device) -> bool:
+    """Whether the run trains in bf16 autocast on the CPU: :func:`decide_precision` then asks the
+    CPU for native bf16, and the run says its answer (:func:`said_lines`)."""
+    return config.mode.trains and config.amp and amp_dtype == "bf16" and device.type == "cpu"
+
+
+def decide_precision(config: Config, device: torch.device) -> tuple[bool, str, Decision]:
     """``(amp, amp_dtype, decision)``: ``--amp``'s type on ``device`` (:func:`amp_dtype_for`),
-    training's float32 fallback on a CPU without native bf16 (one line said, ``say``: oneDNN
-    emulates bf16 there, slower than float32; docs/performance.md), predict's ``--int8``."""
+    training's float32 fallback on a CPU without native bf16 (oneDNN emulates bf16 there, slower
+    than float32; docs/performance.md; its ``why`` said by :func:`said_lines`), predict's ``--int8``."""
     asked = f"--amp --amp_dtype {config.amp_dtype}" if config.amp else "float32"
     amp, amp_dtype = config.amp, amp_dtype_for(config.amp_dtype, device) if config.amp else config.amp_dtype
     why = f"--amp_dtype auto on {device.type}" if amp and config.amp_dtype == "auto" else ""
-    if config.mode.trains and amp and amp_dtype == "bf16" and device.type == "cpu":
+    if trains_bf16_on_cpu(config, amp_dtype, device):
         native, reason = native_bf16()
         why = f"bf16: {reason}; " + ("training in bf16 autocast" if native else "training in float32 instead")
-        if say:
-            print(why)
         amp = native
     if config.int8:
         return amp, amp_dtype, Decision("precision", "int8", "", "--int8")
@@ -128,8 +132,8 @@ def apply_host_memory(plan: RunPlan) -> None:
 
 
 def decide_cuda_graphs(config: Config, dist_info: D.DistInfo, amp: bool, amp_dtype: str) -> Decision:
-    """``--cuda_graphs`` as it can run here with the run's precision; says once (rank 0) why it
-    is off."""
+    """``--cuda_graphs`` as it can run here with the run's precision, with why it is off (said
+    by :func:`said_lines`)."""
     if not config.cuda_graphs:
         return Decision("cuda_graphs", False, "", False)
     from runtime.levers.gpu.graphs import cuda_graphs_supported
@@ -137,8 +141,6 @@ def decide_cuda_graphs(config: Config, dist_info: D.DistInfo, amp: bool, amp_dty
     # what the capture depends on: the flags, with the precision that runs
     step = SimpleNamespace(ga_steps=config.ga_steps, amp=amp, amp_dtype=amp_dtype, optimizer=config.optimizer)
     ok, reason = cuda_graphs_supported(dist_info.device, step, dist_info.world_size)
-    if not ok and dist_info.is_main:
-        print(f"--cuda_graphs off: {reason}")
     return Decision("cuda_graphs", ok, reason if not ok else "", True)
 
 
@@ -201,20 +203,18 @@ def decide_cache_dir(asked: str, chooses_backend: bool) -> Decision | None:
 
 
 def decide_levers(config: Config, dist_info: D.DistInfo, architecture: dict, amp: bool, amp_dtype: str,
-                  compile: bool) -> Decision:
-    """The speed levers (:func:`runtime.levers.cpu.convert.choose_levers`) for the precision that
-    runs (:func:`decide_precision`: float32 on a CPU without native bf16), the network and
-    ``compile`` (:func:`decide_compile`), one line each said on rank 0."""
+                  compile: bool) -> tuple[Decision, tuple[str, ...]]:
+    """``(decision, lines)``: the speed levers (:func:`runtime.levers.cpu.convert.choose_levers`)
+    for the precision that runs (:func:`decide_precision`: float32 on a CPU without native bf16),
+    the network and ``compile`` (:func:`decide_compile`), and each lever's line (said by
+    :func:`say_decided`)."""
     from runtime.levers.cpu.convert import choose_levers
 
     levers = choose_levers(config.mode.trains, dist_info.device.type, config.channels_last, amp_dtype if amp else None,
                            architecture["normalization"], compile, tuple(architecture["filters"]))
-    if dist_info.is_main:
-        for lever in levers:
-            print(lever.why)
     names = tuple(lever.name for lever in levers if lever.applied)
     why = "; ".join(lever.why for lever in levers) or "none applies to this device, layout and precision"
-    return Decision("levers", names, why)
+    return Decision("levers", names, why), tuple(lever.why for lever in levers)
 
 
 def decide_epochs(config: Config, world_size: int) -> Decision | None:
@@ -447,7 +447,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     window = decide_window(config, saved)
     host_memory = decide_host_memory(config.mode.trains, device)
     weights = decide_weights(config, architecture, saved, ensemble) if predict else None
-    amp, amp_dtype, precision = decide_precision(config, device, say=dist_info.is_main and not predict)
+    amp, amp_dtype, precision = decide_precision(config, device)
     seed = None if predict else decide_seed(config.seed, device, saved)
     fused, foreach, made_fused = decide_fused_optimizer(config, device)
     compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
@@ -457,14 +457,13 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         if predict else (None, None)
     window_batch = decide_window_batch(config, backend.value, architecture, window.value)
     cuda_graphs = None if predict else decide_cuda_graphs(config, dist_info, amp, amp_dtype)
-    levers = None if predict else decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
+    levers, lever_lines = (None, ()) if predict else \
+        decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
     epochs = None if predict else decide_epochs(config, dist_info.world_size)
     inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
     decisions = recorded((), made_architecture, made_device, window, host_memory, weights, precision, seed,
                          made_fused, compiled, backend, cache_dir, calibration, window_batch, cuda_graphs, levers, epochs,
                          inference_copy, tta)
-    if compiled.asked and not compiled.value:
-        warnings.warn(compiled.why, RuntimeWarning, stacklevel=2)
     digests = weights.value if weights is not None else ()
     plan = RunPlan(
         config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
@@ -480,9 +479,36 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         cache=config.cache, start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every)
     if not predict:  # the division reads the network and window decided above
         plan = with_division(plan, flag_reasons(plan, dist_info.world_size), dist_info)
+    say_decided(said_lines(plan, amp_dtype, device, lever_lines), dist_info)
+    if compiled.asked and not compiled.value:  # one warning on each process, as torch's own
+        warnings.warn(compiled.why, RuntimeWarning, stacklevel=2)
     if predict:  # no data stage: the plan is whole
         return say_plan(plan, dist_info)
     return plan if data is None else resolve_data(plan, dist_info, data.summary(config))
+
+
+def said_lines(plan: RunPlan, amp_dtype: str, device: torch.device, lever_lines: tuple[str, ...]) -> list[str]:
+    """The lines a run says of its first stage's plan, in the order decided (rank 0's stdout,
+    :func:`say_decided`): training's bf16 answer on the CPU, why ``--cuda_graphs`` is off, each
+    lever's line and why the run is open (an MLPerf run)."""
+    lines = [plan.why("precision")] if trains_bf16_on_cpu(plan.config, amp_dtype, device) else []
+    graphs = plan.decision("cuda_graphs")
+    if graphs is not None and graphs.asked and not graphs.value:
+        lines.append(f"--cuda_graphs off: {graphs.why}")
+    return lines + list(lever_lines) + division_lines(plan)
+
+
+def division_lines(plan: RunPlan) -> list[str]:
+    """Why the run is open, said by an MLPerf run (:func:`decide_division`)."""
+    return [plan.why("division")] if plan.why("division") and plan.mode.mlperf_run else []
+
+
+def say_decided(lines: list[str], dist_info: D.DistInfo) -> None:
+    """The lines of a stage's decisions (:func:`said_lines`), said on rank 0's stdout once the plan
+    is built: the decide_* functions say nothing."""
+    if dist_info.is_main:
+        for line in lines:
+            print(line)
 
 
 def say_no_effect(config: Config, dist_info: D.DistInfo) -> None:
@@ -496,8 +522,8 @@ def say_no_effect(config: Config, dist_info: D.DistInfo) -> None:
 
 def decide_division(plan: RunPlan, reasons: list, dist_info: D.DistInfo, logged: bool) -> tuple[Decision, Decision | None]:
     """``(division, not_closed)``: the MLPerf division (``runtime.division``) from ``reasons``
-    (the stage's reasons the run is open): closed, or open with one line saying why (rank 0,
-    training, once); ``--submission_division closed`` on an open run is a :class:`UsageError`.
+    (the stage's reasons the run is open): closed, or open with one line saying why (said once,
+    by an MLPerf run: :func:`division_lines`); ``--submission_division closed`` on an open run is a :class:`UsageError`.
     The flag as given stays the decision's ``asked``. ``logged``: the MLPerf log already holds
     the division (the data stage: it must precede ``init_stop``), so a run found open only now
     says that its log's "closed" is no result, and records the reasons as the ``not_closed``
@@ -511,8 +537,6 @@ def decide_division(plan: RunPlan, reasons: list, dist_info: D.DistInfo, logged:
     if not_closed:
         why += ("; the MLPerf log, whose division precedes init_stop, says closed: it records not_closed "
                 "after run_start, and the run is no closed result")
-    if why and dist_info.is_main and plan.mode.mlperf_run:
-        print(why)
     made = Decision("division", division, why, asked)
     return made, Decision("not_closed", "; ".join(reasons), "the MLPerf log already says closed") if not_closed else None
 
@@ -548,7 +572,10 @@ def resolve_data(plan: RunPlan, dist_info: D.DistInfo, summary) -> RunPlan:
                                **schedule_fields(plan.config, summary.num_train, dist_info.world_size))
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
     reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""))
-    return say_plan(with_division(plan, reasons, dist_info, logged=True), dist_info)
+    decided = with_division(plan, reasons, dist_info, logged=True)
+    if decided is not plan:  # open by the data only: said now
+        say_decided(division_lines(decided), dist_info)
+    return say_plan(decided, dist_info)
 
 
 def say_plan(plan: RunPlan, dist_info: D.DistInfo) -> RunPlan:

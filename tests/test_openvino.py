@@ -305,11 +305,12 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
     """The first run converts, the second reads the cache; new weights in the same file (same
     size, same time stamp) convert again and give the new weights' logits, never the old
     ones; the old entry is removed; a damaged entry is rebuilt."""
-    from runtime.inference.openvino.cache import cache_folder
+    from runtime.inference.openvino.cache import cache_folder, default_cache_dir
     from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     ckpt = str(tmp_path / "tiny.pt")
-    config = replace(predict_config(tmp_path), load_ckpt_path=ckpt)
+    # the cache folder a run plans (runtime.resolve.decide_cache_dir): the user's
+    config = replace(predict_config(tmp_path), load_ckpt_path=ckpt, cache_dir=default_cache_dir())
     x = torch.randn(1, 1, 32, 32, 64)
 
     def run(model):

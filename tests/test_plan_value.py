@@ -264,3 +264,27 @@ def test_int8s_overflow_fix_is_decided_once_in_the_plan(saturate, fix, tmp_path,
                         lambda config, scans, overflow_fix: made.append(overflow_fix))
     backends.BACKENDS["openvino"].calibrate(plan, [("s", "s.nii.gz")])
     assert made == [fix]
+
+
+def test_the_decisions_say_nothing_the_plan_says_their_lines_once(monkeypatch, capsys):
+    """The decide_* functions are pure (their text is the decision's why); resolve says the
+    lines once the plan is built, on rank 0's stdout, in the order decided: the bf16 answer,
+    why --cuda_graphs is off, each lever's line, why the run is open."""
+    from runtime import resolve as resolve_module
+    from runtime.levers.gpu import graphs
+
+    monkeypatch.setattr(resolve_module, "native_bf16", lambda: (False, "no bf16 here"))
+    monkeypatch.setattr(graphs, "cuda_graphs_supported", lambda device, step, world: (False, "no GPU"))
+    config = parse_args(TINY + ["--amp", "--amp_dtype", "bf16", "--cuda_graphs", "--channels_last"])
+    amp, amp_dtype, _ = resolve_module.decide_precision(config, CPU.device)
+    resolve_module.decide_cuda_graphs(config, CPU, amp, amp_dtype)
+    arch, _ = resolve_module.decide_architecture(config, None)
+    _, lines = resolve_module.decide_levers(config, CPU, arch, amp, amp_dtype, False)
+    assert capsys.readouterr().out == "" and lines
+    plan = resolve(config, CPU)
+    said = capsys.readouterr().out.splitlines()
+    assert said[:2] == [plan.why("precision"), "--cuda_graphs off: no GPU"] and "no bf16 here" in said[0]
+    assert said[2:2 + len(lines)] == list(lines) and said[-1] == plan.why("division")
+    other = dataclasses.replace(CPU, rank=1)
+    resolve(config, other)
+    assert capsys.readouterr().out == ""  # rank 0 only
