@@ -550,7 +550,10 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     config = parse_args(["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", ckpt,
                          "--val_input_shape", "32", "32", "64", "--filters", *map(str, TINY), "--backend", "openvino"])
     out = Reporters(metrics=MetricsWriter(str(tmp_path), enabled=True))
-    config = replace(config, backend=decide_backend(config, CPU)[0])
+    from runtime.inference.openvino.cache import default_cache_dir
+
+    # the backend and the cache folder the plan decides (runtime.resolve)
+    config = replace(config, backend=decide_backend(config, CPU)[0], cache_dir=default_cache_dir())
     assert config.backend == "openvino"  # run_evaluate writes it to log.json after the scores
     parts = evaluation_components(Parts(config, type("D", (), {"device": CPU})(), model, model), out)
     assert parts.eval_model is not model and capsys.readouterr().err == ""  # quiet without --verbose
