@@ -462,8 +462,8 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     epochs = None if predict else decide_epochs(config, dist_info.world_size)
     inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
     decisions = recorded((), made_architecture, made_device, window, host_memory, weights, precision, seed,
-                         made_fused, compiled, backend, cache_dir, calibration, window_batch, cuda_graphs, levers, epochs,
-                         inference_copy, tta)
+                         made_fused, compiled, backend, cache_dir, calibration, window_batch, cuda_graphs,
+                         levers, epochs,                         inference_copy, tta)
     digests = weights.value if weights is not None else ()
     plan = RunPlan(
         config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
@@ -474,7 +474,8 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         epochs=epochs.value if epochs else config.epochs, submission_division=config.submission_division,
         backend=backend.value, inference_copy=inference_copy.value, tta=bool(tta and tta.value),
         cache_dir=cache_dir.value if cache_dir else "", val_input_shape=window.value, sw_batch_size=window_batch.value,
-        calibration=calibration.value if calibration else None, overflow_fix=overflow_fix, load_ckpt_path=config.load_ckpt_path,
+        calibration=calibration.value if calibration else None, overflow_fix=overflow_fix,
+        load_ckpt_path=config.load_ckpt_path,
         weights_sha256=digests[0] if digests else "", ensemble_sha256=digests if len(digests) > 1 else (),
         cache=config.cache, start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every)
     if not predict:  # the division reads the network and window decided above

@@ -479,7 +479,8 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1000)  # uncapped: the cap is checked below
     scan = write_scan(str(tmp_path / "in" / "s.nii.gz"), seed=1, shape=(26, 60, 60))
-    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), [("s", scan)], overflow_fix()), window_count=2)
+    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), [("s", scan)], overflow_fix()),
+                                      window_count=2)
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     lines = []

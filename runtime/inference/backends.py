@@ -91,7 +91,8 @@ def _openvino_calibration(config: Config, scans):
 class Backend:
     """A runtime for the windows: the precisions it computes, its converter
     ``convert(model, config, say, calibration, checkpoint) -> module`` (``calibration``: an int8
-    calibration set; ``checkpoint``: the weights' path, default the plan's ``load_ckpt_path``), and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
+    calibration set; ``checkpoint``: the weights' path, default the plan's ``load_ckpt_path``),
+    and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
 
     precisions: tuple[str, ...]
     convert: Callable[..., torch.nn.Module]
