@@ -72,7 +72,7 @@ def configure_backends(config: Config, device: torch.device) -> None:
 def build_model(config: Config, device: torch.device, distributed: bool = False) -> torch.nn.Module:
     model = Unet3D(IN_CHANNELS, N_CLASSES, normalization=config.normalization, activation=config.activation,
                    filters=config.filters)
-    if config.normalization == "syncbatchnorm" and distributed:
+    if config.normalization == "syncbatchnorm" and distributed:  # one process: batch norm (resolve.decide_architecture)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
     if config.channels_last:
@@ -174,9 +174,10 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
     apply_levers(model, plan.levers, plan.compile)
     autocast, scaler = autocast_factory(plan, device)
     trains = plan.mode.trains
+    # the step as planned (runtime.resolve.decide_fused_optimizer)
     optimizer = make_optimizer(plan.optimizer, model.parameters(), plan.learning_rate,
                                plan.momentum, plan.weight_decay, plan.lamb_betas,
-                               fused=plan.fused_optimizer) if trains else None  # as planned (runtime.resolve.decide_fused_optimizer)
+                               fused=plan.fused_optimizer, foreach=plan.foreach_optimizer) if trains else None
     state = ckpt.TrainState()
     if saved is not None and saved.resume:
         state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)

@@ -128,7 +128,7 @@ TRAIN = textwrap.dedent("""
     cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp=sys.argv[2] == "bf16",
                               amp_dtype="bf16", filters=(4, 8, 8, 8, 8), input_shape=shape, batch_size=2)
     torch.manual_seed(0)
-    amp, _, _ = decide_precision(cfg, cpu, say=False)
+    amp, _, _ = decide_precision(cfg, cpu)
     cfg = dataclasses.replace(cfg, amp=amp)  # the precision planned for it
     model = build.build_model(cfg, cpu)
     levers = choose_levers(True, "cpu", cfg.channels_last, cfg.amp_dtype if cfg.amp else None, cfg.normalization,

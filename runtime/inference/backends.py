@@ -65,7 +65,8 @@ def openvino_missing(int8: bool = False) -> str | None:
     return None
 
 
-def _torch_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=None) -> torch.nn.Module:
+def _torch_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=None,
+                  checkpoint: str = "") -> torch.nn.Module:
     if not plan.inference_copy:  # evaluate: the trained network, as built (runtime.resolve)
         return model
     if plan.channels_last:
@@ -73,24 +74,26 @@ def _torch_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=N
     return compile_model(model.eval(), plan.compile)
 
 
-def _openvino_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=None) -> torch.nn.Module:
+def _openvino_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=None,
+                     checkpoint: str = "") -> torch.nn.Module:
     from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
-    compiled = cached_openvino_model(model, plan, plan.load_ckpt_path, calibration, say=say)
+    compiled = cached_openvino_model(model, plan, checkpoint or plan.load_ckpt_path, calibration, say=say)
     return OpenVINOWindows(compiled, tuple(plan.val_input_shape))
 
 
-def _openvino_calibration(config: Config, scans):
+def _openvino_calibration(plan: RunPlan, scans):
     from runtime.inference.openvino.calibration import scan_calibration
 
-    return scan_calibration(config, scans)
+    return scan_calibration(plan, scans, plan.overflow_fix)  # as planned (runtime.resolve.decide_calibration)
 
 
 @dataclass(frozen=True)
 class Backend:
     """A runtime for the windows: the precisions it computes, its converter
-    ``convert(model, config, say, calibration) -> module`` (``calibration``: an int8 calibration
-    set), and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
+    ``convert(model, config, say, calibration, checkpoint) -> module`` (``calibration``: an int8
+    calibration set; ``checkpoint``: the weights' path, default the plan's ``load_ckpt_path``),
+    and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
 
     precisions: tuple[str, ...]
     convert: Callable[..., torch.nn.Module]
@@ -149,11 +152,11 @@ def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
 
 
 def window_predictor(model: torch.nn.Module, plan: RunPlan, device: torch.device, say: Say = print,
-                     calibration=None) -> Predict:
-    """Predict's window predictor: ``model`` (eval mode, the checkpoint's weights, fp32) converted
-    by the resolved ``plan``'s backend (``calibration``: the int8 calibration set with
-    ``--int8``), wrapped by :func:`build_predictor`."""
-    module = BACKENDS[plan.backend].convert(model, plan, say, calibration)
+                     calibration=None, checkpoint: str = "") -> Predict:
+    """Predict's window predictor: ``model`` (eval mode, the weights of ``checkpoint``, default
+    the plan's ``load_ckpt_path``; fp32) converted by the resolved ``plan``'s backend
+    (``calibration``: the int8 calibration set with ``--int8``), wrapped by :func:`build_predictor`."""
+    module = BACKENDS[plan.backend].convert(model, plan, say, calibration, checkpoint)
     return build_predictor(module, device, options_from(plan))
 
 
