@@ -102,7 +102,7 @@ class RunPlan:
 
     def __getattr__(self, name: str):
         # Only for names that are no field: the flags nothing decides (and Config's properties,
-        # such as is_train). Dunder names and "config" itself fail as usual, so that copy and
+        # such as mode). Dunder names and "config" itself fail as usual, so that copy and
         # pickle, which look them up before the fields exist, see a plain AttributeError.
         if name.startswith("__") or name == "config":
             raise AttributeError(name)
