@@ -125,11 +125,6 @@ class Config:
         return mode_of(self.exec_mode, self.benchmark)
 
     @property
-    def is_train(self) -> bool:
-        """``mode.trains`` (kept while other code moves to asking the mode)."""
-        return self.mode.trains
-
-    @property
     def checkpoints_on_the_clock(self) -> bool:
         """A training run that writes --save_ckpt_path between run_start and run_stop (at its
         evaluations, periodically, on a signal): asked for with --ckpt_during_run or a
@@ -517,16 +512,6 @@ def _file_and_device_errors(cfg: Config) -> list[str]:
     return errors + _problems(
         (cfg.ckpt_every_epochs >= 0, f"--ckpt_every_epochs must be >= 0, got {cfg.ckpt_every_epochs}"),
         (cfg.ckpt_every_minutes >= 0, f"--ckpt_every_minutes must be >= 0, got {cfg.ckpt_every_minutes}"))
-
-
-# The modes by name (runtime.mode.MODES), and which of them each flag means something in, by flag
-# (runtime.mode.FLAG_USES says it by what a mode does; docs/usage.md).
-RUN_MODES = tuple(MODES)
-PREDICT = "predict"
-FLAG_MODES: dict[str, frozenset[str]] = {
-    flag: frozenset(mode.name for mode in MODES.values() if mode.uses(flag)) for flag in FLAG_USES}
-# Each --exec_mode's own checks, after those every mode shares (--benchmark's: its mode's, Mode.checks).
-MODE_ERRORS = {exec_mode: mode_of(exec_mode, False).errors for exec_mode in exec_modes()}
 
 
 def _mode_names(flag: str) -> str:

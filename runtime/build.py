@@ -74,7 +74,7 @@ def build_model(config: Config, device: torch.device, distributed: bool = False)
     # one output channel per label of the run's label set (runtime.labels; KiTS19's 3 unresolved)
     model = Unet3D(IN_CHANNELS, n_classes(run_labels(config)), normalization=config.normalization,
                    activation=config.activation, filters=config.filters)
-    if config.normalization == "syncbatchnorm" and distributed:
+    if config.normalization == "syncbatchnorm" and distributed:  # one process: batch norm (resolve.decide_architecture)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
     if config.channels_last:
@@ -176,9 +176,10 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
     apply_levers(model, plan.levers, plan.compile)
     autocast, scaler = autocast_factory(plan, device)
     trains = plan.mode.trains
+    # the step as planned (runtime.resolve.decide_fused_optimizer)
     optimizer = make_optimizer(plan.optimizer, model.parameters(), plan.learning_rate,
                                plan.momentum, plan.weight_decay, plan.lamb_betas,
-                               fused=plan.fused_optimizer) if trains else None  # as planned (runtime.resolve.decide_fused_optimizer)
+                               fused=plan.fused_optimizer, foreach=plan.foreach_optimizer) if trains else None
     state = ckpt.TrainState()
     if saved is not None and saved.resume:
         state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)

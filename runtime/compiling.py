@@ -13,7 +13,9 @@ from torch import nn
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
-def _compile_unavailable_reason() -> str | None:
+def compile_unavailable() -> str | None:
+    """Why this torch cannot ``torch.compile`` (one line), or None when it can: read once, by
+    ``runtime.resolve.decide_compile``; the builders then obey the plan's ``compile``."""
     if not hasattr(torch, "compile"):
         return f"torch {torch.__version__} has no torch.compile"
     try:
@@ -75,14 +77,10 @@ class CompiledModule(nn.Module):
 
 
 def compile_model(module: nn.Module, enabled: bool, **compile_kwargs) -> nn.Module:
-    """``module`` itself when not ``enabled`` or when this torch cannot compile (one warning),
-    else a :class:`CompiledModule` (compiled, with an eager fallback). Works for the model and
-    for the loss module alike."""
+    """``module`` itself when not ``enabled``, else a :class:`CompiledModule` (compiled, with an
+    eager fallback). ``enabled``: the plan's ``compile`` (``runtime.resolve.decide_compile``, off
+    where this torch cannot compile). Works for the model and for the loss module alike."""
     if not enabled:
-        return module
-    reason = _compile_unavailable_reason()
-    if reason is not None:
-        warnings.warn(f"--compile ignored: {reason}; running eagerly", RuntimeWarning, stacklevel=2)
         return module
     return CompiledModule(module, **compile_kwargs)
 
@@ -118,7 +116,7 @@ def compile_function(function, enabled: bool = True, recompile_limit: int = 0, *
     """``function`` itself when not ``enabled`` or when this torch cannot compile (no warning: the
     caller says what it runs), else a :class:`CompiledFunction` with the eager fallback;
     ``recompile_limit``: see :func:`allow_recompiles`."""
-    if not enabled or _compile_unavailable_reason() is not None:
+    if not enabled or compile_unavailable() is not None:
         return function
     if recompile_limit:
         allow_recompiles(recompile_limit)

@@ -73,6 +73,8 @@ class Mode:
     scores: bool = False  # reads the preprocessed dataset (--data_dir) and scores its evaluation cases
     predicts: bool = False  # segments raw scans (--input) into --output_dir (an ensemble, --tta)
     chooses_backend: bool = False  # infers with the backend --backend chooses (PyTorch or OpenVINO)
+    # --backend auto keeps the network as trained (PyTorch): its numbers are the benchmark's Dice
+    scores_as_trained: bool = False
     # an MLPerf training run: writes the MLPerf log (one run per folder: the last run's files are
     # moved aside first) and says in it whether the attempt started from a checkpoint
     mlperf_run: bool = False
@@ -135,7 +137,7 @@ class Session:
 # flag of the MLCommons reference (runtime.arguments.REFERENCE_FLAGS) is accepted there, as the
 # reference's one parser accepts every flag in every mode, and one line says it has no effect
 # (issue 48). Every flag of the parser has an entry (tests/test_mode_flags.py checks it against
-# --help): a new flag needs one. runtime.arguments.FLAG_MODES: the same, by flag, as mode names.
+# --help): a new flag needs one. A mode answers it: Mode.uses(flag), Mode.flags.
 EVERY_MODE, NO_MODE = "every mode", "no mode"
 FLAG_USES: dict[str, str] = {
     # data and files
@@ -285,7 +287,7 @@ MODES: dict[str, Mode] = {mode.name: mode for mode in (
     Mode("train", "runtime.training.bodies:benchmark_body", benchmark=True, trains=True, scores=True,
          writes_metrics=True, outputs=_benchmark_outputs, checks=(_train_errors, _benchmark_errors)),
     Mode("evaluate", "runtime.evaluate.body:evaluate_body", scores=True, chooses_backend=True,
-         writes_metrics=True, outputs=_log_dir, checks=(_evaluate_errors,)),
+         scores_as_trained=True, writes_metrics=True, outputs=_log_dir, checks=(_evaluate_errors,)),
     Mode("evaluate", "runtime.training.bodies:benchmark_body", benchmark=True, scores=True,
          writes_metrics=True, outputs=_benchmark_outputs, checks=(_int8_errors, _benchmark_errors)),
     Mode("predict", "runtime.predict.body:predict_body", predicts=True, chooses_backend=True,

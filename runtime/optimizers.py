@@ -55,20 +55,29 @@ TORCH_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
 
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                   betas=(0.9, 0.999), fused: bool = False) -> torch.optim.Optimizer:
+                   betas=(0.9, 0.999), fused: bool = False, foreach: bool = False) -> torch.optim.Optimizer:
     """The optimizer named by ``--optimizer``. ``fused``: the fused step, as decided for the run
     (:func:`fused_step`, in ``runtime.resolve``, which tried it: built as decided, never swapped
-    here for another); otherwise the default step (multi-tensor on CUDA, one tensor at a time on
-    the CPU)."""
+    here for another); otherwise the default step, multi-tensor with ``foreach`` (decided from the
+    plan's device: CUDA, :func:`default_step`), else one tensor at a time."""
     params = list(params)
     if name == "lamb":
         return Lamb(params, lr=lr, betas=betas, weight_decay=weight_decay)
     if name not in TORCH_OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}")
     cls, kwargs = TORCH_OPTIMIZERS[name], {"momentum": momentum, "nesterov": True} if name == "sgd" else {}
-    on_cuda = all(p.is_cuda for p in params)
-    speed = {"fused": True} if fused else {"foreach": True} if on_cuda else {}
+    speed = {"fused": True} if fused else {"foreach": True} if foreach else {}
     return cls(params, lr=lr, weight_decay=weight_decay, **kwargs, **speed)
+
+
+def default_step(name: str, device: torch.device) -> tuple[bool, str]:
+    """``(foreach, why)``: the step without ``--fused_optimizer`` on ``device``: torch's
+    multi-tensor (foreach) step on CUDA, one tensor at a time elsewhere (LAMB: its own step)."""
+    if name not in TORCH_OPTIMIZERS:
+        return False, f"--optimizer {name}: its own step"
+    if device.type == "cuda":
+        return True, "the default step: multi-tensor (foreach) on CUDA"
+    return False, f"the default step: one tensor at a time on {device.type}"
 
 
 def fused_step(name: str, device: torch.device) -> tuple[bool, str]:

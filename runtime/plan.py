@@ -75,6 +75,8 @@ class RunPlan:
     # training
     seed: int
     fused_optimizer: bool
+    foreach_optimizer: bool  # the unfused step multi-tensor (CUDA), as decided with fused_optimizer
+    compile: bool  # --compile where this torch can compile (the model, the loss, the inference copy)
     cuda_graphs: bool
     epochs: int | str
     submission_division: str
@@ -82,10 +84,11 @@ class RunPlan:
     backend: str
     inference_copy: bool  # the torch backend converts the network for inference (predict), else runs it as trained
     tta: bool
-    cache_dir: str
+    cache_dir: str  # OpenVINO's cache (evaluate, predict); "" where the mode chooses no backend
     val_input_shape: tuple[int, ...]
     sw_batch_size: int
     calibration: str | None  # predict --int8: --int8_calibration, or "each scan"; None without --int8
+    overflow_fix: str | None  # predict --int8: NNCF's overflow fix, "enable" (no VNNI) or "first_layer"
     load_ckpt_path: str  # the checkpoint this plan's network loads (an ensemble member's own)
     weights_sha256: str  # predict: the weights it loads (recorded beside each segmentation)
     ensemble_sha256: tuple[str, ...]  # every checkpoint's, in order, when predict ensembles several
@@ -100,7 +103,7 @@ class RunPlan:
 
     def __getattr__(self, name: str):
         # Only for names that are no field: the flags nothing decides (and Config's properties,
-        # such as is_train). Dunder names and "config" itself fail as usual, so that copy and
+        # such as mode). Dunder names and "config" itself fail as usual, so that copy and
         # pickle, which look them up before the fields exist, see a plain AttributeError.
         if name.startswith("__") or name == "config":
             raise AttributeError(name)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import warnings
 from types import SimpleNamespace
 
 import torch
@@ -30,13 +31,14 @@ import torch
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, no_effect_line
 from runtime.checkpoint import Saved, model_state_from, saved_config, saved_labels, saved_seed, weights_digest
+from runtime.compiling import compile_unavailable
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
 from runtime.labels import KITS19_LABELS, LabelError, as_labels, decide_labels
 from runtime.levers.cpu.host_memory import reuse_freed_memory
-from runtime.levers.cpu.isa import native_bf16
-from runtime.optimizers import fused_step
+from runtime.levers.cpu.isa import int8_pairs_saturate, native_bf16
+from runtime.optimizers import default_step, fused_step
 from runtime.plan import Decision, RunPlan, recorded
 from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch
 
@@ -65,34 +67,43 @@ def decide_device(asked: str, device: torch.device) -> Decision:
     return Decision("device", device.type, why, asked)
 
 
-def decide_precision(config: Config, device: torch.device, say: bool) -> tuple[bool, str, Decision]:
+def trains_bf16_on_cpu(config: Config, amp_dtype: str, device: torch.device) -> bool:
+    """Whether the run trains in bf16 autocast on the CPU: :func:`decide_precision` then asks the
+    CPU for native bf16, and the run says its answer (:func:`said_lines`)."""
+    return config.mode.trains and config.amp and amp_dtype == "bf16" and device.type == "cpu"
+
+
+def decide_precision(config: Config, device: torch.device) -> tuple[bool, str, Decision]:
     """``(amp, amp_dtype, decision)``: ``--amp``'s type on ``device`` (:func:`amp_dtype_for`),
-    training's float32 fallback on a CPU without native bf16 (one line said, ``say``: oneDNN
-    emulates bf16 there, slower than float32; docs/performance.md), predict's ``--int8``."""
+    training's float32 fallback on a CPU without native bf16 (oneDNN emulates bf16 there, slower
+    than float32; docs/performance.md; its ``why`` said by :func:`said_lines`), predict's ``--int8``."""
     asked = f"--amp --amp_dtype {config.amp_dtype}" if config.amp else "float32"
     amp, amp_dtype = config.amp, amp_dtype_for(config.amp_dtype, device) if config.amp else config.amp_dtype
     why = f"--amp_dtype auto on {device.type}" if amp and config.amp_dtype == "auto" else ""
-    if config.mode.trains and amp and amp_dtype == "bf16" and device.type == "cpu":
+    if trains_bf16_on_cpu(config, amp_dtype, device):
         native, reason = native_bf16()
         why = f"bf16: {reason}; " + ("training in bf16 autocast" if native else "training in float32 instead")
-        if say:
-            print(why)
         amp = native
     if config.int8:
         return amp, amp_dtype, Decision("precision", "int8", "", "--int8")
     return amp, amp_dtype, Decision("precision", precision_text(amp, amp_dtype), why, asked)
 
 
-def decide_fused_optimizer(config: Config, device: torch.device) -> tuple[bool, Decision | None]:
-    """``--fused_optimizer`` as it runs here (training): torch's fused step where it has one for
-    ``--optimizer`` on ``device`` (:func:`runtime.optimizers.fused_step`, which tries one step),
-    else the default step; the optimizer is built, and a resumed one kept, with this choice."""
+def decide_fused_optimizer(config: Config, device: torch.device) -> tuple[bool, bool, Decision | None]:
+    """``(fused, foreach, decision)``: ``--fused_optimizer`` as it runs here (training): torch's
+    fused step where it has one for ``--optimizer`` on ``device`` (:func:`runtime.optimizers.fused_step`,
+    which tries one step), else the default step, multi-tensor (foreach) on CUDA
+    (:func:`runtime.optimizers.default_step`); the optimizer is built, and a resumed one kept,
+    with this choice."""
     if not config.mode.trains:
-        return config.fused_optimizer, None
+        return config.fused_optimizer, False, None
+    foreach, default = default_step(config.optimizer, device)
     if not config.fused_optimizer:
-        return False, Decision("fused_optimizer", False, "the default step", False)
+        return False, foreach, Decision("fused_optimizer", False, default, False)
     runs, why = fused_step(config.optimizer, device)
-    return runs, Decision("fused_optimizer", runs, why, True)
+    if not runs:
+        why = f"{why} ({default.removeprefix('the default step: ')})" if foreach else why
+    return runs, foreach and not runs, Decision("fused_optimizer", runs, why, True)
 
 
 def reuses_host_memory(trains: bool, device: torch.device) -> bool:
@@ -122,8 +133,8 @@ def apply_host_memory(plan: RunPlan) -> None:
 
 
 def decide_cuda_graphs(config: Config, dist_info: D.DistInfo, amp: bool, amp_dtype: str) -> Decision:
-    """``--cuda_graphs`` as it can run here with the run's precision; says once (rank 0) why it
-    is off."""
+    """``--cuda_graphs`` as it can run here with the run's precision, with why it is off (said
+    by :func:`said_lines`)."""
     if not config.cuda_graphs:
         return Decision("cuda_graphs", False, "", False)
     from runtime.levers.gpu.graphs import cuda_graphs_supported
@@ -131,9 +142,18 @@ def decide_cuda_graphs(config: Config, dist_info: D.DistInfo, amp: bool, amp_dty
     # what the capture depends on: the flags, with the precision that runs
     step = SimpleNamespace(ga_steps=config.ga_steps, amp=amp, amp_dtype=amp_dtype, optimizer=config.optimizer)
     ok, reason = cuda_graphs_supported(dist_info.device, step, dist_info.world_size)
-    if not ok and dist_info.is_main:
-        print(f"--cuda_graphs off: {reason}")
     return Decision("cuda_graphs", ok, reason if not ok else "", True)
+
+
+def decide_compile(asked: bool, unavailable: str | None) -> Decision:
+    """``--compile`` as it runs here: off, with why, where this torch cannot compile
+    (``unavailable``: :func:`runtime.compiling.compile_unavailable`); the builders (the model,
+    the loss, the inference copy, the levers' fused norm) and the warm-up obey it."""
+    if not asked:
+        return Decision("compile", False, "", False)
+    if unavailable:
+        return Decision("compile", False, f"--compile ignored: {unavailable}; running eagerly", True)
+    return Decision("compile", True, "", True)
 
 
 def decide_seed(asked: int, device: torch.device, saved: Saved | None) -> Decision:
@@ -169,30 +189,33 @@ def decide_tta(config: Config) -> Decision | None:
     return Decision("tta", config.tta, "--tta: the softmax averaged over the 8 flips" if config.tta else "", config.tta)
 
 
-def decide_cache_dir(asked: str) -> Decision:
+def decide_cache_dir(asked: str, chooses_backend: bool) -> Decision | None:
     """OpenVINO's cache: ``--cache_dir``, else the user's cache folder
-    (:func:`runtime.inference.openvino.cache.default_cache_dir`), never beside an input."""
+    (:func:`runtime.inference.openvino.cache.default_cache_dir`), never beside an input; decided
+    only where the mode chooses a backend (evaluate, predict), so that a training checkpoint
+    records no cache path of the user's."""
     from runtime.inference.openvino.cache import default_cache_dir
 
+    if not chooses_backend:
+        return None
     if asked:
         return Decision("cache_dir", os.path.abspath(asked), "--cache_dir", asked)
     return Decision("cache_dir", default_cache_dir(), "the user's cache folder", None)
 
 
-def decide_levers(config: Config, dist_info: D.DistInfo, architecture: dict, amp: bool, amp_dtype: str) -> Decision:
-    """The speed levers (:func:`runtime.levers.cpu.convert.choose_levers`) for the precision that
-    runs (:func:`decide_precision`: float32 on a CPU without native bf16) and the network, one
-    line each said on rank 0."""
+def decide_levers(config: Config, dist_info: D.DistInfo, architecture: dict, amp: bool, amp_dtype: str,
+                  compile: bool) -> tuple[Decision, tuple[str, ...]]:
+    """``(decision, lines)``: the speed levers (:func:`runtime.levers.cpu.convert.choose_levers`)
+    for the precision that runs (:func:`decide_precision`: float32 on a CPU without native bf16),
+    the network and ``compile`` (:func:`decide_compile`), and each lever's line (said by
+    :func:`say_decided`)."""
     from runtime.levers.cpu.convert import choose_levers
 
     levers = choose_levers(config.mode.trains, dist_info.device.type, config.channels_last, amp_dtype if amp else None,
-                           architecture["normalization"], config.compile, tuple(architecture["filters"]))
-    if dist_info.is_main:
-        for lever in levers:
-            print(lever.why)
+                           architecture["normalization"], compile, tuple(architecture["filters"]))
     names = tuple(lever.name for lever in levers if lever.applied)
     why = "; ".join(lever.why for lever in levers) or "none applies to this device, layout and precision"
-    return Decision("levers", names, why)
+    return Decision("levers", names, why), tuple(lever.why for lever in levers)
 
 
 def decide_epochs(config: Config, world_size: int) -> Decision | None:
@@ -234,11 +257,13 @@ def architecture_text(architecture: dict) -> str:
     return ", ".join(f"--{name} {_flag_text(architecture[name])}" for name in ARCHITECTURE)
 
 
-def decide_architecture(config: Config, saved: Saved | None) -> tuple[dict, Decision]:
+def decide_architecture(config: Config, saved: Saved | None, distributed: bool = False) -> tuple[dict, Decision]:
     """``({filters, normalization, activation}, decision)``: the network flags the checkpoint was
     trained with where they were not given (a given flag that differs from the checkpoint is a
     :class:`UsageError`), and for predict batch norm for a sync-batch-norm network (the same
-    weights; inference needs no cross-rank statistics)."""
+    weights; inference needs no cross-rank statistics). A sync-batch-norm network of one process
+    (not ``distributed``) runs batch norm in every mode: recorded here, ``runtime.build.build_model``
+    converts only a distributed one (the flag stays, so a resumed run and its checkpoint agree)."""
     trained = saved_config(saved.checkpoint) if saved is not None else {}
     architecture, taken = {name: getattr(config, name) for name in ARCHITECTURE}, []
     for name in ARCHITECTURE:
@@ -254,6 +279,9 @@ def decide_architecture(config: Config, saved: Saved | None) -> tuple[dict, Deci
     if config.mode.predicts and architecture["normalization"] == "syncbatchnorm":
         architecture["normalization"] = "batchnorm"
         why = "; ".join(filter(None, (why, "predict: batchnorm for syncbatchnorm (the same weights, one process)")))
+    elif architecture["normalization"] == "syncbatchnorm" and not distributed:
+        why = "; ".join(filter(None, (why, "one process: syncbatchnorm runs as batchnorm (no other rank to "
+                                           "synchronise with; the same weights)")))
     asked = architecture_text({name: getattr(config, name) for name in ARCHITECTURE})
     return architecture, Decision("architecture", architecture_text(architecture), why, asked)
 
@@ -387,13 +415,19 @@ def decide_weights(config: Config, architecture: dict, saved: Saved | None, ense
     return Decision("weights", digests, f"an ensemble of {len(digests)}" if ensemble else "")
 
 
-def decide_calibration(config: Config) -> Decision | None:
-    """Predict ``--int8``'s calibration set: the scans of ``--int8_calibration``, or each scan
-    alone (the set itself is read per run or per scan: ``runtime.predict.api.Segmenter``)."""
+def decide_calibration(config: Config, pairs_saturate: bool) -> tuple[str | None, Decision | None]:
+    """``(overflow_fix, decision)``: predict ``--int8``'s calibration set, the scans of
+    ``--int8_calibration`` or each scan alone (the set itself is read per run or per scan:
+    ``runtime.predict.api.Segmenter``), and NNCF's overflow fix for every set: on every layer
+    ("enable") where this CPU's int8 pairs saturate (``pairs_saturate``:
+    :func:`runtime.levers.cpu.isa.int8_pairs_saturate`, no VNNI), else on the first layer only."""
     if not config.int8:
-        return None
+        return None, None
     why = "--int8_calibration" if config.int8_calibration else "no --int8_calibration: each scan calibrates its own"
-    return Decision("calibration", config.int8_calibration or "each scan", why, config.int8_calibration or None)
+    fix = "enable" if pairs_saturate else "first_layer"
+    why += ("; NNCF's overflow fix on every layer: this CPU's int8 pairs saturate (no VNNI)" if pairs_saturate
+            else "; NNCF's overflow fix on the first layer only: VNNI int8 dot products")
+    return fix, Decision("calibration", config.int8_calibration or "each scan", why, config.int8_calibration or None)
 
 
 def decide_window_batch(config: Config, backend: str, architecture: dict, window: tuple) -> Decision:
@@ -431,7 +465,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     device, predict = dist_info.device, config.mode.predicts
     check_benchmark_budget(config)
     say_no_effect(config, dist_info)
-    architecture, made_architecture = decide_architecture(config, saved)
+    architecture, made_architecture = decide_architecture(config, saved, dist_info.distributed)
     labels = decide_labels_before_data(saved)
     if not predict:
         check_device_support(architecture["normalization"], dist_info)
@@ -441,37 +475,69 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     window = decide_window(config, saved)
     host_memory = decide_host_memory(config.mode.trains, device)
     weights = decide_weights(config, architecture, saved, ensemble) if predict else None
-    amp, amp_dtype, precision = decide_precision(config, device, say=dist_info.is_main and not predict)
+    amp, amp_dtype, precision = decide_precision(config, device)
     seed = None if predict else decide_seed(config.seed, device, saved)
-    fused, made_fused = decide_fused_optimizer(config, device)
+    fused, foreach, made_fused = decide_fused_optimizer(config, device)
+    compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
     backend = decide_inference_backend(config, device)
-    cache_dir = decide_cache_dir(config.cache_dir)
-    calibration = decide_calibration(config) if predict else None
+    cache_dir = decide_cache_dir(config.cache_dir, config.mode.chooses_backend)
+    overflow_fix, calibration = decide_calibration(config, config.int8 and int8_pairs_saturate()) \
+        if predict else (None, None)
     window_batch = decide_window_batch(config, backend.value, architecture, window.value)
     cuda_graphs = None if predict else decide_cuda_graphs(config, dist_info, amp, amp_dtype)
-    levers = None if predict else decide_levers(config, dist_info, architecture, amp, amp_dtype)
+    levers, lever_lines = (None, ()) if predict else \
+        decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
     epochs = None if predict else decide_epochs(config, dist_info.world_size)
     inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
     decisions = recorded((), made_architecture, labels, made_device, window, host_memory, weights, precision, seed,
-                         made_fused, backend, cache_dir, calibration, window_batch, cuda_graphs, levers, epochs,
-                         inference_copy, tta)
+                         made_fused, compiled, backend, cache_dir, calibration, window_batch, cuda_graphs,
+                         levers, epochs, inference_copy, tta)
     digests = weights.value if weights is not None else ()
     plan = RunPlan(
         config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
         amp=amp, amp_dtype=amp_dtype, **architecture, labels=labels.value, levers=levers.value if levers else (),
-        seed=seed.value if seed else config.seed, fused_optimizer=fused,
+        seed=seed.value if seed else config.seed, fused_optimizer=fused, foreach_optimizer=foreach,
+        compile=compiled.value,
         cuda_graphs=cuda_graphs.value if cuda_graphs else config.cuda_graphs,
         epochs=epochs.value if epochs else config.epochs, submission_division=config.submission_division,
         backend=backend.value, inference_copy=inference_copy.value, tta=bool(tta and tta.value),
-        cache_dir=cache_dir.value, val_input_shape=window.value, sw_batch_size=window_batch.value,
-        calibration=calibration.value if calibration else None, load_ckpt_path=config.load_ckpt_path,
+        cache_dir=cache_dir.value if cache_dir else "", val_input_shape=window.value, sw_batch_size=window_batch.value,
+        calibration=calibration.value if calibration else None, overflow_fix=overflow_fix,
+        load_ckpt_path=config.load_ckpt_path,
         weights_sha256=digests[0] if digests else "", ensemble_sha256=digests if len(digests) > 1 else (),
         cache=config.cache, start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every)
     if not predict:  # the division reads the network and window decided above
         plan = with_division(plan, flag_reasons(plan, dist_info.world_size), dist_info)
+    say_decided(said_lines(plan, amp_dtype, device, lever_lines), dist_info)
+    if compiled.asked and not compiled.value:  # one warning on each process, as torch's own
+        warnings.warn(compiled.why, RuntimeWarning, stacklevel=2)
     if predict:  # no data stage: the plan is whole
         return say_plan(plan, dist_info)
     return plan if data is None else resolve_data(plan, dist_info, data.summary(config))
+
+
+def said_lines(plan: RunPlan, amp_dtype: str, device: torch.device, lever_lines: tuple[str, ...]) -> list[str]:
+    """The lines a run says of its first stage's plan, in the order decided (rank 0's stdout,
+    :func:`say_decided`): training's bf16 answer on the CPU, why ``--cuda_graphs`` is off, each
+    lever's line and why the run is open (an MLPerf run)."""
+    lines = [plan.why("precision")] if trains_bf16_on_cpu(plan.config, amp_dtype, device) else []
+    graphs = plan.decision("cuda_graphs")
+    if graphs is not None and graphs.asked and not graphs.value:
+        lines.append(f"--cuda_graphs off: {graphs.why}")
+    return lines + list(lever_lines) + division_lines(plan)
+
+
+def division_lines(plan: RunPlan) -> list[str]:
+    """Why the run is open, said by an MLPerf run (:func:`decide_division`)."""
+    return [plan.why("division")] if plan.why("division") and plan.mode.mlperf_run else []
+
+
+def say_decided(lines: list[str], dist_info: D.DistInfo) -> None:
+    """The lines of a stage's decisions (:func:`said_lines`), said on rank 0's stdout once the plan
+    is built: the decide_* functions say nothing."""
+    if dist_info.is_main:
+        for line in lines:
+            print(line)
 
 
 def say_no_effect(config: Config, dist_info: D.DistInfo) -> None:
@@ -485,8 +551,8 @@ def say_no_effect(config: Config, dist_info: D.DistInfo) -> None:
 
 def decide_division(plan: RunPlan, reasons: list, dist_info: D.DistInfo, logged: bool) -> tuple[Decision, Decision | None]:
     """``(division, not_closed)``: the MLPerf division (``runtime.division``) from ``reasons``
-    (the stage's reasons the run is open): closed, or open with one line saying why (rank 0,
-    training, once); ``--submission_division closed`` on an open run is a :class:`UsageError`.
+    (the stage's reasons the run is open): closed, or open with one line saying why (said once,
+    by an MLPerf run: :func:`division_lines`); ``--submission_division closed`` on an open run is a :class:`UsageError`.
     The flag as given stays the decision's ``asked``. ``logged``: the MLPerf log already holds
     the division (the data stage: it must precede ``init_stop``), so a run found open only now
     says that its log's "closed" is no result, and records the reasons as the ``not_closed``
@@ -500,8 +566,6 @@ def decide_division(plan: RunPlan, reasons: list, dist_info: D.DistInfo, logged:
     if not_closed:
         why += ("; the MLPerf log, whose division precedes init_stop, says closed: it records not_closed "
                 "after run_start, and the run is no closed result")
-    if why and dist_info.is_main and plan.mode.mlperf_run:
-        print(why)
     made = Decision("division", division, why, asked)
     return made, Decision("not_closed", "; ".join(reasons), "the MLPerf log already says closed") if not_closed else None
 
@@ -528,9 +592,10 @@ def decide_cache(asked: str, device: torch.device, train_bytes) -> Decision:
 def resolve_data(plan: RunPlan, dist_info: D.DistInfo, summary) -> RunPlan:
     """The second stage: a new plan with the values that need the data, from its ``summary`` (a
     ``data_loading.source.DataSummary``; the source's ``summary(config)`` lists and checks the
-    cases, so it runs after the MLPerf ``run_start``): the case counts, samples per epoch and the
-    evaluation schedule (training), and the cache mode (``auto``: on the device when the
-    training set fits). ``plan``: from :func:`resolve`. The same on every rank (no collective)."""
+    cases, so it runs after the MLPerf ``run_start``): the label set (the data's description:
+    :func:`decide_labels_with_data`), the case counts, samples per epoch and the evaluation
+    schedule (training), and the cache mode (``auto``: on the device when the training set
+    fits). ``plan``: from :func:`resolve`. The same on every rank (no collective)."""
     labels = decide_labels_with_data(plan.decision("labels"), summary)
     cache = decide_cache(plan.config.cache, dist_info.device, summary.train_bytes)
     plan = dataclasses.replace(plan, labels=labels.value, cache=cache.value, num_train_cases=summary.num_train,
@@ -539,7 +604,10 @@ def resolve_data(plan: RunPlan, dist_info: D.DistInfo, summary) -> RunPlan:
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
     reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""),
                            getattr(summary, "own_data", ""))
-    return say_plan(with_division(plan, reasons, dist_info, logged=True), dist_info)
+    decided = with_division(plan, reasons, dist_info, logged=True)
+    if decided is not plan:  # open by the data only: said now
+        say_decided(division_lines(decided), dist_info)
+    return say_plan(decided, dist_info)
 
 
 def say_plan(plan: RunPlan, dist_info: D.DistInfo) -> RunPlan:

@@ -56,7 +56,7 @@ RESUMED_LOG_GLOB = resumed_log_name("*")
 # A new training run in a used --log_dir moves every file of the last run (these names, and the
 # resumed attempts' logs) into a folder of its own, ``previous-<time of the last run's newest
 # file>[.n]``, so that a folder holds one run's files; the report and the package read each of
-# those folders as one more attempt of the folder (``runtime.report.runs.folder_runs``).
+# those folders as one more attempt of the folder (``runtime.results.runs.folder_runs``).
 PREVIOUS_RUN_PREFIX = "previous-"
 
 
@@ -73,7 +73,7 @@ RUN_STOP = "run_stop"
 SEED = "seed"
 CACHE_CLEAR = "cache_clear"  # true only when the page cache was dropped before the run
 SUBMISSION_DIVISION = "submission_division"
-# read for the predicted time to train (runtime/report/time_to_train.py)
+# read for the predicted time to train (runtime/results/time_to_train.py)
 GLOBAL_BATCH_SIZE = "global_batch_size"
 SAMPLES_PER_EPOCH = "samples_per_epoch"
 TRAIN_SAMPLES = "train_samples"

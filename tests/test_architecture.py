@@ -131,12 +131,12 @@ def test_levers_and_inference_are_used_not_users(graph):
 
 
 # The products: each a folder of runtime/ behind one command or exec mode. What several of them
-# share lives outside every product (runtime/clocked/, the modules at the top of runtime/).
+# share lives outside every product (runtime/clocked/, runtime/results/, the modules at the top of runtime/).
 PRODUCTS = ("runtime.training", "runtime.evaluate", "runtime.predict", "runtime.report", "runtime.submission")
-# Which product may use which (docs/development.md, "Layout"): the report reads and scores run
-# folders, for the submission's package and for training's --plot curves and --benchmark's
-# predicted time to train; no other product uses another.
-MAY_USE = {"runtime.training": {"runtime.report"}, "runtime.submission": {"runtime.report"}}
+# Which product may use which (docs/development.md, "Layout"): none uses another. What reads and
+# scores run folders for the report, the submission package and training (--plot's curves,
+# --benchmark's predicted time to train) is runtime/results/, shared, not a product.
+MAY_USE: dict[str, set[str]] = {}
 
 
 def _product(module: str) -> str | None:
@@ -164,10 +164,14 @@ def test_products_use_only_the_products_they_may(graph):
 
 def test_the_product_rule_finds_a_forbidden_arrow():
     graph = {"runtime.evaluate.body": {"runtime.training.loop", "runtime.clocked.start"},
-             "runtime.training.loop": {"runtime.clocked.evaluation", "runtime.report.plotter"},
+             "runtime.training.loop": {"runtime.clocked.evaluation", "runtime.results.plotter"},
+             "runtime.training.bodies": {"runtime.report.plotter"},
              "runtime.report.scoring": {"runtime.submission.validity"}}
     assert _product_arrows(graph, MAY_USE) == {"runtime.evaluate.body": ["runtime.training.loop"],
+                                              "runtime.training.bodies": ["runtime.report.plotter"],
                                               "runtime.report.scoring": ["runtime.submission.validity"]}
+    assert _product_arrows(graph, {"runtime.training": {"runtime.report"}}) == {
+        "runtime.evaluate.body": ["runtime.training.loop"], "runtime.report.scoring": ["runtime.submission.validity"]}
 
 
 def test_products_use_each_other_in_one_direction():
@@ -177,11 +181,12 @@ def test_products_use_each_other_in_one_direction():
 
 
 def test_shared_modules_use_no_product(graph):
-    """What products share is below them: only the lifecycle's table of modes names the bodies."""
+    """What products share is below them: no shared module imports a product (the lifecycle reaches
+    a mode's body by its ``"module:function"`` name, imported when the mode runs)."""
     shared = {m: sorted(d for d in deps if _product(d)) for m, deps in graph.items()
-              if _under(m, ("runtime",)) and _product(m) is None and m != "runtime.app"}
-    assert "runtime.clocked.start" in shared and {m: used for m, used in shared.items() if used} == {}
-    assert {_product(d) for d in graph["runtime.app"] if _product(d)} <= set(PRODUCTS)
+              if _under(m, ("runtime",)) and _product(m) is None}
+    assert {"runtime.app", "runtime.clocked.start", "runtime.results.plotter"} <= set(shared)
+    assert {m: used for m, used in shared.items() if used} == {}
 
 
 def test_benchmarks_import_nothing_from_tests(graph):

@@ -141,11 +141,12 @@ def test_int8_combinations_for_predict(tmp_path):
 
 
 def test_every_exec_mode_has_its_checks():
-    """A mode added to --exec_mode's choices without its entry in MODE_ERRORS fails here."""
-    from runtime.arguments import MODE_ERRORS
+    """A mode added to --exec_mode's choices without its entry in runtime.mode.MODES (and its
+    checks) fails here."""
+    from runtime.mode import MODES
 
     modes = next(a.choices for a in build_parser()._actions if a.dest == "exec_mode")
-    assert set(MODE_ERRORS) == set(modes)
+    assert {mode.exec_mode for mode in MODES.values() if mode.checks} == set(modes)
 
 
 def test_mode_checks_stay_in_their_mode(tmp_path):

@@ -24,7 +24,7 @@ import pytest
 import fake_data
 from main_runs import TINY, TRAINED, call
 from runtime.report.cli import make_report
-from runtime.report.runs import find_runs
+from runtime.results.runs import find_runs
 from runtime.run_files import CHECKPOINTS_ON_THE_CLOCK, PREVIOUS_RUN_PREFIX, RESUMED_FROM_CHECKPOINT
 
 EVAL_EVERY_EPOCH = ["--start_eval_at", "1", "--evaluate_every", "1", "--quality_threshold", "1.0"]
@@ -180,7 +180,7 @@ def test_move_previous_run_never_overwrites(tmp_path):
 def test_the_markers_keep_the_official_checker_reading_the_log(tmp_path, capsys, shared_runs):
     """mlperf_logging's compliance checker allows keys it does not know: a marked log gets the
     same verdict as the log without the marker lines."""
-    from runtime.report.compliance import check_compliance
+    from runtime.results.compliance import check_compliance
 
     run = shared_runs.run(CKPT_DURING_RUN, capsys)
     assert run.code == 0

@@ -7,7 +7,7 @@ import pytest
 
 import fake_data
 from main_runs import TINY, call, one_line_error, used_in
-from runtime.report import time_to_train as T
+from runtime.results import time_to_train as T
 from runtime.training.benchmark import Budget, share_seconds
 
 # FakeData: 6 training cases (3 batches of 2 per epoch), 3 evaluation volumes of 40x36x44

@@ -166,7 +166,7 @@ def test_the_report_reads_the_values_logged_after_run_start(tmp_path, capsys):
     (the data decides the first two): the report still reads them from the run's log."""
     import fake_data
     from main_runs import TINY
-    from runtime.report.runs import load_run
+    from runtime.results.runs import load_run
 
     argv = TINY + ["--epochs", "2", "--start_eval_at", "1", "--evaluate_every", "1", "--log_dir", str(tmp_path)]
     code, out, err = call(argv, capsys, fake_data.FakeData(n_train=6))

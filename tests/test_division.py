@@ -182,8 +182,8 @@ def write_log(folder, not_closed: str) -> str:
 
 
 def test_a_closed_log_with_not_closed_is_no_result_for_validity_the_report_and_the_package(tmp_path, monkeypatch):
-    from runtime.report.runs import not_a_result
-    from runtime.report import validity as V
+    from runtime.results.runs import not_a_result
+    from runtime.results import validity as V
 
     monkeypatch.setenv("UNET3D_CACHE_CLEARED", "1")  # a closed result needs its cache dropped (cache_clear true)
 
@@ -217,7 +217,7 @@ def records_of(path) -> list:
 
 def test_a_real_run_on_marked_data_logs_not_closed_and_is_left_out_of_the_package(tmp_path, capsys, monkeypatch):
     from runtime.report.cli import make_report
-    from runtime.report import validity as V
+    from runtime.results import validity as V
     from runtime.submission.package import assemble
 
     data = marked_dataset(tmp_path / "data")

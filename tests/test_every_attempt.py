@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.report import time_to_train as T
-from runtime.report import validity as V
+from runtime.results import time_to_train as T
+from runtime.results import validity as V
 from runtime.report.cli import make_report, parse_args
 from runtime.submission.package import PackageError, assemble
 from test_report import T0_MS, mlperf_lines
@@ -197,7 +197,7 @@ def test_44_runs_are_packed_as_the_window_of_40_the_rules_pick(tmp_path):
 
 
 def test_window_choice_on_known_answers():
-    from runtime.report.scoring import rules_window, window_scores
+    from runtime.results.scoring import rules_window, window_scores
 
     assert window_scores([1.0, 2.0, 3.0, None], runs=3, drop=1) == [2.0, 3.0]
     assert window_scores([None, None, 1.0], runs=3, drop=1) == [float("inf")]

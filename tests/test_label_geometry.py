@@ -25,6 +25,7 @@ from data_loading.scan_checks import check_header
 from data_loading.scans import (Scan, ScanError, read_label, read_labels_file, read_scan, segmentation_nifti,
                                 write_segmentation)
 from runtime.predict.scan import segment_scan
+from segmenters import segmenter
 
 ORIGIN = (12.5, -40.0, 7.25)
 SHAPE = (14, 18, 16)
@@ -94,11 +95,11 @@ def write_scan_and_truth(folder, label_image):
 
 @pytest.mark.parametrize("codes", [("S", "A", "R"), ("I", "A", "L"), ("R", "A", "S"), ("L", "S", "P")])
 def test_a_ground_truth_stored_in_another_axis_order_scores_as_the_original(tmp_path, codes):
-    original = segment_scan(write_scan_and_truth(str(tmp_path / "a"), lambda img: img), threshold_infer,
+    original = segment_scan(write_scan_and_truth(str(tmp_path / "a"), lambda img: img), segmenter(threshold_infer),
                             out_dir(tmp_path / "out_a"))
     moved = write_scan_and_truth(str(tmp_path / "b"), lambda img: reoriented(img, codes))
     assert nibabel.aff2axcodes(nibabel.load(moved.label_path).affine) == codes     # stored otherwise
-    result = segment_scan(moved, threshold_infer, out_dir(tmp_path / "out_b"))
+    result = segment_scan(moved, segmenter(threshold_infer), out_dir(tmp_path / "out_b"))
     assert 0.3 < original.l1_dice < 1 and 0.3 < original.l2_dice < 1
     assert (result.l1_dice, result.l2_dice, result.kits_kidney_dice) == (
         original.l1_dice, original.l2_dice, original.kits_kidney_dice)
@@ -136,7 +137,7 @@ def test_a_refused_label_fails_its_scan_in_one_line(tmp_path):
     scan = write_scan_and_truth(str(tmp_path / "a"), lambda img: kits_nifti(
         np.asarray(img.dataobj), origin=(ORIGIN[0] + 5 * SPACING[2], ORIGIN[1], ORIGIN[2])))
     with pytest.raises(ScanError, match="not on the voxel grid of its scan"):
-        segment_scan(scan, threshold_infer, out_dir(tmp_path / "out"))
+        segment_scan(scan, segmenter(threshold_infer), out_dir(tmp_path / "out"))
 
 
 # ----------------------------------------------------------------------------- preprocessing
@@ -198,7 +199,7 @@ def test_a_stale_pixdim_gives_the_affines_spacing_and_volumes(tmp_path, capsys):
     assert not np.allclose(sizes, stale)
     raw = read_scan(scan.image_path)
     assert np.allclose(raw.file_spacing, sizes, rtol=0, atol=1e-12) and "pixdim" in raw.note
-    result = segment_scan(scan, threshold_infer, out_dir(tmp_path / "out"))
+    result = segment_scan(scan, segmenter(threshold_infer), out_dir(tmp_path / "out"))
     said = [line for line in capsys.readouterr().out.splitlines() if "pixdim" in line]
     assert len(said) == 1 and scan.image_path in said[0] and "sform" in said[0]
     labels = np.asarray(nibabel.load(str(tmp_path / "out" / "stale.nii.gz")).dataobj)

@@ -59,18 +59,18 @@ def test_not_glibc_is_a_reason_not_an_error(monkeypatch):
 
 
 
-@pytest.mark.parametrize("mode, flags, device, reuses", [
-    ("train", dict(device="cpu"), "cpu", True),
-    ("train", dict(device="auto"), "cpu", True),       # auto on a machine without a GPU
-    ("train", dict(device="auto"), "cuda", False),     # a GPU run: its tensors are not host memory
-    ("train", dict(device="cuda"), "cuda", False),
-    ("benchmark", dict(device="cpu"), "cpu", True),    # --benchmark training on the CPU
-    ("benchmark", dict(device="auto"), "cuda", False),
-    ("benchmark", dict(exec_mode="evaluate", device="auto"), "cuda", True),
-    ("evaluate", dict(exec_mode="evaluate"), "cuda", True),
-    ("predict", dict(exec_mode="predict"), "cuda", True),
+@pytest.mark.parametrize("mode, flags, device, reuses, name", [
+    ("train", dict(device="cpu"), "cpu", True, "train"),
+    ("train", dict(device="auto"), "cpu", True, "train"),       # auto on a machine without a GPU
+    ("train", dict(device="auto"), "cuda", False, "train"),     # a GPU run: its tensors are not host memory
+    ("train", dict(device="cuda"), "cuda", False, "train"),
+    ("benchmark", dict(device="cpu"), "cpu", True, "train --benchmark"),    # --benchmark training on the CPU
+    ("benchmark", dict(device="auto"), "cuda", False, "train --benchmark"),
+    ("benchmark", dict(exec_mode="evaluate", device="auto"), "cuda", True, "evaluate --benchmark"),
+    ("evaluate", dict(exec_mode="evaluate"), "cuda", True, "evaluate"),
+    ("predict", dict(exec_mode="predict"), "cuda", True, "predict"),
 ])
-def test_which_runs_reuse_freed_memory(mode, flags, device, reuses):
+def test_which_runs_reuse_freed_memory(mode, flags, device, reuses, name):
     """CPU training (plain and --benchmark) reuses freed memory as evaluate and predict do; a GPU
     training run leaves the C library as it is. Decided in resolve from the run's device."""
     import dataclasses
@@ -82,7 +82,7 @@ def test_which_runs_reuse_freed_memory(mode, flags, device, reuses):
     from runtime.clocked import start
 
     config = dataclasses.replace(Config(), **{"exec_mode": "train", "benchmark": mode == "benchmark", **flags})
-    assert config.mode.name == (f"{config.exec_mode} --benchmark" if mode == "benchmark" else mode)
+    assert config.mode.name == name
     assert resolve.reuses_host_memory(config.mode.trains, torch.device(device)) is reuses
     assert resolve.decide_host_memory(config.mode.trains, torch.device(device)).value is reuses
 
@@ -128,7 +128,7 @@ TRAIN = textwrap.dedent("""
     cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp=sys.argv[2] == "bf16",
                               amp_dtype="bf16", filters=(4, 8, 8, 8, 8), input_shape=shape, batch_size=2)
     torch.manual_seed(0)
-    amp, _, _ = decide_precision(cfg, cpu, say=False)
+    amp, _, _ = decide_precision(cfg, cpu)
     cfg = dataclasses.replace(cfg, amp=amp)  # the precision planned for it
     model = build.build_model(cfg, cpu)
     levers = choose_levers(True, "cpu", cfg.channels_last, cfg.amp_dtype if cfg.amp else None, cfg.normalization,

@@ -1,5 +1,5 @@
 """Every flag means something where it is accepted (issue 42): the parser's table of the modes
-each flag is used in (``runtime.arguments.FLAG_MODES``), checked against ``main.py --help``; a
+each flag is used in (``runtime.mode.MODES``, each asked ``uses(flag)``), checked against ``main.py --help``; a
 flag of this project's own given in a mode that does not use it is refused in one line naming it
 and the mode, and a flag of the MLCommons reference is accepted there with one line saying it has
 no effect (issue 48: the reference's one parser takes every flag in every mode); and evaluate
@@ -15,8 +15,14 @@ import torch
 
 import fake_data
 from main_runs import TINY, TRAINED, call, used_in
-from runtime.arguments import (ACCEPTED_ONLY, FLAG_MODES, PREDICT, REFERENCE_FLAGS, RUN_MODES, Config, build_parser,
-                               no_effect_line, parse_args, unused_flag_errors)
+from runtime.arguments import (ACCEPTED_ONLY, REFERENCE_FLAGS, Config, build_parser, no_effect_line, parse_args,
+                               unused_flag_errors)
+from runtime.mode import FLAG_USES, MODES
+
+PREDICT = "predict"
+RUN_MODES = tuple(MODES)
+# the modes that use each flag, by flag, as the modes answer it
+FLAG_MODES = {flag: frozenset(mode.name for mode in MODES.values() if mode.uses(flag)) for flag in FLAG_USES}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = torch.device("cpu")

@@ -83,12 +83,18 @@ def test_the_lifecycle_and_the_table_of_modes_import_no_product():
         assert not [m for m in imported if m.startswith(PRODUCTS)], (name, imported)
 
 
+# Each mode's product (docs/development.md's layout): --benchmark, timed in either mode, is training's.
+PRODUCT_OF = {"train": "runtime.training", "train --benchmark": "runtime.training", "evaluate": "runtime.evaluate",
+              "evaluate --benchmark": "runtime.training", "predict": "runtime.predict"}
+
+
 @pytest.mark.parametrize("name", sorted(M.MODES))
 def test_every_mode_names_its_body_in_its_products_folder(name):
     mode = M.MODES[name]
-    assert mode.name == name and isinstance(mode.body, str)
+    assert mode.name == name and isinstance(mode.body, str) and set(PRODUCT_OF) == set(M.MODES)
     body = app.function(mode.body)
-    assert callable(body) and body.__module__.startswith(PRODUCTS) and mode.body.startswith(body.__module__ + ":")
+    assert callable(body) and body.__module__.startswith(PRODUCT_OF[name] + ".")
+    assert mode.body.startswith(body.__module__ + ":")
     assert callable(app.function(mode.source))
     assert mode.checks  # every mode checks its flags
 
@@ -102,6 +108,8 @@ def test_what_each_mode_does():
     assert {name for name, what in does.items() if "benchmark" in what} == {"train --benchmark", "evaluate --benchmark"}
     assert {name for name, what in does.items() if "mlperf_run" in what} == {"train"}
     assert {name for name, what in does.items() if "predicts" in what} == {"predict"}
+    # --backend auto: PyTorch where the mode computes the benchmark's Dice, OpenVINO may serve predict
+    assert {name for name, mode in M.MODES.items() if mode.chooses_backend and mode.scores_as_trained} == {"evaluate"}
     assert [name for name, mode in M.MODES.items() if not mode.stop_at_once] == ["train"]  # saves at the next step
     assert M.mode_of("predict", True) is M.MODES["predict"]  # its checks refuse --benchmark
 

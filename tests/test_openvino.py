@@ -45,6 +45,11 @@ def cache_home(tmp_path, monkeypatch):
     return tmp_path / "xdg"
 
 
+def overflow_fix() -> str:
+    """NNCF's overflow fix as a run on this CPU plans it (runtime.resolve.decide_calibration)."""
+    return "enable" if int8_pairs_saturate() else "first_layer"
+
+
 def predict_config(tmp_path, *flags, roi=(32, 32, 64)):
     return parse_args(["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "out"),
                        "--load_ckpt_path", __file__, "--val_input_shape", *map(str, roi), "--sw_batch_size", "3",
@@ -198,7 +203,7 @@ def test_calibration_set_spreads_over_the_scans_being_predicted(tmp_path, monkey
     scans = [(f"s{i}", write_scan(str(tmp_path / "in" / f"s{i}.nii.gz"), seed=i, shape=(20 + 8 * i, 40, 36)))
              for i in range(5)]
     config = predict_config(tmp_path, roi=(32, 32, 32))
-    chosen = calibration.scan_calibration(config, scans)
+    chosen = calibration.scan_calibration(config, scans, overflow_fix())
     assert [scan.name for scan in chosen.scans] == ["s0", "s2", "s4"]  # spread(5 scans, 3): the middles of 3 parts
     assert [scan.sha256 for scan in chosen.scans] == [
         hashlib.sha256(open(scans[i][1], "rb").read()).hexdigest() for i in (0, 2, 4)]
@@ -211,11 +216,11 @@ def test_calibration_set_spreads_over_the_scans_being_predicted(tmp_path, monkey
     assert len(windows) == 4 and all(w.shape == (1, 1, 32, 32, 32) for w in windows)
     assert all(np.array_equal(w, e) for w, e in zip(windows, expected))
     assert "3 scans (s0, s2, s4)" in chosen.describe()
-    other = calibration.scan_calibration(config, scans[:4])  # another folder: another set and key
+    other = calibration.scan_calibration(config, scans[:4], overflow_fix())  # another folder: another set and key
     assert other.digest() != chosen.digest() and other.fields() != chosen.fields()
-    assert calibration.scan_calibration(config, scans).digest() == chosen.digest()
+    assert calibration.scan_calibration(config, scans, overflow_fix()).digest() == chosen.digest()
     with pytest.raises(UsageError, match="no"):
-        calibration.scan_calibration(config, [])
+        calibration.scan_calibration(config, [], overflow_fix())
 
 
 def test_validation_windows_are_where_fp32_sees_organs():
@@ -300,11 +305,12 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
     """The first run converts, the second reads the cache; new weights in the same file (same
     size, same time stamp) convert again and give the new weights' logits, never the old
     ones; the old entry is removed; a damaged entry is rebuilt."""
-    from runtime.inference.openvino.cache import cache_folder
+    from runtime.inference.openvino.cache import cache_folder, default_cache_dir
     from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
     ckpt = str(tmp_path / "tiny.pt")
-    config = replace(predict_config(tmp_path), load_ckpt_path=ckpt)
+    # the cache folder a run plans (runtime.resolve.decide_cache_dir): the user's
+    config = replace(predict_config(tmp_path), load_ckpt_path=ckpt, cache_dir=default_cache_dir())
     x = torch.randn(1, 1, 32, 32, 64)
 
     def run(model):
@@ -364,7 +370,7 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     from runtime.inference.openvino.compiled import OpenVINOWindows, compile_for_cpu, compile_openvino_model
 
     scans = [(f"s{i}", write_scan(str(tmp_path / "in" / f"s{i}.nii.gz"), seed=i, shape=(40, 40, 70))) for i in range(2)]
-    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), scans), window_count=2)
+    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), scans, overflow_fix()), window_count=2)
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     config = predict_config(tmp_path)
@@ -390,7 +396,7 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     assert error < 0.1, error
     fields = cache_fields(model, config, calibration)
     assert fields["precision"] == "int8" and [s["name"] for s in fields["calibration"]["scans"]] == ["s0", "s1"]
-    other = scan_calibration(config, scans[:1])
+    other = scan_calibration(config, scans[:1], overflow_fix())
     assert cache_fields(model, config, other) != fields
 
 
@@ -473,7 +479,8 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1000)  # uncapped: the cap is checked below
     scan = write_scan(str(tmp_path / "in" / "s.nii.gz"), seed=1, shape=(26, 60, 60))
-    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), [("s", scan)]), window_count=2)
+    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), [("s", scan)], overflow_fix()),
+                                      window_count=2)
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     lines = []
@@ -544,7 +551,10 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     config = parse_args(["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", ckpt,
                          "--val_input_shape", "32", "32", "64", "--filters", *map(str, TINY), "--backend", "openvino"])
     out = Reporters(metrics=MetricsWriter(str(tmp_path), enabled=True))
-    config = replace(config, backend=decide_backend(config, CPU)[0])
+    from runtime.inference.openvino.cache import default_cache_dir
+
+    # the backend and the cache folder the plan decides (runtime.resolve)
+    config = replace(config, backend=decide_backend(config, CPU)[0], cache_dir=default_cache_dir())
     assert config.backend == "openvino"  # run_evaluate writes it to log.json after the scores
     parts = evaluation_components(Parts(config, type("D", (), {"device": CPU})(), model, model), out)
     assert parts.eval_model is not model and capsys.readouterr().err == ""  # quiet without --verbose

@@ -24,6 +24,7 @@ from data_loading.preprocessing import load_image, preprocess_arrays
 from data_loading.scans import (Scan, ScanError, labels_in_original_grid, preprocess_scan, read_scan, scan_geometry,
                                 write_segmentation)
 from runtime.predict.scan import segment_scan
+from segmenters import segmenter
 from main_runs import predict_runner
 from test_predict import blob_label
 
@@ -114,7 +115,7 @@ def test_kits_layout_is_read_exactly_as_before(tmp_path):
     x, _ = preprocess_arrays(image, None, spacing)
     before = str(tmp_path / "before.nii.gz")
     write_segmentation(before, labels_in_original_grid(infer(x), scan_geometry(SHAPE, spacing)), nibabel.load(path))
-    segment_scan(Scan("kits", path), infer, str(tmp_path))
+    segment_scan(Scan("kits", path), segmenter(infer), str(tmp_path))
     assert open(tmp_path / "kits.nii.gz", "rb").read() == open(before, "rb").read()
 
 
@@ -163,7 +164,7 @@ def test_the_same_segmentation_in_every_orientation(tmp_path):
     for codes in VARIANTS:
         name = "".join(codes)
         scan = case_variant(tmp_path / "raw", name, codes)
-        results[name] = segment_scan(scan, infer, str(tmp_path / "out"))
+        results[name] = segment_scan(scan, segmenter(infer), str(tmp_path / "out"))
         written, source = nibabel.load(str(tmp_path / "out" / f"{name}.nii.gz")), nibabel.load(scan.image_path)
         assert written.shape == source.shape and np.array_equal(written.affine, source.affine)
         assert nibabel.aff2axcodes(written.affine) == codes
@@ -219,13 +220,13 @@ def test_simpleitk_dicomorient_variants(tmp_path):
     nibabel.save(kits_image(), str(tmp_path / "kits.nii.gz"))
     os.makedirs(tmp_path / "out")
     source = sitk.ReadImage(str(tmp_path / "kits.nii.gz"))
-    segment_scan(Scan("kits", str(tmp_path / "kits.nii.gz")), infer, str(tmp_path / "out"))
+    segment_scan(Scan("kits", str(tmp_path / "kits.nii.gz")), segmenter(infer), str(tmp_path / "out"))
     kits = kits_labels(str(tmp_path / "out" / "kits.nii.gz"))
     for itk_codes in ("LPS", "RAS", "AIL", "SRP"):  # ITK's codes name where each axis comes from
         path = str(tmp_path / "in" / f"itk_{itk_codes}.nii.gz")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         sitk.WriteImage(sitk.DICOMOrient(source, itk_codes), path)
-        segment_scan(Scan(f"itk_{itk_codes}", path), infer, str(tmp_path / "out"))
+        segment_scan(Scan(f"itk_{itk_codes}", path), segmenter(infer), str(tmp_path / "out"))
         variant, written = nibabel.load(path), nibabel.load(str(tmp_path / "out" / f"itk_{itk_codes}.nii.gz"))
         assert written.shape == variant.shape and np.allclose(written.affine, variant.affine)
         got = kits_labels(str(tmp_path / "out" / f"itk_{itk_codes}.nii.gz"))
@@ -302,9 +303,9 @@ def test_preview_is_drawn_from_the_kits_layout(tmp_path, monkeypatch):
                         drawn.update(image=image, labels=labels, truth=truth, spacing=spacing))
     infer = random_conv_infer()
     kits = case_variant(tmp_path / "raw", "kits", ("I", "P", "L"))
-    segment_scan(kits, infer, str(tmp_path))
+    segment_scan(kits, segmenter(infer), str(tmp_path))
     scan = case_variant(tmp_path / "raw", "ras", ("R", "A", "S"))
-    segment_scan(scan, infer, str(tmp_path), preview=True)
+    segment_scan(scan, segmenter(infer), str(tmp_path), preview=True)
     assert np.array_equal(drawn["image"], read_scan(kits.image_path).image[0])
     assert np.array_equal(drawn["truth"], np.asarray(nibabel.load(kits.label_path).dataobj))
     assert np.array_equal(drawn["labels"], np.asarray(nibabel.load(str(tmp_path / "kits.nii.gz")).dataobj))

@@ -24,7 +24,7 @@ import run_records as R
 from runtime import host as H
 from runtime.app import run as run_main
 from runtime.arguments import Config, parse_args
-from runtime.report.validity import read_events
+from runtime.results.validity import read_events
 from runtime.submission import package as P
 from runtime.submission import what_ran as W
 from runtime.submission.cli import main as submission_main

@@ -75,13 +75,16 @@ def test_every_mode_plans_from_an_unchanged_config(mode, checkpoint, tmp_path, c
     names = [made.name for made in plan.decisions]
     assert len(names) == len(set(names))  # each decision recorded once
     # today's unrecorded decisions are recorded too
-    assert {"device", "cache_dir", "architecture", "window", "window_batch", "backend", "precision"} <= set(names)
+    assert {"device", "architecture", "window", "window_batch", "backend", "precision", "compile"} <= set(names)
     if mode != "predict":
         assert {"seed", "levers", "cuda_graphs", "division", "cache"} <= set(names)
+    # OpenVINO's cache folder only where the mode chooses a backend: a training run's checkpoint
+    # records no cache path of the user's
+    assert ("cache_dir" in names) == (mode in ("evaluate", "predict")) == bool(plan.cache_dir)
     # the plan answers the decided values under the flags' names, and every other flag as parsed
     assert plan.device == "cpu" and plan.val_input_shape == plan.decision("window").value
     assert plan.sw_batch_size == plan.decision("window_batch").value and plan.backend == "torch"
-    assert plan.overlap == config.overlap and plan.is_train == config.is_train
+    assert plan.overlap == config.overlap and plan.mode.trains == config.mode.trains
     assert plan.checkpoints == config.checkpoints and plan.explicit == config.explicit
     with pytest.raises(AttributeError):
         plan.no_such_flag  # noqa: B018
@@ -136,3 +139,152 @@ def test_a_checkpoint_saves_the_flags_overlaid_with_the_plan(tmp_path):
     assert values["samples_per_epoch"] == plan.samples_per_epoch and values["filters"] == [2, 4, 4, 8, 8]
     assert set(saved_plan({"config": values})) == {made.name for made in plan.decisions}
     assert set(dataclasses.asdict(config)) <= set(values)
+
+
+def test_compile_is_decided_in_the_plan_and_the_builders_obey(monkeypatch):
+    """Where this torch cannot compile, the plan decides --compile off (recorded, one warning);
+    the levers, the builders and the warm-up read the plan's value, not the flag."""
+    from runtime import build, resolve as resolve_module
+
+    monkeypatch.setattr(resolve_module, "compile_unavailable", lambda: "no compiler here")
+    config = parse_args(TINY + ["--compile"])
+    with pytest.warns(RuntimeWarning, match="--compile ignored: no compiler here"):
+        plan = resolve(config, CPU)
+    made = plan.decision("compile")
+    assert config.compile is True and plan.compile is False
+    assert (made.value, made.asked) == (False, True) and "no compiler here" in made.why
+    monkeypatch.setattr(build, "compile_model", lambda module, enabled: pytest.fail("compiled") if enabled else module)
+    model = build.wrap_model(torch.nn.Linear(1, 1), plan, CPU)
+    assert isinstance(model, torch.nn.Linear)
+    assert not build.compiles_lazily(plan, CPU.device)
+    # with a compiler, the flag runs
+    monkeypatch.setattr(resolve_module, "compile_unavailable", lambda: None)
+    assert resolve(config, CPU).compile is True
+
+
+@pytest.fixture
+def plans_built(monkeypatch):
+    """How many RunPlans were built (a ``dataclasses.replace`` of one builds one) since reset."""
+    built = []
+    original = RunPlan.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(kwargs)
+        original(self, *args, **kwargs)
+    monkeypatch.setattr(RunPlan, "__init__", counted)
+    return built
+
+
+def test_an_ensemble_runs_the_plan_unchanged_with_each_members_weights(checkpoint, tmp_path, monkeypatch,
+                                                                       plans_built, configs_built):
+    """Predict's ensemble: every member runs on the one resolved plan (no replace of the plan or
+    the Config after resolve), the backend told each member's own checkpoint."""
+    from runtime.inference import backends
+    from runtime.predict.api import Segmenter
+
+    second = tmp_path / "second.pt"
+    write_checkpoint(str(second), dataclasses.replace(architecture((2, 4, 4, 8, 8), "batchnorm"),
+                                                      input_shape=(32, 32, 32)), seed=1)
+    config = parse_args(argv_of("predict", checkpoint, tmp_path) + ["--load_ckpt_path", str(second)])
+    members = [Saved(path, load_checkpoint(path), resume=False) for path in (checkpoint, str(second))]
+    plan = resolve(config, CPU, None, members[0], members[1:])
+    told = []
+
+    def convert(model, plan_seen, say, calibration=None, checkpoint=""):
+        told.append((plan_seen, checkpoint))
+        return model
+    monkeypatch.setitem(backends.BACKENDS, "torch", dataclasses.replace(backends.BACKENDS["torch"], convert=convert))
+    plans_built.clear()
+    configs_built.clear()
+    segmenter = Segmenter.from_config(plan, members, CPU.device, verbose=False)
+    segmenter._inference(None)
+    assert plans_built == [] and configs_built == []
+    assert told == [(plan, checkpoint), (plan, str(second))]
+
+
+@pytest.mark.parametrize("mode", ["train", "evaluate"])
+def test_one_process_syncbatchnorm_is_recorded_as_batchnorm(mode, tmp_path):
+    """A one-process --normalization syncbatchnorm run computes batch norm (build_model converts
+    only a distributed network): the architecture decision says so in every mode, and the model
+    built has no SyncBatchNorm."""
+    from runtime.build import build_model
+
+    sync = tmp_path / "sync.pt"
+    write_checkpoint(str(sync), dataclasses.replace(architecture((2, 4, 4, 8, 8), "syncbatchnorm"),
+                                                    input_shape=(32, 32, 32)))
+    config = parse_args(argv_of(mode, str(sync), tmp_path) + ["--normalization", "syncbatchnorm"])
+    saved = Saved(str(sync), load_checkpoint(str(sync)), resume=False) if config.load_ckpt_path else None
+    plan = resolve(config, CPU, None, saved)
+    assert "one process: syncbatchnorm runs as batchnorm" in plan.why("architecture")
+    model = build_model(plan, CPU.device, CPU.distributed)
+    assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
+    assert any(isinstance(m, torch.nn.BatchNorm3d) for m in model.modules())
+
+
+def test_the_openvino_cache_needs_the_plans_folder():
+    from runtime.inference.openvino.cache import cache_folder
+
+    with pytest.raises(ValueError, match="cache_dir"):
+        cache_folder("a.pt", "")
+    assert cache_folder("a.pt", "/c").startswith("/c/openvino/a.pt-")
+
+
+def test_the_default_steps_foreach_is_decided_from_the_plans_device():
+    """The unfused step is multi-tensor (foreach) on CUDA, one tensor at a time on the CPU: decided
+    from the device in the plan (recorded), not from the parameters when the optimizer is built."""
+    from runtime import optimizers
+    from runtime.resolve import decide_fused_optimizer
+
+    config = parse_args(TINY)
+    fused, foreach, made = decide_fused_optimizer(config, torch.device("cuda"))
+    assert (fused, foreach, made.value) == (False, True, False) and "foreach" in made.why
+    fused, foreach, made = decide_fused_optimizer(config, torch.device("cpu"))
+    assert (fused, foreach) == (False, False) and "one tensor at a time" in made.why
+    plan = resolve(config, CPU)
+    assert plan.foreach_optimizer is False and plan.decision("fused_optimizer").why == made.why
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert optimizers.make_optimizer("sgd", params, 0.1, foreach=True).defaults["foreach"] is True
+    assert not optimizers.make_optimizer("sgd", params, 0.1).defaults["foreach"]
+
+
+@pytest.mark.parametrize("saturate, fix", [(True, "enable"), (False, "first_layer")])
+def test_int8s_overflow_fix_is_decided_once_in_the_plan(saturate, fix, tmp_path, checkpoint, monkeypatch):
+    """NNCF's overflow fix (every layer where this CPU's int8 pairs saturate) is decided with the
+    calibration in the plan and recorded; every calibration set is built with the plan's."""
+    from runtime import resolve as resolve_module
+    from runtime.inference import backends
+
+    monkeypatch.setattr(resolve_module, "int8_pairs_saturate", lambda: saturate)
+    monkeypatch.setattr(resolve_module, "decide_backend", lambda config, device: ("openvino", "a stand-in"))
+    plan = resolve(parse_args(argv_of("predict", checkpoint, tmp_path) + ["--int8"]), CPU,
+                   None, Saved(checkpoint, load_checkpoint(checkpoint), resume=False))
+    assert plan.overflow_fix == fix and ("every layer" if saturate else "first layer") in plan.why("calibration")
+    made = []
+    monkeypatch.setattr("runtime.inference.openvino.calibration.scan_calibration",
+                        lambda config, scans, overflow_fix: made.append(overflow_fix))
+    backends.BACKENDS["openvino"].calibrate(plan, [("s", "s.nii.gz")])
+    assert made == [fix]
+
+
+def test_the_decisions_say_nothing_the_plan_says_their_lines_once(monkeypatch, capsys):
+    """The decide_* functions are pure (their text is the decision's why); resolve says the
+    lines once the plan is built, on rank 0's stdout, in the order decided: the bf16 answer,
+    why --cuda_graphs is off, each lever's line, why the run is open."""
+    from runtime import resolve as resolve_module
+    from runtime.levers.gpu import graphs
+
+    monkeypatch.setattr(resolve_module, "native_bf16", lambda: (False, "no bf16 here"))
+    monkeypatch.setattr(graphs, "cuda_graphs_supported", lambda device, step, world: (False, "no GPU"))
+    config = parse_args(TINY + ["--amp", "--amp_dtype", "bf16", "--cuda_graphs", "--channels_last"])
+    amp, amp_dtype, _ = resolve_module.decide_precision(config, CPU.device)
+    resolve_module.decide_cuda_graphs(config, CPU, amp, amp_dtype)
+    arch, _ = resolve_module.decide_architecture(config, None)
+    _, lines = resolve_module.decide_levers(config, CPU, arch, amp, amp_dtype, False)
+    assert capsys.readouterr().out == "" and lines
+    plan = resolve(config, CPU)
+    said = capsys.readouterr().out.splitlines()
+    assert said[:2] == [plan.why("precision"), "--cuda_graphs off: no GPU"] and "no bf16 here" in said[0]
+    assert said[2:2 + len(lines)] == list(lines) and said[-1] == plan.why("division")
+    other = dataclasses.replace(CPU, rank=1)
+    resolve(config, other)
+    assert capsys.readouterr().out == ""  # rank 0 only

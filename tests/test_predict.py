@@ -30,6 +30,7 @@ from model.losses import DiceScore, label_map_dice
 from runtime.arguments import UsageError, explicit_flags, parse_args
 from runtime.checkpoint import Saved
 from runtime.predict.scan import ScanInference, segment_scan, volume_probabilities
+from segmenters import segmenter
 from runtime.inference.predictor import FLIPS, build_predictor, options_from
 from runtime.resolve import decide_architecture
 
@@ -109,7 +110,7 @@ def test_ground_truth_oracle_comes_back_to_the_segmentation(tmp_path, name):
     scan = find_scans(str(tmp_path / "raw"))[0]
     geometry = scan_geometry(shape, read_scan(scan.image_path).spacing)
     assert min(geometry.resampled) < 128 and geometry.resampled != shape
-    result = segment_scan(scan, ground_truth_oracle(scan), str(tmp_path))
+    result = segment_scan(scan, segmenter(ground_truth_oracle(scan)), str(tmp_path))
     written = nibabel.load(str(tmp_path / "case_00007.nii.gz"))
     source = nibabel.load(scan.image_path)
     truth = np.asarray(nibabel.load(scan.label_path).dataobj)
@@ -131,9 +132,21 @@ def test_target_spacing_oracle_is_exact(tmp_path):
     shape = (70, 77, 91)
     write_case(str(tmp_path / "raw"), "case_00001", shape, (1.6, 1.2, 1.2))
     scan = find_scans(str(tmp_path / "raw"))[0]
-    segment_scan(scan, ground_truth_oracle(scan), str(tmp_path))
+    segment_scan(scan, segmenter(ground_truth_oracle(scan)), str(tmp_path))
     labels = np.asarray(nibabel.load(str(tmp_path / "case_00001.nii.gz")).dataobj)
     assert np.array_equal(labels, np.asarray(nibabel.load(scan.label_path).dataobj))
+
+
+def test_segment_scan_asks_what_the_segmenter_answers():
+    """segment_scan takes predict's Segmenter (by what it asks of it, the Segmenter's module
+    importing segment_scan's): the signature it calls is the Segmenter's own."""
+    import inspect
+
+    from runtime.predict.api import Segmenter
+    from runtime.predict.scan import VolumeSegmenter
+
+    assert inspect.signature(VolumeSegmenter.segment_raw) == inspect.signature(Segmenter.segment_raw)
+    assert inspect.signature(segment_scan).parameters["segmenter"].annotation == "VolumeSegmenter"
 
 
 def test_restore_resamples_probabilities_not_labels():

@@ -35,7 +35,7 @@ def int8_stand_in(monkeypatch):
     monkeypatch.setattr(backends, "_openvino_version", lambda: "stand-in")
     built = []
 
-    def convert(model, config, say=print, calibration=None):
+    def convert(model, config, say=print, calibration=None, checkpoint=""):
         assert config.backend == "openvino" and calibration is not None
         built.append([scan.name for scan in calibration.scans])
         shift = int(calibration.digest()[:8], 16) / 16 ** 8  # in [0, 1): the set moves the labels
@@ -112,7 +112,7 @@ def test_openvino_cache_goes_to_the_cache_folder_never_beside_the_checkpoint(tmp
     from runtime.resolve import decide_cache_dir
 
     def with_cache_dir(config):  # the cache folder a run of these flags is planned with
-        return SimpleNamespace(cache_dir=decide_cache_dir(config.cache_dir).value)
+        return SimpleNamespace(cache_dir=decide_cache_dir(config.cache_dir, config.mode.chooses_backend).value)
 
     checkpoint = str(tmp_path / "models" / "a.pt")
     os.makedirs(tmp_path / "models")

@@ -379,10 +379,11 @@ def test_kits_scores_of_a_segmented_scan_against_its_ground_truth(tmp_path):
     """Through the whole way (read, preprocess, window, back to the scan's grid, write): the
     summary's scores equal the Dice computed here from the written segmentation and the truth."""
     from runtime.predict.scan import segment_scan
+    from segmenters import segmenter
 
     write_case(str(tmp_path / "raw"), "case_00003", (40, 52, 47), (2.3, 1.5, 0.95))
     scan = find_scans(str(tmp_path / "raw"))[0]
-    result = segment_scan(scan, ground_truth_oracle(scan), str(tmp_path))
+    result = segment_scan(scan, segmenter(ground_truth_oracle(scan)), str(tmp_path))
     labels = labels_of(tmp_path / "case_00003.nii.gz")
     truth = labels_of(scan.label_path)
 

@@ -543,8 +543,8 @@ def test_a_run_refused_for_a_bad_checkpoint_leaves_no_empty_log_dir(data, tmp_pa
 
 
 def test_report_calls_a_run_that_ran_its_epochs_finished(tmp_path, capsys):
-    from runtime.report.runs import load_run
-    from runtime.report.scoring import run_outcome
+    from runtime.results.runs import load_run
+    from runtime.results.scoring import run_outcome
 
     argv = TINY + ["--epochs", "2", "--start_eval_at", "1", "--quality_threshold", "1.0", "--log_dir", str(tmp_path)]
     assert call(argv, capsys, fake_data.FakeData())[0] == 0

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from runtime.report.cli import make_report
-from runtime.report.compliance import _checker_problems, check_compliance
-from runtime.report.figure import MATPLOTLIB_HINT, MissingMatplotlib
-from runtime.report.plotter import CurvePlotter, write_curves, write_curves_in_subprocess
-from runtime.report.runs import Attempt, collect_runs, load_run
-from runtime.report.scoring import elapsed_minutes, olympic_score, run_outcome, score_runs, summarize_run
+from runtime.results.compliance import _checker_problems, check_compliance
+from runtime.results.figure import MATPLOTLIB_HINT, MissingMatplotlib
+from runtime.results.plotter import CurvePlotter, write_curves, write_curves_in_subprocess
+from runtime.results.runs import Attempt, collect_runs, load_run
+from runtime.results.scoring import elapsed_minutes, olympic_score, run_outcome, score_runs, summarize_run
 
 ROOT = Path(__file__).resolve().parent.parent
 T0_MS = 1_795_000_000_000  # run_start of the synthetic runs (ms since the Unix epoch)
@@ -428,7 +428,7 @@ def lines_by_gid(figure) -> dict[str, list]:
 
 @needs_matplotlib
 def test_figure_holds_one_line_per_run_with_its_points(tmp_path):
-    from runtime.report.figure import build_figure
+    from runtime.results.figure import build_figure
 
     good_run(tmp_path / "a", 60)
     write_run(tmp_path / "b", [train_record(1), train_record(2), eval_record(2, 0.3), train_record(3)],
@@ -457,7 +457,7 @@ def test_figure_holds_one_line_per_run_with_its_points(tmp_path):
 
 @needs_matplotlib
 def test_curves_png_is_a_png_of_the_stated_size(tmp_path):
-    from runtime.report.figure import PNG_SIZE
+    from runtime.results.figure import PNG_SIZE
 
     folder = good_run(tmp_path / "run", 60)
     path = write_curves(str(folder))
@@ -470,7 +470,7 @@ def test_curves_png_is_a_png_of_the_stated_size(tmp_path):
 
 @needs_matplotlib
 def test_failed_drawing_keeps_the_old_picture(tmp_path, monkeypatch):
-    import runtime.report.figure as figure_module
+    import runtime.results.figure as figure_module
 
     folder = good_run(tmp_path / "run", 60)
     (folder / "curves.png").write_bytes(b"old")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.report import time_to_train as T
+from runtime.results import time_to_train as T
 from runtime.report.cli import make_report, main
 
 T0_MS = 1_795_000_000_000

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from runtime import run_files as F
-from runtime.report.runs import EvalPoint, TrainPoint, load_run
+from runtime.results.runs import EvalPoint, TrainPoint, load_run
 from runtime.run_log import MetricsWriter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def test_resumed_log_names_match_the_glob_and_sort_by_time():
 
 
 def test_the_report_imports_neither_torch_nor_numpy():
-    code = ("import sys, runtime.run_files, runtime.report.cli, runtime.report.plotter; "
+    code = ("import sys, runtime.run_files, runtime.report.cli, runtime.results.plotter; "
             "print(sorted(m for m in ('torch', 'numpy', 'matplotlib') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

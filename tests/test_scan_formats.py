@@ -23,6 +23,7 @@ from data_loading.scan_checks import check_header
 from data_loading.scan_io import input_files
 from data_loading.scans import Scan, ScanError, find_scans, read_scan
 from runtime.predict.scan import segment_scan
+from segmenters import segmenter
 from test_orientation import SPACING, kits_image, kits_labels, random_conv_infer, to_codes
 from test_orientation import tiny_checkpoint  # noqa: F401 - the fixture
 from main_runs import predict_runner
@@ -124,8 +125,8 @@ def test_dicom_series_segments_as_the_kits_nifti(tmp_path, sitk, tiny_checkpoint
     assert code == 0, stderr
     assert nibabel.load(str(tmp_path / "out" / "series.nii.gz")).shape == data.shape[::-1]
     infer = random_conv_infer()  # the comparison: one network, no symmetry, on both inputs
-    segment_scan(Scan("series", str(series)), infer, str(tmp_path / "out"))
-    segment_scan(Scan("kits", str(tmp_path / "kits.nii.gz")), infer, str(tmp_path / "out"))
+    segment_scan(Scan("series", str(series)), segmenter(infer), str(tmp_path / "out"))
+    segment_scan(Scan("kits", str(tmp_path / "kits.nii.gz")), segmenter(infer), str(tmp_path / "out"))
     written = nibabel.load(str(tmp_path / "out" / "series.nii.gz"))
     assert written.shape == data.shape[::-1]  # (columns, rows, slices) as ITK writes a series
     reference = str(tmp_path / "itk.nii.gz")  # SimpleITK's own NIfTI geometry of the series
@@ -199,7 +200,7 @@ def test_nrrd_and_metaimage_round_trips(tmp_path, sitk):
     infer = random_conv_infer()
     os.makedirs(tmp_path / "out")
     nibabel.save(kits_volume(), str(tmp_path / "kits.nii.gz"))
-    segment_scan(Scan("kits", str(tmp_path / "kits.nii.gz")), infer, str(tmp_path / "out"))
+    segment_scan(Scan("kits", str(tmp_path / "kits.nii.gz")), segmenter(infer), str(tmp_path / "out"))
     kits_out = sitk.ReadImage(str(tmp_path / "out" / "kits.nii.gz"))
     source = sitk.ReadImage(str(tmp_path / "kits.nii.gz"))
     for key in source.GetMetaDataKeys():  # NIfTI header fields MetaImage would warn about
@@ -213,7 +214,7 @@ def test_nrrd_and_metaimage_round_trips(tmp_path, sitk):
     assert [os.path.basename(f) for f in input_files(str(folder / "b.nhdr")) + input_files(str(folder / "d.mhd"))] \
         == ["b.nhdr", "b.raw.gz" if os.path.exists(folder / "b.raw.gz") else "b.raw", "d.mhd", "d.raw"]
     for scan in find_scans(str(folder)):
-        segment_scan(scan, infer, str(tmp_path / "out"))
+        segment_scan(scan, segmenter(infer), str(tmp_path / "out"))
         given, written = sitk.ReadImage(scan.image_path), sitk.ReadImage(str(tmp_path / "out" / f"{scan.name}.nii.gz"))
         assert written.GetSize() == given.GetSize()
         for get in ("GetSpacing", "GetOrigin", "GetDirection"):

@@ -22,7 +22,7 @@ import easy_data
 import run_records
 from runtime.app import run as run_main
 from runtime.arguments import parse_args
-from runtime.report import validity as V
+from runtime.results import validity as V
 from runtime.report.cli import make_report
 from runtime.submission.cli import main as submission_main
 from runtime.submission.driver import run_names, run_sweep

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.report import time_to_train as T
+from runtime.results import time_to_train as T
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -235,6 +235,6 @@ def test_benchmark_predicts_the_evaluations_the_loop_makes_under_either_semantic
 
 
 def test_the_report_package_imports_no_numpy_for_the_prediction():
-    code = ("import sys; import runtime.report.time_to_train as t; "
+    code = ("import sys; import runtime.results.time_to_train as t; "
             "assert 'numpy' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)")
     subprocess.run([os.environ.get("PYTHON", __import__("sys").executable), "-c", code], cwd=ROOT, check=True)

@@ -458,7 +458,7 @@ def train_config(**changes):
 def apply_as_resolved(model, cfg, device, lever, say=False, filters=FILTERS):
     """The levers ``runtime.resolve`` chooses for ``cfg`` on ``device`` (its AMP type as given);
     ``lever`` applied to ``model`` (and its line said) when among them. Returns the names."""
-    levers = convert.choose_levers(cfg.is_train, device.type, cfg.channels_last, cfg.amp_dtype if cfg.amp else None,
+    levers = convert.choose_levers(cfg.mode.trains, device.type, cfg.channels_last, cfg.amp_dtype if cfg.amp else None,
                                    cfg.normalization, cfg.compile, filters)
     for chosen in levers:
         if chosen.name == lever and chosen.applied:
@@ -474,14 +474,17 @@ def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
 
     monkeypatch.setattr(resolve, "native_bf16", lambda: (native, "because"))
     cfg = train_config(amp=True, amp_dtype="bf16")
-    amp, _, precision = resolve.decide_precision(cfg, torch.device("cpu"), say=True)
-    line = capsys.readouterr().out.strip()
-    assert amp is native and precision.why == line and line.count("\n") == 0 and "because" in line
-    assert ("float32" in line) is not native
+    amp, _, precision = resolve.decide_precision(cfg, torch.device("cpu"))
+    assert capsys.readouterr().out == ""  # pure: the run says the line once the plan is built
+    line = precision.why
+    assert amp is native and line.count("\n") == 0 and "because" in line
+    assert ("float32" in line) is not native and resolve.trains_bf16_on_cpu(cfg, "bf16", torch.device("cpu"))
     # fp32 runs, other devices and evaluation are not touched (nothing said)
     for cfg, device in ((train_config(), "cpu"), (train_config(amp=True, amp_dtype="bf16"), "meta"),
                         (dataclasses.replace(cfg, exec_mode="evaluate"), "cpu")):
-        assert resolve.decide_precision(cfg, torch.device(device), say=True)[0] is cfg.amp
+        amp, amp_dtype, decision = resolve.decide_precision(cfg, torch.device(device))
+        assert amp is cfg.amp and amp_dtype == cfg.amp_dtype and decision.why == "", (cfg, device, decision)
+        assert not resolve.trains_bf16_on_cpu(cfg, "bf16", torch.device(device))
     assert capsys.readouterr().out == ""
 
 

@@ -5,7 +5,7 @@ both, right after the score; the README says it where it describes results."""
 import os
 
 from runtime.report.run_summary import summary_markdown
-from runtime.report.scoring import score_runs
+from runtime.results.scoring import score_runs
 from runtime.submission.package import report_markdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,6 +18,7 @@ from runtime.host import record_run
 from runtime.labels import labels_text, n_classes
 from runtime.mode import Session
 from runtime.outputs import move_previous_run
+from runtime.plan import RunPlan
 from runtime.progress import make_progress
 from runtime.resolve import apply_host_memory, resolve, resolve_data
 from runtime.run_files import resumed_log_name
@@ -43,9 +44,9 @@ def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
     return saved
 
 
-def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None,
+def make_reporters(session: Session, plan: RunPlan, saved: ckpt.Saved | None,
                    curves: Callable[[str, float], object] | None = None) -> Reporters:
-    """The run's reporters (rank 0 writes), for ``config`` (resolved) and ``saved`` (the checkpoint
+    """The run's reporters (rank 0 writes), for ``plan`` (resolved) and ``saved`` (the checkpoint
     the run starts from, or None); ``curves(log_dir, quality_threshold)``: the plotter that
     ``--plot`` redraws ``curves.png`` with (training's), made on rank 0 of an MLPerf run. A new
     training run (``Mode.mlperf_run``) first moves the last run's files in ``--log_dir`` and its
@@ -58,26 +59,26 @@ def make_reporters(session: Session, config: Config, saved: ckpt.Saved | None,
     mlperf_on = main and mode.mlperf_run
     name = resumed_log_name() if resuming else None
     if mode.mlperf_run and not resuming:
-        if config.load_ckpt_path:  # every rank has read it (it may be --save_ckpt_path) before it moves
+        if plan.load_ckpt_path:  # every rank has read it (it may be --save_ckpt_path) before it moves
             D.barrier()
         if main:
-            for line in move_previous_run(config.log_dir, config.save_ckpt_path):
+            for line in move_previous_run(plan.log_dir, plan.save_ckpt_path):
                 print(line)
-    plotter = curves(config.log_dir, config.quality_threshold) if curves and config.plot and mlperf_on else None
-    mlperf = MLPerfLogger(config.log_dir, enabled=mlperf_on, name=name)
+    plotter = curves(plan.log_dir, plan.quality_threshold) if curves and plan.plot and mlperf_on else None
+    mlperf = MLPerfLogger(plan.log_dir, enabled=mlperf_on, name=name)
     resumed_from = None
     if saved is not None and mode.mlperf_run:  # --resume, or a warm start from --load_ckpt_path's weights
         resumed_from = (saved.path, int(saved.checkpoint.get("epoch", 0) or 0),
                         int(saved.checkpoint.get("step_in_epoch", 0) or 0) if saved.resume else 0)
-    mlperf.not_a_result(resumed_from, config.save_ckpt_path if config.checkpoints_on_the_clock else "",
+    mlperf.not_a_result(resumed_from, plan.save_ckpt_path if plan.checkpoints_on_the_clock else "",
                         weights_only=saved is not None and not saved.resume)
-    if main and config.checkpoints_on_the_clock:
-        print(f"checkpoints on the clock: {config.save_ckpt_path} is written during the run "
+    if main and plan.checkpoints_on_the_clock:
+        print(f"checkpoints on the clock: {plan.save_ckpt_path} is written during the run "
               "(--ckpt_during_run or --ckpt_every_epochs), so this run is not an MLPerf result")
     return Reporters(
         mlperf=mlperf,
-        metrics=MetricsWriter(config.log_dir, enabled=main and mode.writes_metrics_for(config)),
-        progress=make_progress(config, main), preempt=session.preempt, is_main=main, curves=plotter)
+        metrics=MetricsWriter(plan.log_dir, enabled=main and mode.writes_metrics_for(plan)),
+        progress=make_progress(plan, main), preempt=session.preempt, is_main=main, curves=plotter)
 
 
 def close_reporters(out: Reporters) -> None:

@@ -38,6 +38,7 @@ from runtime.arguments import Config, UsageError
 from runtime.compiling import compile_model
 from runtime.inference.predictor import Predict, build_predictor, options_from
 from runtime.levers.cpu.convert import prepare_for_inference
+from runtime.plan import RunPlan
 
 INSTALL_HINT = "pip install -r requirements-openvino.txt"
 TORCH_ONLY_LEVERS = ("amp", "compile", "channels_last")
@@ -64,32 +65,35 @@ def openvino_missing(int8: bool = False) -> str | None:
     return None
 
 
-def _torch_module(model: torch.nn.Module, config: Config, say: Say, calibration=None) -> torch.nn.Module:
-    if not config.inference_copy:  # evaluate: the trained network, as built (runtime.resolve)
+def _torch_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=None,
+                  checkpoint: str = "") -> torch.nn.Module:
+    if not plan.inference_copy:  # evaluate: the trained network, as built (runtime.resolve)
         return model
-    if config.channels_last:
+    if plan.channels_last:
         model = prepare_for_inference(model, channels_last=True)
-    return compile_model(model.eval(), config.compile)
+    return compile_model(model.eval(), plan.compile)
 
 
-def _openvino_module(model: torch.nn.Module, config: Config, say: Say, calibration=None) -> torch.nn.Module:
+def _openvino_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=None,
+                     checkpoint: str = "") -> torch.nn.Module:
     from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
-    compiled = cached_openvino_model(model, config, config.load_ckpt_path, calibration, say=say)
-    return OpenVINOWindows(compiled, tuple(config.val_input_shape))
+    compiled = cached_openvino_model(model, plan, checkpoint or plan.load_ckpt_path, calibration, say=say)
+    return OpenVINOWindows(compiled, tuple(plan.val_input_shape))
 
 
-def _openvino_calibration(config: Config, scans):
+def _openvino_calibration(plan: RunPlan, scans):
     from runtime.inference.openvino.calibration import scan_calibration
 
-    return scan_calibration(config, scans)
+    return scan_calibration(plan, scans, plan.overflow_fix)  # as planned (runtime.resolve.decide_calibration)
 
 
 @dataclass(frozen=True)
 class Backend:
     """A runtime for the windows: the precisions it computes, its converter
-    ``convert(model, config, say, calibration) -> module`` (``calibration``: an int8 calibration
-    set), and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
+    ``convert(model, config, say, calibration, checkpoint) -> module`` (``calibration``: an int8
+    calibration set; ``checkpoint``: the weights' path, default the plan's ``load_ckpt_path``),
+    and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
 
     precisions: tuple[str, ...]
     convert: Callable[..., torch.nn.Module]
@@ -100,11 +104,11 @@ BACKENDS = {"torch": Backend(("fp32",), _torch_module),
             "openvino": Backend(("fp32", "int8"), _openvino_module, _openvino_calibration)}
 
 
-def int8_calibration(config: Config, scans):
-    """The int8 calibration set of the resolved ``config``'s backend on ``scans`` (``(name, path)``
+def int8_calibration(plan: RunPlan, scans):
+    """The int8 calibration set of the resolved ``plan``'s backend on ``scans`` (``(name, path)``
     of the scans to calibrate on, in order): it has ``digest()`` (recorded beside each
     segmentation) and ``describe()``; see :mod:`runtime.inference.openvino.calibration`."""
-    return BACKENDS[config.backend].calibrate(config, scans)
+    return BACKENDS[plan.backend].calibrate(plan, scans)
 
 
 def _openvino_version() -> str:
@@ -124,7 +128,7 @@ def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
         if config.int8 and "int8" not in BACKENDS["torch"].precisions:
             raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
         return "torch", "--backend torch: PyTorch"
-    if asked == "auto" and config.mode.scores:
+    if asked == "auto" and config.mode.scores_as_trained:
         return "torch", ("--backend auto: PyTorch, the network as trained "
                          "(evaluate computes the benchmark's Dice; --backend openvino asks for OpenVINO)")
     levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]
@@ -147,13 +151,13 @@ def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
     return "openvino", f"--backend {asked}: OpenVINO {_openvino_version()} on the CPU, {precision}"
 
 
-def window_predictor(model: torch.nn.Module, config: Config, device: torch.device, say: Say = print,
-                     calibration=None) -> Predict:
-    """Predict's window predictor: ``model`` (eval mode, the checkpoint's weights, fp32) converted
-    by the resolved ``config``'s backend (``calibration``: the int8 calibration set with
-    ``--int8``), wrapped by :func:`build_predictor`."""
-    module = BACKENDS[config.backend].convert(model, config, say, calibration)
-    return build_predictor(module, device, options_from(config))
+def window_predictor(model: torch.nn.Module, plan: RunPlan, device: torch.device, say: Say = print,
+                     calibration=None, checkpoint: str = "") -> Predict:
+    """Predict's window predictor: ``model`` (eval mode, the weights of ``checkpoint``, default
+    the plan's ``load_ckpt_path``; fp32) converted by the resolved ``plan``'s backend
+    (``calibration``: the int8 calibration set with ``--int8``), wrapped by :func:`build_predictor`."""
+    module = BACKENDS[plan.backend].convert(model, plan, say, calibration, checkpoint)
+    return build_predictor(module, device, options_from(plan))
 
 
 def say_on(is_main: bool, stream=None) -> Say:

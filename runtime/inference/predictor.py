@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from runtime.plan import RunPlan
+
 
 FLIPS = [dims for n in range(4) for dims in itertools.combinations((2, 3, 4), n)]  # 8, () first
 Predict = Callable[[torch.Tensor], torch.Tensor]
@@ -27,18 +29,18 @@ Predict = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class PredictorOptions:
-    """How the windows are computed (from a resolved config: :func:`options_from`)."""
+    """How the windows are computed (from a resolved plan: :func:`options_from`)."""
 
     channels_last: bool = False
     amp_dtype: str | None = None  # "bf16" / "fp16" autocast, None for fp32
     tta: bool = False
 
 
-def options_from(config) -> PredictorOptions:
+def options_from(plan: RunPlan) -> PredictorOptions:
     """The predictor options of a resolved plan (:class:`runtime.plan.RunPlan`; ``tta`` as decided:
     predict's ``--tta``, evaluation scores the logits)."""
-    return PredictorOptions(channels_last=config.channels_last,
-                            amp_dtype=config.amp_dtype if config.amp else None, tta=config.tta)
+    return PredictorOptions(channels_last=plan.channels_last,
+                            amp_dtype=plan.amp_dtype if plan.amp else None, tta=plan.tta)
 
 
 def autocast_context(amp_dtype: str | None, device: torch.device) -> Callable[[], object]:

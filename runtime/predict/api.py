@@ -26,7 +26,7 @@ import torch
 
 from data_loading.scans import RawScan, read_scan
 from model.unet3d import SHAPE_DIVISOR
-from runtime.arguments import Config, UsageError, checkpoint_path_problem, replace
+from runtime.arguments import Config, UsageError, checkpoint_path_problem
 from runtime.checkpoint import Saved
 from runtime.inference.backends import say_on, window_predictor
 from runtime.predict.calibration import calibration_policy
@@ -197,8 +197,8 @@ class Segmenter:
         config, device = cls._resolved(options.config(), options.verbose)
         say = say_on(options.verbose)
         _say_backend(config, say)
-        members = [(config, net.to(device).eval()) for net in networks]
-        return cls(config, partial(_window_inference, members, device, say), device, options.verbose)
+        members = [("", net.to(device).eval()) for net in networks]
+        return cls(config, partial(_window_inference, config, members, device, say), device, options.verbose)
 
     @classmethod
     def from_inference(cls, infer: Callable[[np.ndarray], torch.Tensor], config: Config,
@@ -232,10 +232,9 @@ class Segmenter:
         say = say_on(verbose)
         _say_backend(config, say)
         members = []
-        for one in [saved] if isinstance(saved, Saved) else list(saved):
-            member = replace(config, load_ckpt_path=one.path)
-            members.append((member, load_trained_model(member, one, device, say)))
-        return cls(config, partial(_window_inference, members, device, say), device, verbose)
+        for one in [saved] if isinstance(saved, Saved) else list(saved):  # the same plan, each its weights
+            members.append((one.path, load_trained_model(config, one, device, say)))
+        return cls(config, partial(_window_inference, config, members, device, say), device, verbose)
 
     def calibration_for(self, name: str, path: str):
         """The int8 calibration set the scan ``path`` (named ``name``) is segmented with (the
@@ -298,11 +297,12 @@ class Segmenter:
         return result.labels, result.probabilities
 
 
-def _window_inference(members: Sequence[tuple[Config, torch.nn.Module]], device: torch.device,
+def _window_inference(plan: Config, members: Sequence[tuple[str, torch.nn.Module]], device: torch.device,
                       say: Callable[[str], None], calibration) -> ScanInference | EnsembleInference:
-    """The window inference of every network of ``members`` (each with its resolved config),
-    converted by the backend, int8 on ``calibration`` (the backend's calibration set) when given:
-    one network's, or the mean of their probabilities."""
-    inferences = [ScanInference(window_predictor(model, member, device, say, calibration), member, device)
-                  for member, model in members]
+    """The window inference of every network of ``members`` (each with its checkpoint's path,
+    "" for a network given) on the resolved ``plan``, converted by the backend, int8 on
+    ``calibration`` (the backend's calibration set) when given: one network's, or the mean of
+    their probabilities."""
+    inferences = [ScanInference(window_predictor(model, plan, device, say, calibration, checkpoint), plan, device)
+                  for checkpoint, model in members]
     return inferences[0] if len(inferences) == 1 else EnsembleInference(inferences)

@@ -1,7 +1,7 @@
 """``--exec_mode predict`` over a folder: every scan isolated, the output folder locked, the
 summary always written.
 
-Each scan of this rank goes through :func:`runtime.predict.segment_scan` after its header is
+Each scan of this rank goes through :func:`runtime.predict.scan.segment_scan` after its header is
 checked (:func:`data_loading.scan_checks.check_header`, before any voxel is read), unless its
 output exists and the record beside it says it was made the way this run would make it
 (:mod:`runtime.predict.provenance`: the same version, weights, backend, int8, AMP, TTA, window,

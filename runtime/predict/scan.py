@@ -22,7 +22,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -41,7 +41,6 @@ from runtime.outputs import OutputError
 from runtime.predict.records import CaseResult, own_label_numbers
 from runtime.signals import Stopped
 from runtime.inference.sliding_window import flush_sliding_window_inference
-
 
 
 # ----------------------------------------------------------------------------- the model
@@ -283,18 +282,25 @@ def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray
     return result
 
 
-def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output_dir: str,
+class VolumeSegmenter(Protocol):
+    """What :func:`segment_scan` asks of :class:`runtime.predict.api.Segmenter` (which imports
+    this module, so it is named here by what it does)."""
+
+    def segment_raw(self, raw: RawScan, probabilities: bool = False, path: str = "",
+                    timer: StageTimer | None = None, calibration=None) -> Segmentation: ...
+
+
+def segment_scan(scan: Scan, segmenter: VolumeSegmenter, output_dir: str,
                  preview: bool = False, timer: StageTimer | None = None, probabilities: bool = False,
                  calibration=None, label_set=None) -> CaseResult:
     """Segment one scan into ``output_dir/<case>.nii.gz`` (and ``<case>.png`` with ``preview``,
     ``<case>.npz`` with ``probabilities``: :func:`write_probabilities`).
 
-    ``infer`` maps the preprocessed image (1, D', H', W') to class probabilities (3, D', H', W')
-    (a :class:`runtime.predict.api.Segmenter`, int8 on ``calibration`` when given: its
-    ``calibration_for`` the scan; or any such callable); its ``windows`` after the call, when it
-    has them, go to the result. The probabilities are written before the
-    segmentation, whose existence marks the case done; a preview that cannot be drawn is the
-    result's ``error``, never the loss of the segmentation.
+    ``segmenter`` (:class:`runtime.predict.api.Segmenter`; a bare window inference:
+    ``Segmenter.from_inference``) segments the volume, int8 on ``calibration`` when given (its
+    ``calibration_for`` the scan); the windows its network(s) ran go to the result. The
+    probabilities are written before the segmentation, whose existence marks the case done; a
+    preview that cannot be drawn is the result's ``error``, never the loss of the segmentation.
     """
     timer = timer or StageTimer()
     start = time.perf_counter()
@@ -304,14 +310,7 @@ def segment_scan(scan: Scan, infer: Callable[[np.ndarray], torch.Tensor], output
                             **label_values_of(label_set)) if scan.label_path else None)
     if raw.note:  # the header's pixdim disagrees with its affine: which spacing was used
         print(raw.note, flush=True)
-    # a Segmenter segments the volume itself (the Python entry point's path); a bare callable here
-    segment = getattr(infer, "segment_raw", None)
-    if segment is not None:
-        segmentation = segment(raw, probabilities, scan.image_path, timer, calibration=calibration)
-    elif calibration is None:
-        segmentation = segment_volume(raw, infer, timer, probabilities, scan.image_path)
-    else:
-        raise TypeError("an int8 calibration set is a Segmenter's (runtime.predict.api), not a bare window inference's")
+    segmentation = segmenter.segment_raw(raw, probabilities, scan.image_path, timer, calibration=calibration)
     file_labels = segmentation.labels
     path = output_path(output_dir, scan)
     with timer("write"):

@@ -18,12 +18,12 @@ from typing import Callable, Sequence
 
 from data_loading.write_errors import failure_reason
 from runtime import __version__
-from runtime.report.compliance import DEFAULT_RULESET, check_all
-from runtime.report.figure import MissingMatplotlib, write_figure
-from runtime.report.files import ReportError
+from runtime.results.compliance import DEFAULT_RULESET, check_all
+from runtime.results.figure import MissingMatplotlib, write_figure
+from runtime.results.files import ReportError
 from runtime.report.run_summary import number_text, predicted_text, time_text, write_summaries
-from runtime.report.runs import collect_runs
-from runtime.report.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, RunSummary, score_runs, summarize_run
+from runtime.results.runs import collect_runs
+from runtime.results.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, RunSummary, score_runs, summarize_run
 from runtime.run_files import (CURVES_PNG, METRICS_LOG, MLPERF_LOG, QUALITY_THRESHOLD, SUMMARY_JSON, SUMMARY_MD,
                                UNVERIFIED)
 

@@ -7,9 +7,9 @@ import math
 import os
 from typing import Sequence
 
-from runtime.report.files import atomic_write
-from runtime.report.scoring import RunSummary, Score
-from runtime.report.time_to_train import duration_text
+from runtime.results.files import atomic_write
+from runtime.results.scoring import RunSummary, Score
+from runtime.results.time_to_train import duration_text
 from runtime.run_files import METRICS_LOG, MLPERF_LOG, SUMMARY_JSON, SUMMARY_MD, UNVERIFIED
 
 

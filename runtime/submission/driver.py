@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
-from runtime.report.runs import mlperf_logs, read_json_lines
+from runtime.results.runs import mlperf_logs, read_json_lines
 from runtime.run_files import MLLOG_PREFIX, PREVIOUS_RUN_PREFIX, RUN_START
 from runtime.submission import system as S
 

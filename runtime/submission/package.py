@@ -14,11 +14,11 @@ official tools.
 (``--submission_org``, ``--submission_platform``, ``--submission_division``,
 ``--submission_status``); every counted run must agree on them. Every attempt of every run
 folder is judged, its ``previous-<time>/`` folders included (earlier attempts moved out of the way
-of a rerun); a run is counted or left out by :mod:`runtime.report.validity`: a crashed attempt
+of a rerun); a run is counted or left out by :mod:`runtime.results.validity`: a crashed attempt
 (``run_start``, no ``run_stop``) is a failed run and is packed as it is. The counted runs are
 packed in the order they started; of more than ``--expected_runs``, the consecutive ones whose
 olympic score is closest to the median of every such window's (the rules' choice,
-``runtime.report.scoring.rules_window``; never chosen by their outcome alone).
+``runtime.results.scoring.rules_window``; never chosen by their outcome alone).
 The system description,
 the code and the recipe come from the runs' own records (:mod:`runtime.submission.what_ran`).
 """
@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from data_loading.write_errors import failure_reason
-from runtime.report.compliance import check_compliance
-from runtime.report.runs import find_runs, folder_runs, mlperf_logs
-from runtime.report.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, olympic_score, rules_window
-from runtime.report.validity import NOT_A_RESULT, RESULT, Validity, judge_events, read_events
+from runtime.results.compliance import check_compliance
+from runtime.results.runs import find_runs, folder_runs, mlperf_logs
+from runtime.results.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, olympic_score, rules_window
+from runtime.results.validity import NOT_A_RESULT, RESULT, Validity, judge_events, read_events
 from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, UNVERIFIED
 from runtime.submission import system as S
 from runtime.submission import what_ran as W
@@ -46,7 +46,7 @@ RULESET = "4.0.0"  # the only ruleset whose checkers still know unet3d (retired 
 USAGE = "training"
 BENCHMARK = "unet3d"
 EXPECTED_RUNS = SUBMISSION_RUNS  # mlperf_logging.benchmark_meta: unet3d's result file count (40)
-# DROPPED_EACH_END: olympic scoring of unet3d, the 4 fastest and the 4 slowest (from runtime.report.scoring)
+# DROPPED_EACH_END: olympic scoring of unet3d, the 4 fastest and the 4 slowest (from runtime.results.scoring)
 IMPLEMENTATION = "pytorch-unet3d-kits19"
 DEFAULT_ORG = "reference_implementation"  # main.py's --submission_org default (tests check they agree)
 PACKAGE_CHECKER_SUCCESS = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS"

@@ -1,6 +1,6 @@
 """``--benchmark``: time training steps or sliding-window evaluations (no checkpoints, no
 evaluation schedule), statistics from :mod:`runtime.training.latency`, and the predicted MLPerf
-time to train (:mod:`runtime.report.time_to_train`). With ``--log_dir`` given, ``log.json`` there
+time to train (:mod:`runtime.results.time_to_train`). With ``--log_dir`` given, ``log.json`` there
 gets one ``benchmark`` record with the reference's keys (``throughput_train``,
 ``latency_train_mean``, ``latency_train_90/95/99``; evaluate: ``_eval``), where the reference's
 ``--benchmark`` writes them.
@@ -34,9 +34,10 @@ from runtime.arguments import Config, UsageError
 from runtime.build import Components
 from runtime.clocked.reporters import Reporters
 from runtime.inference.predictor import build_predictor, options_from
-from runtime.report import time_to_train as T
+from runtime.results import time_to_train as T
 from runtime.schedule import eval_schedule, samples_per_epoch
 from runtime.inference.sliding_window import sliding_window_inference
+from runtime.plan import RunPlan
 from runtime.run_files import BENCHMARK
 from runtime.training.latency import format_summary, latency_summary, reference_stats
 from runtime.training.loop import set_learning_rate, step_inputs
@@ -225,16 +226,16 @@ class ShapesSeen:
         return self.predict(batch)
 
 
-def warm_window_batches(predict: ShapesSeen, loader, cfg: Config, device: torch.device, sync) -> list[int]:
+def warm_window_batches(predict: ShapesSeen, loader, plan: RunPlan, device: torch.device, sync) -> list[int]:
     """Runs every window batch this rank's timed evaluation will run once, untimed: each batch
     size of :func:`window_batch_sizes` over the loader's volume shapes (``--sw_batch_size``
     alone when the loader does not tell them: :func:`timed_volume_warm` then re-times a volume
     that met a new one). Returns the sizes run."""
     shapes = volume_shapes(loader)
-    sizes = ([cfg.sw_batch_size] if shapes is None else
-             window_batch_sizes(shapes, cfg.val_input_shape, cfg.overlap, cfg.sw_batch_size))
+    sizes = ([plan.sw_batch_size] if shapes is None else
+             window_batch_sizes(shapes, plan.val_input_shape, plan.overlap, plan.sw_batch_size))
     for size in sizes:
-        predict(torch.zeros((size, 1, *cfg.val_input_shape), device=device))
+        predict(torch.zeros((size, 1, *plan.val_input_shape), device=device))
     sync()
     return sizes
 

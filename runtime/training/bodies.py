@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from runtime.clocked.start import started
 from runtime.mode import Session
-from runtime.report.plotter import CurvePlotter
+from runtime.results.plotter import CurvePlotter
 from runtime.training.benchmark import benchmark_evaluate, benchmark_train
 from runtime.training.loop import run_training
 

@@ -85,13 +85,16 @@ def default_cache_dir() -> str:
     return os.path.join(base, CACHE_NAME)
 
 
-def cache_folder(checkpoint_path: str, cache_dir: str = "") -> str:
-    """The folder of ``checkpoint_path``'s converted networks under ``cache_dir`` (the resolved
-    ``--cache_dir``; "": :func:`default_cache_dir`): ``openvino/<name>-<sha256 of its absolute
-    path, 16 hex digits>``, one per checkpoint file (its entries of other weights are removed)."""
+def cache_folder(checkpoint_path: str, cache_dir: str) -> str:
+    """The folder of ``checkpoint_path``'s converted networks under ``cache_dir`` (the plan's:
+    ``runtime.resolve.decide_cache_dir``, ``--cache_dir`` or :func:`default_cache_dir`):
+    ``openvino/<name>-<sha256 of its absolute path, 16 hex digits>``, one per checkpoint file
+    (its entries of other weights are removed)."""
+    if not cache_dir:
+        raise ValueError("the OpenVINO cache needs the plan's cache_dir (runtime.resolve.decide_cache_dir)")
     path = os.path.abspath(checkpoint_path)
     tag = hashlib.sha256(path.encode()).hexdigest()[:16]
-    return os.path.join(cache_dir or default_cache_dir(), "openvino", f"{os.path.basename(path)}-{tag}")
+    return os.path.join(cache_dir, "openvino", f"{os.path.basename(path)}-{tag}")
 
 
 class CacheEntry:

@@ -1,5 +1,5 @@
 """Keep freed host memory in the process, so large CPU tensors do not pay page faults each time
-(evaluate, predict and training on the CPU: ``runtime.app`` decides per mode).
+(evaluate, predict and training on the CPU: ``runtime.resolve.decide_host_memory`` decides).
 
 PyTorch has no caching allocator for the CPU: every tensor comes from ``malloc``. glibc serves
 blocks above its mmap threshold (at most 32 MB) with a fresh ``mmap`` and returns them with

@@ -62,7 +62,7 @@ class Attempt:
     last_ms: int | None  # the last event's time, the end of an attempt without run_stop
     seed: int | None = None
     notes: tuple[str, ...] = ()
-    # what the predicted time to train needs (runtime.report.time_to_train): the run's logged
+    # what the predicted time to train needs (runtime.results.time_to_train): the run's logged
     # global batch, samples per epoch and training cases, and each evaluation's (epoch, seconds)
     global_batch: int | None = None
     samples_per_epoch: int | None = None

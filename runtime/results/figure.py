@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from runtime.report.files import ReportError, atomic_write
-from runtime.report.runs import Run
-from runtime.report.scoring import diverged_epoch, elapsed_minutes, reached_epoch
+from runtime.results.files import ReportError, atomic_write
+from runtime.results.runs import Run
+from runtime.results.scoring import diverged_epoch, elapsed_minutes, reached_epoch
 
 MATPLOTLIB_HINT = "matplotlib is not installed: pip install matplotlib"
 FIGSIZE = (12.0, 10.0)  # inches; at DPI this is the PNG's size in pixels

@@ -10,10 +10,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from runtime.report import time_to_train as T
-from runtime.report.compliance import Compliance
-from runtime.report.runs import Attempt, EvalPoint, Run
-from runtime.report.validity import Validity, classify, page_cache
+from runtime.results import time_to_train as T
+from runtime.results.compliance import Compliance
+from runtime.results.runs import Attempt, EvalPoint, Run
+from runtime.results.validity import Validity, classify, page_cache
 from runtime.run_files import DIVERGED_DICE
 
 SUBMISSION_RUNS = T.SUBMISSION_RUNS  # unet3d's result: 40 runs ...
@@ -272,7 +272,7 @@ def score_runs(summaries: Sequence[RunSummary], drop: int = DROPPED_EACH_END, wi
     as a failed run (infinite); a run that is not a result (``RunSummary.not_a_result``, or no
     run_start) is left out, and the text says which and why. Which runs count is
     ``run_validity``'s, the rule the submission package applies too
-    (``runtime.report.validity``). Of more than ``window`` counted runs, the score is over
+    (``runtime.results.validity``). Of more than ``window`` counted runs, the score is over
     the ``window`` consecutive ones (by start time) the rules pick (:func:`rules_window`)."""
     judged = [(s, run_validity(s)) for s in summaries if s.attempts]
     left_out = [(s, v) for s, v in judged if not v.counts]

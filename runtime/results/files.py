@@ -1,4 +1,4 @@
-"""The report's one error type and its one way to write a file."""
+"""The one error type of reading and writing results, and their one way to write a file."""
 from __future__ import annotations
 
 from typing import Callable

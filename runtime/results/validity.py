@@ -1,5 +1,5 @@
 """Which MLPerf logs are results: the one rule that the report's score and the submission
-package both apply (the report owns it; ``runtime.submission.package`` imports it).
+package both apply (``runtime.results`` holds it; the report and ``runtime.submission.package`` import it).
 
 A log is one of four kinds:
 
@@ -22,13 +22,13 @@ A log is one of four kinds:
   several attempts, an attempt resumed
   from a checkpoint, one that wrote checkpoints on the clock, or one whose log says closed on
   data that is not KiTS19's (``not_closed``: synthetic, not 168/42) (``runtime/run_files.py``'s
-  ``NOT_A_RESULT_EVENTS``, read by ``runtime.report.runs.not_a_result``: "The clock may not be
+  ``NOT_A_RESULT_EVENTS``, read by ``runtime.results.runs.not_a_result``: "The clock may not be
   paused during the run"; the reference's timed run writes none), a log of another
   benchmark, or one the official compliance checker rejects for anything but the target (a
   ``not converged`` run fails the closed checker's ``eval_accuracy >= 0.908`` test by definition).
 
 Standard library only (the report reads runs without torch); the compliance verdict, when
-there is one, comes from ``runtime.report.compliance`` (the official checker).
+there is one, comes from ``runtime.results.compliance`` (the official checker).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 
 from data_loading.write_errors import failure_reason
 from runtime import run_files as F
-from runtime.report.runs import not_a_result
+from runtime.results.runs import not_a_result
 
 RESULT = "result"
 NOT_CONVERGED = "not converged"
@@ -117,12 +117,12 @@ def page_cache(division, cache_clear) -> tuple[str, str]:
 def classify(status: str | None, not_a_result: Sequence[str] = (), compliance_problems: Iterable[str] | None = None,
              starts: int = 1, attempts: int = 1) -> Validity:
     """The rule itself, on a run's facts: ``status`` its ``run_stop`` status (None: no
-    run_stop), ``not_a_result`` the reasons its log gives (``runtime.report.runs.not_a_result``:
+    run_stop), ``not_a_result`` the reasons its log gives (``runtime.results.runs.not_a_result``:
     resumed from a checkpoint, checkpoints written on the clock), ``compliance_problems`` the
     official compliance checker's problems (empty: passed; None: not run), ``starts`` its
     run_starts in one log, ``attempts`` its MLPerf logs (a resumed run has several).
 
-    The report's score (``runtime.report.scoring.score_runs``) and the package apply it."""
+    The report's score (``runtime.results.scoring.score_runs``) and the package apply it."""
     if not_a_result:
         return Validity(NOT_A_RESULT, "; ".join(not_a_result))
     if attempts > 1:

@@ -12,13 +12,13 @@ import sys
 import threading
 from typing import Callable
 
-from runtime.report.figure import write_figure
-from runtime.report.files import ReportError
-from runtime.report.runs import load_run
+from runtime.results.figure import write_figure
+from runtime.results.files import ReportError
+from runtime.results.runs import load_run
 from runtime.run_files import CURVES_PNG, QUALITY_THRESHOLD
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-_CHILD_CODE = ("import sys; sys.path.insert(0, sys.argv[1]); from runtime.report.plotter import main_curves; "
+_CHILD_CODE = ("import sys; sys.path.insert(0, sys.argv[1]); from runtime.results.plotter import main_curves; "
                "sys.exit(main_curves(sys.argv[2], float(sys.argv[3])))")
 
 
