@@ -32,6 +32,7 @@ from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, c
                                   check_finite, check_label_values, check_patch_fits, collate_batch,
                                   discover_cases, folder_description, load_array, read_evaluation_ids,
                                   split_cases)
+from data_loading.description import DESCRIPTION_FILE, record_labels
 from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import EpochBatchSampler, EpochShape, balance_by_cost, epoch_batches
@@ -39,6 +40,7 @@ from data_loading.source import DataSource, DataSummary
 from data_loading.synthetic_loader import SyntheticData
 from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
 from data_loading.windows import window_geometry
+from model.unet3d import N_CLASSES
 
 CACHE_MODES = ("auto", "none", "memory", "device")
 
@@ -86,7 +88,8 @@ class TrainLoader(EpochShape):
     def __init__(self, cases: Sequence[Case], *, patch: Sequence[int], oversampling: float,
                  brightness: str, seed: int, num_shards: int, rank: int, batch_size: int,
                  cache: str, device: torch.device | None, num_workers: int, prefetch_depth: int,
-                 eager: bool = True, crop: str = "reference", ga_steps: int = 1, last_batch: str = "pad"):
+                 eager: bool = True, crop: str = "reference", ga_steps: int = 1, last_batch: str = "pad",
+                 n_class: int = N_CLASSES):
         if cache not in ("none", "memory", "device"):
             raise ValueError(f"TrainLoader cache must be none, memory or device, got {cache!r}")
         self.cases, self.patch, self.seed = list(cases), tuple(patch), seed
@@ -94,6 +97,7 @@ class TrainLoader(EpochShape):
         self.batch_size, self.num_shards, self.rank = batch_size, num_shards, rank
         self.ga_steps, self.last_batch = ga_steps, last_batch
         self.cache, self.device = cache, device
+        self.n_class = n_class  # label values 0..n_class-1; 1..n_class-1 are the foreground to oversample
         self.num_workers = 0 if cache == "device" else num_workers
         self._prepare_threads = max(1, num_workers)
         self.prefetch_depth = prefetch_depth
@@ -110,7 +114,7 @@ class TrainLoader(EpochShape):
         """Compute the foreground boxes and fill the cache (once)."""
         if self.dataset is not None:
             return
-        boxes = compute_boxes(self.cases, self._prepare_threads)
+        boxes = compute_boxes(self.cases, self._prepare_threads, self.n_class)
         self.dataset = TrainingSet(self.cases, boxes, self.patch, self.oversampling,
                                    self.brightness, self.seed,
                                    cache="memory" if self.cache == "device" else self.cache, crop=self.crop)
@@ -170,8 +174,8 @@ class EvalLoader:
     """This rank's evaluation volumes, whole, one at a time: ``(image, label, case_id)``."""
 
     def __init__(self, cases: Sequence[Case], num_cases: int, device: torch.device | None,
-                 prefetch_depth: int):
-        self.cases, self.num_cases = list(cases), num_cases
+                 prefetch_depth: int, n_class: int = N_CLASSES):
+        self.cases, self.num_cases, self.n_class = list(cases), num_cases, n_class
         self.device, self.prefetch_depth = device, prefetch_depth
         self._checked: set[str] = set()  # cases whose label values and finiteness were checked
 
@@ -183,7 +187,7 @@ class EvalLoader:
             image = load_array(case.image_path, np.float32)
             label = load_array(case.label_path, np.uint8)
             if case.case_id not in self._checked:  # once: evaluation repeats every few epochs
-                check_label_values(case, label)
+                check_label_values(case, label, self.n_class)
                 check_finite(case, image, " (an evaluation case)")
                 self._checked.add(case.case_id)
             yield (torch.from_numpy(image).unsqueeze(0), torch.from_numpy(label).unsqueeze(0),
@@ -209,14 +213,14 @@ def assign_evaluation_cases(cases: Sequence[Case], roi: Sequence[int], overlap: 
     return [[cases[i] for i in shard] for shard in balance_by_cost(costs, num_shards)]
 
 
-def compute_boxes(cases: Sequence[Case], threads: int) -> list:
-    """Foreground boxes of every case, a few cases at a time (numpy and the labelling release
-    the GIL for most of the work)."""
+def compute_boxes(cases: Sequence[Case], threads: int, n_class: int = N_CLASSES) -> list:
+    """Foreground boxes of every case (labels 1..``n_class``-1), a few cases at a time (numpy and
+    the labelling release the GIL for most of the work)."""
     threads = max(1, min(threads, os.cpu_count() or 1, len(cases)))
     if threads == 1:
-        return [case_foreground_boxes(case) for case in cases]
+        return [case_foreground_boxes(case, n_class) for case in cases]
     with ThreadPoolExecutor(threads, thread_name_prefix="foreground-boxes") as pool:
-        return list(pool.map(case_foreground_boxes, cases))
+        return list(pool.map(lambda case: case_foreground_boxes(case, n_class), cases))
 
 
 class PreprocessedData:
@@ -235,13 +239,19 @@ class PreprocessedData:
 
     def split(self) -> tuple[list[Case], list[Case]]:
         if self._split is None:
-            # a described folder: labels checked (refused unless KiTS19's), its own split if it has one
+            # a described folder: its labels (the run's label set) and its own split if it has one
             self._description = folder_description(self.data_dir)
             ids = (self._description or {}).get("evaluation_cases") or []
             if ids:
                 self._split_source = f"the split of {os.path.join(str(self.data_dir), 'dataset.json')}"
             self._split = split_cases(discover_cases(self.data_dir), [str(i) for i in ids] or read_evaluation_ids())
         return self._split
+
+    def n_class(self) -> int:
+        """The label values of the folder: its description's count (the run's label set, checked
+        against a checkpoint's in ``runtime.resolve.resolve_data``), KiTS19's 3 without one."""
+        self.split()
+        return N_CLASSES if self._description is None else len(record_labels(self._description))
 
     def summary(self, config) -> DataSummary:
         train_cases, eval_cases = self.split()
@@ -254,12 +264,15 @@ class PreprocessedData:
         if config.mode.trains:  # evaluate samples no patch (--input_shape is a training flag)
             check_patch_fits(train_cases, config.input_shape)
         nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)
-        not_kits19 = synthetic_marker(self.data_dir)
-        if self._description is not None and not not_kits19:
-            # (runtime.division words it "synthetic data is not KiTS19 (...)"; the run is open either way)
-            not_kits19 = (f"{os.path.join(str(self.data_dir), 'dataset.json')}: preprocessed from a description "
-                          f"({self._description.get('name', '')}), not the benchmark's KiTS19")
-        return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=not_kits19)
+        description = self._description
+        if description is None:  # KiTS19's folder
+            return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir))
+        labels = record_labels(description)
+        path = os.path.join(str(self.data_dir), DESCRIPTION_FILE)
+        own = (f"{path} describes {description.get('name') or 'a dataset'} (labels "
+               f"{', '.join(f'{n} {v}' for n, v in labels)}), not the benchmark's KiTS19")
+        return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir),
+                           labels=labels, labels_from=path, own_data=own)
 
     def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | str | None = None):
         """``(train_loader, val_loader)`` for this rank; see the module docstring.
@@ -278,12 +291,12 @@ class PreprocessedData:
             brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
             batch_size=config.batch_size, cache=config.cache, device=device,
             num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.mode.trains,
-            crop=config.semantics, ga_steps=config.ga_steps, last_batch=config.last_batch)
+            crop=config.semantics, ga_steps=config.ga_steps, last_batch=config.last_batch, n_class=self.n_class())
         if config.mode.trains and len(train_loader) == 0:
             raise DataError(f"{len(train_cases)} training cases in {self.data_dir} make no full "
                             f"batch of {config.batch_size} on each of {num_shards} ranks")
         shards = assign_evaluation_cases(eval_cases, config.val_input_shape, config.overlap, num_shards)
-        val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch)
+        val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch, self.n_class())
         return train_loader, val_loader
 
 

@@ -4,8 +4,8 @@ A dataset folder holds ``case_XXXXX_x.npy`` (float32 image, ``(1, D, H, W)``) an
 ``case_XXXXX_y.npy`` (uint8 label, same shape, 0 background, 1 kidney, 2 tumour) per case.
 The evaluation set is the ids listed in ``evaluation_cases.txt`` at the repository root (or, in
 a folder preprocessed from a description, the split saved in its ``dataset.json``); the other
-cases are the training set. A folder whose description has labels other than KiTS19's 0, 1, 2 is
-refused (:func:`folder_description`): the model, loss and metric have KiTS19's three classes.
+cases are the training set. A folder's description (:func:`folder_description`) gives its labels
+0..N-1 (KiTS19's 0, 1, 2 without one).
 
 What is deterministic is done once, when the dataset is opened: file headers are checked, and
 the bounding boxes of the two largest connected components of each foreground class are
@@ -62,22 +62,14 @@ def read_evaluation_ids(path: Path = EVALUATION_CASES_FILE) -> list[str]:
 
 def folder_description(data_dir: str | Path) -> dict | None:
     """The description preprocessing saved in ``data_dir`` (``data_loading.description``), None
-    for a KiTS19 folder preprocessed without one. :class:`DataError`, one line naming the folder
-    and the labels, when its labels are not KiTS19's 0, 1, 2 (training on N classes is not built)."""
-    from data_loading.description import DescriptionError, kits19_labels, read_written_description, record_labels
+    for a KiTS19 folder preprocessed without one; :class:`DataError` (one line naming the file)
+    when it cannot be read. Its labels are the run's label set (``runtime.labels``)."""
+    from data_loading.description import DescriptionError, read_written_description
 
     try:
-        record = read_written_description(str(data_dir))
+        return read_written_description(str(data_dir))
     except DescriptionError as err:
         raise DataError(str(err)) from None
-    if record is None:
-        return None
-    labels = record_labels(record)
-    if not kits19_labels([value for _, value in labels]):
-        shown = ", ".join(f"{name} {value}" for name, value in labels)
-        raise DataError(f"{data_dir}: training on labels {shown} is not supported yet (only KiTS19's "
-                        "0, 1, 2; docs/own-data.md)")
-    return record
 
 
 def open_npy(path: Path) -> np.ndarray:
@@ -152,12 +144,12 @@ def check_patch_fits(cases: Sequence[Case], patch: Sequence[int]) -> None:
                                 f"on axis {axis}")
 
 
-def check_label_values(case: Case, label: np.ndarray) -> None:
-    """DataError if ``label`` holds a value outside 0..2."""
+def check_label_values(case: Case, label: np.ndarray, n_class: int = N_CLASSES) -> None:
+    """DataError if ``label`` holds a value outside 0..``n_class``-1 (KiTS19's 0..2 by default)."""
     top = int(label.max()) if label.size else 0
-    if top >= N_CLASSES or (label.dtype.kind == "i" and int(label.min()) < 0):
+    if top >= n_class or (label.dtype.kind == "i" and int(label.min()) < 0):
         raise DataError(f"case {case.case_id}: label {case.label_path.name} has values outside "
-                        f"0..{N_CLASSES - 1} (max {top})")
+                        f"0..{n_class - 1} (max {top})")
 
 
 def check_finite(case: Case, image: np.ndarray | torch.Tensor, where: str = "") -> None:
@@ -240,13 +232,14 @@ def foreground_boxes(label: np.ndarray, classes: Sequence[int] = FOREGROUND_CLAS
     return result
 
 
-def case_foreground_boxes(case: Case) -> dict[int, tuple[Box, ...]]:
-    """Read one case's label once, check its values and compute its foreground boxes; check
-    that its image is finite everywhere (once, as training first reads the case)."""
+def case_foreground_boxes(case: Case, n_class: int = N_CLASSES) -> dict[int, tuple[Box, ...]]:
+    """Read one case's label once, check its values (0..``n_class``-1) and compute the boxes of
+    its foreground labels 1..``n_class``-1; check that its image is finite everywhere (once, as
+    training first reads the case)."""
     label = np.asarray(open_npy(case.label_path)[0])
-    check_label_values(case, label)
+    check_label_values(case, label, n_class)
     check_volume_finite(case, " (found when the training volumes were first read)")
-    return foreground_boxes(label)
+    return foreground_boxes(label, tuple(range(1, n_class)))
 
 
 # --------------------------------------------------------------------------------------------

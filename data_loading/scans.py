@@ -31,8 +31,8 @@ import numpy as np
 from data_loading import scan_io
 from data_loading.atomic import atomic_write
 from data_loading.nifti_read import PreprocessError, read_nifti, read_voxels
-from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, _case_dirs, min_shape_padding, preprocess_arrays,
-                                        resampled_shape, validated_label)
+from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, LABEL_VALUES, _case_dirs,
+                                        min_shape_padding, preprocess_arrays, resampled_shape, validated_label)
 from data_loading.scan_io import NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name, scan_name
 
 __all__ = ["NIFTI_SUFFIXES", "ScanError", "is_nifti_name", "is_scan_name", "scan_name"]  # re-exported
@@ -438,13 +438,15 @@ def read_scan(path: str) -> RawScan:
                    volume.note)
 
 
-def read_label(path: str, shape: Sequence[int], scan: Orientation | None = None, scan_path: str = "") -> np.ndarray:
+def read_label(path: str, shape: Sequence[int], scan: Orientation | None = None, scan_path: str = "",
+               label_values: Sequence[int] = LABEL_VALUES) -> np.ndarray:
     """Ground truth uint8 (D, H, W) on the grid of its scan of spatial ``shape`` (the file's
     own axes); ``scan`` the scan's :class:`Orientation` (its affine) or None to read the scan
     ``scan_path``'s header for it. A label stored in another axis order or with axes flipped
     (the same voxels in space: its affine says so) is brought to the scan's axes exactly; one
-    on another grid, of another shape, unreadable or with values outside {0, 1, 2} is a
-    :class:`ScanError` naming it (and the scan): :func:`data_loading.scan_io.label_on_scan_grid`."""
+    on another grid, of another shape, unreadable or with values outside ``label_values``
+    (KiTS19's {0, 1, 2}; the network's label set) is a :class:`ScanError` naming it (and the
+    scan): :func:`data_loading.scan_io.label_on_scan_grid`."""
     try:
         nifti = read_nifti(path)
         raw = read_voxels(nifti, path)
@@ -453,19 +455,19 @@ def read_label(path: str, shape: Sequence[int], scan: Orientation | None = None,
         if scan is None or scan.affine is None:
             if tuple(raw.shape) != tuple(shape):
                 raise ScanError(f"{path}: shape {tuple(raw.shape)} differs from the scan's {tuple(shape)}")
-            return validated_label(raw, path)
-        label = validated_label(raw, path)
+            return validated_label(raw, path, label_values)
+        label = validated_label(raw, path, label_values)
         return scan_io.label_file_on_scan_grid(label, nifti, scan.affine, shape, path, scan_path or "the scan")
     except PreprocessError as exc:
         raise ScanError(str(exc)) from None
 
 
-def read_labels_file(path: str) -> tuple[np.ndarray, list[float]]:
+def read_labels_file(path: str, label_values: Sequence[int] = LABEL_VALUES) -> tuple[np.ndarray, list[float]]:
     """A segmentation written earlier: labels uint8 (D, H, W) and its spacing (mm: the scan's,
     :func:`data_loading.scan_io.nifti_spacing`'s rule on its header, which is the scan's)."""
     try:
         nifti = read_nifti(path)
-        labels = validated_label(read_voxels(nifti, path), path)
+        labels = validated_label(read_voxels(nifti, path), path, label_values)
     except PreprocessError as exc:
         raise ScanError(f"{exc} (an earlier output; --force rewrites it)") from None
     pixdim = nifti.header["pixdim"][1:4].tolist()

@@ -20,6 +20,12 @@ class DataSummary:
     # the folder's synthetic marker in words (data_loading.synthetic.MARKER_NAME), "" when it has
     # none: its data is not KiTS19, so the run is not closed (runtime.division.data_reasons)
     synthetic: str = ""
+    # a folder preprocessed from a dataset description (data_loading.description): its labels
+    # (name, value) by value, the file they come from, and the dataset in words for the
+    # division ("" / None: KiTS19's folder, which has none)
+    labels: tuple | None = None
+    labels_from: str = ""
+    own_data: str = ""
 
 
 class DataSource(Protocol):

@@ -5,6 +5,8 @@ is fine, the logical layout is what counts) and integer labels ``(N, 1, *spatial
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,11 +21,12 @@ def one_hot(label: torch.Tensor, n_class: int) -> torch.Tensor:
 
 
 def dice_per_class(prediction: torch.Tensor, target: torch.Tensor, include_background: bool,
-                   smooth: float = SMOOTH) -> torch.Tensor:
+                   smooth: float = SMOOTH, absent_nan: bool = False) -> torch.Tensor:
     """Dice ``(2·Σ(p·t) + s) / (Σt + Σp + s)`` per sample and class -> ``(N, C')``.
 
     ``prediction`` and ``target`` are per-class maps ``(N, C, *spatial)``; the background class
-    (index 0) is dropped unless ``include_background``.
+    (index 0) is dropped unless ``include_background``. ``absent_nan``: nnU-Net's per-label Dice
+    ``2·Σ(p·t) / (Σt + Σp)``, no smoothing, NaN for a class absent from both.
     """
     if not include_background:
         prediction = prediction[:, 1:]
@@ -31,6 +34,8 @@ def dice_per_class(prediction: torch.Tensor, target: torch.Tensor, include_backg
     reduce_axes = list(range(2, prediction.ndim))
     intersection = torch.sum(prediction * target, dim=reduce_axes)
     total = torch.sum(target, dim=reduce_axes) + torch.sum(prediction, dim=reduce_axes)
+    if absent_nan:
+        return torch.where(total > 0, 2.0 * intersection / total.clamp_min(1e-30), torch.full_like(total, math.nan))
     return (2.0 * intersection + smooth) / (total + smooth)
 
 
@@ -38,10 +43,11 @@ class Dice(nn.Module):
     """Per-sample, per-class Dice of logits against labels (reference semantics)."""
 
     def __init__(self, to_onehot_y: bool = True, use_softmax: bool = True, use_argmax: bool = False,
-                 include_background: bool = False):
+                 include_background: bool = False, absent_nan: bool = False):
         super().__init__()
         if use_softmax and use_argmax:
             raise ValueError("use_softmax and use_argmax are exclusive")
+        self.absent_nan = absent_nan
         self.to_onehot_y = to_onehot_y
         self.use_softmax = use_softmax
         self.use_argmax = use_argmax
@@ -57,6 +63,8 @@ class Dice(nn.Module):
         else:
             prediction = logits
         target = one_hot(label, n_class) if self.to_onehot_y else label.float()
+        if self.absent_nan:
+            return dice_per_class(prediction, target, self.include_background, absent_nan=True)
         return dice_per_class(prediction, target, self.include_background)
 
 
@@ -78,15 +86,20 @@ class DiceScore(nn.Module):
     """Dice of ``onehot(argmax(logits))`` against the one-hot label, averaged over the batch.
 
     Returns ``(C',)``: one score per foreground class (kidney, tumour). A class absent from
-    both prediction and label scores 1.0.
+    both prediction and label scores 1.0 (the benchmark's); with ``absent_nan`` (own data,
+    nnU-Net's Dice) it is NaN, and the batch mean leaves it out.
     """
 
-    def __init__(self, to_onehot_y: bool = True, use_argmax: bool = True, include_background: bool = False):
+    def __init__(self, to_onehot_y: bool = True, use_argmax: bool = True, include_background: bool = False,
+                 absent_nan: bool = False):
         super().__init__()
+        self.absent_nan = absent_nan
         self.dice = Dice(to_onehot_y=to_onehot_y, use_softmax=False, use_argmax=use_argmax,
-                         include_background=include_background)
+                         include_background=include_background, absent_nan=absent_nan)
 
     def forward(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        if self.absent_nan:
+            return torch.nanmean(self.dice(logits, label), dim=0)
         return torch.mean(self.dice(logits, label), dim=0)
 
 

@@ -15,11 +15,12 @@ from typing import Callable
 import torch
 
 from model.losses import DiceCELoss, DiceScore
-from model.unet3d import IN_CHANNELS, N_CLASSES, Unet3D
+from model.unet3d import IN_CHANNELS, Unet3D
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.compiling import compile_model
+from runtime.labels import NNUNET, dice_definition, n_classes, run_labels
 from runtime.levers.cpu.convert import apply_levers, levers_compile
 from runtime.optimizers import make_optimizer
 from runtime.plan import RunPlan
@@ -70,8 +71,9 @@ def configure_backends(config: Config, device: torch.device) -> None:
 
 
 def build_model(config: Config, device: torch.device, distributed: bool = False) -> torch.nn.Module:
-    model = Unet3D(IN_CHANNELS, N_CLASSES, normalization=config.normalization, activation=config.activation,
-                   filters=config.filters)
+    # one output channel per label of the run's label set (runtime.labels; KiTS19's 3 unresolved)
+    model = Unet3D(IN_CHANNELS, n_classes(run_labels(config)), normalization=config.normalization,
+                   activation=config.activation, filters=config.filters)
     if config.normalization == "syncbatchnorm" and distributed:  # one process: batch norm (resolve.decide_architecture)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
@@ -184,7 +186,8 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
     elif saved is not None:
         ckpt.load_weights(model, saved.path, saved.checkpoint)
     loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=plan.include_background)
-    score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=plan.include_background)
+    score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=plan.include_background,
+                         absent_nan=dice_definition(run_labels(plan)) == NNUNET)
     wrapped = wrap_model(model, plan, dist_info)
     if not trains:
         step = None

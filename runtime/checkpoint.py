@@ -252,6 +252,15 @@ def saved_plan(checkpoint: dict) -> dict[str, dict]:
     return {d["name"]: d for d in plan if isinstance(d, dict) and "name" in d} if isinstance(plan, list) else {}
 
 
+def saved_labels(checkpoint: dict) -> tuple[tuple[str, int], ...]:
+    """The label set a checkpoint's network was trained on (its run's ``labels`` decision,
+    ``runtime.labels``); KiTS19's for the reference's checkpoints and those written before label sets."""
+    from runtime.labels import KITS19_LABELS, as_labels
+
+    made = saved_plan(checkpoint).get("labels")
+    return as_labels(made["value"]) if made is not None and made.get("value") else KITS19_LABELS
+
+
 def restore(checkpoint: dict, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             scaler: torch.amp.GradScaler, device: torch.device) -> TrainState:
     """Put a saved run back: last weights, optimizer, scaler and RNG states; returns its state."""

@@ -70,6 +70,7 @@ class RunPlan:
     filters: tuple[int, ...]
     normalization: str
     activation: str
+    labels: tuple[tuple[str, int], ...]  # the label set (runtime.labels): one output channel each
     levers: tuple[str, ...]
     # training
     seed: int

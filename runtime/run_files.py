@@ -118,12 +118,18 @@ RECORD_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+# keys declared by their ending: an own-data run's Dice per label, named after its labels
+# (``runtime.labels.dice_keys``: "kidney_dice", "cyst_dice"; KiTS19's are l1_dice and l2_dice)
+RECORD_KEY_SUFFIXES: dict[str, tuple[str, ...]] = {EVAL: ("_dice",)}
+
+
 def check_record(kind: str, keys: Iterable[str]) -> None:
     """ValueError unless ``kind`` and every one of ``keys`` are declared in :data:`RECORD_KEYS`
     (a programming error: the writer and the report would disagree on the file)."""
     if kind not in RECORD_KEYS:
         raise ValueError(f"log.json record kind {kind!r} is not declared in runtime/run_files.py RECORD_KEYS")
-    unknown = [key for key in keys if key not in RECORD_KEYS[kind]]
+    suffixes = RECORD_KEY_SUFFIXES.get(kind, ())
+    unknown = [key for key in keys if key not in RECORD_KEYS[kind] and not key.endswith(suffixes)]
     if unknown:
         raise ValueError(f"log.json {kind!r} record: key(s) {', '.join(map(repr, unknown))} not declared in "
                          "runtime/run_files.py RECORD_KEYS")

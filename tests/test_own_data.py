@@ -20,7 +20,6 @@ import preprocess_dataset
 from data_loading import description as ds
 from data_loading import synthetic
 from data_loading.data_loader import get_data_loaders
-from data_loading.dataset import DataError
 from runtime.arguments import Config
 from test_preprocess import npy_bytes, reference_transcription
 
@@ -166,18 +165,14 @@ def write_preprocessed(folder, labels):
 
 
 @pytest.mark.parametrize("labels", [synthetic.KITS23_LABELS, {"background": 0, "organ": 1}])
-def test_the_loader_refuses_labels_other_than_kits19s_in_one_line(tmp_path, labels):
-    """Four labels, or a binary set (whose always-empty second label would score Dice 1.0): not
-    trained silently wrong with KiTS19's three classes."""
+def test_the_loader_takes_the_descriptions_label_set(tmp_path, labels):
+    """Four labels, or a binary set: loaded with the description's label count (the run's label
+    set, runtime.labels), no longer refused; tests/test_labels.py trains and scores them."""
     write_preprocessed(tmp_path, labels)
-    cfg = dataclasses.replace(Config(), data_dir=str(tmp_path), input_shape=(32, 32, 32), seed=1, num_workers=0,
+    cfg = dataclasses.replace(Config(), exec_mode="evaluate", data_dir=str(tmp_path), seed=1, num_workers=0,
                               prefetch=0, batch_size=1, cache="memory", val_input_shape=(32, 32, 32))
-    with pytest.raises(DataError) as info:
-        get_data_loaders(cfg, 1, 0)
-    message = str(info.value)
-    shown = ", ".join(f"{name} {value}" for name, value in labels.items())
-    assert "\n" not in message and str(tmp_path) in message
-    assert f"training on labels {shown} is not supported yet" in message
+    train, val = get_data_loaders(cfg, 1, 0)   # ids 0 and 3: KiTS19's evaluation cases
+    assert val.n_class == train.n_class == len(labels)
 
 
 BAD_DESCRIPTIONS = {

@@ -3,6 +3,7 @@
 events (:func:`run_evaluation`: training's evaluations and evaluate's one)."""
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -15,11 +16,13 @@ from runtime.build import Components
 from runtime.clocked.reporters import Reporters
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.inference.sliding_window import sliding_window_inference, trim_like_window
+from runtime.labels import BENCHMARK, KITS19_LABELS, dice_definition, dice_keys, is_kits19, mean_of, run_labels
 
 
 def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable, loss_fn, score_fn,
              roi: Sequence[int], overlap: float, sw_batch_size: int, device: torch.device, progress=None,
-             cases: list | None = None, scan_region: Callable | None = None) -> dict[str, float]:
+             cases: list | None = None, scan_region: Callable | None = None,
+             labels=KITS19_LABELS) -> dict[str, float]:
     """Evaluate the volumes of this rank and combine all ranks exactly.
 
     ``predict``: windows -> logits (:func:`runtime.inference.predictor.build_predictor`; the caller puts
@@ -31,8 +34,14 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
     ``cases``: a list that receives this rank's :func:`case_scores` per case (each a host sync;
     the sums do not change). ``scan_region(case_id, shape)``: the slices of the scan inside the
     stored volume (None: unknown), for the Dice inside the scan that ``case_scores`` adds.
+    ``labels``: the run's label set (``runtime.labels``): the keys of the Dice per label
+    (KiTS19's ``l1_dice``, ``l2_dice``) and how a label absent from both counts.
     """
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, kidney, tumour, cases
+    keys = dice_keys(labels)
+    k = len(keys)
+    # loss, the Dice sum of each label, the cases that score each label (NaN: absent from both,
+    # own data only), cases
+    sums = torch.zeros(2 + 2 * k, dtype=torch.float64, device=device)
     with torch.no_grad():
         for image, label, case_id in (progress(volumes) if progress else volumes):
             image = image.to(device, non_blocking=True)
@@ -40,42 +49,50 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
             shape = tuple(image.shape[2:])
             logits = sliding_window_inference(predict, image, roi, overlap, sw_batch_size)
             label = trim_like_window(label, roi, overlap)
-            loss, scores = loss_fn(logits, label).double(), foreground(score_fn(logits, label)).double()
+            loss, scores = loss_fn(logits, label).double(), foreground(score_fn(logits, label), k).double()
             sums[0] += loss
-            sums[1:3] += scores
-            sums[3] += 1
+            sums[1:1 + k] += torch.nan_to_num(scores, nan=0.0)
+            sums[1 + k:1 + 2 * k] += (~torch.isnan(scores)).double()
+            sums[-1] += 1
             if cases is not None:
                 region = scan_region(case_id, shape) if scan_region is not None else None
                 inside = region and region_in_trimmed(region, shape, roi, overlap)
                 cases.append(case_scores(case_id, loss, scores, inside and foreground(score_fn(
-                    logits[(..., *inside)], label[(..., *inside)]))))
+                    logits[(..., *inside)], label[(..., *inside)]), k), labels))
     D.all_reduce_sum(sums)
-    loss, kidney, tumour, count = sums.tolist()
+    values = sums.tolist()
+    loss, totals, scored, count = values[0], values[1:1 + k], values[1 + k:1 + 2 * k], values[-1]
     if count == 0:
         raise RuntimeError("no evaluation case on any rank")
-    kidney, tumour = kidney / count, tumour / count
-    return {"eval_loss": loss / count, "l1_dice": kidney, "l2_dice": tumour,
-            "mean_dice": (kidney + tumour) / 2, "eval_cases": int(count)}
+    if dice_definition(labels) == BENCHMARK:  # every case scores every label
+        means = [total / count for total in totals]
+    else:  # nnU-Net's: the mean over the cases that have the label (NaN when none has)
+        means = [total / n if n else math.nan for total, n in zip(totals, scored)]
+    return {"eval_loss": loss / count, **dict(zip(keys, means)), "mean_dice": mean_of(means, labels),
+            "eval_cases": int(count)}
 
 
-def foreground(scores: torch.Tensor) -> torch.Tensor:
-    """The benchmark's two scores, kidney and tumour, of the metric's per-class scores: the last
-    two, as the MLCommons reference reads them (``scores[-2]``, ``scores[-1]``). With
-    ``--include_background`` the metric also scores the background, first; it counts in the
-    loss, never in the Dice the benchmark compares."""
-    return scores[-2:]
+def foreground(scores: torch.Tensor, count: int = 2) -> torch.Tensor:
+    """The scores of the ``count`` foreground labels (KiTS19: kidney and tumour) of the metric's
+    per-class scores: the last ``count``, as the MLCommons reference reads them (``scores[-2]``,
+    ``scores[-1]``). With ``--include_background`` the metric also scores the background, first;
+    it counts in the loss, never in the Dice the benchmark compares."""
+    return scores[-count:]
 
 
-def case_scores(case_id: str, loss: torch.Tensor, scores: torch.Tensor, inside: torch.Tensor | None) -> dict:
+def case_scores(case_id: str, loss: torch.Tensor, scores: torch.Tensor, inside: torch.Tensor | None,
+                labels=KITS19_LABELS) -> dict:
     """One case's numbers: the benchmark's (its Dice on the whole stored volume, as summed
-    into the mean) and, when the scan's region is known, the Dice inside the scan."""
-    kidney, tumour = (float(v) for v in scores.tolist())
-    record = {"case": case_id, "kidney_dice": kidney, "tumour_dice": tumour, "mean_dice": (kidney + tumour) / 2,
-              "eval_loss": float(loss), "scan_kidney_dice": None, "scan_tumour_dice": None, "scan_mean_dice": None}
+    into the mean) and, when the scan's region is known, the Dice inside the scan. KiTS19's
+    columns are ``kidney_dice`` and ``tumour_dice``; another label set's are named after its labels
+    (``runtime.labels.dice_keys``), NaN where a label is absent from both."""
+    values = [float(v) for v in scores.tolist()]
+    keys = ("kidney_dice", "tumour_dice") if is_kits19(labels) else dice_keys(labels)
+    record = {"case": case_id, **dict(zip(keys, values)), "mean_dice": mean_of(values, labels),
+              "eval_loss": float(loss), **{f"scan_{key}": None for key in keys}, "scan_mean_dice": None}
     if inside is not None:
-        scan_kidney, scan_tumour = (float(v) for v in inside.double().tolist())
-        record.update(scan_kidney_dice=scan_kidney, scan_tumour_dice=scan_tumour,
-                      scan_mean_dice=(scan_kidney + scan_tumour) / 2)
+        scan = [float(v) for v in inside.double().tolist()]
+        record.update({f"scan_{key}": value for key, value in zip(keys, scan)}, scan_mean_dice=mean_of(scan, labels))
     return record
 
 
@@ -104,7 +121,7 @@ def run_evaluation(components: Components, out: Reporters, epoch: int, cases: li
                            cfg.sw_batch_size, components.dist.device,
                            progress=lambda it: out.progress(it, desc=f"eval {epoch} cases", total=len(loader),
                                                             always=True),
-                           cases=cases, scan_region=getattr(loader, "scan_region", None))
+                           cases=cases, scan_region=getattr(loader, "scan_region", None), labels=run_labels(cfg))
     finally:
         model.train()
     out.mlperf.event(C.EVAL_ACCURACY, value=metrics["mean_dice"], metadata=at)

@@ -15,6 +15,7 @@ from runtime.arguments import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
 from runtime.clocked.reporters import Reporters, abort_clock_on_error, start_clock
 from runtime.host import record_run
+from runtime.labels import labels_text, n_classes
 from runtime.mode import Session
 from runtime.outputs import move_previous_run
 from runtime.plan import RunPlan
@@ -122,7 +123,22 @@ def start_run(session: Session, saved: ckpt.Saved | None,
     not_closed = config.decision("not_closed")  # its log said closed; the data is not KiTS19's
     if not_closed is not None:
         out.mlperf.not_closed(not_closed.value)
+    components = network_for_labels(components, config, saved, out)
     return out, with_loaders(components, data, config)
+
+
+def network_for_labels(components: Components, plan, saved: ckpt.Saved | None, out: Reporters) -> Components:
+    """``components`` whose network has one output per label of ``plan``'s label set (its
+    ``labels``, which the data stage decided after ``run_start`` from the folder's description;
+    nothing is decided here). Before the clock the network was built with the first stage's
+    label set (the checkpoint's, else KiTS19's: the data cannot be read then); an own-data run
+    without a checkpoint whose labels are not three builds its network, optimizer and train step
+    again from ``plan`` here, on the clock (the run is open)."""
+    if n_classes(plan.labels) == n_classes(components.config.labels):
+        return components
+    out.say(f"{n_classes(plan.labels)} labels ({labels_text(plan.labels)}): the network built again with "
+            f"{n_classes(plan.labels)} outputs after run_start (the data's description is read on the clock)")
+    return build_components(plan, components.dist, None, saved)
 
 
 def started(session: Session, curves: Callable[[str, float], object] | None = None

@@ -34,13 +34,21 @@ SCORED = ("scored: the benchmark's Dice on the preprocessed volumes (resampled t
           "min-shape padding and the benchmark's resampled labels included), the mean over cases")
 
 
+def label_keys(case: dict) -> list[str]:
+    """A case record's Dice per label (``kidney_dice``, ``tumour_dice`` for KiTS19; the labels'
+    names for own data), in order."""
+    return [key for key in case if key.endswith("_dice") and key != "mean_dice" and not key.startswith("scan_")]
+
+
 def scan_means(cases: Sequence[dict]) -> dict | None:
-    """Mean kidney, tumour and mean Dice inside the scans, over the cases that have them."""
+    """Mean Dice per label (KiTS19: kidney, tumour) and mean Dice inside the scans, over the cases
+    that have them (own data: a label's NaN, absent from both, left out)."""
     inside = [c for c in cases if c.get("scan_mean_dice") is not None]
     if not inside:
         return None
-    means = {key: float(np.mean([c[f"scan_{key}"] for c in inside])) for key in ("kidney_dice", "tumour_dice",
-                                                                               "mean_dice")}
+    keys = label_keys(inside[0]) + ["mean_dice"]
+    values = {key: [c[f"scan_{key}"] for c in inside] for key in keys}
+    means = {key: float(np.nanmean(v) if np.isnan(v).any() else np.mean(v)) for key, v in values.items()}
     return {**means, "cases": len(inside)}
 
 
@@ -53,9 +61,12 @@ def explain_scores(cases: Sequence[dict]) -> list[str]:
                      "preprocess_dataset.py writes them)")
         return lines
     of = "" if inside["cases"] == len(cases) else f" (of {len(cases)}; the others have no geometry record)"
+    if "tumour_dice" in inside:  # KiTS19
+        per_label = f"kidney {inside['kidney_dice']:.4f}, tumour {inside['tumour_dice']:.4f}"
+    else:
+        per_label = ", ".join(f"{key[:-len('_dice')]} {inside[key]:.4f}" for key in label_keys(cases[0]))
     lines.append(f"inside the scans (padding excluded; NOT the benchmark's number): mean_dice "
-                 f"{inside['mean_dice']:.4f} (kidney {inside['kidney_dice']:.4f}, tumour "
-                 f"{inside['tumour_dice']:.4f}) over {inside['cases']} cases{of}")
+                 f"{inside['mean_dice']:.4f} ({per_label}) over {inside['cases']} cases{of}")
     return lines
 
 
@@ -69,9 +80,11 @@ def case_scores_csv(cases: Sequence[dict]) -> str:
     """The CSV text: one row per case, sorted by case."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(EVAL_CASES_COLUMNS)
+    # KiTS19's columns; an own-data run's are its records' (the Dice named after its labels)
+    columns = EVAL_CASES_COLUMNS if not cases or "tumour_dice" in cases[0] else tuple(cases[0])
+    writer.writerow(columns)
     for case in sorted(cases, key=lambda c: str(c["case"])):
-        writer.writerow([_cell(case.get(key)) for key in EVAL_CASES_COLUMNS])
+        writer.writerow([_cell(case.get(key)) for key in columns])
     return text.getvalue()
 
 

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from scipy.signal import windows
 
 from data_loading.windows import window_geometry
-from model.unet3d import N_CLASSES
 
 PAD_VALUE = -2.2  # the reference's constant (near, not equal to, (-79 - 101.0) / 76.9 = -2.34)
 
@@ -37,7 +36,7 @@ def gaussian_importance_map(roi: Sequence[int], device=None, dtype=torch.float32
 
 def sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor,
                              roi: Sequence[int], overlap: float, sw_batch_size: int = 1,
-                             n_class: int = N_CLASSES, pad_value: float = PAD_VALUE) -> torch.Tensor:
+                             n_class: int | None = None, pad_value: float = PAD_VALUE) -> torch.Tensor:
     """Gaussian-weighted sliding-window logits of one volume.
 
     ``image`` (1, C, D, H, W) float. Returns the logits (1, n_class, D', H', W') float32 of the
@@ -55,17 +54,22 @@ def sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], im
 
 def _weighted_windows(predict: Callable[[torch.Tensor], torch.Tensor], padded: torch.Tensor,
                       origins: Sequence[tuple[int, ...]], roi: Sequence[int], sw_batch_size: int,
-                      n_class: int) -> torch.Tensor:
+                      n_class: int | None) -> torch.Tensor:
     """The Gaussian-weighted mean (1, n_class, *padded's shape) float32 of ``predict`` on the
-    ``roi`` windows of ``padded`` (1, C, D, H, W) at ``origins``, ``sw_batch_size`` at a time."""
+    ``roi`` windows of ``padded`` (1, C, D, H, W) at ``origins``, ``sw_batch_size`` at a time.
+    ``n_class`` None: the network's output channels (one per label of its label set), as its
+    first windows give them."""
     weight = gaussian_importance_map(roi, device=padded.device)
-    total = torch.zeros((1, n_class, *padded.shape[2:]), dtype=torch.float32, device=padded.device)
+    total = None if n_class is None else \
+        torch.zeros((1, n_class, *padded.shape[2:]), dtype=torch.float32, device=padded.device)
     norm = torch.zeros((1, 1, *padded.shape[2:]), dtype=torch.float32, device=padded.device)
     for start in range(0, len(origins), sw_batch_size):
         group = origins[start:start + sw_batch_size]
         slices = [tuple(slice(o, o + r) for o, r in zip(origin, roi)) for origin in group]
         batch = torch.cat([padded[(..., *s)] for s in slices], dim=0)
         logits = predict(batch).float()
+        if total is None:
+            total = torch.zeros((1, logits.shape[1], *padded.shape[2:]), dtype=torch.float32, device=padded.device)
         for i, s in enumerate(slices):
             total[(..., *s)] += logits[i:i + 1] * weight
             norm[(..., *s)] += weight
@@ -117,7 +121,7 @@ def pad_short_axes(image: torch.Tensor, roi: Sequence[int]) -> tuple[torch.Tenso
 
 def flush_sliding_window_inference(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor,
                                    roi: Sequence[int], overlap: float, sw_batch_size: int = 1,
-                                   n_class: int = N_CLASSES) -> torch.Tensor:
+                                   n_class: int | None = None) -> torch.Tensor:
     """Predict's sliding window: Gaussian-weighted logits (1, n_class, D, H, W) float32 of every
     voxel of ``image`` (1, C, D, H, W), no voxel trimmed.
 

@@ -22,8 +22,10 @@ import numpy as np
 from data_loading.atomic import atomic_write
 from data_loading.preprocessing import CLIP_MAX, CLIP_MIN
 
-# RGBA per label: background transparent, kidney red, tumour yellow
-LABEL_COLOURS = np.array([[0, 0, 0, 0], [1.0, 0.2, 0.2, 0.45], [1.0, 0.9, 0.0, 0.6]], dtype=np.float32)
+# RGBA per label: background transparent, kidney red, tumour yellow; another label set's labels
+# 3, 4, 5 (KiTS23's cyst: cyan) and, from 6 on, violet (runtime.labels)
+LABEL_COLOURS = np.array([[0, 0, 0, 0], [1.0, 0.2, 0.2, 0.45], [1.0, 0.9, 0.0, 0.6], [0.2, 0.8, 1.0, 0.6],
+                          [0.3, 1.0, 0.3, 0.6], [1.0, 0.5, 0.0, 0.6], [0.7, 0.3, 1.0, 0.6]], dtype=np.float32)
 VIEWS = ("axial", "coronal", "sagittal")  # the KiTS19-layout axis each view cuts: 0, 1, 2
 
 
@@ -74,7 +76,8 @@ def render_preview(image: np.ndarray, labels: np.ndarray, truth: np.ndarray | No
             ratio = aspect(spacing, axis)
             axes.imshow(view(image, axis, index), cmap="gray", vmin=CLIP_MIN, vmax=CLIP_MAX,
                         interpolation="nearest", aspect=ratio)
-            axes.imshow(LABEL_COLOURS[view(segmentation, axis, index)], interpolation="nearest", aspect=ratio)
+            shown = np.minimum(view(segmentation, axis, index), len(LABEL_COLOURS) - 1)
+            axes.imshow(LABEL_COLOURS[shown], interpolation="nearest", aspect=ratio)
             axes.set_title(f"{name}, {VIEWS[axis]} {index}", fontsize=9)
             axes.axis("off")
     figure.suptitle(f"{title}: kidney red, tumour yellow (patient's right on the left)", fontsize=10)

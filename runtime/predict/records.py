@@ -77,6 +77,27 @@ def score(labels: np.ndarray, truth: np.ndarray) -> Dice:
     return Dice(l1, l2, sum(scored) / len(scored) if scored else math.nan, kidney, l2)
 
 
+def own_label_numbers(labels: np.ndarray, truth: np.ndarray | None, spacing, label_set) -> dict:
+    """Each label's volume (``<name>_ml``) and, with a ground truth, its Dice (``<name>_dice``,
+    ``runtime.labels.dice_keys``: nnU-Net's, NaN for a label absent from both) and ``mean_dice``
+    (their mean, NaN left out), for a network trained on another label set than KiTS19's."""
+    from data_loading.scans import class_volumes_ml
+    from runtime.labels import dice_keys, foreground, mean_of
+
+    keys, values = dice_keys(label_set), [value for _, value in foreground(label_set)]
+    numbers = {f"{key[:-len('_dice')]}_ml": ml for key, ml in zip(keys, class_volumes_ml(labels, spacing, values))}
+    if truth is not None:
+        labels, truth = np.asarray(labels), np.asarray(truth)
+        scores = []
+        for c in values:  # nnU-Net's 2·TP / (2·TP + FP + FN), NaN when the label is in neither
+            p, t = labels == c, truth == c
+            total = int(np.count_nonzero(p)) + int(np.count_nonzero(t))
+            scores.append(2.0 * int(np.count_nonzero(p & t)) / total if total else math.nan)
+        numbers.update(zip(keys, scores))
+        numbers["mean_dice"] = mean_of(scores, label_set)
+    return numbers
+
+
 def _number(value) -> float | None:
     """A Dice of a row as a float (NaN: not scored), or None when the row has none."""
     if value is None or value == "":
@@ -116,6 +137,9 @@ class CaseResult:
     stages: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
     replaced: str = ""
+    # a network of another label set than KiTS19's: each label's mL and Dice under its name
+    # (own_label_numbers), in place of the KiTS19 fields
+    per_label: dict = field(default_factory=dict)
 
     def score(self, labels: np.ndarray, truth: np.ndarray) -> None:
         """The :class:`Dice` of ``labels`` against ``truth`` (same grid) into this result."""
@@ -126,9 +150,15 @@ class CaseResult:
         """One console line."""
         if self.status in ("failed", "not run", "left out", "kept"):
             return f"{self.case}: {self.status}: {self.error}"
-        text = (f"{self.case}: {self.status}, {'x'.join(map(str, self.shape))} voxels, "
-                f"kidney {self.kidney_ml:.1f} mL, tumour {self.tumour_ml:.1f} mL")
-        if self.mean_dice is not None:  # nan: a label absent from both, not scored
+        text = f"{self.case}: {self.status}, {'x'.join(map(str, self.shape))} voxels, "
+        if self.per_label:
+            volumes = [f"{key[:-3]} {value:.1f} mL" for key, value in self.per_label.items() if key.endswith("_ml")]
+            text += ", ".join(volumes)
+            dice = [f"{key[:-5]} {value:.4f}" for key, value in self.per_label.items() if key.endswith("_dice")]
+            text += f", dice {' '.join(dice)}" if dice else ""
+        else:
+            text += f"kidney {self.kidney_ml:.1f} mL, tumour {self.tumour_ml:.1f} mL"
+        if self.mean_dice is not None and not self.per_label:  # nan: a label absent from both, not scored
             text += (f", dice l1 {self.l1_dice:.4f} l2 {self.l2_dice:.4f}, KiTS19 kidney (1+2) "
                      f"{self.kits_kidney_dice:.4f} tumour {self.kits_tumour_dice:.4f}")
         text += f", {self.seconds:.1f} s" if self.seconds is not None else ""
@@ -151,20 +181,30 @@ def result_row(result: CaseResult) -> dict:
     row["spacing"] = list(result.spacing) if result.spacing else None
     row.update({f"{stage}_seconds": result.stages.get(stage) for stage in STAGES})
     row.update({k: result.provenance.get(k) for k in PROVENANCE_FIELDS})
+    row.update(result.per_label)  # another label set's columns (own_label_numbers), after KiTS19's
     return row
+
+
+def summary_fields(rows: Sequence[dict]) -> tuple[str, ...]:
+    """``SUMMARY_FIELDS`` and, after them, the columns of a network of another label set
+    (``<name>_ml``, ``<name>_dice``) in the order its rows give them."""
+    extra = {key: None for row in rows for key in row if key not in SUMMARY_FIELDS}
+    return (*SUMMARY_FIELDS, *extra)
 
 
 def aggregate_rows(rows: Sequence[dict]) -> list[dict]:
     """The ``count`` and ``mean`` rows of the scans' ``rows`` (none when no scan has a ground
     truth): per Dice column, how many scans score it (a number, not NaN) and their mean."""
+    fields = summary_fields(rows)
+    dice_fields = (*DICE_FIELDS, *(k for k in fields[len(SUMMARY_FIELDS):] if k.endswith("_dice")))
     scored = {key: [v for v in (_number(row.get(key)) for row in rows) if v is not None and not math.isnan(v)]
-              for key in DICE_FIELDS}
-    with_truth = sum(any(_number(row.get(key)) is not None for key in DICE_FIELDS) for row in rows)
+              for key in dice_fields}
+    with_truth = sum(any(_number(row.get(key)) is not None for key in dice_fields) for row in rows)
     if not with_truth:
         return []
-    count = {k: None for k in SUMMARY_FIELDS}
+    count = {k: None for k in fields}
     count.update(case="count", status="scans behind each mean", error="")
-    mean = {k: None for k in SUMMARY_FIELDS}
+    mean = {k: None for k in fields}
     mean.update(case="mean", status=f"{with_truth} cases", error="")
     for key, values in scored.items():
         count[key] = len(values)
@@ -177,7 +217,8 @@ def summary_rows(results: Sequence[CaseResult], earlier: Sequence[dict] = ()) ->
     ``earlier`` (an earlier summary's scans) for every other scan; then the ``count`` and ``mean``
     rows over them all (:func:`aggregate_rows`)."""
     ours = {r.case: result_row(r) for r in results}
-    kept = {row["case"]: {k: row.get(k) for k in SUMMARY_FIELDS} for row in earlier
+    fields = summary_fields([*ours.values(), *(row for row in earlier if isinstance(row, dict))])
+    kept = {row["case"]: {k: row.get(k) for k in fields} for row in earlier
             if isinstance(row, dict) and row.get("case") not in ours and row.get("status") in STATUSES}
     rows = [row for _, row in sorted({**kept, **ours}.items())]
     return rows + aggregate_rows(rows)
@@ -240,9 +281,10 @@ def summary_texts(results: Sequence[CaseResult], earlier: Sequence[dict] = ()) -
     rows = summary_rows(results, earlier)
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(SUMMARY_FIELDS)
+    fields = summary_fields(rows)
+    writer.writerow(fields)
     for row in rows:
-        writer.writerow([_csv_value(row[k]) for k in SUMMARY_FIELDS])
+        writer.writerow([_csv_value(row.get(k)) for k in fields])
     return {"summary.csv": text.getvalue(), "summary.jsonl": "".join(json.dumps(row) + "\n" for row in rows)}
 
 
@@ -325,7 +367,13 @@ def print_outcome(results: Sequence[CaseResult], output_dir: str, written: Seque
              if counts["left out"] else "")
           + f"; summary in {where}")
     scored = [r for r in results if r.mean_dice is not None]
-    if scored:
+    own = [r for r in scored if r.per_label]
+    if own:  # another label set than KiTS19's: its labels' names
+        keys = [k for k in own[0].per_label if k.endswith("_dice") and k != "mean_dice"]
+        per_label = ", ".join(f"{k[:-5]} {_mean_text([r.per_label.get(k, math.nan) for r in own])}" for k in keys)
+        print(f"mean_dice {_mean_text([r.mean_dice for r in own])} of {len(own)} cases with ground truth ({per_label}; "
+              "a label absent from both the ground truth and the prediction is not scored)")
+    elif scored:
         def over(key):
             return _mean_text([getattr(r, key) for r in scored])
 

@@ -36,8 +36,9 @@ from data_loading.write_errors import is_full_disk, write_or_raise
 from runtime.arguments import Config
 from runtime.build import build_model
 from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
+from runtime.labels import is_kits19
 from runtime.outputs import OutputError
-from runtime.predict.records import CaseResult
+from runtime.predict.records import CaseResult, own_label_numbers
 from runtime.signals import Stopped
 from runtime.inference.sliding_window import flush_sliding_window_inference
 
@@ -252,9 +253,26 @@ def write_output(path: str, write: Callable[[], None]) -> None:
     write_or_raise(write, lambda reason, exc: OutputWriteError(path, reason, is_full_disk(exc)))
 
 
+def label_values_of(label_set) -> dict:
+    """``label_values`` for :func:`data_loading.scans.read_label` of a network's label set
+    (``runtime.labels``; none: KiTS19's, the readers' default)."""
+    return {} if label_set is None else {"label_values": tuple(value for _, value in label_set)}
+
+
 def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray | None,
-                  spacing: Sequence[float], seconds: float | None = None, stages: dict | None = None) -> CaseResult:
-    """A :class:`CaseResult` from the labels on the scan's grid (and the ground truth)."""
+                  spacing: Sequence[float], seconds: float | None = None, stages: dict | None = None,
+                  label_set=None) -> CaseResult:
+    """A :class:`CaseResult` from the labels on the scan's grid (and the ground truth).
+    ``label_set``: the network's (``runtime.labels``; None: KiTS19's); another than KiTS19's
+    gives each label's volume and Dice under its name (:func:`runtime.predict.records.own_label_numbers`)."""
+    if label_set is not None and not is_kits19(label_set):
+        result = CaseResult(scan.name, status, scan.image_path, tuple(int(s) for s in labels.shape),
+                            tuple(float(s) for s in spacing), seconds=seconds,
+                            stages=stages if stages is not None else {})
+        result.per_label = own_label_numbers(labels, truth, spacing, label_set)
+        if truth is not None:
+            result.mean_dice = result.per_label["mean_dice"]
+        return result
     kidney_ml, tumour_ml = class_volumes_ml(labels, spacing)
     result = CaseResult(scan.name, status, scan.image_path, tuple(int(s) for s in labels.shape),
                         tuple(float(s) for s in spacing), kidney_ml, tumour_ml, seconds,
@@ -274,7 +292,7 @@ class VolumeSegmenter(Protocol):
 
 def segment_scan(scan: Scan, segmenter: VolumeSegmenter, output_dir: str,
                  preview: bool = False, timer: StageTimer | None = None, probabilities: bool = False,
-                 calibration=None) -> CaseResult:
+                 calibration=None, label_set=None) -> CaseResult:
     """Segment one scan into ``output_dir/<case>.nii.gz`` (and ``<case>.png`` with ``preview``,
     ``<case>.npz`` with ``probabilities``: :func:`write_probabilities`).
 
@@ -288,8 +306,8 @@ def segment_scan(scan: Scan, segmenter: VolumeSegmenter, output_dir: str,
     start = time.perf_counter()
     with timer("read"):
         raw = read_scan(scan.image_path)  # in the KiTS19 layout the network was trained in
-        truth = (read_label(scan.label_path, raw.file_shape, raw.orientation, scan.image_path) if scan.label_path
-                 else None)
+        truth = (read_label(scan.label_path, raw.file_shape, raw.orientation, scan.image_path,
+                            **label_values_of(label_set)) if scan.label_path else None)
     if raw.note:  # the header's pixdim disagrees with its affine: which spacing was used
         print(raw.note, flush=True)
     segmentation = segmenter.segment_raw(raw, probabilities, scan.image_path, timer, calibration=calibration)
@@ -302,7 +320,7 @@ def segment_scan(scan: Scan, segmenter: VolumeSegmenter, output_dir: str,
             segmentation.probabilities = None
         write_output(path, lambda: write_segmentation(path, file_labels, raw.nifti))
     result = scored_result(scan, "segmented", file_labels, truth, raw.file_spacing or raw.spacing,
-                           stages=timer.seconds)
+                           stages=timer.seconds, label_set=label_set)
     result.windows = segmentation.windows
     if preview:
         with timer("preview"):
@@ -334,8 +352,9 @@ def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.nd
         result.error = f"preview {path} not written: {one_line_reason(exc)} (the segmentation is written)"
 
 
-def summarise_existing(scan: Scan, path: str) -> CaseResult:
+def summarise_existing(scan: Scan, path: str, label_set=None) -> CaseResult:
     """The summary of a scan whose segmentation ``path`` exists already (skipped, no --force)."""
-    labels, spacing = read_labels_file(path)
-    truth = read_label(scan.label_path, labels.shape, scan_path=scan.image_path) if scan.label_path else None
-    return scored_result(scan, "skipped", labels, truth, spacing)
+    labels, spacing = read_labels_file(path, **label_values_of(label_set))
+    truth = (read_label(scan.label_path, labels.shape, scan_path=scan.image_path, **label_values_of(label_set))
+             if scan.label_path else None)
+    return scored_result(scan, "skipped", labels, truth, spacing, label_set=label_set)

@@ -19,6 +19,7 @@ from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.clocked.evaluation import run_evaluation
 from runtime.clocked.reporters import Reporters, start_clock, stop_clock
+from runtime.labels import dice_keys, foreground, is_kits19, run_labels
 from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
 from runtime.run_log import MLPerfLogger
 from runtime.outputs import OutputError
@@ -219,12 +220,21 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
     out.metrics.write(EVAL, epoch=epoch, **metrics)
     if out.curves is not None:
         out.curves.request()  # drawn in a background thread: the next step does not wait
-    out.say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} (kidney {metrics['l1_dice']:.4f}, "
-            f"tumour {metrics['l2_dice']:.4f}) eval_loss {metrics['eval_loss']:.4f}")
+    out.say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} ({per_label_text(metrics, components.config)}) "
+            f"eval_loss {metrics['eval_loss']:.4f}")
     if metrics["mean_dice"] > state.best_mean_dice:
         state.best_mean_dice, state.best_epoch = metrics["mean_dice"], epoch
         state.best_state = ckpt.cpu_weights(components.model)
     return metrics
+
+
+def per_label_text(metrics: dict, config) -> str:
+    """``kidney 0.9000, tumour 0.8000`` (KiTS19's words) or ``kidney 0.9000, tumor 0.8000, cyst nan``
+    (the run's labels, ``runtime.labels``)."""
+    labels = run_labels(config)
+    if is_kits19(labels):
+        return f"kidney {metrics['l1_dice']:.4f}, tumour {metrics['l2_dice']:.4f}"
+    return ", ".join(f"{name} {metrics[key]:.4f}" for (name, _), key in zip(foreground(labels), dice_keys(labels)))
 
 
 def report_epoch(components: Components, out: Reporters, epoch: int, result: EpochResult) -> None:
