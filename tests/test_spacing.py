@@ -113,3 +113,26 @@ def test_predict_resamples_to_the_checkpoints_spacing(tmp_path, monkeypatch, rec
     expected = tuple(int(float(z) / t * n) for n, z, t in zip(loaded.shape, loaded.header.get_zooms(), target))
     assert seen[0].original == (20, 24, 22) and seen[0].resampled == expected
     assert expected == ((25, 30, 27) if recorded is None else (10, 12, 11))
+
+
+def test_the_folders_summary_has_its_descriptions_spacing(tmp_path):
+    """The preprocessed folder's summary carries the spacing its dataset.json records (None
+    without a description: KiTS19's folder)."""
+    import dataclasses
+    import json
+
+    from data_loading import description as ds
+    from data_loading.data_loader import PreprocessedData
+    from test_labels import KITS23, loader_config, write_preprocessed
+
+    folder = write_preprocessed(tmp_path / "own", KITS23)
+    path = os.path.join(folder, ds.DESCRIPTION_FILE)
+    with open(path) as handle:
+        record = json.load(handle)
+    record["target_spacing"] = list(OWN)
+    with open(path, "w") as handle:
+        json.dump(record, handle)
+    config = dataclasses.replace(loader_config(folder), exec_mode="evaluate")
+    assert PreprocessedData(folder).summary(config).target_spacing == OWN
+    os.remove(path)
+    assert PreprocessedData(folder).summary(config).target_spacing is None
