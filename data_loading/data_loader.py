@@ -32,7 +32,7 @@ from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, c
                                   check_finite, check_label_values, check_patch_fits, collate_batch,
                                   discover_cases, folder_description, load_array, read_evaluation_ids,
                                   split_cases)
-from data_loading.description import DESCRIPTION_FILE, record_labels
+from data_loading.description import DESCRIPTION_FILE, DescriptionError, record_labels, record_spacing
 from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import EpochBatchSampler, EpochShape, balance_by_cost, epoch_batches
@@ -272,7 +272,15 @@ class PreprocessedData:
         own = (f"{path} describes {description.get('name') or 'a dataset'} (labels "
                f"{', '.join(f'{n} {v}' for n, v in labels)}), not the benchmark's KiTS19")
         return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir),
-                           labels=labels, labels_from=path, own_data=own)
+                           labels=labels, labels_from=path, own_data=own,
+                           target_spacing=self._spacing(description, path))
+
+    @staticmethod
+    def _spacing(description: dict, path: str) -> tuple[float, ...]:
+        try:
+            return record_spacing(description, path)
+        except DescriptionError as err:
+            raise DataError(str(err)) from None
 
     def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | str | None = None):
         """``(train_loader, val_loader)`` for this rank; see the module docstring.

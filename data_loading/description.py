@@ -215,3 +215,13 @@ def read_written_description(folder: str) -> dict | None:
 def record_labels(record: dict) -> tuple[tuple[str, int], ...]:
     """A saved record's labels as (name, value) pairs, ordered by value."""
     return tuple(sorted(((str(k), int(v)) for k, v in record["labels"].items()), key=lambda item: item[1]))
+
+
+def record_spacing(record: dict, where: str = DESCRIPTION_FILE) -> tuple[float, ...]:
+    """The target spacing (mm per axis) a saved record says its folder was resampled to
+    (KiTS19's when it names none); :class:`DescriptionError` naming ``where`` if it is no spacing."""
+    spacing = parse_target_spacing(record.get("target_spacing", list(KITS19_TARGET_SPACING)),
+                                   f"{where}: \"target_spacing\"")
+    if spacing == "median":
+        raise _fail(where, "\"target_spacing\" is \"median\": a preprocessed folder records the spacing in mm")
+    return tuple(spacing)

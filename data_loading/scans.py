@@ -31,8 +31,8 @@ import numpy as np
 from data_loading import scan_io
 from data_loading.atomic import atomic_write
 from data_loading.nifti_read import PreprocessError, read_nifti, read_voxels
-from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, LABEL_VALUES, _case_dirs,
-                                        min_shape_padding, preprocess_arrays, resampled_shape, validated_label)
+from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, LABEL_VALUES,
+                                        TARGET_SPACING, _case_dirs, min_shape_padding, preprocess_arrays, resampled_shape, validated_label)
 from data_loading.scan_io import NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name, scan_name
 
 __all__ = ["NIFTI_SUFFIXES", "ScanError", "is_nifti_name", "is_scan_name", "scan_name"]  # re-exported
@@ -481,20 +481,24 @@ def read_labels_file(path: str, label_values: Sequence[int] = LABEL_VALUES) -> t
 # ----------------------------------------------------------------------------- preprocessing
 
 
-def scan_geometry(shape: Sequence[int], spacing: list[float]) -> ScanGeometry:
-    """Where the preprocessing takes a scan of spatial ``shape`` at ``spacing`` (pure)."""
-    resampled = tuple(resampled_shape(shape, spacing))
+def scan_geometry(shape: Sequence[int], spacing: list[float],
+                  target: Sequence[float] = TARGET_SPACING) -> ScanGeometry:
+    """Where the preprocessing takes a scan of spatial ``shape`` at ``spacing`` to ``target``
+    (mm per axis, KiTS19's by default) (pure)."""
+    resampled = tuple(resampled_shape(shape, spacing, list(target)))
     return ScanGeometry(tuple(int(s) for s in shape), resampled, tuple(min_shape_padding(resampled)))
 
 
-def preprocess_scan(raw: RawScan, path: str = "") -> tuple[np.ndarray, ScanGeometry]:
+def preprocess_scan(raw: RawScan, path: str = "",
+                    target: Sequence[float] = TARGET_SPACING) -> tuple[np.ndarray, ScanGeometry]:
     """The network's input float32 (1, D', H', W') exactly as ``preprocess_dataset.py`` makes
-    it, and the geometry to come back."""
-    geometry = scan_geometry(raw.image.shape[1:], raw.spacing)
+    it at the ``target`` spacing (the network's: ``runtime.spacing``; KiTS19's by default), and
+    the geometry to come back."""
+    geometry = scan_geometry(raw.image.shape[1:], raw.spacing, target)
     if min(geometry.resampled) < 1:
         raise ScanError(f"{path}: shape {geometry.original} at spacing {raw.spacing} mm resamples "
                         f"to {geometry.resampled} voxels: too small")
-    image, _ = preprocess_arrays(raw.image, None, raw.spacing)
+    image, _ = preprocess_arrays(raw.image, None, raw.spacing, list(target))
     if tuple(image.shape[1:]) != geometry.padded:  # the two must describe the same steps
         raise AssertionError(f"preprocessed shape {image.shape[1:]} != geometry {geometry.padded}")
     return image, geometry

@@ -26,6 +26,8 @@ class DataSummary:
     labels: tuple | None = None
     labels_from: str = ""
     own_data: str = ""
+    # the target spacing its dataset.json records (mm per axis), None without one (KiTS19's)
+    target_spacing: tuple | None = None
 
 
 class DataSource(Protocol):

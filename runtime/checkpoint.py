@@ -261,6 +261,15 @@ def saved_labels(checkpoint: dict) -> tuple[tuple[str, int], ...]:
     return as_labels(made["value"]) if made is not None and made.get("value") else KITS19_LABELS
 
 
+def saved_spacing(checkpoint: dict) -> tuple[float, ...]:
+    """The target spacing a checkpoint's network was trained at (its run's ``target_spacing``
+    decision, ``runtime.spacing``); KiTS19's for the reference's checkpoints and those written before it."""
+    from runtime.spacing import KITS19_SPACING, as_spacing
+
+    made = saved_plan(checkpoint).get("target_spacing")
+    return as_spacing(made["value"]) if made is not None and made.get("value") else KITS19_SPACING
+
+
 def restore(checkpoint: dict, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             scaler: torch.amp.GradScaler, device: torch.device) -> TrainState:
     """Put a saved run back: last weights, optimizer, scaler and RNG states; returns its state."""

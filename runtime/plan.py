@@ -100,6 +100,8 @@ class RunPlan:
     num_eval_cases: int | None = None
     samples_per_epoch: int | None = None  # global samples per epoch (padding counted, as the rules)
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
+    # mm per axis the network's data is resampled to (runtime.spacing): the checkpoint's, then the data's
+    target_spacing: tuple[float, ...] = (1.6, 1.2, 1.2)
 
     def __getattr__(self, name: str):
         # Only for names that are no field: the flags nothing decides (and Config's properties,

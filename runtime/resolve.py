@@ -30,12 +30,14 @@ import torch
 
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, no_effect_line
-from runtime.checkpoint import Saved, model_state_from, saved_config, saved_labels, saved_seed, weights_digest
+from runtime.checkpoint import (Saved, model_state_from, saved_config, saved_labels, saved_seed, saved_spacing,
+                               weights_digest)
 from runtime.compiling import compile_unavailable
 from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
 from runtime.labels import KITS19_LABELS, LabelError, as_labels, decide_labels
+from runtime.spacing import KITS19_SPACING, SpacingError, decide_spacing
 from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import int8_pairs_saturate, native_bf16
 from runtime.optimizers import default_step, fused_step
@@ -312,6 +314,32 @@ def decide_labels_with_data(earlier: Decision, summary) -> Decision:
     return Decision("labels", labels, why, asked)
 
 
+def decide_spacing_before_data(saved: Saved | None) -> Decision:
+    """The run's target spacing before ``run_start`` (``runtime.spacing.decide_spacing``): the
+    checkpoint's (KiTS19's for one written before it was recorded), else KiTS19's; predict
+    resamples to it. The checkpoint's spacing and path ride in ``asked`` for the data stage."""
+    saved_value = saved_spacing(saved.checkpoint) if saved is not None else None
+    path = saved.path if saved is not None else ""
+    spacing, why = decide_spacing(saved_value, None, path)
+    return Decision("target_spacing", spacing, why, None if saved_value is None else (path, saved_value))
+
+
+def decide_spacing_with_data(earlier: Decision | None, summary, trains: bool) -> Decision:
+    """The data stage's target spacing: the preprocessed folder's (``summary.target_spacing``,
+    from its dataset.json; none: KiTS19's). A checkpoint trained at another spacing
+    (``earlier.asked``) is a :class:`UsageError` naming both unless the run ``trains``."""
+    asked = earlier.asked if earlier is not None else None
+    saved_path, saved = asked if asked else ("", None)
+    described = getattr(summary, "target_spacing", None)
+    data_path = getattr(summary, "labels_from", "") if described is not None else ""
+    try:
+        spacing, why = decide_spacing(saved, KITS19_SPACING if described is None else described, saved_path,
+                                      data_path, trains)
+    except SpacingError as err:
+        raise UsageError(str(err)) from None
+    return Decision("target_spacing", spacing, why, asked)
+
+
 def shape_text(shape) -> str:
     return "x".join(map(str, shape))
 
@@ -467,6 +495,7 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     say_no_effect(config, dist_info)
     architecture, made_architecture = decide_architecture(config, saved, dist_info.distributed)
     labels = decide_labels_before_data(saved)
+    spacing = decide_spacing_before_data(saved)
     if not predict:
         check_device_support(architecture["normalization"], dist_info)
     if predict and config.int8 and device.type != "cpu":
@@ -489,13 +518,13 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
     epochs = None if predict else decide_epochs(config, dist_info.world_size)
     inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
-    decisions = recorded((), made_architecture, labels, made_device, window, host_memory, weights, precision, seed,
+    decisions = recorded((), made_architecture, labels, spacing, made_device, window, host_memory, weights, precision, seed,
                          made_fused, compiled, backend, cache_dir, calibration, window_batch, cuda_graphs,
                          levers, epochs, inference_copy, tta)
     digests = weights.value if weights is not None else ()
     plan = RunPlan(
         config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
-        amp=amp, amp_dtype=amp_dtype, **architecture, labels=labels.value, levers=levers.value if levers else (),
+        amp=amp, amp_dtype=amp_dtype, **architecture, labels=labels.value, target_spacing=spacing.value, levers=levers.value if levers else (),
         seed=seed.value if seed else config.seed, fused_optimizer=fused, foreach_optimizer=foreach,
         compile=compiled.value,
         cuda_graphs=cuda_graphs.value if cuda_graphs else config.cuda_graphs,
@@ -592,14 +621,16 @@ def decide_cache(asked: str, device: torch.device, train_bytes) -> Decision:
 def resolve_data(plan: RunPlan, dist_info: D.DistInfo, summary) -> RunPlan:
     """The second stage: a new plan with the values that need the data, from its ``summary`` (a
     ``data_loading.source.DataSummary``; the source's ``summary(config)`` lists and checks the
-    cases, so it runs after the MLPerf ``run_start``): the label set (the data's description:
-    :func:`decide_labels_with_data`), the case counts, samples per epoch and the evaluation
+    cases, so it runs after the MLPerf ``run_start``): the label set and target spacing (the
+    data's description: :func:`decide_labels_with_data`, :func:`decide_spacing_with_data`), the case counts, samples per epoch and the evaluation
     schedule (training), and the cache mode (``auto``: on the device when the training set
     fits). ``plan``: from :func:`resolve`. The same on every rank (no collective)."""
     labels = decide_labels_with_data(plan.decision("labels"), summary)
+    spacing = decide_spacing_with_data(plan.decision("target_spacing"), summary, plan.config.mode.trains)
     cache = decide_cache(plan.config.cache, dist_info.device, summary.train_bytes)
-    plan = dataclasses.replace(plan, labels=labels.value, cache=cache.value, num_train_cases=summary.num_train,
-                               num_eval_cases=summary.num_eval, decisions=recorded(plan.decisions, labels, cache),
+    plan = dataclasses.replace(plan, labels=labels.value, target_spacing=spacing.value, cache=cache.value,
+                               num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
+                               decisions=recorded(plan.decisions, labels, spacing, cache),
                                **schedule_fields(plan.config, summary.num_train, dist_info.world_size))
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
     reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""),

@@ -170,10 +170,12 @@ def with_air_slices(array: np.ndarray, before: int, after: int) -> np.ndarray:
 
 
 def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], timer: "StageTimer",
-                   probabilities: bool = False, path: str = "") -> Segmentation:
+                   probabilities: bool = False, path: str = "",
+                   target: Sequence[float] | None = None) -> Segmentation:
     """A scan read into the KiTS19 layout (``raw``) -> its :class:`Segmentation` on its own grid
     and axes: preprocess, ``infer`` (preprocessed image -> class probabilities), back to the
-    original grid and axes (with ``probabilities``, the probabilities too). A volume that
+    original grid and axes (with ``probabilities``, the probabilities too). ``target``: the
+    spacing the network was trained at (``runtime.spacing.run_spacing``; None: KiTS19's). A volume that
     does not look like CT in HU is refused first (:func:`data_loading.scan_checks.check_ct_intensities`:
     ``ScanError``, one line naming ``path``).
 
@@ -187,7 +189,7 @@ def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], ti
         check_ct_intensities(raw.image, path or "array")
         before, after = air_slices(raw.image[0])
         body = replace(raw, image=raw.image[:, before:raw.image.shape[1] - after]) if before or after else raw
-        image, geometry = preprocess_scan(body, path)
+        image, geometry = preprocess_scan(body, path) if target is None else preprocess_scan(body, path, target)
     with timer("infer"):
         out = infer(image)
     windows = getattr(infer, "windows", None)  # ScanInference counts them
