@@ -37,12 +37,12 @@ from runtime.division import data_reasons, decide, flag_reasons
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
 from runtime.labels import KITS19_LABELS, LabelError, as_labels, decide_labels
-from runtime.spacing import KITS19_SPACING, SpacingError, decide_spacing
 from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import int8_pairs_saturate, native_bf16
 from runtime.optimizers import default_step, fused_step
 from runtime.plan import Decision, RunPlan, recorded
 from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch
+from runtime.spacing import KITS19_SPACING, SpacingError, decide_spacing
 
 
 def amp_dtype_for(amp_dtype: str, device: torch.device) -> str:
