@@ -243,12 +243,16 @@ def _predict_errors(cfg: Config) -> list[str]:
         (not cfg.input or os.path.exists(cfg.input), f"--input {cfg.input!r} does not exist"),
         (not cfg.benchmark, "--benchmark does not apply to --exec_mode predict "
                             "(its summary times every stage; docs/performance.md)"),
-        (not (cfg.int8 and cfg.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu"),
-        (not (cfg.int8 and cfg.amp), "--int8 replaces --amp: give one of them"),
-        (not cfg.int8_calibration or cfg.int8,
-         "--int8_calibration names the scans --int8 calibrates on: add --int8 or drop it"),
-        (not cfg.int8_calibration or os.path.exists(cfg.int8_calibration),
-         f"--int8_calibration {cfg.int8_calibration!r} does not exist"))
+    ) + int8_problems(cfg.int8, cfg.int8_calibration, cfg.device, cfg.amp)
+
+
+def int8_problems(int8: bool, calibration: str, device: str, amp: bool) -> list[str]:
+    """Predict's ``--int8`` checks, for the flags and ``runtime.predict.api.PredictOptions`` alike."""
+    return problems(
+        (not (int8 and device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu"),
+        (not (int8 and amp), "--int8 replaces --amp: give one of them"),
+        (not calibration or int8, "--int8_calibration names the scans --int8 calibrates on: add --int8 or drop it"),
+        (not calibration or os.path.exists(calibration), f"--int8_calibration {calibration!r} does not exist"))
 
 
 def _benchmark_errors(cfg: Config) -> list[str]:

@@ -29,6 +29,7 @@ from model.unet3d import SHAPE_DIVISOR
 from runtime.arguments import Config, UsageError, checkpoint_path_problem
 from runtime.checkpoint import Saved
 from runtime.inference.backends import say_on, window_predictor
+from runtime.mode import int8_problems, problems
 from runtime.predict.calibration import calibration_policy
 from runtime.spacing import run_spacing
 from runtime.predict.records import Dice, score  # noqa: F401 - the API's Dice (NaN: a label absent from both)
@@ -110,13 +111,8 @@ class PredictOptions:
              f"--sw_batch_size must be >= 1, got {self.sw_batch_size}"),
             (self.device != "cuda" or cuda_available(),
              "--device cuda: no CUDA or ROCm GPU is visible here; use --device cpu or auto"),
-            (not (self.int8 and self.device == "cuda"), "--int8 runs on the CPU only; drop it or use --device cpu"),
-            (not (self.int8 and self.amp), "--int8 replaces --amp: give one of them"),
-            (not self.int8_calibration or self.int8,
-             "--int8_calibration names the scans --int8 calibrates on: add --int8 or drop it"),
-            (not self.int8_calibration or os.path.exists(self.int8_calibration),
-             f"--int8_calibration {self.int8_calibration!r} does not exist")]
-        return [message for ok, message in checks if not ok]
+        ]
+        return problems(*checks) + int8_problems(self.int8, self.int8_calibration, self.device, self.amp)
 
     def config(self, checkpoints: Sequence[str] = ()) -> Config:
         """Predict's config of these options on ``checkpoints`` (none: a network given), before
