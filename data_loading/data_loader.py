@@ -32,7 +32,7 @@ from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, c
                                   check_finite, check_label_values, check_patch_fits, collate_batch,
                                   discover_cases, folder_description, load_array, read_evaluation_ids,
                                   split_cases)
-from data_loading.description import DESCRIPTION_FILE, DescriptionError, record_labels, record_spacing
+from data_loading.description import DESCRIPTION_FILE, KITS19, DescriptionError, record_labels, record_spacing
 from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import EpochBatchSampler, EpochShape, balance_by_cost, epoch_batches
@@ -40,7 +40,6 @@ from data_loading.source import DataSource, DataSummary
 from data_loading.synthetic_loader import SyntheticData
 from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
 from data_loading.windows import window_geometry
-from model.unet3d import N_CLASSES
 
 CACHE_MODES = ("auto", "none", "memory", "device")
 
@@ -89,7 +88,7 @@ class TrainLoader(EpochShape):
                  brightness: str, seed: int, num_shards: int, rank: int, batch_size: int,
                  cache: str, device: torch.device | None, num_workers: int, prefetch_depth: int,
                  eager: bool = True, crop: str = "reference", ga_steps: int = 1, last_batch: str = "pad",
-                 n_class: int = N_CLASSES):
+                 n_class: int = len(KITS19.labels)):
         if cache not in ("none", "memory", "device"):
             raise ValueError(f"TrainLoader cache must be none, memory or device, got {cache!r}")
         self.cases, self.patch, self.seed = list(cases), tuple(patch), seed
@@ -174,7 +173,7 @@ class EvalLoader:
     """This rank's evaluation volumes, whole, one at a time: ``(image, label, case_id)``."""
 
     def __init__(self, cases: Sequence[Case], num_cases: int, device: torch.device | None,
-                 prefetch_depth: int, n_class: int = N_CLASSES):
+                 prefetch_depth: int, n_class: int = len(KITS19.labels)):
         self.cases, self.num_cases, self.n_class = list(cases), num_cases, n_class
         self.device, self.prefetch_depth = device, prefetch_depth
         self._checked: set[str] = set()  # cases whose label values and finiteness were checked
@@ -213,7 +212,7 @@ def assign_evaluation_cases(cases: Sequence[Case], roi: Sequence[int], overlap: 
     return [[cases[i] for i in shard] for shard in balance_by_cost(costs, num_shards)]
 
 
-def compute_boxes(cases: Sequence[Case], threads: int, n_class: int = N_CLASSES) -> list:
+def compute_boxes(cases: Sequence[Case], threads: int, n_class: int = len(KITS19.labels)) -> list:
     """Foreground boxes of every case (labels 1..``n_class``-1), a few cases at a time (numpy and
     the labelling release the GIL for most of the work)."""
     threads = max(1, min(threads, os.cpu_count() or 1, len(cases)))
@@ -251,7 +250,7 @@ class PreprocessedData:
         """The label values of the folder: its description's count (the run's label set, checked
         against a checkpoint's in ``runtime.resolve.resolve_data``), KiTS19's 3 without one."""
         self.split()
-        return N_CLASSES if self._description is None else len(record_labels(self._description))
+        return len(KITS19.labels) if self._description is None else len(record_labels(self._description))
 
     def summary(self, config) -> DataSummary:
         train_cases, eval_cases = self.split()

@@ -22,10 +22,10 @@ import numpy as np
 import scipy.ndimage
 import torch
 
+from data_loading.description import KITS19
 from data_loading.sampler import sample_rng
 from data_loading.transforms import (Box, ForegroundBoxes, apply_augmentation,
                                      draw_augmentation)
-from model.unet3d import N_CLASSES
 
 EVALUATION_CASES_FILE = Path(__file__).resolve().parents[1] / "evaluation_cases.txt"
 FOREGROUND_CLASSES = (1, 2)
@@ -144,7 +144,7 @@ def check_patch_fits(cases: Sequence[Case], patch: Sequence[int]) -> None:
                                 f"on axis {axis}")
 
 
-def check_label_values(case: Case, label: np.ndarray, n_class: int = N_CLASSES) -> None:
+def check_label_values(case: Case, label: np.ndarray, n_class: int = len(KITS19.labels)) -> None:
     """DataError if ``label`` holds a value outside 0..``n_class``-1 (KiTS19's 0..2 by default)."""
     top = int(label.max()) if label.size else 0
     if top >= n_class or (label.dtype.kind == "i" and int(label.min()) < 0):
@@ -232,7 +232,7 @@ def foreground_boxes(label: np.ndarray, classes: Sequence[int] = FOREGROUND_CLAS
     return result
 
 
-def case_foreground_boxes(case: Case, n_class: int = N_CLASSES) -> dict[int, tuple[Box, ...]]:
+def case_foreground_boxes(case: Case, n_class: int = len(KITS19.labels)) -> dict[int, tuple[Box, ...]]:
     """Read one case's label once, check its values (0..``n_class``-1) and compute the boxes of
     its foreground labels 1..``n_class``-1; check that its image is finite everywhere (once, as
     training first reads the case)."""

@@ -38,7 +38,6 @@ DESCRIPTION_FILE = "dataset.json"
 FINGERPRINT_FILE = "dataset_fingerprint.json"
 WRITTEN_BY = "preprocess_dataset.py"  # marks a description this project wrote (never overwrite another)
 LAYOUTS = ("case_folders", "imagesTr")
-KITS19_TARGET_SPACING = (1.6, 1.2, 1.2)
 CHANNEL_SUFFIX = "_0000"
 _TRAILING_DIGITS = re.compile(r"(\d+)$")
 
@@ -48,19 +47,36 @@ class DescriptionError(ValueError):
 
 
 @dataclass(frozen=True)
+class IntensityWindow:
+    """The CT intensity normalisation of preprocessing: clip to [``low``, ``high``] HU, then
+    ``(x - mean) / std`` in float32."""
+
+    low: int
+    high: int
+    mean: float
+    std: float
+
+
+@dataclass(frozen=True)
 class DatasetDescription:
     """What preprocessing needs to know of a dataset. ``labels``: name -> value, values 0..N-1
-    with 0 the background; ``target_spacing``: mm per array axis, or ``"median"``;
-    ``evaluation_cases``: case ids (``"00003"``) of the evaluation split, empty for KiTS19's
-    default list; ``path``: the file it was read from ("" for the built-in KiTS19)."""
+    with 0 the background; ``target_spacing``: mm per axis of the canonical array (slices,
+    height, width), or ``"median"``; ``spacing_from``: where it came from (``description``, or
+    ``kits19`` when the description names none); ``intensity``: the normalisation (KiTS19's for
+    every dataset); ``first_unlabelled_id``: KiTS19's ids from here on have no labels (None for
+    a described dataset); ``evaluation_cases``: case ids (``"00003"``) of the evaluation split,
+    empty for KiTS19's default list; ``path``: the file it was read from ("" for KiTS19)."""
 
-    name: str = "KiTS19"
-    labels: tuple[tuple[str, int], ...] = (("background", 0), ("kidney", 1), ("tumor", 2))
+    name: str
+    labels: tuple[tuple[str, int], ...]
+    target_spacing: tuple[float, ...] | str
+    intensity: IntensityWindow
+    spacing_from: str = "description"
+    first_unlabelled_id: int | None = None
     file_ending: str = ".nii.gz"
     layout: str = "case_folders"
     image_file: str = "imaging.nii.gz"
     label_file: str = "segmentation.nii.gz"
-    target_spacing: tuple[float, ...] | str = KITS19_TARGET_SPACING
     evaluation_cases: tuple[str, ...] = ()
     path: str = field(default="", compare=False)
 
@@ -81,7 +97,12 @@ class DatasetDescription:
                 "evaluation_cases": list(self.evaluation_cases), "source": self.path, "written_by": WRITTEN_BY}
 
 
-KITS19 = DatasetDescription()
+# The benchmark's dataset: every fact of KiTS19 the code uses, in this one place (labels 0-2,
+# target spacing in mm per axis (slices, height, width), the reference's intensity window, and
+# the first id of the unlabelled test cases). Everything that needs one of them reads it here.
+KITS19 = DatasetDescription(name="KiTS19", labels=(("background", 0), ("kidney", 1), ("tumor", 2)),
+                            target_spacing=(1.6, 1.2, 1.2), intensity=IntensityWindow(-79, 304, 101.0, 76.9),
+                            spacing_from="kits19", first_unlabelled_id=210)
 
 
 def kits19_labels(values: Sequence[int]) -> bool:
@@ -118,12 +139,15 @@ def parse_description(record, path: str) -> DatasetDescription:
         raise _fail(path, f"\"layout\" {json.dumps(layout)}: expected one of {', '.join(LAYOUTS)}")
     strings = {}
     for key in ("name", "file_ending", "image_file", "label_file"):
-        value = record.get(key, getattr(KITS19, key))
+        value = record.get(key, "dataset" if key == "name" else getattr(KITS19, key))
         if not isinstance(value, str) or not value or (key != "name" and ("/" in value or "\\" in value)):
             raise _fail(path, f"\"{key}\" must be a file name (a non-empty string), got {json.dumps(value)}")
         strings[key] = value
-    target = parse_target_spacing(record.get("target_spacing", list(KITS19_TARGET_SPACING)), f"{path}: \"target_spacing\"")
-    return DatasetDescription(labels=ordered, layout=layout, target_spacing=target, path=path, **strings)
+    given = "target_spacing" in record
+    target = parse_target_spacing(record["target_spacing"], f"{path}: \"target_spacing\"") if given \
+        else KITS19.target_spacing
+    return DatasetDescription(labels=ordered, layout=layout, target_spacing=target, intensity=KITS19.intensity,
+                              spacing_from="description" if given else "kits19", path=path, **strings)
 
 
 def parse_target_spacing(value, where: str) -> tuple[float, ...] | str:
@@ -220,7 +244,7 @@ def record_labels(record: dict) -> tuple[tuple[str, int], ...]:
 def record_spacing(record: dict, where: str = DESCRIPTION_FILE) -> tuple[float, ...]:
     """The target spacing (mm per axis) a saved record says its folder was resampled to
     (KiTS19's when it names none); :class:`DescriptionError` naming ``where`` if it is no spacing."""
-    spacing = parse_target_spacing(record.get("target_spacing", list(KITS19_TARGET_SPACING)),
+    spacing = parse_target_spacing(record.get("target_spacing", list(KITS19.target_spacing)),
                                    f"{where}: \"target_spacing\"")
     if spacing == "median":
         raise _fail(where, "\"target_spacing\" is \"median\": a preprocessed folder records the spacing in mm")

@@ -36,16 +36,18 @@ import numpy as np
 
 from data_loading import geometry
 from data_loading.atomic import TEMP_SUFFIX, atomic_write
+from data_loading.description import KITS19
 from data_loading.fingerprint import case_fingerprint
 from data_loading.nifti_read import PreprocessError, load_image, read_nifti, read_voxels  # noqa: F401 (PreprocessError, load_image: this module's API)
 from data_loading.write_errors import is_full_disk, write_or_raise
 
-TARGET_SPACING = [1.6, 1.2, 1.2]  # (slices, height, width) in mm; a list, compared as one
+# KiTS19's facts (data_loading.description.KITS19), in the forms the reference's code uses them:
+TARGET_SPACING = list(KITS19.target_spacing)  # (slices, height, width) in mm; a list, compared as one
+CLIP_MIN, CLIP_MAX = KITS19.intensity.low, KITS19.intensity.high
+MEAN, STD = KITS19.intensity.mean, KITS19.intensity.std
+FIRST_UNLABELLED_ID = KITS19.first_unlabelled_id  # KiTS19 has labels for cases 0-209 only: the benchmark's 210
+LABEL_VALUES = KITS19.label_values
 MIN_SHAPE = (128, 128, 128)
-CLIP_MIN, CLIP_MAX = -79, 304
-MEAN, STD = 101.0, 76.9
-FIRST_UNLABELLED_ID = 210  # KiTS19 has labels for cases 0-209 only: the benchmark's 210 cases
-LABEL_VALUES = (0, 1, 2)  # model.unet3d.N_CLASSES classes (not imported: no torch at start-up)
 IMAGE_FILE, LABEL_FILE = "imaging.nii.gz", "segmentation.nii.gz"
 DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checksum.json")
 # KiTS19's evaluation split (the data loader's default, data_loading.dataset.EVALUATION_CASES_FILE)

@@ -41,9 +41,10 @@ from typing import Sequence
 import numpy as np
 
 from data_loading.cli_types import OneLineParser, non_negative_int
+from data_loading.description import KITS19
 
-TARGET_SPACING = (1.6, 1.2, 1.2)  # the benchmark's target spacing, (slices, height, width), mm
-FIRST_UNLABELLED_ID = 210
+TARGET_SPACING = KITS19.target_spacing  # the benchmark's target spacing, (slices, height, width), mm
+FIRST_UNLABELLED_ID = KITS19.first_unlabelled_id
 # The marker a generated folder carries (and its preprocessed folder, copied by preprocessing).
 MARKER_NAME = "synthetic.json"
 GENERATOR = "data_loading.synthetic"

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from data_loading.dataset import EVALUATION_CASES_FILE, read_evaluation_ids
+from data_loading.description import KITS19
 from data_loading.sampler import EpochShape, balance_by_cost
 from data_loading.source import DataSummary
-from model.unet3d import N_CLASSES
 
 TRAIN_CASES = 168
 EVAL_CASES = 42
@@ -31,11 +31,11 @@ def _derived_seed(seed: int, stream: int, rank: int) -> int:
 
 def random_batch(generator: torch.Generator, batch: int, shape: Sequence[int],
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(image float32 N(0, 1), label uint8 in 0..N_CLASSES-1)``, both ``(batch, 1, *shape)``, on
+    """``(image float32 N(0, 1), label uint8 in 0..len(KITS19.labels)-1)``, both ``(batch, 1, *shape)``, on
     ``device`` (drawn on the CPU from ``generator`` so every device gets the same values)."""
     size = (batch, 1, *shape)
     image = torch.randn(size, generator=generator)
-    label = torch.randint(0, N_CLASSES, size, generator=generator, dtype=torch.uint8)
+    label = torch.randint(0, len(KITS19.labels), size, generator=generator, dtype=torch.uint8)
     return image.to(device), label.to(device)
 
 

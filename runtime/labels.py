@@ -26,9 +26,11 @@ import math
 import re
 from typing import Sequence
 
+from data_loading.description import KITS19
+
 Labels = tuple[tuple[str, int], ...]
 
-KITS19_LABELS: Labels = (("background", 0), ("kidney", 1), ("tumor", 2))
+KITS19_LABELS: Labels = KITS19.labels  # data_loading.description.KITS19, the benchmark's dataset
 BENCHMARK = "benchmark"  # a label absent from both scores 1.0 (the MLPerf reference's smoothing)
 NNUNET = "nnunet"  # a label absent from both is NaN, left out of the means
 RESERVED_KEYS = ("mean_dice", "eval_loss", "eval_cases")

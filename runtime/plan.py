@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from data_loading.description import KITS19
 from runtime.arguments import Config
 
 
@@ -101,7 +102,7 @@ class RunPlan:
     samples_per_epoch: int | None = None  # global samples per epoch (padding counted, as the rules)
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
     # mm per axis the network's data is resampled to (runtime.spacing): the checkpoint's, then the data's
-    target_spacing: tuple[float, ...] = (1.6, 1.2, 1.2)
+    target_spacing: tuple[float, ...] = KITS19.target_spacing
 
     def __getattr__(self, name: str):
         # Only for names that are no field: the flags nothing decides (and Config's properties,

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from data_loading.description import KITS19
+
 Spacing = tuple[float, ...]
 
-KITS19_SPACING: Spacing = (1.6, 1.2, 1.2)  # the benchmark's (data_loading.preprocessing.TARGET_SPACING)
+KITS19_SPACING: Spacing = KITS19.target_spacing  # data_loading.description.KITS19, the benchmark's dataset
 
 
 class SpacingError(ValueError):
