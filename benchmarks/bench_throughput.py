@@ -258,9 +258,9 @@ def search_largest(runs, limit: int) -> tuple[int, str]:
 
 
 class LoaderCache:
-    """A data source that keeps the last loaders for the next row with the same data settings (building them
-    labels every case's components); one alive at most (a device cache counts towards a row's peak memory)."""
+    """A data source keeping the last loaders for the next row with the same data settings; one alive at most."""
     key, loaders_ = None, None
+    description = staticmethod(lambda: None)  # the benchmark's own synthetic KiTS19 volumes: no description
 
     def summary(self, config):
         return data_source(config).summary(config)

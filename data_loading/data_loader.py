@@ -30,9 +30,9 @@ import torch
 
 from data_loading.dataset import (Case, DataError, DeviceVolumes, TrainingSet, case_foreground_boxes,
                                   check_finite, check_label_values, check_patch_fits, collate_batch,
-                                  discover_cases, folder_description, load_array, read_evaluation_ids,
+                                  discover_cases, load_array, read_evaluation_ids,
                                   split_cases)
-from data_loading.description import DESCRIPTION_FILE, KITS19, DescriptionError, record_labels, record_spacing
+from data_loading.description import KITS19, DatasetDescription, DescriptionError, folder_description
 from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import EpochBatchSampler, EpochShape, balance_by_cost, epoch_batches
@@ -233,24 +233,34 @@ class PreprocessedData:
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
         self._split: tuple[list[Case], list[Case]] | None = None
-        self._description: dict | None = None
+        self._description: DatasetDescription | None = None
+        self._described = False  # the description read (once)
         self._split_source = "evaluation_cases.txt"
+
+    def description(self) -> DatasetDescription | None:
+        """The folder's description (``data_loading.description.folder_description``), read once:
+        None for KiTS19's folder. Reads only ``dataset.json`` (before the MLPerf clock)."""
+        if not self._described:
+            try:
+                self._description = folder_description(self.data_dir)
+            except DescriptionError as err:
+                raise DataError(str(err)) from None
+            self._described = True
+        return self._description
 
     def split(self) -> tuple[list[Case], list[Case]]:
         if self._split is None:
-            # a described folder: its labels (the run's label set) and its own split if it has one
-            self._description = folder_description(self.data_dir)
-            ids = (self._description or {}).get("evaluation_cases") or []
+            # a described folder: its own split if it has one
+            ids = list(self.description().evaluation_cases) if self.description() is not None else []
             if ids:
-                self._split_source = f"the split of {os.path.join(str(self.data_dir), 'dataset.json')}"
-            self._split = split_cases(discover_cases(self.data_dir), [str(i) for i in ids] or read_evaluation_ids())
+                self._split_source = f"the split of {self.description().path}"
+            self._split = split_cases(discover_cases(self.data_dir), ids or read_evaluation_ids())
         return self._split
 
     def n_class(self) -> int:
-        """The label values of the folder: its description's count (the run's label set, checked
-        against a checkpoint's in ``runtime.resolve.resolve_data``), KiTS19's 3 without one."""
-        self.split()
-        return len(KITS19.labels) if self._description is None else len(record_labels(self._description))
+        """The classes of the folder: its description's (the run's label set, decided from it
+        before ``run_start``), KiTS19's 3 without one."""
+        return len((self.description() or KITS19).labels)
 
     def summary(self, config) -> DataSummary:
         train_cases, eval_cases = self.split()
@@ -263,23 +273,7 @@ class PreprocessedData:
         if config.mode.trains:  # evaluate samples no patch (--input_shape is a training flag)
             check_patch_fits(train_cases, config.input_shape)
         nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)
-        description = self._description
-        if description is None:  # KiTS19's folder
-            return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir))
-        labels = record_labels(description)
-        path = os.path.join(str(self.data_dir), DESCRIPTION_FILE)
-        own = (f"{path} describes {description.get('name') or 'a dataset'} (labels "
-               f"{', '.join(f'{n} {v}' for n, v in labels)}), not the benchmark's KiTS19")
-        return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir),
-                           labels=labels, labels_from=path, own_data=own,
-                           target_spacing=self._spacing(description, path))
-
-    @staticmethod
-    def _spacing(description: dict, path: str) -> tuple[float, ...]:
-        try:
-            return record_spacing(description, path)
-        except DescriptionError as err:
-            raise DataError(str(err)) from None
+        return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir))
 
     def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | str | None = None):
         """``(train_loader, val_loader)`` for this rank; see the module docstring.

@@ -4,8 +4,8 @@ A dataset folder holds ``case_XXXXX_x.npy`` (float32 image, ``(1, D, H, W)``) an
 ``case_XXXXX_y.npy`` (uint8 label, same shape, 0 background, 1 kidney, 2 tumour) per case.
 The evaluation set is the ids listed in ``evaluation_cases.txt`` at the repository root (or, in
 a folder preprocessed from a description, the split saved in its ``dataset.json``); the other
-cases are the training set. A folder's description (:func:`folder_description`) gives its labels
-0..N-1 (KiTS19's 0, 1, 2 without one).
+cases are the training set. A folder's description (``data_loading.description.folder_description``)
+gives its labels 0..N-1 (KiTS19's 0, 1, 2 without one).
 
 What is deterministic is done once, when the dataset is opened: file headers are checked, and
 the bounding boxes of the two largest connected components of each foreground class are
@@ -58,18 +58,6 @@ def read_evaluation_ids(path: Path = EVALUATION_CASES_FILE) -> list[str]:
     except OSError as err:
         raise DataError(f"cannot read the evaluation case list {path}: {err.strerror}") from None
     return [line.strip() for line in lines if line.strip()]
-
-
-def folder_description(data_dir: str | Path) -> dict | None:
-    """The description preprocessing saved in ``data_dir`` (``data_loading.description``), None
-    for a KiTS19 folder preprocessed without one; :class:`DataError` (one line naming the file)
-    when it cannot be read. Its labels are the run's label set (``runtime.labels``)."""
-    from data_loading.description import DescriptionError, read_written_description
-
-    try:
-        return read_written_description(str(data_dir))
-    except DescriptionError as err:
-        raise DataError(str(err)) from None
 
 
 def open_npy(path: Path) -> np.ndarray:

@@ -37,6 +37,12 @@ from typing import Sequence
 DESCRIPTION_FILE = "dataset.json"
 FINGERPRINT_FILE = "dataset_fingerprint.json"
 WRITTEN_BY = "preprocess_dataset.py"  # marks a description this project wrote (never overwrite another)
+# The array axes of every preprocessed case of a described dataset: each scan read in KiTS19's
+# layout whatever its stored orientation (data_loading.scan_io): axis 0 the slices, running
+# Inferior, axis 1 Posterior, axis 2 Left. A saved description without it is of a folder
+# preprocessed in each file's stored axis order (before this was so), which predict never reads.
+CANONICAL_AXES = "I-P-L"
+IGNORE = "ignore"  # nnU-Net's ignore label: no class (no output, no loss, no Dice in its voxels)
 LAYOUTS = ("case_folders", "imagesTr")
 CHANNEL_SUFFIX = "_0000"
 _TRAILING_DIGITS = re.compile(r"(\d+)$")
@@ -65,7 +71,9 @@ class DatasetDescription:
     ``kits19`` when the description names none); ``intensity``: the normalisation (KiTS19's for
     every dataset); ``first_unlabelled_id``: KiTS19's ids from here on have no labels (None for
     a described dataset); ``evaluation_cases``: case ids (``"00003"``) of the evaluation split,
-    empty for KiTS19's default list; ``path``: the file it was read from ("" for KiTS19)."""
+    empty for KiTS19's default list; ``ignore``: the value of nnU-Net's ``ignore`` label (not
+    among ``labels``: no class), None without one; ``path``: the file it was read from ("" for
+    KiTS19)."""
 
     name: str
     labels: tuple[tuple[str, int], ...]
@@ -78,20 +86,24 @@ class DatasetDescription:
     image_file: str = "imaging.nii.gz"
     label_file: str = "segmentation.nii.gz"
     evaluation_cases: tuple[str, ...] = ()
+    ignore: int | None = None
     path: str = field(default="", compare=False)
 
     @property
     def label_values(self) -> tuple[int, ...]:
-        return tuple(value for _, value in self.labels)
+        """The values a label file may hold: the classes' and the ignore label's."""
+        return tuple(value for _, value in self.labels) + (() if self.ignore is None else (self.ignore,))
 
     def labels_text(self) -> str:
         """``background 0, kidney 1, tumor 2`` (for one-line messages)."""
-        return ", ".join(f"{name} {value}" for name, value in self.labels)
+        return ", ".join(f"{name} {value}" for name, value in self.labels) + (
+            f", {IGNORE} {self.ignore}" if self.ignore is not None else "")
 
     def record(self, target_spacing: Sequence[float], target_from: str) -> dict:
         """The description as saved into the preprocessed folder (plain JSON types), the target
         spacing resolved to numbers and where they came from."""
-        return {"name": self.name, "labels": dict(self.labels), "file_ending": self.file_ending,
+        labels = dict(self.labels) | ({IGNORE: self.ignore} if self.ignore is not None else {})
+        return {"name": self.name, "labels": labels, "axes": CANONICAL_AXES, "file_ending": self.file_ending,
                 "layout": self.layout, "image_file": self.image_file, "label_file": self.label_file,
                 "target_spacing": [float(s) for s in target_spacing], "target_spacing_from": target_from,
                 "evaluation_cases": list(self.evaluation_cases), "source": self.path, "written_by": WRITTEN_BY}
@@ -129,8 +141,13 @@ def parse_description(record, path: str) -> DatasetDescription:
     values = [value for _, value in ordered]
     if values != list(range(len(values))):
         raise _fail(path, f"label values {values} must be 0, 1, ... {len(values) - 1} without gaps, 0 the background")
-    if len(values) < 2 or len(values) > 255:
-        raise _fail(path, f"{len(values)} labels: expected the background and 1 to 254 foreground labels")
+    ignore = labels.get(IGNORE)
+    if ignore is not None and ignore != values[-1]:
+        raise _fail(path, f"label {IGNORE!r} is {ignore}: nnU-Net's ignore label must have the largest value ({values[-1]})")
+    ordered = tuple(pair for pair in ordered if pair[0] != IGNORE)
+    if len(ordered) < 2 or len(values) > 255:
+        raise _fail(path, f"{len(ordered)} labels besides {IGNORE!r}: expected the background and 1 to 253 "
+                          "foreground labels")
     channels = record.get("channel_names", record.get("modality"))
     if isinstance(channels, dict) and len(channels) != 1:
         raise _fail(path, f"{len(channels)} input channels: one channel (CT) only is supported")
@@ -147,7 +164,7 @@ def parse_description(record, path: str) -> DatasetDescription:
     target = parse_target_spacing(record["target_spacing"], f"{path}: \"target_spacing\"") if given \
         else KITS19.target_spacing
     return DatasetDescription(labels=ordered, layout=layout, target_spacing=target, intensity=KITS19.intensity,
-                              spacing_from="description" if given else "kits19", path=path, **strings)
+                              spacing_from="description" if given else "kits19", ignore=ignore, path=path, **strings)
 
 
 def parse_target_spacing(value, where: str) -> tuple[float, ...] | str:
@@ -249,3 +266,29 @@ def record_spacing(record: dict, where: str = DESCRIPTION_FILE) -> tuple[float, 
     if spacing == "median":
         raise _fail(where, "\"target_spacing\" is \"median\": a preprocessed folder records the spacing in mm")
     return tuple(spacing)
+
+
+def folder_description(folder) -> DatasetDescription | None:
+    """The description preprocessing saved in the preprocessed ``folder``, as it was used: labels
+    (and nnU-Net's ignore label), the target spacing in mm (canonical axes), the evaluation
+    split; ``path`` its file. None for KiTS19 preprocessed without one. One read of one small
+    file (no case): what a run knows of its data before the MLPerf clock starts. A file that is
+    not one this project wrote, does not parse, or comes from a folder preprocessed in the files'
+    stored axis order (no ``axes``) is a :class:`DescriptionError` naming it."""
+    record = read_written_description(str(folder))
+    if record is None:
+        return None
+    path = os.path.join(str(folder), DESCRIPTION_FILE)
+    if record.get("axes") != CANONICAL_AXES:
+        raise _fail(path, "preprocessed by an earlier version, in each file's stored axis order, which predict does "
+                          f"not read ({CANONICAL_AXES} now): preprocess the raw data again into a new --results_dir")
+    parsed = parse_description({**record, "layout": record.get("layout", "case_folders")}, path)
+    cases = record.get("evaluation_cases") or []
+    if not isinstance(cases, list) or not all(isinstance(c, str) for c in cases):
+        raise _fail(path, "\"evaluation_cases\" must be a list of case ids")
+    spacing = record_spacing(record, path)
+    return DatasetDescription(name=parsed.name, labels=parsed.labels, target_spacing=spacing, intensity=parsed.intensity,
+                              spacing_from=str(record.get("target_spacing_from", "description")),
+                              file_ending=parsed.file_ending, layout=parsed.layout, image_file=parsed.image_file,
+                              label_file=parsed.label_file, evaluation_cases=tuple(cases), ignore=parsed.ignore,
+                              path=path)

@@ -20,17 +20,15 @@ class DataSummary:
     # the folder's synthetic marker in words (data_loading.synthetic.MARKER_NAME), "" when it has
     # none: its data is not KiTS19, so the run is not closed (runtime.division.data_reasons)
     synthetic: str = ""
-    # a folder preprocessed from a dataset description (data_loading.description): its labels
-    # (name, value) by value, the file they come from, and the dataset in words for the
-    # division ("" / None: KiTS19's folder, which has none)
-    labels: tuple | None = None
-    labels_from: str = ""
-    own_data: str = ""
-    # the target spacing its dataset.json records (mm per axis), None without one (KiTS19's)
-    target_spacing: tuple | None = None
 
 
 class DataSource(Protocol):
+    def description(self):
+        """What the data says of itself, before anything of it is read: the preprocessed folder's
+        description (``data_loading.description.folder_description``: labels, target spacing,
+        split), None for KiTS19's folder (it has none) and for generated tensors. One small file,
+        no case: read before the MLPerf ``run_start``; the source keeps it for its split."""
+
     def summary(self, config) -> DataSummary:
         """Checks the data once (raises ``DataError``, one line) and counts it."""
 

@@ -87,6 +87,10 @@ def evaluation_ids(count: int = EVAL_CASES) -> list[str]:
 class SyntheticData:
     """``--loader synthetic`` as a data source (the interface of ``PreprocessedData``)."""
 
+    def description(self) -> None:
+        """Generated tensors describe no dataset: KiTS19's labels."""
+        return None
+
     def summary(self, config) -> DataSummary:
         return DataSummary(TRAIN_CASES, EVAL_CASES, 0)
 

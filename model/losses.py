@@ -2,6 +2,12 @@
 
 All functions take logits ``(N, C, *spatial)`` (layout ``NCDHW``; a channels-last memory format
 is fine, the logical layout is what counts) and integer labels ``(N, 1, *spatial)``.
+
+``ignore_index``: nnU-Net's ignore label (a value of the labels that is no class, e.g. voxels
+nobody annotated): its voxels add nothing to the loss or the score, as nnU-Net masks them (its
+``DC_and_CE_loss`` with ``ignore_label``: the Dice of ``softmax * mask`` against ``onehot *
+mask``, the cross-entropy's mean over the other voxels; its ``compute_metrics``: TP, FP and FN
+counted where the truth is not ignored). None (the benchmark's): every voxel counts, as before.
 """
 from __future__ import annotations
 
@@ -39,14 +45,25 @@ def dice_per_class(prediction: torch.Tensor, target: torch.Tensor, include_backg
     return (2.0 * intersection + smooth) / (total + smooth)
 
 
+def ignored(label: torch.Tensor, ignore_index: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(label, keep)``: ``label`` with its ``ignore_index`` voxels as background (any class
+    would do: they are masked) and the float mask ``(N, 1, *spatial)`` of the voxels that count;
+    ``(label, None)`` without an ignore label."""
+    if ignore_index is None:
+        return label, None
+    is_ignored = label == ignore_index
+    return torch.where(is_ignored, torch.zeros_like(label), label), (~is_ignored).float()
+
+
 class Dice(nn.Module):
     """Per-sample, per-class Dice of logits against labels (reference semantics)."""
 
     def __init__(self, to_onehot_y: bool = True, use_softmax: bool = True, use_argmax: bool = False,
-                 include_background: bool = False, absent_nan: bool = False):
+                 include_background: bool = False, absent_nan: bool = False, ignore_index: int | None = None):
         super().__init__()
         if use_softmax and use_argmax:
             raise ValueError("use_softmax and use_argmax are exclusive")
+        self.ignore_index = ignore_index
         self.absent_nan = absent_nan
         self.to_onehot_y = to_onehot_y
         self.use_softmax = use_softmax
@@ -62,23 +79,36 @@ class Dice(nn.Module):
             prediction = one_hot(torch.argmax(logits, dim=CHANNELS, keepdim=True), n_class)
         else:
             prediction = logits
+        label, keep = ignored(label, self.ignore_index)
         target = one_hot(label, n_class) if self.to_onehot_y else label.float()
+        if keep is not None:
+            prediction, target = prediction * keep, target * keep
         if self.absent_nan:
             return dice_per_class(prediction, target, self.include_background, absent_nan=True)
         return dice_per_class(prediction, target, self.include_background)
 
 
 class DiceCELoss(nn.Module):
-    """``(mean(1 - dice(softmax(logits), onehot(label))) + cross_entropy) / 2``."""
+    """``(mean(1 - dice(softmax(logits), onehot(label))) + cross_entropy) / 2``; with
+    ``ignore_index``, both over the voxels not ignored (a patch of ignored voxels only: 0 for
+    the cross-entropy)."""
 
-    def __init__(self, to_onehot_y: bool = True, use_softmax: bool = True, include_background: bool = False):
+    def __init__(self, to_onehot_y: bool = True, use_softmax: bool = True, include_background: bool = False,
+                 ignore_index: int | None = None):
         super().__init__()
+        self.ignore_index = ignore_index
         self.dice = Dice(to_onehot_y=to_onehot_y, use_softmax=use_softmax, use_argmax=False,
-                         include_background=include_background)
+                         include_background=include_background, ignore_index=ignore_index)
 
     def forward(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         dice_loss = torch.mean(1.0 - self.dice(logits, label))
-        cross_entropy = F.cross_entropy(logits.float(), label.squeeze(CHANNELS).long())
+        if self.ignore_index is None:
+            cross_entropy = F.cross_entropy(logits.float(), label.squeeze(CHANNELS).long())
+        else:
+            kept, keep = ignored(label, self.ignore_index)
+            per_voxel = F.cross_entropy(logits.float(), kept.squeeze(CHANNELS).long(), reduction="none")
+            keep = keep.squeeze(CHANNELS)
+            cross_entropy = (per_voxel * keep).sum() / keep.sum().clamp_min(1.0)
         return (dice_loss + cross_entropy) / 2
 
 
@@ -91,11 +121,11 @@ class DiceScore(nn.Module):
     """
 
     def __init__(self, to_onehot_y: bool = True, use_argmax: bool = True, include_background: bool = False,
-                 absent_nan: bool = False):
+                 absent_nan: bool = False, ignore_index: int | None = None):
         super().__init__()
         self.absent_nan = absent_nan
         self.dice = Dice(to_onehot_y=to_onehot_y, use_softmax=False, use_argmax=use_argmax,
-                         include_background=include_background, absent_nan=absent_nan)
+                         include_background=include_background, absent_nan=absent_nan, ignore_index=ignore_index)
 
     def forward(self, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         if self.absent_nan:

@@ -20,7 +20,7 @@ from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.arguments import Config
 from runtime.compiling import compile_model
-from runtime.labels import NNUNET, dice_definition, n_classes, run_labels
+from runtime.labels import KITS19_LABELS
 from runtime.levers.cpu.convert import apply_levers, levers_compile
 from runtime.optimizers import make_optimizer
 from runtime.plan import RunPlan
@@ -70,9 +70,14 @@ def configure_backends(config: Config, device: torch.device) -> None:
         torch.backends.cudnn.deterministic = config.cudnn_deterministic
 
 
+def network_classes(config: Config) -> int:
+    """The network's outputs: one per class of a resolved plan's label set (``runtime.labels``);
+    KiTS19's 3 for a bare :class:`Config` (a tool that plans nothing)."""
+    return config.label_set.n_classes if isinstance(config, RunPlan) else len(KITS19_LABELS)
+
+
 def build_model(config: Config, device: torch.device, distributed: bool = False) -> torch.nn.Module:
-    # one output channel per label of the run's label set (runtime.labels; KiTS19's 3 unresolved)
-    model = Unet3D(IN_CHANNELS, n_classes(run_labels(config)), normalization=config.normalization,
+    model = Unet3D(IN_CHANNELS, network_classes(config), normalization=config.normalization,
                    activation=config.activation, filters=config.filters)
     if config.normalization == "syncbatchnorm" and distributed:  # one process: batch norm (resolve.decide_architecture)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -185,9 +190,11 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
         state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)
     elif saved is not None:
         ckpt.load_weights(model, saved.path, saved.checkpoint)
-    loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=plan.include_background)
+    label_set = plan.label_set
+    loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=plan.include_background,
+                         ignore_index=label_set.ignore)
     score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=plan.include_background,
-                         absent_nan=dice_definition(run_labels(plan)) == NNUNET)
+                         absent_nan=not label_set.benchmark, ignore_index=label_set.ignore)
     wrapped = wrap_model(model, plan, dist_info)
     if not trains:
         step = None

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -252,22 +253,92 @@ def saved_plan(checkpoint: dict) -> dict[str, dict]:
     return {d["name"]: d for d in plan if isinstance(d, dict) and "name" in d} if isinstance(plan, list) else {}
 
 
-def saved_labels(checkpoint: dict) -> tuple[tuple[str, int], ...]:
-    """The label set a checkpoint's network was trained on (its run's ``labels`` decision,
-    ``runtime.labels``); KiTS19's for the reference's checkpoints and those written before label sets."""
-    from runtime.labels import KITS19_LABELS, as_labels
-
-    made = saved_plan(checkpoint).get("labels")
-    return as_labels(made["value"]) if made is not None and made.get("value") else KITS19_LABELS
+# The flags that define the network: a checkpoint records them (the reference's records none).
+ARCHITECTURE = ("filters", "normalization", "activation")
 
 
-def saved_spacing(checkpoint: dict) -> tuple[float, ...]:
-    """The target spacing a checkpoint's network was trained at (its run's ``target_spacing``
-    decision, ``runtime.spacing``); KiTS19's for the reference's checkpoints and those written before it."""
+@dataclass(frozen=True)
+class TrainedNetwork:
+    """What a checkpoint says of the network it holds, read once from it (:func:`trained_network`):
+    ``architecture`` the network flags it recorded (``filters``, ``normalization``,
+    ``activation``; {} for the reference's), ``label_set`` its classes and the Dice it was scored
+    with (``runtime.labels``), ``target_spacing`` the mm per axis its data was resampled to,
+    ``patch`` its training ``--input_shape`` (None, with ``patch_problem`` saying why, when it
+    records no usable one), ``seed`` its run's master seed, :attr:`weights` the weights evaluate
+    and predict load (the best, else the last; :func:`weights_description`), read when asked.
+
+    A checkpoint written before label sets, spacings or the Dice were recorded, and the MLCommons
+    reference's, holds KiTS19's network: its labels, its spacing, the benchmark's Dice."""
+
+    path: str
+    architecture: dict
+    label_set: Any  # runtime.labels.LabelSet
+    target_spacing: tuple[float, ...]
+    patch: tuple[int, ...] | None
+    patch_problem: str
+    seed: int | None
+    checkpoint: dict = field(compare=False, repr=False)
+
+    @cached_property
+    def weights(self) -> dict:
+        """The weights evaluate and predict load (the best, else the last)."""
+        return model_state_from(self.checkpoint, prefer="best")
+
+    @cached_property
+    def weights_sha256(self) -> str:
+        """sha256 of :attr:`weights` (:func:`weights_digest`): what predict records beside each output."""
+        return weights_digest(self.weights)
+
+
+def trained_network(saved: Saved) -> TrainedNetwork:
+    """The :class:`TrainedNetwork` of the checkpoint ``saved`` (read once: every accessor of the
+    saved config and plan is here)."""
     from runtime.spacing import KITS19_SPACING, as_spacing
 
-    made = saved_plan(checkpoint).get("target_spacing")
-    return as_spacing(made["value"]) if made is not None and made.get("value") else KITS19_SPACING
+    config, plan = saved_config(saved.checkpoint), saved_plan(saved.checkpoint)
+    architecture = {name: tuple(config[name]) if isinstance(config[name], list) else config[name]
+                    for name in ARCHITECTURE if name in config}
+    spacing = plan.get("target_spacing")
+    patch, problem = _training_patch(config)
+    return TrainedNetwork(saved.path, architecture, _label_set(plan),
+                          as_spacing(spacing["value"]) if spacing and spacing.get("value") else KITS19_SPACING,
+                          patch, problem, saved_seed(saved.checkpoint), saved.checkpoint)
+
+
+def _label_set(plan: dict):
+    """The label set a checkpoint's run decided (its ``labels``, ``dice`` and ``ignore_label``
+    decisions). One written before the Dice was recorded was scored with nnU-Net's where its labels
+    came from a description (the decision's reason names it) or are not KiTS19's, else the
+    benchmark's; one before labels were recorded, and the reference's, is KiTS19's."""
+    from runtime.labels import BENCHMARK, DEFINITIONS, KITS19_SET, NNUNET, LabelSet, as_labels
+
+    made = plan.get("labels")
+    if made is None or not made.get("value"):
+        return KITS19_SET
+    labels = as_labels(made["value"])
+    dice = (plan.get("dice") or {}).get("value")
+    if dice not in DEFINITIONS:
+        described = "the description of" in str(made.get("why", ""))  # the data stage's own-data reason
+        dice = BENCHMARK if labels == KITS19_SET.labels and not described else NNUNET
+    ignore = (plan.get("ignore_label") or {}).get("value")
+    return LabelSet(labels, dice, None if ignore is None else int(ignore))
+
+
+def _training_patch(config: dict) -> tuple[tuple[int, ...] | None, str]:
+    """``(patch, "")``: the ``--input_shape`` a checkpoint's run trained with, or ``(None, why
+    not)`` (a reference checkpoint or one that records none, or a shape no window can have)."""
+    from model.unet3d import SHAPE_DIVISOR
+
+    patch = config.get("input_shape")
+    if patch is None:
+        return None, "the checkpoint records no training patch"
+    try:
+        patch = tuple(int(s) for s in patch)
+    except (TypeError, ValueError):
+        return None, f"the checkpoint's training patch {patch!r} is no shape"
+    if len(patch) != 3 or not all(s > 0 and s % SHAPE_DIVISOR == 0 for s in patch):
+        return None, f"the checkpoint's training patch {list(patch)} is no window of 3 multiples of {SHAPE_DIVISOR}"
+    return patch, ""
 
 
 def restore(checkpoint: dict, path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -91,15 +91,20 @@ def flag_reasons(config, world_size: int = 1) -> list[str]:
     return reasons + schedule_reasons(config, world_size)
 
 
-def data_reasons(num_train: int, num_eval: int, synthetic: str = "", own_data: str = "") -> list[str]:
-    """Why the data makes the run open (empty: KiTS19's 168/42 split, not marked synthetic):
-    ``own_data``, a folder preprocessed from a dataset description in words (its name and
-    labels; "" for KiTS19's folder, which has none), its case counts, and ``synthetic``, the
-    folder's synthetic marker in words (``data_loading.synthetic``'s, which preprocessing copies;
-    "" when it has none), since a generated set of 210 cases has KiTS19's counts."""
+def own_data_reason(description) -> str:
+    """Why a folder preprocessed from a dataset description (``data_loading.description``: its
+    file, name and labels) makes the run open: it is not KiTS19 (known before ``run_start``)."""
+    return (f"own data: {description.path} describes {description.name} (labels {description.labels_text()}), "
+            "not the benchmark's KiTS19")
+
+
+def data_reasons(num_train: int, num_eval: int, synthetic: str = "") -> list[str]:
+    """Why the data makes the run open (empty: KiTS19's 168/42 split, not marked synthetic): its
+    case counts, and ``synthetic``, the folder's synthetic marker in words
+    (``data_loading.synthetic``'s, which preprocessing copies; "" when it has none), since a
+    generated set of 210 cases has KiTS19's counts. (A described folder is open before the data
+    is read: :func:`own_data_reason`.)"""
     reasons = []
-    if own_data:
-        reasons.append(f"own data: {own_data}")
     if synthetic:
         reasons.append(f"synthetic data is not KiTS19 ({synthetic})")
     if (num_train, num_eval) != (REFERENCE_TRAIN_CASES, REFERENCE_EVAL_CASES):

@@ -15,6 +15,7 @@ from typing import Any
 
 from data_loading.description import KITS19
 from runtime.arguments import Config
+from runtime.labels import LabelSet
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class RunPlan:
     normalization: str
     activation: str
     labels: tuple[tuple[str, int], ...]  # the label set (runtime.labels): one output channel each
+    dice: str  # how it is scored (runtime.labels: "benchmark" for KiTS19's folder, "nnunet" for any described one)
+    ignore_label: int | None  # nnU-Net's ignore label of the data (no class), None without one
     levers: tuple[str, ...]
     # training
     seed: int
@@ -111,6 +114,11 @@ class RunPlan:
         if name.startswith("__") or name == "config":
             raise AttributeError(name)
         return getattr(self.config, name)
+
+    @property
+    def label_set(self) -> LabelSet:
+        """The run's classes and how they are scored (``runtime.labels``)."""
+        return LabelSet(self.labels, self.dice, self.ignore_label)
 
     def decision(self, name: str) -> Decision | None:
         """The decision ``name``, or None when the run made none."""

@@ -30,13 +30,12 @@ import torch
 
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, no_effect_line
-from runtime.checkpoint import (Saved, model_state_from, saved_config, saved_labels, saved_seed, saved_spacing,
-                               weights_digest)
+from runtime.checkpoint import ARCHITECTURE, Saved, TrainedNetwork, saved_seed, trained_network
 from runtime.compiling import compile_unavailable
-from runtime.division import data_reasons, decide, flag_reasons
+from runtime.division import data_reasons, decide, flag_reasons, own_data_reason
 from runtime.inference.backends import decide_backend
 from runtime.inference.memory_budget import bounded_window_batch
-from runtime.labels import KITS19_LABELS, LabelError, as_labels, decide_labels
+from runtime.labels import LabelError, LabelSet, decide_label_set, of_description
 from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import int8_pairs_saturate, native_bf16
 from runtime.optimizers import default_step, fused_step
@@ -169,9 +168,10 @@ def decide_seed(asked: int, device: torch.device, saved: Saved | None) -> Decisi
     return Decision("seed", seed, why, asked)
 
 
-def decide_inference_backend(config: Config, device: torch.device) -> Decision:
-    """The inference backend (``runtime.inference.backends.decide_backend``), recorded with why."""
-    backend, why = decide_backend(config, device)
+def decide_inference_backend(config: Config, device: torch.device, benchmark: bool = True) -> Decision:
+    """The inference backend (``runtime.inference.backends.decide_backend``), recorded with why:
+    evaluate on own data (not ``benchmark``) chooses as predict does."""
+    backend, why = decide_backend(config, device, benchmark)
     return Decision("backend", backend, why, config.backend)
 
 
@@ -247,10 +247,6 @@ def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
                 evaluate_every=schedule.evaluate_every, fail_epoch=schedule.fail_epoch)
 
 
-# The flags that define the network: taken from a checkpoint's saved config when not given.
-ARCHITECTURE = ("filters", "normalization", "activation")
-
-
 def _flag_text(value) -> str:
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
@@ -259,25 +255,25 @@ def architecture_text(architecture: dict) -> str:
     return ", ".join(f"--{name} {_flag_text(architecture[name])}" for name in ARCHITECTURE)
 
 
-def decide_architecture(config: Config, saved: Saved | None, distributed: bool = False) -> tuple[dict, Decision]:
+def decide_architecture(config: Config, network: TrainedNetwork | None, distributed: bool = False) -> tuple[dict, Decision]:
     """``({filters, normalization, activation}, decision)``: the network flags the checkpoint was
     trained with where they were not given (a given flag that differs from the checkpoint is a
     :class:`UsageError`), and for predict batch norm for a sync-batch-norm network (the same
     weights; inference needs no cross-rank statistics). A sync-batch-norm network of one process
     (not ``distributed``) runs batch norm in every mode: recorded here, ``runtime.build.build_model``
     converts only a distributed one (the flag stays, so a resumed run and its checkpoint agree)."""
-    trained = saved_config(saved.checkpoint) if saved is not None else {}
+    trained = network.architecture if network is not None else {}
     architecture, taken = {name: getattr(config, name) for name in ARCHITECTURE}, []
     for name in ARCHITECTURE:
         if name not in trained:
             continue  # a reference checkpoint: the flags (or their defaults) decide
-        value = tuple(trained[name]) if isinstance(trained[name], list) else trained[name]
+        value = trained[name]
         if name in config.explicit and getattr(config, name) != value:
-            raise UsageError(f"--{name} {_flag_text(getattr(config, name))} conflicts with {saved.path!r}, "
+            raise UsageError(f"--{name} {_flag_text(getattr(config, name))} conflicts with {network.path!r}, "
                              f"trained with --{name} {_flag_text(value)}; drop the flag to use the checkpoint's")
         architecture[name] = value
         taken.append(f"--{name}")
-    why = f"{', '.join(taken)} from {saved.path!r}" if taken else ""
+    why = f"{', '.join(taken)} from {network.path!r}" if taken else ""
     if config.mode.predicts and architecture["normalization"] == "syncbatchnorm":
         architecture["normalization"] = "batchnorm"
         why = "; ".join(filter(None, (why, "predict: batchnorm for syncbatchnorm (the same weights, one process)")))
@@ -288,96 +284,66 @@ def decide_architecture(config: Config, saved: Saved | None, distributed: bool =
     return architecture, Decision("architecture", architecture_text(architecture), why, asked)
 
 
-def decide_labels_before_data(saved: Saved | None) -> Decision:
-    """The run's label set before ``run_start`` (``runtime.labels.decide_labels``): the
-    checkpoint's (one written before label sets, or the reference's, holds KiTS19's), else
-    KiTS19's; the data folder is not read here. The checkpoint's labels and path ride in the
-    decision's ``asked`` for the data stage (:func:`decide_labels_with_data`)."""
-    saved_set = saved_labels(saved.checkpoint) if saved is not None else None
-    path = saved.path if saved is not None else ""
-    labels, why = decide_labels(saved_set, None, path)
-    return Decision("labels", labels, why, None if saved_set is None else (path, saved_set))
-
-
-def decide_labels_with_data(earlier: Decision, summary) -> Decision:
-    """The data stage's label set: the data's description (``summary.labels``, read from
-    ``summary.labels_from``; none: KiTS19's), which must be the checkpoint's (``earlier.asked``,
-    from :func:`decide_labels_before_data`): a :class:`UsageError` naming both otherwise."""
-    asked = earlier.asked if earlier is not None else None
-    saved_path, saved = asked if asked else ("", None)
-    described = as_labels(getattr(summary, "labels", None))
-    data_path = getattr(summary, "labels_from", "") if described is not None else ""
+def decide_labels(network: TrainedNetwork | None, dataset, predicts: bool,
+                  fine_tune: bool = False) -> tuple[LabelSet, tuple[Decision, ...]]:
+    """``(label_set, decisions)``: the run's classes and Dice (``runtime.labels.decide_label_set``)
+    from the trained ``network``'s (its checkpoint's; None: none) and the data's: the description
+    of the preprocessed folder (``dataset``, read before ``run_start``: no training data), KiTS19's
+    benchmark for a folder without one; predict reads no data folder (the network's). The
+    ``labels``, ``dice`` and, with nnU-Net's ignore label, ``ignore_label`` decisions."""
+    data = None if predicts else of_description(dataset)
     try:
-        labels, why = decide_labels(saved, KITS19_LABELS if described is None else described, saved_path, data_path)
+        label_set, why = decide_label_set(network.label_set if network is not None else None, data,
+                                          network.path if network is not None else "",
+                                          dataset.path if dataset is not None else "", fine_tune)
     except LabelError as err:
         raise UsageError(str(err)) from None
-    return Decision("labels", labels, why, asked)
+    made = (Decision("labels", label_set.labels, why), Decision("dice", label_set.dice, label_set.scored_as()))
+    if label_set.ignore is not None:
+        made += (Decision("ignore_label", label_set.ignore, "nnU-Net's ignore label: no class, no loss and no Dice "
+                                                            "in its voxels"),)
+    return label_set, made
 
 
-def decide_spacing_before_data(saved: Saved | None) -> Decision:
-    """The run's target spacing before ``run_start`` (``runtime.spacing.decide_spacing``): the
-    checkpoint's (KiTS19's for one written before it was recorded), else KiTS19's; predict
-    resamples to it. The checkpoint's spacing and path ride in ``asked`` for the data stage."""
-    saved_value = saved_spacing(saved.checkpoint) if saved is not None else None
-    path = saved.path if saved is not None else ""
-    spacing, why = decide_spacing(saved_value, None, path)
-    return Decision("target_spacing", spacing, why, None if saved_value is None else (path, saved_value))
-
-
-def decide_spacing_with_data(earlier: Decision | None, summary, trains: bool) -> Decision:
-    """The data stage's target spacing: the preprocessed folder's (``summary.target_spacing``,
-    from its dataset.json; none: KiTS19's). A checkpoint trained at another spacing
-    (``earlier.asked``) is a :class:`UsageError` naming both unless the run ``trains``."""
-    asked = earlier.asked if earlier is not None else None
-    saved_path, saved = asked if asked else ("", None)
-    described = getattr(summary, "target_spacing", None)
-    data_path = getattr(summary, "labels_from", "") if described is not None else ""
+def decide_target_spacing(network: TrainedNetwork | None, dataset, predicts: bool, trains: bool) -> Decision:
+    """The run's target spacing (``runtime.spacing.decide_spacing``): the data's (its description's;
+    KiTS19's for a folder without one), a checkpoint at another spacing refused unless the run
+    ``trains``; predict's is the network's (KiTS19's for one that records none)."""
+    saved = network.target_spacing if network is not None else None
+    data = None if predicts else (dataset.target_spacing if dataset is not None else KITS19_SPACING)
     try:
-        spacing, why = decide_spacing(saved, KITS19_SPACING if described is None else described, saved_path,
-                                      data_path, trains)
+        spacing, why = decide_spacing(saved, data, network.path if network is not None else "",
+                                      dataset.path if dataset is not None else "", trains)
     except SpacingError as err:
         raise UsageError(str(err)) from None
-    return Decision("target_spacing", spacing, why, asked)
+    return Decision("target_spacing", spacing, why)
 
 
 def shape_text(shape) -> str:
     return "x".join(map(str, shape))
 
 
-def training_patch(saved: Saved | None) -> tuple[tuple[int, ...] | None, str]:
-    """``(patch, "")``: the ``--input_shape`` the checkpoint was trained with, or ``(None, why
-    not)`` (a reference checkpoint or one that records none, or a shape no window can have)."""
-    from model.unet3d import SHAPE_DIVISOR
-
-    if saved is None:
-        return None, "no checkpoint"
-    patch = saved_config(saved.checkpoint).get("input_shape")
-    if patch is None:
-        return None, "the checkpoint records no training patch"
-    try:
-        patch = tuple(int(s) for s in patch)
-    except (TypeError, ValueError):
-        return None, f"the checkpoint's training patch {patch!r} is no shape"
-    if len(patch) != 3 or not all(s > 0 and s % SHAPE_DIVISOR == 0 for s in patch):
-        return None, f"the checkpoint's training patch {list(patch)} is no window of 3 multiples of {SHAPE_DIVISOR}"
-    return patch, ""
-
-
-def decide_window(config: Config, saved: Saved | None) -> Decision:
+def decide_window(config: Config, network: TrainedNetwork | None, benchmark: bool = True) -> Decision:
     """The sliding window, its ``why`` saying where it comes from (:func:`window_line`).
 
-    A given ``--val_input_shape`` wins. Otherwise predict takes the checkpoint's training patch
-    (a network has not seen windows larger than its patches, mostly pad), or the default when
-    the checkpoint records none; evaluate (and training's evaluations) keep the default, the
-    benchmark's window, since they compute the benchmark's number."""
-    patch, why_not = training_patch(saved)
+    A given ``--val_input_shape`` wins. Otherwise the patch the network learns on: predict takes
+    the checkpoint's training patch (a network has not seen windows larger than its patches,
+    mostly pad), or the default when the checkpoint records none; on own data (not ``benchmark``)
+    evaluate takes it too and training's evaluations its ``--input_shape``, so that evaluate and
+    predict score one network with one window; on the benchmark's data evaluate (and training's
+    evaluations) keep the default, the benchmark's window, since they compute the benchmark's
+    number."""
+    patch = network.patch if network is not None else None
+    why_not = network.patch_problem if network is not None else "no checkpoint"
     window = tuple(config.val_input_shape)
     other = patch is not None and patch != window
     trained = f"the checkpoint was trained on {shape_text(patch)} patches" if other else ""
     if "val_input_shape" in config.explicit:
         source = "from --val_input_shape" + (f" ({trained})" if trained else "")
-    elif not config.mode.predicts:
+    elif not config.mode.predicts and benchmark:
         source = "(the default, the benchmark's" + (f"; {trained}" if trained else "") + ")"
+    elif config.mode.trains and not benchmark:
+        window, source = tuple(config.input_shape), "from --input_shape (own data: the window predict will use)"
     elif patch is not None:
         window, source = patch, "from the checkpoint's training patch"
     else:
@@ -391,55 +357,49 @@ def window_line(plan: RunPlan) -> str:
     return f"window {shape_text(plan.val_input_shape)} {plan.why('window')}".rstrip()
 
 
-def weights_sha256(saved: Saved) -> str:
-    """sha256 of the weights predict loads from ``saved`` (recorded beside each segmentation)."""
-    return weights_digest(model_state_from(saved.checkpoint, prefer="best"))
+def _tensor_shapes(network: TrainedNetwork) -> dict:
+    return {name: tuple(value.shape) for name, value in network.weights.items() if torch.is_tensor(value)}
 
 
-def _tensor_shapes(saved: Saved) -> dict:
-    return {name: tuple(value.shape) for name, value in model_state_from(saved.checkpoint, prefer="best").items()
-            if torch.is_tensor(value)}
-
-
-def ensemble_problem(architecture: dict, window_given: bool, first: Saved, other: Saved) -> str | None:
+def ensemble_problem(architecture: dict, window_given: bool, first: TrainedNetwork,
+                     other: TrainedNetwork) -> str | None:
     """Why ``other`` cannot be averaged with ``first`` (the run's network ``architecture``, and
-    its window): another network flag recorded, other tensors, or (no ``--val_input_shape``:
-    ``window_given`` False) another training patch, so another window."""
-    theirs = saved_config(other.checkpoint)
+    its window): another network flag recorded, other classes, other tensors, or (no
+    ``--val_input_shape``: ``window_given`` False) another training patch, so another window."""
     names = f"{other.path!r} and {first.path!r}"
     for name in ARCHITECTURE:
-        value = theirs.get(name)
-        value = tuple(value) if isinstance(value, list) else value
+        value = other.architecture.get(name)
         if value is not None and value != architecture[name]:
             return (f"{names} are different networks (--{name} {_flag_text(value)} in {other.path!r}, "
                     f"{_flag_text(architecture[name])} in {first.path!r})")
+    if other.label_set != first.label_set:
+        return (f"{names} segment different labels ({other.label_set.text()} in {other.path!r}, "
+                f"{first.label_set.text()} in {first.path!r})")
     shapes, others = _tensor_shapes(first), _tensor_shapes(other)
     if shapes != others:
         differ = sorted(set(shapes) ^ set(others)) or sorted(n for n in shapes if shapes[n] != others[n])
         name = differ[0]
         return (f"{names} are different networks (tensor {name}: {list(others.get(name, ())) or 'absent'} in "
                 f"{other.path!r}, {list(shapes.get(name, ())) or 'absent'} in {first.path!r})")
-    if not window_given:
-        patch, _ = training_patch(first)
-        their_patch, _ = training_patch(other)
-        if patch != their_patch:
-            text = lambda p: f"{shape_text(p)} patches" if p else "no recorded patch"  # noqa: E731
-            return (f"{names} were trained with different windows ({text(their_patch)} in {other.path!r}, "
-                    f"{text(patch)} in {first.path!r}); give --val_input_shape to predict both with one window")
+    if not window_given and first.patch != other.patch:
+        text = lambda p: f"{shape_text(p)} patches" if p else "no recorded patch"  # noqa: E731
+        return (f"{names} were trained with different windows ({text(other.patch)} in {other.path!r}, "
+                f"{text(first.patch)} in {first.path!r}); give --val_input_shape to predict both with one window")
     return None
 
 
-def decide_weights(config: Config, architecture: dict, saved: Saved | None, ensemble) -> Decision | None:
+def decide_weights(config: Config, architecture: dict, network: TrainedNetwork | None,
+                   ensemble: tuple[TrainedNetwork, ...]) -> Decision | None:
     """Predict's weights: the digest of each checkpoint's, in order (value: a tuple, one per
     checkpoint). Every checkpoint after the first must be the same network, predicted with the
     same window (else a :class:`UsageError` naming both)."""
-    if saved is None:
+    if network is None:
         return None
     for other in ensemble:
-        problem = ensemble_problem(architecture, "val_input_shape" in config.explicit, saved, other)
+        problem = ensemble_problem(architecture, "val_input_shape" in config.explicit, network, other)
         if problem is not None:
             raise UsageError(f"--load_ckpt_path: {problem}")
-    digests = tuple(weights_sha256(s) for s in (saved, *ensemble))
+    digests = tuple(n.weights_sha256 for n in (network, *ensemble))
     return Decision("weights", digests, f"an ensemble of {len(digests)}" if ensemble else "")
 
 
@@ -478,37 +438,47 @@ def check_benchmark_budget(config: Config) -> None:
             raise UsageError(f"--{name} is the budget of --benchmark (train or evaluate); add --benchmark or drop it")
 
 
-def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | None = None, ensemble=()) -> RunPlan:
+def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | None = None, ensemble=(),
+            dataset=None) -> RunPlan:
     """The run's plan: every value decided that needs no data (the first stage).
 
     ``data``: None for a run with an MLPerf clock (train, evaluate, benchmark: the data stage,
     :func:`resolve_data`, runs after ``run_start``) and for predict; a data source
     (``summary(config)``; see ``data_loading.data_loader``) for a tool with no clock, which
-    then gets both stages. ``saved``: the checkpoint the run starts from (its network flags fill
-    those not given, its training patch predict's window: :func:`decide_window`; a resumed run
-    also keeps its master seed), or None; ``ensemble``: predict's further checkpoints
-    (:func:`decide_weights`). The seed is drawn on rank 0 and broadcast, so this is a
-    collective: call it on every rank. ``config`` is not changed.
+    then gets both stages. ``dataset``: what the data says of itself before the clock, its
+    description (``data_loading.description.folder_description``: labels, target spacing; None
+    for KiTS19's folder, which has none; a given ``data``'s own ``description()`` by default):
+    it chooses the label set, the Dice and the spacing, so the network is built once, with
+    them. ``saved``: the checkpoint the run starts from (read once into a
+    :class:`~runtime.checkpoint.TrainedNetwork`: its network flags fill those not given, its
+    training patch predict's window: :func:`decide_window`; a resumed run also keeps its master
+    seed), or None; ``ensemble``: predict's further checkpoints (:func:`decide_weights`). The
+    seed is drawn on rank 0 and broadcast, so this is a collective: call it on every rank.
+    ``config`` is not changed.
     """
     device, predict = dist_info.device, config.mode.predicts
+    if dataset is None and data is not None:
+        dataset = data.description()
+    network = trained_network(saved) if saved is not None else None
+    members = tuple(trained_network(other) for other in ensemble)
     check_benchmark_budget(config)
     say_no_effect(config, dist_info)
-    architecture, made_architecture = decide_architecture(config, saved, dist_info.distributed)
-    labels = decide_labels_before_data(saved)
-    spacing = decide_spacing_before_data(saved)
+    architecture, made_architecture = decide_architecture(config, network, dist_info.distributed)
+    label_set, made_labels = decide_labels(network, dataset, predict)
+    spacing = decide_target_spacing(network, dataset, predict, config.mode.trains)
     if not predict:
         check_device_support(architecture["normalization"], dist_info)
     if predict and config.int8 and device.type != "cpu":
         raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
     made_device = decide_device(config.device, device)
-    window = decide_window(config, saved)
+    window = decide_window(config, network, label_set.benchmark or predict)
     host_memory = decide_host_memory(config.mode.trains, device)
-    weights = decide_weights(config, architecture, saved, ensemble) if predict else None
+    weights = decide_weights(config, architecture, network, members) if predict else None
     amp, amp_dtype, precision = decide_precision(config, device)
     seed = None if predict else decide_seed(config.seed, device, saved)
     fused, foreach, made_fused = decide_fused_optimizer(config, device)
     compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
-    backend = decide_inference_backend(config, device)
+    backend = decide_inference_backend(config, device, label_set.benchmark or predict)
     cache_dir = decide_cache_dir(config.cache_dir, config.mode.chooses_backend)
     overflow_fix, calibration = decide_calibration(config, config.int8 and int8_pairs_saturate()) \
         if predict else (None, None)
@@ -518,13 +488,14 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
     epochs = None if predict else decide_epochs(config, dist_info.world_size)
     inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
-    decisions = recorded((), made_architecture, labels, spacing, made_device, window, host_memory, weights, precision, seed,
+    decisions = recorded((), made_architecture, *made_labels, spacing, made_device, window, host_memory, weights, precision, seed,
                          made_fused, compiled, backend, cache_dir, calibration, window_batch, cuda_graphs,
                          levers, epochs, inference_copy, tta)
     digests = weights.value if weights is not None else ()
     plan = RunPlan(
         config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
-        amp=amp, amp_dtype=amp_dtype, **architecture, labels=labels.value, target_spacing=spacing.value, levers=levers.value if levers else (),
+        amp=amp, amp_dtype=amp_dtype, **architecture, labels=label_set.labels, dice=label_set.dice,
+        ignore_label=label_set.ignore, target_spacing=spacing.value, levers=levers.value if levers else (),
         seed=seed.value if seed else config.seed, fused_optimizer=fused, foreach_optimizer=foreach,
         compile=compiled.value,
         cuda_graphs=cuda_graphs.value if cuda_graphs else config.cuda_graphs,
@@ -535,8 +506,9 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         load_ckpt_path=config.load_ckpt_path,
         weights_sha256=digests[0] if digests else "", ensemble_sha256=digests if len(digests) > 1 else (),
         cache=config.cache, start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every)
-    if not predict:  # the division reads the network and window decided above
-        plan = with_division(plan, flag_reasons(plan, dist_info.world_size), dist_info)
+    if not predict:  # the division reads the network, the window and the data's description decided above
+        own = [own_data_reason(dataset)] if dataset is not None else []
+        plan = with_division(plan, own + flag_reasons(plan, dist_info.world_size), dist_info)
     say_decided(said_lines(plan, amp_dtype, device, lever_lines), dist_info)
     if compiled.asked and not compiled.value:  # one warning on each process, as torch's own
         warnings.warn(compiled.why, RuntimeWarning, stacklevel=2)
@@ -621,20 +593,17 @@ def decide_cache(asked: str, device: torch.device, train_bytes) -> Decision:
 def resolve_data(plan: RunPlan, dist_info: D.DistInfo, summary) -> RunPlan:
     """The second stage: a new plan with the values that need the data, from its ``summary`` (a
     ``data_loading.source.DataSummary``; the source's ``summary(config)`` lists and checks the
-    cases, so it runs after the MLPerf ``run_start``): the label set and target spacing (the
-    data's description: :func:`decide_labels_with_data`, :func:`decide_spacing_with_data`), the case counts, samples per epoch and the evaluation
-    schedule (training), and the cache mode (``auto``: on the device when the training set
-    fits). ``plan``: from :func:`resolve`. The same on every rank (no collective)."""
-    labels = decide_labels_with_data(plan.decision("labels"), summary)
-    spacing = decide_spacing_with_data(plan.decision("target_spacing"), summary, plan.config.mode.trains)
+    cases, so it runs after the MLPerf ``run_start``): the case counts, samples per epoch and the
+    evaluation schedule (training), and the cache mode (``auto``: on the device when the training
+    set fits). The label set and the target spacing were decided in the first stage, from the
+    data's description. ``plan``: from :func:`resolve`. The same on every rank (no collective)."""
     cache = decide_cache(plan.config.cache, dist_info.device, summary.train_bytes)
-    plan = dataclasses.replace(plan, labels=labels.value, target_spacing=spacing.value, cache=cache.value,
+    plan = dataclasses.replace(plan, cache=cache.value,
                                num_train_cases=summary.num_train, num_eval_cases=summary.num_eval,
-                               decisions=recorded(plan.decisions, labels, spacing, cache),
+                               decisions=recorded(plan.decisions, cache),
                                **schedule_fields(plan.config, summary.num_train, dist_info.world_size))
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
-    reasons = data_reasons(summary.num_train, summary.num_eval, getattr(summary, "synthetic", ""),
-                           getattr(summary, "own_data", ""))
+    reasons = data_reasons(summary.num_train, summary.num_eval, summary.synthetic)
     decided = with_division(plan, reasons, dist_info, logged=True)
     if decided is not plan:  # open by the data only: said now
         say_decided(division_lines(decided), dist_info)

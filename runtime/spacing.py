@@ -60,9 +60,3 @@ def decide_spacing(saved: Sequence[float] | None, data: Sequence[float] | None, 
     if saved is not None:
         return saved, f"{checkpoint}'s"
     return KITS19_SPACING, "KiTS19's (no checkpoint; the data's description is read after run_start)"
-
-
-def run_spacing(plan) -> Spacing:
-    """The target spacing of a resolved ``plan``, else KiTS19's (a bare ``Config``)."""
-    spacing = getattr(plan, "target_spacing", None)
-    return as_spacing(spacing) if spacing is not None else KITS19_SPACING

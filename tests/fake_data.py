@@ -66,6 +66,9 @@ class FakeData:
     def __init__(self, n_train=6, n_val=3, val_shape=(40, 36, 44)):
         self.n_train, self.n_val, self.val_shape = n_train, n_val, val_shape
 
+    def description(self):
+        return None
+
     def summary(self, config):
         from data_loading.data_loader import DataSummary
 

@@ -71,14 +71,14 @@ def test_several_reasons_are_one_line():
 
 def test_the_data_stage_opens_a_run_on_other_cases(capsys):
     cfg = _resolved([])
-    summary = type("S", (), {"num_train": 10, "num_eval": 3, "train_bytes": 0})()
+    summary = type("S", (), {"num_train": 10, "num_eval": 3, "train_bytes": 0, "synthetic": ""})()
     opened = resolve_data(cfg, CPU, summary)
     assert opened.submission_division == "open" and "10 training and 3 evaluation cases" in opened.why("division")
     assert capsys.readouterr().out.splitlines() == [opened.why("division")]
     closed = _resolved(["--submission_division", "closed"])
     with pytest.raises(UsageError, match="10 training and 3 evaluation cases"):
         resolve_data(closed, CPU, summary)
-    kits = type("S", (), {"num_train": 168, "num_eval": 42, "train_bytes": 0})()
+    kits = type("S", (), {"num_train": 168, "num_eval": 42, "train_bytes": 0, "synthetic": ""})()
     assert resolve_data(cfg, CPU, kits).submission_division == "closed"
 
 

@@ -30,34 +30,46 @@ BINARY = (("background", 0), ("organ", 1))
 
 # -- the decision ------------------------------------------------------------------------------
 
-def test_the_label_set_is_the_checkpoints_then_the_datas():
-    assert L.decide_labels(None, None)[0] == L.KITS19_LABELS                       # KiTS19 by default
-    assert L.decide_labels(KITS23, None, "c.pt") == (KITS23, "the checkpoint's (c.pt)")
-    labels, why = L.decide_labels(None, {"background": 0, "cyst": 3, "kidney": 1, "tumor": 2}, "", "d/dataset.json")
-    assert labels == KITS23 and "d/dataset.json" in why                            # a dict, ordered by value
-    assert L.decide_labels(KITS23, KITS23, "c.pt", "d")[0] == KITS23
+OWN23, OWN_BINARY = L.LabelSet(KITS23), L.LabelSet(BINARY)  # own data: nnU-Net's Dice
+
+
+def test_the_label_set_is_the_datas_and_a_checkpoints_must_be_it():
+    assert L.decide_label_set(None, None)[0] == L.KITS19_SET                         # KiTS19 by default
+    assert L.decide_label_set(OWN23, None, "c.pt") == (OWN23, "the checkpoint c.pt's")  # predict: no data read
+    label_set, why = L.decide_label_set(None, OWN23, "", "d/dataset.json")
+    assert label_set == OWN23 and "d/dataset.json" in why and "nnU-Net" in why
+    # the data chooses the Dice: KiTS19's labels in a described folder are scored as nnU-Net's
+    named_alike = L.LabelSet(L.KITS19_LABELS)
+    assert L.decide_label_set(L.KITS19_SET, named_alike, "c.pt", "d")[0].dice == L.NNUNET
+    assert L.decide_label_set(named_alike, L.KITS19_SET, "c.pt", "")[0].dice == L.BENCHMARK
     with pytest.raises(L.LabelError) as info:
-        L.decide_labels(L.KITS19_LABELS, KITS23, "c.pt", "d/dataset.json")
+        L.decide_label_set(L.KITS19_SET, OWN23, "c.pt", "d/dataset.json")
     message = str(info.value)
     assert "\n" not in message and "c.pt" in message and "d/dataset.json" in message and "cyst 3" in message
+    fine_tuned, why = L.decide_label_set(L.KITS19_SET, OWN23, "c.pt", "d/dataset.json", fine_tune=True)
+    assert fine_tuned == OWN23 and "fine-tuned" in why
+    assert L.as_labels({"background": 0, "cyst": 3, "kidney": 1, "tumor": 2}) == KITS23   # a dict, ordered by value
 
 
-def test_metric_names_follow_the_labels_and_kits19_keeps_the_benchmarks():
-    assert L.dice_keys(L.KITS19_LABELS) == ("l1_dice", "l2_dice")
-    assert L.dice_keys(KITS23) == ("kidney_dice", "tumor_dice", "cyst_dice")
-    assert L.dice_keys(BINARY) == ("organ_dice",)                                   # one Dice, not two
-    odd = (("background", 0), ("Left Kidney", 1), ("mean", 2), ("l3", 3), ("", 4))
-    assert L.dice_keys(odd) == ("left_kidney_dice", "l2_dice", "l3_dice", "l4_dice")
-    for keys in (L.dice_keys(KITS23), L.dice_keys(odd)):
+def test_metric_names_follow_the_data_and_kits19_keeps_the_benchmarks():
+    assert L.KITS19_SET.keys == ("l1_dice", "l2_dice")
+    assert L.LabelSet(L.KITS19_LABELS).keys == ("kidney_dice", "tumor_dice")        # a described folder: names
+    assert OWN23.keys == ("kidney_dice", "tumor_dice", "cyst_dice")
+    assert OWN_BINARY.keys == ("organ_dice",)                                        # one Dice, not two
+    odd = L.LabelSet((("background", 0), ("Left Kidney", 1), ("mean", 2), ("l3", 3), ("", 4)))
+    assert odd.keys == ("left_kidney_dice", "l2_dice", "l3_dice", "l4_dice")
+    for keys in (OWN23.keys, odd.keys):
         check_record(EVAL, ["epoch", "mean_dice", *keys])                           # log.json takes them
     with pytest.raises(ValueError):
         check_record(EVAL, ["kidney_volume"])
 
 
 def test_the_division_names_own_data():
-    reasons = data_reasons(4, 2, "", "d/dataset.json describes KiTS23")
-    assert reasons[0] == "own data: d/dataset.json describes KiTS23"
-    assert not any("synthetic" in r for r in reasons)
+    from runtime.division import own_data_reason
+
+    described = ds.parse_description({"name": "KiTS23", "labels": dict(KITS23)}, "d/dataset.json")
+    assert own_data_reason(described).startswith("own data: d/dataset.json describes KiTS23 (labels background 0")
+    assert not any("synthetic" in r for r in data_reasons(4, 2, ""))
     assert data_reasons(168, 42) == []
 
 
@@ -113,8 +125,9 @@ def test_evaluation_leaves_a_label_absent_from_both_out_of_the_means():
 
     from model.losses import DiceCELoss
 
+    whole = lambda case, shape: tuple(slice(0, s) for s in shape)  # noqa: E731 - no padding
     metrics = evaluate(predict, volumes, DiceCELoss(), DiceScore(absent_nan=True), shape, 0.5, 1,
-                       torch.device("cpu"), labels=KITS23)
+                       torch.device("cpu"), scan_region=whole, label_set=OWN23)
     per_case = [[brute_force_dice(p, t, v) for v in (1, 2, 3)] for p, t in cases]
     expected = [float(np.nanmean([c[i] for c in per_case])) for i in range(3)]
     assert math.isnan(per_case[1][2])
@@ -124,10 +137,11 @@ def test_evaluation_leaves_a_label_absent_from_both_out_of_the_means():
     assert "l1_dice" not in metrics and metrics["eval_cases"] == 2
 
 
-def test_the_plan_holds_the_label_set_of_each_stage():
-    """The plan's ``labels`` (its field and its Decision, recorded once): before the data the
-    checkpoint's, else KiTS19's; after it (``resolve_data``) the data's description, which a
-    checkpoint's other label set contradicts in one line."""
+def test_the_plan_holds_the_datas_label_set_before_the_clock():
+    """The plan's ``labels`` and ``dice`` (fields and Decisions, recorded once), decided in the
+    first stage from the data's description (read before ``run_start``) and the checkpoint; the
+    data stage decides them no more; a checkpoint of other labels is refused in one line; a
+    described folder named like KiTS19 still scores nnU-Net's Dice."""
     from main_runs import TINY
     from runtime.arguments import UsageError, parse_args
     from runtime.checkpoint import Saved
@@ -135,21 +149,25 @@ def test_the_plan_holds_the_label_set_of_each_stage():
     from runtime.resolve import resolve, resolve_data
 
     cpu = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-    summary = types.SimpleNamespace(num_train=6, num_eval=2, train_bytes=0, synthetic="", own_data="own",
-                                    labels=KITS23, labels_from="d/dataset.json")
+    summary = types.SimpleNamespace(num_train=6, num_eval=2, train_bytes=0, synthetic="")
+    described = ds.parse_description({"name": "KiTS23", "labels": dict(KITS23)}, "d/dataset.json")
     config = parse_args(TINY)
     plan = resolve(config, cpu)
-    assert plan.labels == L.KITS19_LABELS and plan.decision("labels").value == L.KITS19_LABELS
+    assert plan.label_set == L.KITS19_SET and plan.decision("labels").value == L.KITS19_LABELS
+    assert plan.decision("dice").value == L.BENCHMARK
+    plan = resolve(config, cpu, dataset=described)
+    assert plan.labels == KITS23 and plan.dice == L.NNUNET and "d/dataset.json" in plan.why("labels")
     data_plan = resolve_data(plan, cpu, summary)
-    assert data_plan.labels == KITS23 and "d/dataset.json" in data_plan.why("labels")
-    assert [d.name for d in data_plan.decisions].count("labels") == 1 and plan.labels == L.KITS19_LABELS
-    assert L.run_labels(data_plan) == KITS23 and L.run_labels(config) == L.KITS19_LABELS
+    assert data_plan.label_set == OWN23 and [d.name for d in data_plan.decisions].count("labels") == 1
+    named_alike = ds.parse_description({"labels": dict(L.KITS19_LABELS)}, "k/dataset.json")
+    assert resolve(config, cpu, dataset=named_alike).label_set == L.LabelSet(L.KITS19_LABELS, L.NNUNET)
 
     binary = {"config": {"plan": [{"name": "labels", "value": [list(pair) for pair in BINARY]}]}}
-    plan = resolve(config, cpu, None, Saved("b.pt", binary, resume=False))
-    assert plan.labels == BINARY and "b.pt" in plan.why("labels")
+    plan = resolve(config, cpu, None, Saved("b.pt", binary, resume=False),
+                   dataset=ds.parse_description({"labels": dict(BINARY)}, "b/dataset.json"))
+    assert plan.labels == BINARY and "b/dataset.json" in plan.why("labels")
     with pytest.raises(UsageError) as info:
-        resolve_data(plan, cpu, summary)
+        resolve(config, cpu, None, Saved("b.pt", binary, resume=False), dataset=described)
     assert "\n" not in str(info.value) and "organ 1" in str(info.value) and "cyst 3" in str(info.value)
 
 

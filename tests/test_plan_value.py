@@ -255,7 +255,7 @@ def test_int8s_overflow_fix_is_decided_once_in_the_plan(saturate, fix, tmp_path,
     from runtime.inference import backends
 
     monkeypatch.setattr(resolve_module, "int8_pairs_saturate", lambda: saturate)
-    monkeypatch.setattr(resolve_module, "decide_backend", lambda config, device: ("openvino", "a stand-in"))
+    monkeypatch.setattr(resolve_module, "decide_backend", lambda config, device, benchmark: ("openvino", "a stand-in"))
     plan = resolve(parse_args(argv_of("predict", checkpoint, tmp_path) + ["--int8"]), CPU,
                    None, Saved(checkpoint, load_checkpoint(checkpoint), resume=False))
     assert plan.overflow_fix == fix and ("every layer" if saturate else "first layer") in plan.why("calibration")

@@ -37,39 +37,40 @@ def with_spacing(checkpoint: dict, spacing) -> dict:
 
 
 def test_the_plan_and_the_checkpoint_carry_the_datas_spacing(tmp_path):
-    """resolve: the checkpoint's (KiTS19's for one without it); resolve_data: the folder's,
-    saved with the plan (a checkpoint written from it reads it back); evaluate with a checkpoint
-    at another spacing: a one-line UsageError."""
+    """resolve: the data's (its description's, read before run_start; KiTS19's for a folder
+    without one), saved with the plan (a checkpoint written from it reads it back); predict: the
+    checkpoint's (KiTS19's for one without it); evaluate with a checkpoint at another spacing: a
+    one-line UsageError."""
+    from data_loading import description as ds
     from main_runs import TINY
     from runtime.arguments import UsageError, parse_args
-    from runtime.checkpoint import Saved, saved_spacing
+    from runtime.checkpoint import Saved, trained_network
     from runtime.distributed import DistInfo
     from runtime.plan import saved_values
-    from runtime.resolve import resolve, resolve_data
+    from runtime.resolve import resolve
 
     cpu = DistInfo(**CPU_KW)
-    summary = types.SimpleNamespace(num_train=6, num_eval=2, train_bytes=0, synthetic="", own_data="own",
-                                    labels=None, labels_from="d/dataset.json", target_spacing=OWN)
+    described = ds.parse_description({"labels": {"background": 0, "organ": 1}, "target_spacing": list(OWN)},
+                                     "d/dataset.json")
     config = parse_args(TINY)
-    plan = resolve(config, cpu)
-    assert plan.target_spacing == S.KITS19_SPACING
-    data_plan = resolve_data(plan, cpu, summary)
-    assert data_plan.target_spacing == OWN and "d/dataset.json" in data_plan.why("target_spacing")
-    assert S.run_spacing(data_plan) == OWN and S.run_spacing(config) == S.KITS19_SPACING
-    assert saved_spacing({"config": saved_values(data_plan)}) == OWN
-    assert saved_spacing(checkpoint_dict(architecture((4, 8, 16, 32, 32)))) == S.KITS19_SPACING  # old: KiTS19's
+    assert resolve(config, cpu).target_spacing == S.KITS19_SPACING
+    plan = resolve(config, cpu, dataset=described)
+    assert plan.target_spacing == OWN and "d/dataset.json" in plan.why("target_spacing")
+    saved = Saved("s.pt", {"config": saved_values(plan)}, resume=False)
+    assert trained_network(saved).target_spacing == OWN
+    old = Saved("o.pt", checkpoint_dict(architecture((4, 8, 16, 32, 32))), resume=False)
+    assert trained_network(old).target_spacing == S.KITS19_SPACING  # written before: KiTS19's
 
     ckpt = str(tmp_path / "c.pt")
     open(ckpt, "wb").close()
     evaluate = parse_args([*TINY, "--exec_mode", "evaluate", "--load_ckpt_path", ckpt])
-    old = checkpoint_dict(config)
-    plan = resolve(evaluate, cpu, None, Saved("c.pt", old, resume=False))
-    assert plan.target_spacing == S.KITS19_SPACING
+    kits = checkpoint_dict(config)
+    kits["config"]["plan"] = [{"name": "labels", "value": [["background", 0], ["organ", 1]]}]
     with pytest.raises(UsageError) as info:
-        resolve_data(plan, cpu, summary)
+        resolve(evaluate, cpu, None, Saved("c.pt", kits, resume=False), dataset=described)
     assert "\n" not in str(info.value) and "c.pt" in str(info.value) and "4 x 3 x 3 mm" in str(info.value)
-    plan = resolve(evaluate, cpu, None, Saved("c.pt", with_spacing(old, OWN), resume=False))
-    assert plan.target_spacing == OWN and resolve_data(plan, cpu, summary).target_spacing == OWN
+    plan = resolve(evaluate, cpu, None, Saved("c.pt", with_spacing(kits, OWN), resume=False), dataset=described)
+    assert plan.target_spacing == OWN
 
 
 @pytest.mark.parametrize("recorded", [None, OWN])
@@ -115,15 +116,14 @@ def test_predict_resamples_to_the_checkpoints_spacing(tmp_path, monkeypatch, rec
     assert expected == ((25, 30, 27) if recorded is None else (10, 12, 11))
 
 
-def test_the_folders_summary_has_its_descriptions_spacing(tmp_path):
-    """The preprocessed folder's summary carries the spacing its dataset.json records (None
-    without a description: KiTS19's folder)."""
-    import dataclasses
+def test_the_folders_description_has_its_spacing(tmp_path):
+    """The preprocessed folder's description carries the spacing its dataset.json records
+    (None without a description: KiTS19's folder)."""
     import json
 
     from data_loading import description as ds
     from data_loading.data_loader import PreprocessedData
-    from test_labels import KITS23, loader_config, write_preprocessed
+    from test_labels import KITS23, write_preprocessed
 
     folder = write_preprocessed(tmp_path / "own", KITS23)
     path = os.path.join(folder, ds.DESCRIPTION_FILE)
@@ -132,7 +132,6 @@ def test_the_folders_summary_has_its_descriptions_spacing(tmp_path):
     record["target_spacing"] = list(OWN)
     with open(path, "w") as handle:
         json.dump(record, handle)
-    config = dataclasses.replace(loader_config(folder), exec_mode="evaluate")
-    assert PreprocessedData(folder).summary(config).target_spacing == OWN
+    assert PreprocessedData(folder).description().target_spacing == OWN
     os.remove(path)
-    assert PreprocessedData(folder).summary(config).target_spacing is None
+    assert PreprocessedData(folder).description() is None

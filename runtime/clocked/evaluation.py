@@ -9,20 +9,21 @@ from typing import Callable, Iterable, Sequence
 import torch
 from mlperf_logging.mllog import constants as C
 
+from data_loading.dataset import DataError
 from data_loading.windows import region_in_trimmed
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
 from runtime.build import Components
 from runtime.clocked.reporters import Reporters
 from runtime.inference.predictor import build_predictor, options_from
-from runtime.inference.sliding_window import sliding_window_inference, trim_like_window
-from runtime.labels import BENCHMARK, KITS19_LABELS, dice_definition, dice_keys, is_kits19, mean_of, run_labels
+from runtime.inference.sliding_window import flush_sliding_window_inference, sliding_window_inference, trim_like_window
+from runtime.labels import KITS19_SET, LabelSet
 
 
 def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable, loss_fn, score_fn,
              roi: Sequence[int], overlap: float, sw_batch_size: int, device: torch.device, progress=None,
              cases: list | None = None, scan_region: Callable | None = None,
-             labels=KITS19_LABELS) -> dict[str, float]:
+             label_set: LabelSet = KITS19_SET) -> dict[str, float]:
     """Evaluate the volumes of this rank and combine all ranks exactly.
 
     ``predict``: windows -> logits (:func:`runtime.inference.predictor.build_predictor`; the caller puts
@@ -31,13 +32,19 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
     divided: every case weighs the same whatever the world size, and a rank with no case
     contributes zeros.
 
+    ``label_set`` (``runtime.labels``): the keys of the Dice per label and what is scored. The
+    benchmark's data: the benchmark's sliding window (its trimmed volume, padding included) and
+    Dice (a label absent from both: 1.0), bit for bit the reference's. Own data: every voxel
+    windowed as predict windows a scan (:func:`flush_sliding_window_inference`), then scored on
+    the scan's own voxels only (``scan_region``: the min-shape padding preprocessing added is
+    left out; a case without its region is a ``DataError``), nnU-Net's Dice (absent from both:
+    NaN, left out of the means).
+
     ``cases``: a list that receives this rank's :func:`case_scores` per case (each a host sync;
     the sums do not change). ``scan_region(case_id, shape)``: the slices of the scan inside the
     stored volume (None: unknown), for the Dice inside the scan that ``case_scores`` adds.
-    ``labels``: the run's label set (``runtime.labels``): the keys of the Dice per label
-    (KiTS19's ``l1_dice``, ``l2_dice``) and how a label absent from both counts.
     """
-    keys = dice_keys(labels)
+    keys = label_set.keys
     k = len(keys)
     # loss, the Dice sum of each label, the cases that score each label (NaN: absent from both,
     # own data only), cases
@@ -47,28 +54,39 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
             image = image.to(device, non_blocking=True)
             label = label.to(device, non_blocking=True)
             shape = tuple(image.shape[2:])
-            logits = sliding_window_inference(predict, image, roi, overlap, sw_batch_size)
-            label = trim_like_window(label, roi, overlap)
+            region = scan_region(case_id, shape) if scan_region is not None else None
+            if label_set.benchmark:
+                logits = sliding_window_inference(predict, image, roi, overlap, sw_batch_size)
+                label = trim_like_window(label, roi, overlap)
+                inside = region and region_in_trimmed(region, shape, roi, overlap)
+            else:
+                if region is None:
+                    raise DataError(f"case {case_id}: no case_{case_id}_geometry.json beside its arrays, so the scan's "
+                                    "own voxels are unknown: preprocess the data again with preprocess_dataset.py")
+                logits = flush_sliding_window_inference(predict, image, roi, overlap, sw_batch_size)
+                logits, label = logits[(..., *region)], label[(..., *region)]
+                inside = None  # the whole scored volume is the scan's
             loss, scores = loss_fn(logits, label).double(), foreground(score_fn(logits, label), k).double()
             sums[0] += loss
             sums[1:1 + k] += torch.nan_to_num(scores, nan=0.0)
             sums[1 + k:1 + 2 * k] += (~torch.isnan(scores)).double()
             sums[-1] += 1
             if cases is not None:
-                region = scan_region(case_id, shape) if scan_region is not None else None
-                inside = region and region_in_trimmed(region, shape, roi, overlap)
-                cases.append(case_scores(case_id, loss, scores, inside and foreground(score_fn(
-                    logits[(..., *inside)], label[(..., *inside)]), k), labels))
+                if not label_set.benchmark:
+                    scan_scores = scores
+                else:
+                    scan_scores = inside and foreground(score_fn(logits[(..., *inside)], label[(..., *inside)]), k)
+                cases.append(case_scores(case_id, loss, scores, scan_scores, label_set))
     D.all_reduce_sum(sums)
     values = sums.tolist()
     loss, totals, scored, count = values[0], values[1:1 + k], values[1 + k:1 + 2 * k], values[-1]
     if count == 0:
         raise RuntimeError("no evaluation case on any rank")
-    if dice_definition(labels) == BENCHMARK:  # every case scores every label
+    if label_set.benchmark:  # every case scores every label
         means = [total / count for total in totals]
     else:  # nnU-Net's: the mean over the cases that have the label (NaN when none has)
         means = [total / n if n else math.nan for total, n in zip(totals, scored)]
-    return {"eval_loss": loss / count, **dict(zip(keys, means)), "mean_dice": mean_of(means, labels),
+    return {"eval_loss": loss / count, **dict(zip(keys, means)), "mean_dice": label_set.mean(means),
             "eval_cases": int(count)}
 
 
@@ -81,18 +99,18 @@ def foreground(scores: torch.Tensor, count: int = 2) -> torch.Tensor:
 
 
 def case_scores(case_id: str, loss: torch.Tensor, scores: torch.Tensor, inside: torch.Tensor | None,
-                labels=KITS19_LABELS) -> dict:
-    """One case's numbers: the benchmark's (its Dice on the whole stored volume, as summed
-    into the mean) and, when the scan's region is known, the Dice inside the scan. KiTS19's
-    columns are ``kidney_dice`` and ``tumour_dice``; another label set's are named after its labels
-    (``runtime.labels.dice_keys``), NaN where a label is absent from both."""
+                label_set: LabelSet = KITS19_SET) -> dict:
+    """One case's numbers: its Dice as summed into the mean and, when the scan's region is known,
+    the Dice inside the scan (own data: the same numbers, its scored volume is the scan's).
+    The benchmark's columns are ``kidney_dice`` and ``tumour_dice``; own data's are named after
+    its labels (``runtime.labels.LabelSet.keys``), NaN where a label is absent from both."""
     values = [float(v) for v in scores.tolist()]
-    keys = ("kidney_dice", "tumour_dice") if is_kits19(labels) else dice_keys(labels)
-    record = {"case": case_id, **dict(zip(keys, values)), "mean_dice": mean_of(values, labels),
+    keys = label_set.case_keys
+    record = {"case": case_id, **dict(zip(keys, values)), "mean_dice": label_set.mean(values),
               "eval_loss": float(loss), **{f"scan_{key}": None for key in keys}, "scan_mean_dice": None}
     if inside is not None:
         scan = [float(v) for v in inside.double().tolist()]
-        record.update({f"scan_{key}": value for key, value in zip(keys, scan)}, scan_mean_dice=mean_of(scan, labels))
+        record.update({f"scan_{key}": value for key, value in zip(keys, scan)}, scan_mean_dice=label_set.mean(scan))
     return record
 
 
@@ -121,7 +139,7 @@ def run_evaluation(components: Components, out: Reporters, epoch: int, cases: li
                            cfg.sw_batch_size, components.dist.device,
                            progress=lambda it: out.progress(it, desc=f"eval {epoch} cases", total=len(loader),
                                                             always=True),
-                           cases=cases, scan_region=getattr(loader, "scan_region", None), labels=run_labels(cfg))
+                           cases=cases, scan_region=getattr(loader, "scan_region", None), label_set=cfg.label_set)
     finally:
         model.train()
     out.mlperf.event(C.EVAL_ACCURACY, value=metrics["mean_dice"], metadata=at)

@@ -15,7 +15,6 @@ from runtime.arguments import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
 from runtime.clocked.reporters import Reporters, abort_clock_on_error, start_clock
 from runtime.host import record_run
-from runtime.labels import labels_text, n_classes
 from runtime.mode import Session
 from runtime.outputs import move_previous_run
 from runtime.plan import RunPlan
@@ -91,16 +90,19 @@ def start_run(session: Session, saved: ckpt.Saved | None,
               curves: Callable[[str, float], object] | None = None) -> tuple[Reporters, Components]:
     """The run up to its first step, around the MLPerf clock: ``(reporters, components)``.
 
-    Before ``run_start`` nothing lists, opens, maps or uploads a file of the data: the config
-    resolved without it, the reporters opened, ``init_start``, the model, optimizer and train
-    step built from ``saved`` (the checkpoint started from, or None) and, where its first steps
-    compile, warmed up on zeros (``build.warm_up``), ``init_stop``. After
-    ``run_start``: the data listed and checked (``summary``), the values that need it resolved
-    (``resolve_data``), this rank's loaders built (labels read, volumes checked, the device
-    cache filled). An error from then on ends the MLPerf log with ``run_stop`` aborted."""
+    Before ``run_start`` nothing lists, opens, maps or uploads a case of the data: the config
+    resolved with what the data says of itself (a described folder's ``dataset.json``: its
+    labels, Dice and spacing, so that the network is built once, with its outputs; KiTS19's
+    folder has none), the reporters opened, ``init_start``, the model, optimizer and train step
+    built from ``saved`` (the checkpoint started from, or None) and, where its first steps
+    compile, warmed up on zeros (``build.warm_up``), ``init_stop``. After ``run_start``: the
+    data listed and checked (``summary``), the values that need it resolved (``resolve_data``),
+    this rank's loaders built (labels read, volumes checked, the device cache filled). An error
+    from then on ends the MLPerf log with ``run_stop`` aborted."""
     from data_loading.data_loader import data_source
 
-    config = resolve(session.config, session.dist, None, saved)
+    data = session.source if session.source is not None else data_source(session.config)
+    config = resolve(session.config, session.dist, None, saved, dataset=data.description())
     apply_host_memory(config)
     out = make_reporters(session, config, saved, curves)
     session.on_exit.callback(close_reporters, out)
@@ -118,27 +120,11 @@ def start_run(session: Session, saved: ckpt.Saved | None,
     session.on_exit.push(abort_clock_on_error(out, components.state))
     start_clock(out)
     # -- the clock runs: the data from here on
-    data = session.source if session.source is not None else data_source(session.config)
     config = resolve_data(components.config, session.dist, data.summary(components.config))
     not_closed = config.decision("not_closed")  # its log said closed; the data is not KiTS19's
     if not_closed is not None:
         out.mlperf.not_closed(not_closed.value)
-    components = network_for_labels(components, config, saved, out)
     return out, with_loaders(components, data, config)
-
-
-def network_for_labels(components: Components, plan, saved: ckpt.Saved | None, out: Reporters) -> Components:
-    """``components`` whose network has one output per label of ``plan``'s label set (its
-    ``labels``, which the data stage decided after ``run_start`` from the folder's description;
-    nothing is decided here). Before the clock the network was built with the first stage's
-    label set (the checkpoint's, else KiTS19's: the data cannot be read then); an own-data run
-    without a checkpoint whose labels are not three builds its network, optimizer and train step
-    again from ``plan`` here, on the clock (the run is open)."""
-    if n_classes(plan.labels) == n_classes(components.config.labels):
-        return components
-    out.say(f"{n_classes(plan.labels)} labels ({labels_text(plan.labels)}): the network built again with "
-            f"{n_classes(plan.labels)} outputs after run_start (the data's description is read on the clock)")
-    return build_components(plan, components.dist, None, saved)
 
 
 def started(session: Session, curves: Callable[[str, float], object] | None = None

@@ -13,7 +13,6 @@ from runtime.clocked.start import started
 from runtime.evaluate.components import evaluation_components
 from runtime.evaluate.report import (OWN_CASES, OWN_RECORDS, OwnRecords, explain_scores, holds_training_run,
                                      write_case_scores)
-from runtime.labels import dice_keys, run_labels
 from runtime.mode import Session
 from runtime.resolve import window_line
 from runtime.run_files import BACKEND, EVAL
@@ -35,13 +34,13 @@ def evaluate_body(session: Session) -> int:
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
     cases = [case for part in D.all_gather_objects(cases) for case in part]
     out.say(f"mean_dice {metrics['mean_dice']:.4f}")
-    per_label = "  ".join(f"{key} {metrics[key]:.4f}" for key in dice_keys(run_labels(components.config)))
+    per_label = "  ".join(f"{key} {metrics[key]:.4f}" for key in components.config.label_set.keys)
     out.say(f"{per_label}  eval_loss {metrics['eval_loss']:.4f}  cases {metrics['eval_cases']}")
     if saved is not None:
         out.say(f"weights: {ckpt.weights_description(saved.checkpoint)} of {saved.path}")
     out.say(window_line(components.config))  # the benchmark's 128³ unless --val_input_shape
     out.say(f"backend: {components.config.why('backend')}")  # PyTorch unless --backend asks for another
-    for line in explain_scores(cases):
+    for line in explain_scores(cases, components.config):
         out.say(line)
     out.metrics.write(BACKEND, backend=components.config.backend, why=components.config.why("backend"))
     out.metrics.write(EVAL, epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)

@@ -117,9 +117,11 @@ def _openvino_version() -> str:
     return openvino.__version__.split("-")[0]
 
 
-def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
+def decide_backend(config: Config, device: torch.device, benchmark: bool = True) -> tuple[str, str]:
     """``(backend, why)``: the backend (``torch`` or ``openvino``) this run uses on ``device`` and
-    one line saying why (see the module docstring), for ``resolve()`` to record. Raises
+    one line saying why (see the module docstring), for ``resolve()`` to record. ``benchmark``:
+    the data is the benchmark's (evaluate's ``auto`` runs the network as trained); on own data
+    evaluate's ``auto`` chooses as predict's does, so that the two score one network alike. Raises
     :class:`UsageError` (one line) when ``--backend openvino`` or ``--int8`` cannot run here."""
     asked = config.backend
     if not config.mode.chooses_backend:
@@ -128,7 +130,7 @@ def decide_backend(config: Config, device: torch.device) -> tuple[str, str]:
         if config.int8 and "int8" not in BACKENDS["torch"].precisions:
             raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
         return "torch", "--backend torch: PyTorch"
-    if asked == "auto" and config.mode.scores_as_trained:
+    if asked == "auto" and config.mode.scores_as_trained and benchmark:
         return "torch", ("--backend auto: PyTorch, the network as trained "
                          "(evaluate computes the benchmark's Dice; --backend openvino asks for OpenVINO)")
     levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]

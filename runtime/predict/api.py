@@ -31,7 +31,6 @@ from runtime.checkpoint import Saved
 from runtime.inference.backends import say_on, window_predictor
 from runtime.mode import int8_problems, problems
 from runtime.predict.calibration import calibration_policy
-from runtime.spacing import run_spacing
 from runtime.predict.records import Dice, score  # noqa: F401 - the API's Dice (NaN: a label absent from both)
 from runtime.predict.scan import (EnsembleInference, ScanInference, Segmentation, StageTimer, load_trained_model,
                                   segment_volume)
@@ -257,7 +256,7 @@ class Segmenter:
         """A volume read into the KiTS19 layout -> its :class:`Segmentation` on its own grid,
         int8 on ``calibration`` (:meth:`calibration_for`; None: the policy's one set, or fp32)."""
         infer = self._inference(calibration if calibration is not None else self.policy.set_for(None, None))
-        return segment_volume(raw, infer, timer or StageTimer(), probabilities, path, run_spacing(self.config))
+        return segment_volume(raw, infer, timer or StageTimer(), probabilities, path, self.config.target_spacing)
 
     def segment_file(self, path: str | os.PathLike, probabilities: bool = False) -> Segmentation:
         """Segment one scan file (NIfTI; NRRD, MHA/MHD or a DICOM series with SimpleITK), any

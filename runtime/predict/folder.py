@@ -35,7 +35,6 @@ from data_loading.scans import Scan, ScanError, find_inputs, output_path
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
-from runtime.labels import run_labels
 from runtime.outputs import OutputError
 from runtime.progress import progress, write
 from runtime.predict.api import Segmenter
@@ -175,13 +174,13 @@ def reuse(scan: Scan, outputs: ScanOutputs, earlier: Earlier, current: dict,
                                                                and os.path.exists(outputs.probabilities)):
         replaced = "without saved probabilities"
     if another_model(stored, current) and not config.force:
-        result = summarise_existing(scan, outputs.segmentation, run_labels(config))
+        result = summarise_existing(scan, outputs.segmentation, config.label_set)
         result.status, result.provenance = "kept", stored
         result.error = (f"{outputs.segmentation} was made by another model ({model_text(stored)}): kept; --force "
                         "replaces it")
         return result, ""
     if replaced is None and not config.force:
-        result = summarise_existing(scan, outputs.segmentation, run_labels(config))
+        result = summarise_existing(scan, outputs.segmentation, config.label_set)
         result.provenance = stored
         return result, ""
     if replaced and another_model(stored, current):
@@ -211,7 +210,7 @@ def segment_recorded(scan: Scan, segmenter: Segmenter, calibration, outputs: Sca
     try:
         result = segment_scan(scan, segmenter, config.output_dir, config.preview,
                               probabilities=config.save_probabilities, calibration=calibration,
-                              label_set=run_labels(config))
+                              label_set=config.label_set)
         write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(outputs.record, reason, is_full_disk(exc)))
     except BaseException:
         # stopped or failed with a segmentation there (this run's, or with --force the earlier

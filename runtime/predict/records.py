@@ -35,7 +35,7 @@ import numpy as np
 
 from data_loading.atomic import atomic_write
 from data_loading.write_errors import write_failure
-from model.losses import label_map_dice
+from runtime.labels import LabelSet
 from runtime.predict.provenance import FIELDS as PROVENANCE_FIELDS
 
 DICE_FIELDS = ("l1_dice", "l2_dice", "mean_dice", "kits_kidney_dice", "kits_tumour_dice")
@@ -52,49 +52,81 @@ AGGREGATES = ("count", "mean")  # the rows after the scans': how many scans each
 
 @dataclass(frozen=True)
 class Dice:
-    """One scan's Dice against its ground truth (same grid), predict's definition: the
-    benchmark's per-label formula (:func:`model.losses.label_map_dice`), except that a label
-    absent from both is NaN (nothing to score) rather than 1.0. ``l1_dice`` label 1 (kidney
-    without tumour), ``l2_dice`` label 2 (tumour), ``mean_dice`` their mean over the labels
-    that are scored (NaN when neither is), ``kits_kidney_dice`` labels 1 and 2 as one (KiTS19's
-    "Kidney"), ``kits_tumour_dice`` label 2 (KiTS19's "Tumour")."""
+    """One scan's Dice against its ground truth (same grid), nnU-Net's definition
+    (``compute_metrics``): per label ``2·TP / (2·TP + FP + FN)``, NaN for a label absent from both
+    (nothing to score), counted where the truth is not nnU-Net's ignore label. ``per_label``:
+    ``{value: Dice}`` in value order; ``mean_dice`` the mean of those that are scored (NaN when
+    none is). ``l1_dice``, ``l2_dice``: labels 1 and 2 (KiTS19's kidney without tumour, tumour)."""
 
-    l1_dice: float
-    l2_dice: float
+    per_label: dict
     mean_dice: float
-    kits_kidney_dice: float
-    kits_tumour_dice: float
+
+    @property
+    def l1_dice(self) -> float:
+        return self.per_label.get(1, math.nan)
+
+    @property
+    def l2_dice(self) -> float:
+        return self.per_label.get(2, math.nan)
 
 
-def score(labels: np.ndarray, truth: np.ndarray) -> Dice:
-    """:class:`Dice` of the label map ``labels`` against ``truth`` (same shape)."""
+def label_dice(labels: np.ndarray, truth: np.ndarray, value, keep: np.ndarray | None = None) -> float:
+    """nnU-Net's Dice of one label ``value`` (``2·TP / (2·TP + FP + FN)``, NaN when it is in
+    neither map), over the voxels ``keep`` (all when None)."""
+    p, t = labels == value, truth == value
+    if keep is not None:
+        p, t = p & keep, t & keep
+    both = int(np.count_nonzero(p & t))
+    total = int(np.count_nonzero(p)) + int(np.count_nonzero(t))
+    return 2.0 * both / total if total else math.nan
+
+
+def score(labels: np.ndarray, truth: np.ndarray, label_set=None, ignore: int | None = None) -> Dice:
+    """:class:`Dice` of the label map ``labels`` against ``truth`` (same shape), every label of a
+    label set scored: ``label_set`` a ``runtime.labels.LabelSet`` (its foreground labels and its
+    ignore label), or label values; None: every label other than 0 that the truth or the
+    prediction holds (a binary map: one Dice). ``ignore``: nnU-Net's ignore label's value, whose
+    voxels of the truth are not scored (a ``LabelSet``'s own by default)."""
     labels, truth = np.asarray(labels), np.asarray(truth)
-    l1, l2 = (value if (labels == c).any() or (truth == c).any() else math.nan
-              for c, value in zip((1, 2), label_map_dice(labels, truth)))
-    scored = [v for v in (l1, l2) if not math.isnan(v)]
-    (kidney,) = label_map_dice(labels > 0, truth > 0, classes=(True,))
-    kidney = kidney if (labels > 0).any() or (truth > 0).any() else math.nan
-    return Dice(l1, l2, sum(scored) / len(scored) if scored else math.nan, kidney, l2)
+    if labels.shape != truth.shape:
+        raise ValueError(f"labels {labels.shape} and truth {truth.shape} differ in shape")
+    if isinstance(label_set, LabelSet):
+        ignore = label_set.ignore if ignore is None else ignore
+        values = [value for _, value in label_set.foreground]
+    elif label_set is not None:
+        values = sorted(int(v) for v in label_set)
+    else:
+        present = set(np.unique(truth).tolist()) | set(np.unique(labels).tolist())
+        values = sorted(int(v) for v in present - {0, ignore})
+    keep = None if ignore is None else truth != ignore
+    per_label = {value: label_dice(labels, truth, value, keep) for value in values}
+    scored = [v for v in per_label.values() if not math.isnan(v)]
+    return Dice(per_label, sum(scored) / len(scored) if scored else math.nan)
+
+
+def kits19_dice(labels: np.ndarray, truth: np.ndarray) -> dict:
+    """The KiTS19 columns of predict's summary: ``l1_dice``, ``l2_dice`` and ``mean_dice``
+    (:func:`score` of labels 1 and 2), ``kits_kidney_dice`` labels 1 and 2 as one (KiTS19's
+    "Kidney"), ``kits_tumour_dice`` label 2 (KiTS19's "Tumour")."""
+    labels, truth = np.asarray(labels), np.asarray(truth)
+    dice = score(labels, truth, (1, 2))
+    kidney = label_dice(labels > 0, truth > 0, True)
+    return {"l1_dice": dice.l1_dice, "l2_dice": dice.l2_dice, "mean_dice": dice.mean_dice,
+            "kits_kidney_dice": kidney, "kits_tumour_dice": dice.l2_dice}
 
 
 def own_label_numbers(labels: np.ndarray, truth: np.ndarray | None, spacing, label_set) -> dict:
     """Each label's volume (``<name>_ml``) and, with a ground truth, its Dice (``<name>_dice``,
-    ``runtime.labels.dice_keys``: nnU-Net's, NaN for a label absent from both) and ``mean_dice``
-    (their mean, NaN left out), for a network trained on another label set than KiTS19's."""
+    ``runtime.labels.LabelSet.keys``: :func:`score`, nnU-Net's) and ``mean_dice``, for a network
+    of own data (any label set that is not the benchmark's)."""
     from data_loading.scans import class_volumes_ml
-    from runtime.labels import dice_keys, foreground, mean_of
 
-    keys, values = dice_keys(label_set), [value for _, value in foreground(label_set)]
+    keys, values = label_set.keys, [value for _, value in label_set.foreground]
     numbers = {f"{key[:-len('_dice')]}_ml": ml for key, ml in zip(keys, class_volumes_ml(labels, spacing, values))}
     if truth is not None:
-        labels, truth = np.asarray(labels), np.asarray(truth)
-        scores = []
-        for c in values:  # nnU-Net's 2·TP / (2·TP + FP + FN), NaN when the label is in neither
-            p, t = labels == c, truth == c
-            total = int(np.count_nonzero(p)) + int(np.count_nonzero(t))
-            scores.append(2.0 * int(np.count_nonzero(p & t)) / total if total else math.nan)
-        numbers.update(zip(keys, scores))
-        numbers["mean_dice"] = mean_of(scores, label_set)
+        dice = score(labels, truth, label_set)
+        numbers.update(zip(keys, (dice.per_label[value] for value in values)))
+        numbers["mean_dice"] = dice.mean_dice
     return numbers
 
 
@@ -142,8 +174,8 @@ class CaseResult:
     per_label: dict = field(default_factory=dict)
 
     def score(self, labels: np.ndarray, truth: np.ndarray) -> None:
-        """The :class:`Dice` of ``labels`` against ``truth`` (same grid) into this result."""
-        for name, value in asdict(score(labels, truth)).items():
+        """The KiTS19 Dice of ``labels`` against ``truth`` (same grid, :func:`kits19_dice`) into this result."""
+        for name, value in kits19_dice(labels, truth).items():
             setattr(self, name, value)
 
     def line(self) -> str:
@@ -185,18 +217,26 @@ def result_row(result: CaseResult) -> dict:
     return row
 
 
+KITS19_FIELDS = ("kidney_ml", "tumour_ml", *DICE_FIELDS)  # KiTS19's network's numbers
+
+
 def summary_fields(rows: Sequence[dict]) -> tuple[str, ...]:
     """``SUMMARY_FIELDS`` and, after them, the columns of a network of another label set
-    (``<name>_ml``, ``<name>_dice``) in the order its rows give them."""
+    (``<name>_ml``, ``<name>_dice``) in the order its rows give them; KiTS19's columns only where
+    a row has a value in one (a summary of own data's network has its labels' columns only)."""
     extra = {key: None for row in rows for key in row if key not in SUMMARY_FIELDS}
-    return (*SUMMARY_FIELDS, *extra)
+    kits19 = not extra or any(row.get(key) is not None for row in rows for key in KITS19_FIELDS if key != "mean_dice")
+    own = extra and any(row.get(key) is not None for row in rows for key in extra)
+    fields = SUMMARY_FIELDS if kits19 or not own else tuple(f for f in SUMMARY_FIELDS
+                                                             if f not in KITS19_FIELDS or f == "mean_dice")
+    return (*fields, *extra)
 
 
 def aggregate_rows(rows: Sequence[dict]) -> list[dict]:
     """The ``count`` and ``mean`` rows of the scans' ``rows`` (none when no scan has a ground
     truth): per Dice column, how many scans score it (a number, not NaN) and their mean."""
     fields = summary_fields(rows)
-    dice_fields = (*DICE_FIELDS, *(k for k in fields[len(SUMMARY_FIELDS):] if k.endswith("_dice")))
+    dice_fields = [k for k in fields if k in DICE_FIELDS or (k not in SUMMARY_FIELDS and k.endswith("_dice"))]
     scored = {key: [v for v in (_number(row.get(key)) for row in rows) if v is not None and not math.isnan(v)]
               for key in dice_fields}
     with_truth = sum(any(_number(row.get(key)) is not None for key in dice_fields) for row in rows)

@@ -36,7 +36,6 @@ from data_loading.write_errors import is_full_disk, write_or_raise
 from runtime.arguments import Config
 from runtime.build import build_model
 from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
-from runtime.labels import is_kits19
 from runtime.outputs import OutputError
 from runtime.predict.records import CaseResult, own_label_numbers
 from runtime.signals import Stopped
@@ -175,7 +174,7 @@ def segment_volume(raw: RawScan, infer: Callable[[np.ndarray], torch.Tensor], ti
     """A scan read into the KiTS19 layout (``raw``) -> its :class:`Segmentation` on its own grid
     and axes: preprocess, ``infer`` (preprocessed image -> class probabilities), back to the
     original grid and axes (with ``probabilities``, the probabilities too). ``target``: the
-    spacing the network was trained at (``runtime.spacing.run_spacing``; None: KiTS19's). A volume that
+    spacing the network was trained at (the plan's ``target_spacing``; None: KiTS19's). A volume that
     does not look like CT in HU is refused first (:func:`data_loading.scan_checks.check_ct_intensities`:
     ``ScanError``, one line naming ``path``).
 
@@ -255,10 +254,14 @@ def write_output(path: str, write: Callable[[], None]) -> None:
     write_or_raise(write, lambda reason, exc: OutputWriteError(path, reason, is_full_disk(exc)))
 
 
-def label_values_of(label_set) -> dict:
+def label_values_of(label_set, truth: bool = False) -> dict:
     """``label_values`` for :func:`data_loading.scans.read_label` of a network's label set
-    (``runtime.labels``; none: KiTS19's, the readers' default)."""
-    return {} if label_set is None else {"label_values": tuple(value for _, value in label_set)}
+    (``runtime.labels``; none: KiTS19's, the readers' default); a ``truth`` may also hold the
+    data's ignore label (its voxels are not scored), a segmentation never does."""
+    if label_set is None:
+        return {}
+    values = tuple(value for _, value in label_set.labels)
+    return {"label_values": values + ((label_set.ignore,) if truth and label_set.ignore is not None else ())}
 
 
 def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray | None,
@@ -267,7 +270,7 @@ def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray
     """A :class:`CaseResult` from the labels on the scan's grid (and the ground truth).
     ``label_set``: the network's (``runtime.labels``; None: KiTS19's); another than KiTS19's
     gives each label's volume and Dice under its name (:func:`runtime.predict.records.own_label_numbers`)."""
-    if label_set is not None and not is_kits19(label_set):
+    if label_set is not None and not label_set.benchmark:
         result = CaseResult(scan.name, status, scan.image_path, tuple(int(s) for s in labels.shape),
                             tuple(float(s) for s in spacing), seconds=seconds,
                             stages=stages if stages is not None else {})
@@ -309,7 +312,7 @@ def segment_scan(scan: Scan, segmenter: VolumeSegmenter, output_dir: str,
     with timer("read"):
         raw = read_scan(scan.image_path)  # in the KiTS19 layout the network was trained in
         truth = (read_label(scan.label_path, raw.file_shape, raw.orientation, scan.image_path,
-                            **label_values_of(label_set)) if scan.label_path else None)
+                            **label_values_of(label_set, truth=True)) if scan.label_path else None)
     if raw.note:  # the header's pixdim disagrees with its affine: which spacing was used
         print(raw.note, flush=True)
     segmentation = segmenter.segment_raw(raw, probabilities, scan.image_path, timer, calibration=calibration)
@@ -357,6 +360,6 @@ def draw_preview(result: CaseResult, path: str, image: np.ndarray, labels: np.nd
 def summarise_existing(scan: Scan, path: str, label_set=None) -> CaseResult:
     """The summary of a scan whose segmentation ``path`` exists already (skipped, no --force)."""
     labels, spacing = read_labels_file(path, **label_values_of(label_set))
-    truth = (read_label(scan.label_path, labels.shape, scan_path=scan.image_path, **label_values_of(label_set))
+    truth = (read_label(scan.label_path, labels.shape, scan_path=scan.image_path, **label_values_of(label_set, True))
              if scan.label_path else None)
     return scored_result(scan, "skipped", labels, truth, spacing, label_set=label_set)

@@ -19,7 +19,6 @@ from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.clocked.evaluation import run_evaluation
 from runtime.clocked.reporters import Reporters, start_clock, stop_clock
-from runtime.labels import dice_keys, foreground, is_kits19, run_labels
 from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
 from runtime.run_log import MLPerfLogger
 from runtime.outputs import OutputError
@@ -231,10 +230,10 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
 def per_label_text(metrics: dict, config) -> str:
     """``kidney 0.9000, tumour 0.8000`` (KiTS19's words) or ``kidney 0.9000, tumor 0.8000, cyst nan``
     (the run's labels, ``runtime.labels``)."""
-    labels = run_labels(config)
-    if is_kits19(labels):
+    label_set = config.label_set
+    if label_set.benchmark:
         return f"kidney {metrics['l1_dice']:.4f}, tumour {metrics['l2_dice']:.4f}"
-    return ", ".join(f"{name} {metrics[key]:.4f}" for (name, _), key in zip(foreground(labels), dice_keys(labels)))
+    return ", ".join(f"{name} {metrics[key]:.4f}" for (name, _), key in zip(label_set.foreground, label_set.keys))
 
 
 def report_epoch(components: Components, out: Reporters, epoch: int, result: EpochResult) -> None:
