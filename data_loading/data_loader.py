@@ -88,7 +88,7 @@ class TrainLoader(EpochShape):
                  brightness: str, seed: int, num_shards: int, rank: int, batch_size: int,
                  cache: str, device: torch.device | None, num_workers: int, prefetch_depth: int,
                  eager: bool = True, crop: str = "reference", ga_steps: int = 1, last_batch: str = "pad",
-                 n_class: int = len(KITS19.labels)):
+                 n_class: int = len(KITS19.labels), ignore: int | None = None):
         if cache not in ("none", "memory", "device"):
             raise ValueError(f"TrainLoader cache must be none, memory or device, got {cache!r}")
         self.cases, self.patch, self.seed = list(cases), tuple(patch), seed
@@ -97,6 +97,7 @@ class TrainLoader(EpochShape):
         self.ga_steps, self.last_batch = ga_steps, last_batch
         self.cache, self.device = cache, device
         self.n_class = n_class  # label values 0..n_class-1; 1..n_class-1 are the foreground to oversample
+        self.ignore = ignore  # nnU-Net's ignore label (no class), a value its labels may hold too
         self.num_workers = 0 if cache == "device" else num_workers
         self._prepare_threads = max(1, num_workers)
         self.prefetch_depth = prefetch_depth
@@ -113,7 +114,7 @@ class TrainLoader(EpochShape):
         """Compute the foreground boxes and fill the cache (once)."""
         if self.dataset is not None:
             return
-        boxes = compute_boxes(self.cases, self._prepare_threads, self.n_class)
+        boxes = compute_boxes(self.cases, self._prepare_threads, self.n_class, self.ignore)
         self.dataset = TrainingSet(self.cases, boxes, self.patch, self.oversampling,
                                    self.brightness, self.seed,
                                    cache="memory" if self.cache == "device" else self.cache, crop=self.crop)
@@ -173,8 +174,8 @@ class EvalLoader:
     """This rank's evaluation volumes, whole, one at a time: ``(image, label, case_id)``."""
 
     def __init__(self, cases: Sequence[Case], num_cases: int, device: torch.device | None,
-                 prefetch_depth: int, n_class: int = len(KITS19.labels)):
-        self.cases, self.num_cases, self.n_class = list(cases), num_cases, n_class
+                 prefetch_depth: int, n_class: int = len(KITS19.labels), ignore: int | None = None):
+        self.cases, self.num_cases, self.n_class, self.ignore = list(cases), num_cases, n_class, ignore
         self.device, self.prefetch_depth = device, prefetch_depth
         self._checked: set[str] = set()  # cases whose label values and finiteness were checked
 
@@ -186,7 +187,7 @@ class EvalLoader:
             image = load_array(case.image_path, np.float32)
             label = load_array(case.label_path, np.uint8)
             if case.case_id not in self._checked:  # once: evaluation repeats every few epochs
-                check_label_values(case, label, self.n_class)
+                check_label_values(case, label, self.n_class, self.ignore)
                 check_finite(case, image, " (an evaluation case)")
                 self._checked.add(case.case_id)
             yield (torch.from_numpy(image).unsqueeze(0), torch.from_numpy(label).unsqueeze(0),
@@ -212,14 +213,15 @@ def assign_evaluation_cases(cases: Sequence[Case], roi: Sequence[int], overlap: 
     return [[cases[i] for i in shard] for shard in balance_by_cost(costs, num_shards)]
 
 
-def compute_boxes(cases: Sequence[Case], threads: int, n_class: int = len(KITS19.labels)) -> list:
+def compute_boxes(cases: Sequence[Case], threads: int, n_class: int = len(KITS19.labels),
+                  ignore: int | None = None) -> list:
     """Foreground boxes of every case (labels 1..``n_class``-1), a few cases at a time (numpy and
     the labelling release the GIL for most of the work)."""
     threads = max(1, min(threads, os.cpu_count() or 1, len(cases)))
     if threads == 1:
-        return [case_foreground_boxes(case, n_class) for case in cases]
+        return [case_foreground_boxes(case, n_class, ignore) for case in cases]
     with ThreadPoolExecutor(threads, thread_name_prefix="foreground-boxes") as pool:
-        return list(pool.map(lambda case: case_foreground_boxes(case, n_class), cases))
+        return list(pool.map(lambda case: case_foreground_boxes(case, n_class, ignore), cases))
 
 
 class PreprocessedData:
@@ -262,6 +264,10 @@ class PreprocessedData:
         before ``run_start``), KiTS19's 3 without one."""
         return len((self.description() or KITS19).labels)
 
+    def ignore(self) -> int | None:
+        """The folder's nnU-Net ignore label (a value its labels hold that is no class), None without."""
+        return self.description().ignore if self.description() is not None else None
+
     def summary(self, config) -> DataSummary:
         train_cases, eval_cases = self.split()
         if config.mode.trains and not train_cases:
@@ -292,12 +298,14 @@ class PreprocessedData:
             brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
             batch_size=config.batch_size, cache=config.cache, device=device,
             num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.mode.trains,
-            crop=config.semantics, ga_steps=config.ga_steps, last_batch=config.last_batch, n_class=self.n_class())
+            crop=config.semantics, ga_steps=config.ga_steps, last_batch=config.last_batch, n_class=self.n_class(),
+            ignore=self.ignore())
         if config.mode.trains and len(train_loader) == 0:
             raise DataError(f"{len(train_cases)} training cases in {self.data_dir} make no full "
                             f"batch of {config.batch_size} on each of {num_shards} ranks")
         shards = assign_evaluation_cases(eval_cases, config.val_input_shape, config.overlap, num_shards)
-        val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch, self.n_class())
+        val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch, self.n_class(),
+                                self.ignore())
         return train_loader, val_loader
 
 

@@ -132,12 +132,16 @@ def check_patch_fits(cases: Sequence[Case], patch: Sequence[int]) -> None:
                                 f"on axis {axis}")
 
 
-def check_label_values(case: Case, label: np.ndarray, n_class: int = len(KITS19.labels)) -> None:
-    """DataError if ``label`` holds a value outside 0..``n_class``-1 (KiTS19's 0..2 by default)."""
+def check_label_values(case: Case, label: np.ndarray, n_class: int = len(KITS19.labels),
+                       ignore: int | None = None) -> None:
+    """DataError if ``label`` holds a value outside 0..``n_class``-1 (KiTS19's 0..2 by default)
+    and the data's ``ignore`` label (nnU-Net's: no class; None without one)."""
     top = int(label.max()) if label.size else 0
-    if top >= n_class or (label.dtype.kind == "i" and int(label.min()) < 0):
+    allowed = n_class - 1 if ignore is None else max(n_class - 1, ignore)
+    if top > allowed or (label.dtype.kind == "i" and int(label.min()) < 0):
+        also = "" if ignore is None else f" and the ignore label {ignore}"
         raise DataError(f"case {case.case_id}: label {case.label_path.name} has values outside "
-                        f"0..{n_class - 1} (max {top})")
+                        f"0..{n_class - 1}{also} (max {top})")
 
 
 def check_finite(case: Case, image: np.ndarray | torch.Tensor, where: str = "") -> None:
@@ -220,12 +224,13 @@ def foreground_boxes(label: np.ndarray, classes: Sequence[int] = FOREGROUND_CLAS
     return result
 
 
-def case_foreground_boxes(case: Case, n_class: int = len(KITS19.labels)) -> dict[int, tuple[Box, ...]]:
-    """Read one case's label once, check its values (0..``n_class``-1) and compute the boxes of
-    its foreground labels 1..``n_class``-1; check that its image is finite everywhere (once, as
-    training first reads the case)."""
+def case_foreground_boxes(case: Case, n_class: int = len(KITS19.labels),
+                          ignore: int | None = None) -> dict[int, tuple[Box, ...]]:
+    """Read one case's label once, check its values (0..``n_class``-1, and ``ignore``) and compute
+    the boxes of its foreground labels 1..``n_class``-1 (never the ignore label: no class to
+    oversample); check that its image is finite everywhere (once, as training first reads the case)."""
     label = np.asarray(open_npy(case.label_path)[0])
-    check_label_values(case, label, n_class)
+    check_label_values(case, label, n_class, ignore)
     check_volume_finite(case, " (found when the training volumes were first read)")
     return foreground_boxes(label, tuple(range(1, n_class)))
 

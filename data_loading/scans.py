@@ -22,13 +22,14 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Sequence
 
 import numpy as np
 
 from data_loading import scan_io
+from data_loading.description import CHANNEL_SUFFIX
 from data_loading.atomic import atomic_write
 from data_loading.nifti_read import PreprocessError, read_nifti, read_voxels
 from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, LABEL_VALUES,
@@ -389,6 +390,45 @@ def find_inputs(input_path: str, output_dir: str | None = None) -> list[Scan]:
         raise ScanError(f"--input {input_path}: no scan files (.nii, .nii.gz, .nrrd, .nhdr, .mha, .mhd), no "
                         "DICOM series and no case_XXXXX folders in it")
     return _one_name_each(found, input_path)
+
+
+LABEL_FOLDERS = {"imagesTr": "labelsTr", "imagesTs": "labelsTs"}  # nnU-Net's raw layout
+
+
+def truth_names(scan: Scan) -> list[str]:
+    """The file names a ground truth of ``scan`` may have: ``<name>`` with a scan suffix, and
+    ``<name>`` without nnU-Net's channel suffix (``case_0000`` -> ``case``), each ``.nii.gz`` or
+    ``.nii``, as ``labelsTr`` holds them."""
+    stems = [scan.name] + ([scan.name[:-len(CHANNEL_SUFFIX)]] if scan.name.endswith(CHANNEL_SUFFIX) else [])
+    return [stem + suffix for stem in reversed(stems) for suffix in NIFTI_SUFFIXES]
+
+
+def truth_in(folder: str, scan: Scan) -> str | None:
+    """The ground truth of ``scan`` in ``folder``: a file of :func:`truth_names`, or a KiTS case
+    folder's ``<name>/segmentation.nii.gz``; None when there is none."""
+    for name in truth_names(scan) + [os.path.join(scan.name, LABEL_FILE)]:
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def with_truths(scans: Sequence[Scan], truth_dir: str = "") -> list[Scan]:
+    """``scans`` with the ground truth each has: in ``truth_dir`` (``--truth``) when given, else
+    where the data keeps it: a KiTS case's ``segmentation.nii.gz`` beside its scan (found
+    already), or nnU-Net's ``labelsTr`` (``labelsTs``) beside the scan file's ``imagesTr``
+    (``imagesTs``) folder. A scan of no such place has none (it is segmented, not scored)."""
+    out = []
+    for scan in scans:
+        if not scan.is_scan or not os.path.isfile(scan.image_path):
+            out.append(scan)
+            continue
+        folder = os.path.dirname(os.path.abspath(scan.image_path))
+        labels = LABEL_FOLDERS.get(os.path.basename(folder))
+        found = (truth_in(truth_dir, scan) if truth_dir else
+                 scan.label_path or (truth_in(os.path.join(os.path.dirname(folder), labels), scan) if labels else None))
+        out.append(replace(scan, label_path=found))
+    return out
 
 
 def find_scans(input_path: str) -> list[Scan]:

@@ -34,6 +34,7 @@ class Config:
     ckpt_during_run: bool = False  # (new) --save_ckpt_path also written between run_start and run_stop
     load_ckpt_path: str = ""  # the (first) checkpoint
     load_ckpt_paths: tuple[str, ...] = ()  # (new) every --load_ckpt_path given: predict's ensemble
+    pretrained_weights: str = ""  # (new) training starts from this checkpoint's weights (another label set too)
     resume: bool = False
     loader: str = "pytorch"
     cache: str = "auto"
@@ -102,6 +103,7 @@ class Config:
     # predict (new)
     input: str = ""
     output_dir: str = ""
+    truth: str = ""  # (new) predict: a folder of ground truths (else labelsTr beside imagesTr, or beside the scan)
     tta: bool = False
     preview: bool = False
     force: bool = False
@@ -153,6 +155,10 @@ def _data_flags(g, d: Config) -> None:
     g.add_argument("--load_ckpt_path", nargs="+", default=d.load_ckpt_path,
                    help="checkpoint to load (evaluate, or warm start); predict takes several (new): an ensemble "
                         "averaging their softmax probabilities (docs/predict.md)")
+    g.add_argument("--pretrained_weights", default=d.pretrained_weights, metavar="CHECKPOINT",
+                   help="(new) train starting from this checkpoint's weights, as nnU-Net's -pretrained_weights: "
+                        "on data of another label set every layer but the output, which starts anew; the run "
+                        "is open (docs/own-data.md)")
     g.add_argument("--resume", action="store_true", help="(new) continue the run saved at --save_ckpt_path")
     g.add_argument("--ckpt_during_run", action="store_true",
                    help="(new) also write --save_ckpt_path during the run: at every evaluation, every "
@@ -348,6 +354,10 @@ def _predict_flags(g, d: Config) -> None:
                         "(docs/scans.md)")
     g.add_argument("--output_dir", default=d.output_dir,
                    help="(new) predict: folder for <case>.nii.gz segmentations and summary.csv/.jsonl")
+    g.add_argument("--truth", default=d.truth, metavar="DIR",
+                   help="(new) predict: the ground truths to score against, <case>.nii.gz (nnU-Net's labelsTr; a "
+                        "scan <case>_0000.nii.gz finds <case>.nii.gz) or <case>/segmentation.nii.gz; without it, "
+                        "a labelsTr folder beside the scans' imagesTr, or a KiTS case's segmentation.nii.gz")
     g.add_argument("--tta", action="store_true",
                    help="(new) predict: test-time mirroring, softmax averaged over the 8 flips of the 3 axes")
     g.add_argument("--preview", action="store_true",
@@ -500,6 +510,13 @@ def _file_and_device_errors(cfg: Config) -> list[str]:
                              f"--data_dir {cfg.data_dir!r} does not exist or is not a folder"))
     for path in cfg.checkpoints:
         errors += _problems((os.path.isfile(path), checkpoint_path_problem(path, "--load_ckpt_path")))
+    if cfg.truth:
+        errors += _problems((os.path.isdir(cfg.truth), f"--truth {cfg.truth!r} does not exist or is not a folder"))
+    if cfg.pretrained_weights:
+        errors += _problems((os.path.isfile(cfg.pretrained_weights),
+                             checkpoint_path_problem(cfg.pretrained_weights, "--pretrained_weights")),
+                            (not cfg.load_ckpt_path, "--pretrained_weights and --load_ckpt_path are two starting "
+                                                     "points: give one"))
     if len(cfg.checkpoints) > 1 and not cfg.mode.predicts:
         errors.append(f"--load_ckpt_path takes one checkpoint for --exec_mode {cfg.mode.name}, got "
                       f"{len(cfg.checkpoints)} (several: an ensemble, predict only)")

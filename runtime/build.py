@@ -188,6 +188,9 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
     state = ckpt.TrainState()
     if saved is not None and saved.resume:
         state = ckpt.restore(saved.checkpoint, saved.path, model, optimizer, scaler, device)
+    elif saved is not None and saved.pretrained:  # --pretrained_weights: the plan says which layers
+        skip = ckpt.OUTPUT_LAYER if plan.pretrained == "every layer but the output" else ""
+        ckpt.load_model_weights(model, ckpt.model_state_from(saved.checkpoint), saved.path, skip=skip)
     elif saved is not None:
         ckpt.load_weights(model, saved.path, saved.checkpoint)
     label_set = plan.label_set

@@ -50,11 +50,13 @@ class TrainState:
 @dataclass(frozen=True)
 class Saved:
     """A checkpoint a run starts from: ``resume`` (all training state, ``--resume``) or only
-    its weights (``--load_ckpt_path``: evaluation, warm start)."""
+    its weights (``--load_ckpt_path``: evaluation, warm start; ``pretrained``:
+    ``--pretrained_weights``, training on data that may have another label set)."""
 
     path: str
     checkpoint: dict
     resume: bool
+    pretrained: bool = False
 
 
 def saved_for(config) -> Saved | None:
@@ -64,6 +66,9 @@ def saved_for(config) -> Saved | None:
         return Saved(config.save_ckpt_path, load_checkpoint(config.save_ckpt_path), resume=True)
     if config.load_ckpt_path:
         return Saved(config.load_ckpt_path, load_checkpoint(config.load_ckpt_path), resume=False)
+    if config.pretrained_weights:
+        return Saved(config.pretrained_weights, load_checkpoint(config.pretrained_weights), resume=False,
+                     pretrained=True)
     return None
 
 
@@ -204,10 +209,17 @@ def model_state_from(checkpoint: dict, prefer: str = "best") -> dict:
     raise CheckpointError("checkpoint holds no model state_dict (expected 'best_model_state_dict')")
 
 
-def load_model_weights(model: torch.nn.Module, state: dict, path: str) -> None:
-    """Load ``state`` into ``model`` strictly, with a one-line error on any mismatch."""
+OUTPUT_LAYER = "output."  # model.unet3d.Unet3D's output layer: one channel per label
+
+
+def load_model_weights(model: torch.nn.Module, state: dict, path: str, skip: str = "") -> None:
+    """Load ``state`` into ``model`` strictly, with a one-line error on any mismatch; the
+    parameters whose names start with ``skip`` (e.g. :data:`OUTPUT_LAYER`) are kept as they are."""
     target = unwrap(model)
     own = target.state_dict()
+    if skip:
+        state = {k: v for k, v in state.items() if not k.startswith(skip)}
+        state.update({k: v for k, v in own.items() if k.startswith(skip)})
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     wrong = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]

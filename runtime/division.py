@@ -85,6 +85,8 @@ def flag_reasons(config, world_size: int = 1) -> list[str]:
         reasons.append(f"--brightness {config.brightness} is not the reference's augmentation")
     if config.loader != "pytorch":
         reasons.append(f"--loader {config.loader} is not the KiTS19 data")
+    if config.pretrained_weights:
+        reasons.append(f"--pretrained_weights {config.pretrained_weights}: the run starts from another run's weights")
     if config.last_batch != "pad":
         reasons.append(f"--last_batch {config.last_batch} trains not every case once per epoch (the rules: "
                        "only DLRMv2 may drop the last batch)")

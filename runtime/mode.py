@@ -145,6 +145,7 @@ FLAG_USES: dict[str, str] = {
     "log_dir": "scores",  # --benchmark: log.json's benchmark record, as the reference's; predict: --output_dir
     "save_ckpt_path": "saves_checkpoints",
     "load_ckpt_path": EVERY_MODE,
+    "pretrained_weights": "trains",
     "resume": "saves_checkpoints",
     "ckpt_during_run": "saves_checkpoints",
     "ckpt_every_epochs": "saves_checkpoints",
@@ -204,8 +205,8 @@ FLAG_USES: dict[str, str] = {
     **{name: "mlperf_run" for name in ("submission_org", "submission_platform", "submission_division",
                                        "submission_status")},
     # predict
-    **{name: "predicts" for name in ("input", "output_dir", "tta", "preview", "force", "save_probabilities",
-                                     "int8", "int8_calibration")},
+    **{name: "predicts" for name in ("input", "output_dir", "truth", "tta", "preview", "force",
+                                     "save_probabilities", "int8", "int8_calibration")},
     # inference backend
     "backend": "chooses_backend",
     "max_memory_gb": "predicts",

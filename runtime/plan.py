@@ -75,6 +75,7 @@ class RunPlan:
     labels: tuple[tuple[str, int], ...]  # the label set (runtime.labels): one output channel each
     dice: str  # how it is scored (runtime.labels: "benchmark" for KiTS19's folder, "nnunet" for any described one)
     ignore_label: int | None  # nnU-Net's ignore label of the data (no class), None without one
+    pretrained: str  # --pretrained_weights: "every layer" or "every layer but the output" loaded; "" without
     levers: tuple[str, ...]
     # training
     seed: int

@@ -305,6 +305,20 @@ def decide_labels(network: TrainedNetwork | None, dataset, predicts: bool,
     return label_set, made
 
 
+def decide_pretrained(saved: Saved | None, network: TrainedNetwork | None, label_set: LabelSet) -> Decision | None:
+    """``--pretrained_weights`` (a new training run from another run's weights): every layer, or,
+    where the network's classes are not the data's, every layer but the output, which starts
+    anew (nnU-Net's ``-pretrained_weights``); None without the flag (or when ``--resume`` found
+    the run's own checkpoint)."""
+    if saved is None or not saved.pretrained:
+        return None
+    same = network.label_set.labels == label_set.labels and network.label_set.ignore == label_set.ignore
+    value = "every layer" if same else "every layer but the output"
+    why = f"--pretrained_weights {saved.path}: the weights of {value}" + ("" if same else (
+        f"; the output layer starts anew (trained on {network.label_set.text()}, this data has {label_set.text()})"))
+    return Decision("pretrained_weights", value, why, saved.path)
+
+
 def decide_target_spacing(network: TrainedNetwork | None, dataset, predicts: bool, trains: bool) -> Decision:
     """The run's target spacing (``runtime.spacing.decide_spacing``): the data's (its description's;
     KiTS19's for a folder without one), a checkpoint at another spacing refused unless the run
@@ -464,7 +478,8 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     check_benchmark_budget(config)
     say_no_effect(config, dist_info)
     architecture, made_architecture = decide_architecture(config, network, dist_info.distributed)
-    label_set, made_labels = decide_labels(network, dataset, predict)
+    label_set, made_labels = decide_labels(network, dataset, predict, saved is not None and saved.pretrained)
+    pretrained = decide_pretrained(saved, network, label_set)
     spacing = decide_target_spacing(network, dataset, predict, config.mode.trains)
     if not predict:
         check_device_support(architecture["normalization"], dist_info)
@@ -488,14 +503,15 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
         decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
     epochs = None if predict else decide_epochs(config, dist_info.world_size)
     inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
-    decisions = recorded((), made_architecture, *made_labels, spacing, made_device, window, host_memory, weights, precision, seed,
+    decisions = recorded((), made_architecture, *made_labels, pretrained, spacing, made_device, window, host_memory, weights, precision, seed,
                          made_fused, compiled, backend, cache_dir, calibration, window_batch, cuda_graphs,
                          levers, epochs, inference_copy, tta)
     digests = weights.value if weights is not None else ()
     plan = RunPlan(
         config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
         amp=amp, amp_dtype=amp_dtype, **architecture, labels=label_set.labels, dice=label_set.dice,
-        ignore_label=label_set.ignore, target_spacing=spacing.value, levers=levers.value if levers else (),
+        ignore_label=label_set.ignore, pretrained=pretrained.value if pretrained else "",
+        target_spacing=spacing.value, levers=levers.value if levers else (),
         seed=seed.value if seed else config.seed, fused_optimizer=fused, foreach_optimizer=foreach,
         compile=compiled.value,
         cuda_graphs=cuda_graphs.value if cuda_graphs else config.cuda_graphs,
@@ -522,6 +538,7 @@ def said_lines(plan: RunPlan, amp_dtype: str, device: torch.device, lever_lines:
     :func:`say_decided`): training's bf16 answer on the CPU, why ``--cuda_graphs`` is off, each
     lever's line and why the run is open (an MLPerf run)."""
     lines = [plan.why("precision")] if trains_bf16_on_cpu(plan.config, amp_dtype, device) else []
+    lines += [plan.why("pretrained_weights")] if plan.pretrained else []
     graphs = plan.decision("cuda_graphs")
     if graphs is not None and graphs.asked and not graphs.value:
         lines.append(f"--cuda_graphs off: {graphs.why}")

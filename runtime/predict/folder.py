@@ -31,7 +31,7 @@ from typing import Sequence
 
 from data_loading.scan_checks import check_header
 from data_loading.scan_io import input_digest, input_files
-from data_loading.scans import Scan, ScanError, find_inputs, output_path
+from data_loading.scans import Scan, ScanError, find_inputs, output_path, with_truths
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError
@@ -357,7 +357,7 @@ def scans_to_predict(config: Config) -> list[Scan]:
     """The scans of ``--input`` and its entries that are none (:func:`data_loading.scans.find_inputs`:
     each named in the summary), none of whose files (nor a file of someone else) would be written
     over (:func:`check_outputs`); ``--preview`` needs matplotlib (all checked before any work)."""
-    scans = find_inputs(config.input, config.output_dir)
+    scans = with_truths(find_inputs(config.input, config.output_dir), config.truth)
     check_outputs(config, scans)
     if config.preview:
         from runtime.predict.preview import matplotlib_missing
