@@ -39,6 +39,16 @@ FINGERPRINT_FILE = "dataset_fingerprint.json"
 WRITTEN_BY = "preprocess_dataset.py"  # marks a description this project wrote (never overwrite another)
 LAYOUTS = ("case_folders", "imagesTr")
 CHANNEL_SUFFIX = "_0000"
+# The axes of every preprocessed array of a described dataset, whatever the files' own: axis 0 the
+# slices running Inferior, axis 1 Posterior, axis 2 Left (nibabel's axis codes; KiTS19's layout,
+# the one predict reads every scan into: data_loading.scan_io.read_case). A description's
+# target_spacing and the fingerprint's spacings are in this order. Saved in the folder's record.
+CANONICAL_AXES = "I-P-L"
+# Where a target spacing came from: the record's token, and the words a line says it in.
+SPACING_SOURCES = {"description": "the description", "median": "the median of the cases",
+                   "--target_spacing": "--target_spacing",
+                   "kits19": "KiTS19's default (the description names none)"}
+BENCHMARK_SPACING = "KiTS19's, the benchmark's (no description)"  # "kits19" for KiTS19 without a description
 _TRAILING_DIGITS = re.compile(r"(\d+)$")
 
 
@@ -62,7 +72,8 @@ class DatasetDescription:
     """What preprocessing needs to know of a dataset. ``labels``: name -> value, values 0..N-1
     with 0 the background; ``target_spacing``: mm per axis of the canonical array (slices,
     height, width), or ``"median"``; ``spacing_from``: where it came from (``description``, or
-    ``kits19`` when the description names none); ``intensity``: the normalisation (KiTS19's for
+    ``kits19`` when the description names none); ``num_training``: nnU-Net's ``numTraining``, the
+    count of labelled cases the data must hold (None: not given); ``intensity``: the normalisation (KiTS19's for
     every dataset); ``first_unlabelled_id``: KiTS19's ids from here on have no labels (None for
     a described dataset); ``evaluation_cases``: case ids (``"00003"``) of the evaluation split,
     empty for KiTS19's default list; ``path``: the file it was read from ("" for KiTS19)."""
@@ -78,6 +89,7 @@ class DatasetDescription:
     image_file: str = "imaging.nii.gz"
     label_file: str = "segmentation.nii.gz"
     evaluation_cases: tuple[str, ...] = ()
+    num_training: int | None = None
     path: str = field(default="", compare=False)
 
     @property
@@ -90,9 +102,11 @@ class DatasetDescription:
 
     def record(self, target_spacing: Sequence[float], target_from: str) -> dict:
         """The description as saved into the preprocessed folder (plain JSON types), the target
-        spacing resolved to numbers and where they came from."""
+        spacing resolved to numbers and where they came from (a token of :data:`SPACING_SOURCES`),
+        and the arrays' axes (:data:`CANONICAL_AXES`)."""
         return {"name": self.name, "labels": dict(self.labels), "file_ending": self.file_ending,
                 "layout": self.layout, "image_file": self.image_file, "label_file": self.label_file,
+                "axes": CANONICAL_AXES,
                 "target_spacing": [float(s) for s in target_spacing], "target_spacing_from": target_from,
                 "evaluation_cases": list(self.evaluation_cases), "source": self.path, "written_by": WRITTEN_BY}
 
@@ -103,6 +117,14 @@ class DatasetDescription:
 KITS19 = DatasetDescription(name="KiTS19", labels=(("background", 0), ("kidney", 1), ("tumor", 2)),
                             target_spacing=(1.6, 1.2, 1.2), intensity=IntensityWindow(-79, 304, 101.0, 76.9),
                             spacing_from="kits19", first_unlabelled_id=210)
+
+
+def spacing_source_text(token: str, described: bool = True) -> str:
+    """The words for where a target spacing came from (:data:`SPACING_SOURCES`' token);
+    ``described`` False: KiTS19 preprocessed without a description (the benchmark's)."""
+    if token == "kits19" and not described:
+        return BENCHMARK_SPACING
+    return SPACING_SOURCES.get(token, token)
 
 
 def kits19_labels(values: Sequence[int]) -> bool:
@@ -146,8 +168,12 @@ def parse_description(record, path: str) -> DatasetDescription:
     given = "target_spacing" in record
     target = parse_target_spacing(record["target_spacing"], f"{path}: \"target_spacing\"") if given \
         else KITS19.target_spacing
+    count = record.get("numTraining")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+        raise _fail(path, f"\"numTraining\" must be a count of cases (a whole number), got {json.dumps(count)}")
     return DatasetDescription(labels=ordered, layout=layout, target_spacing=target, intensity=KITS19.intensity,
-                              spacing_from="description" if given else "kits19", path=path, **strings)
+                              spacing_from="description" if given else "kits19", num_training=count, path=path,
+                              **strings)
 
 
 def parse_target_spacing(value, where: str) -> tuple[float, ...] | str:
