@@ -72,11 +72,11 @@ class DatasetDescription:
     """What preprocessing needs to know of a dataset. ``labels``: name -> value, values 0..N-1
     with 0 the background; ``target_spacing``: mm per axis of the canonical array (slices,
     height, width), or ``"median"``; ``spacing_from``: where it came from (``description``, or
-    ``kits19`` when the description names none); ``num_training``: nnU-Net's ``numTraining``, the
-    count of labelled cases the data must hold (None: not given); ``intensity``: the normalisation (KiTS19's for
-    every dataset); ``first_unlabelled_id``: KiTS19's ids from here on have no labels (None for
-    a described dataset); ``evaluation_cases``: case ids (``"00003"``) of the evaluation split,
-    empty for KiTS19's default list; ``path``: the file it was read from ("" for KiTS19)."""
+    ``kits19`` when the description names none); ``num_training``: nnU-Net's ``numTraining``,
+    the count of labelled cases the data must hold (None: not given); ``intensity``: the
+    normalisation (KiTS19's for every dataset); ``first_unlabelled_id``: KiTS19's ids from here
+    on have no labels (None for a described dataset); ``evaluation_cases``: case ids
+    (``"00003"``) of the evaluation split, empty for KiTS19's default list; ``path``: the file it was read from ("" for KiTS19)."""
 
     name: str
     labels: tuple[tuple[str, int], ...]

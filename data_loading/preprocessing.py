@@ -38,7 +38,7 @@ from data_loading import geometry
 from data_loading.atomic import TEMP_SUFFIX, atomic_write
 from data_loading.description import KITS19
 from data_loading.fingerprint import case_fingerprint
-from data_loading.nifti_read import (PreprocessError, load_image, read_nifti, read_voxels,  # noqa: F401 (this module's API)
+from data_loading.nifti_read import (PreprocessError, load_image, read_nifti, read_voxels,  # noqa: F401 (API)
                                      validated_label)
 from data_loading.write_errors import is_full_disk, write_or_raise
 
