@@ -76,7 +76,8 @@ class DatasetDescription:
     the count of labelled cases the data must hold (None: not given); ``intensity``: the
     normalisation (KiTS19's for every dataset); ``first_unlabelled_id``: KiTS19's ids from here
     on have no labels (None for a described dataset); ``evaluation_cases``: case ids
-    (``"00003"``) of the evaluation split, empty for KiTS19's default list; ``path``: the file it was read from ("" for KiTS19)."""
+    (``"00003"``) of the evaluation split, empty for KiTS19's default list; ``path``: the file
+    it was read from ("" for KiTS19)."""
 
     name: str
     labels: tuple[tuple[str, int], ...]
