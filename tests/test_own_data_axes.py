@@ -179,3 +179,21 @@ def test_own_data_whose_pixdim_disagrees_with_its_affine_is_refused_in_one_line(
     code = preprocess("--data_dir", raw, "--results_dir", tmp_path / "out")
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 1 and len(err) == 1 and path in err[0] and "pixdim" in err[0] and "affine" in err[0], err
+
+
+def test_a_set_stored_as_nrrd_preprocesses_as_its_nifti_twin(tmp_path):
+    """nnU-Net's SimpleITK formats: the same set rewritten by SimpleITK as NRRD (``file_ending``
+    ``.nrrd``), image and label read as predict reads such a scan: the same arrays."""
+    sitk = pytest.importorskip("SimpleITK")
+    cases = [RawCase("case_001", codes=("L", "P", "S")),
+             RawCase("case_002", shape=(12, 22, 18), spacing=(3.0, 0.8, 1.1))]
+    nifti = write_raw_dataset(tmp_path / "nifti", cases)
+    nrrd = write_raw_dataset(tmp_path / "nrrd", [], file_ending=".nrrd", description={"numTraining": 2})
+    for folder in ("imagesTr", "labelsTr"):
+        for name in os.listdir(os.path.join(nifti, folder)):
+            sitk.WriteImage(sitk.ReadImage(os.path.join(nifti, folder, name)),
+                            os.path.join(nrrd, folder, name.replace(".nii.gz", ".nrrd")))
+    for raw in (nifti, nrrd):
+        assert preprocess("--data_dir", raw, "--results_dir", f"{raw}-out") == 0
+    for name in sorted(n for n in os.listdir(f"{nifti}-out") if n.endswith(".npy")):
+        assert np.array_equal(np.load(f"{nifti}-out/{name}"), np.load(f"{nrrd}-out/{name}")), name
