@@ -14,7 +14,12 @@ The file is JSON in the shape of nnU-Net v2's ``dataset.json`` where it fits (an
 * ``case_folders`` (KiTS19, KiTS21, KiTS23): ``DATA/<case>/imaging.nii.gz`` and
   ``segmentation.nii.gz``; a case without its label file is skipped and counted.
 * ``imagesTr`` (nnU-Net): ``DATA/imagesTr/<case>_0000<file_ending>`` and
-  ``DATA/labelsTr/<case><file_ending>``; one channel (``_0000``) only.
+  ``DATA/labelsTr/<case><file_ending>``; one channel (``_0000``) only. Checked as nnU-Net's
+  ``verify_dataset_integrity`` does (every image with its label and back, the file names,
+  ``numTraining``): ``data_loading.preprocessing.images_tr_cases``.
+
+Every case is read in KiTS19's axes (:data:`CANONICAL_AXES`) whatever its files' orientation,
+and ``target_spacing`` is in that order: slices, height, width.
 
 A case's number is the last run of digits of its folder or file name (``case_00588`` -> 588,
 ``kidney_012`` -> 12); its preprocessed files are ``case_XXXXX_{x,y}.npy`` (five digits at

@@ -16,6 +16,11 @@ the files are byte-identical to its output and ``checksum.json`` verifies them:
    then ``save_geometry``: ``case_XXXXX_geometry.json`` beside them (shapes, spacing, padding;
    not part of the benchmark's files or checksums).
 
+A described dataset (own data, :mod:`data_loading.description`) is read otherwise in step 1:
+through predict's reader (:func:`load_canonical_pair`, :func:`data_loading.scan_io.read_case`),
+image and label in KiTS19's axes I-P-L whatever the files' orientation, the spacing permuted
+alike, so that training sees the arrays predict gives the network; steps 2-5 are the same.
+
 Input problems raise :class:`PreprocessError` with a one-line message naming the file or case.
 """
 from __future__ import annotations

@@ -197,3 +197,14 @@ def test_a_set_stored_as_nrrd_preprocesses_as_its_nifti_twin(tmp_path):
         assert preprocess("--data_dir", raw, "--results_dir", f"{raw}-out") == 0
     for name in sorted(n for n in os.listdir(f"{nifti}-out") if n.endswith(".npy")):
         assert np.array_equal(np.load(f"{nifti}-out/{name}"), np.load(f"{nrrd}-out/{name}")), name
+
+
+def test_a_label_map_in_place_of_an_image_is_refused_as_predict_refuses_it(tmp_path, capsys):
+    """imagesTr and labelsTr swapped for one case: its "image" holds the label values only."""
+    raw = write_raw_dataset(tmp_path / "raw", [RawCase("case_001", shape=(8, 10, 12))])
+    path = image_path(raw, "case_001")
+    with open(os.path.join(raw, "labelsTr", "case_001.nii.gz"), "rb") as label, open(path, "wb") as image:
+        image.write(label.read())
+    code = preprocess("--data_dir", raw, "--results_dir", tmp_path / "out")
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1 and len(err) == 1 and path in err[0] and "label map" in err[0], err
