@@ -86,17 +86,10 @@ def workers_within_memory(cases: Sequence[pp.RawCase], requested: int, memory=No
 
 
 def median_spacing(cases: Sequence[pp.RawCase]) -> list[float]:
-    """The median of the cases' spacings per axis (``pixdim[1:4]`` of each image's header, as
-    preprocessing reads it; no voxel is read)."""
-    from data_loading.scan_checks import read_header
-    from data_loading.scans import ScanError
-
-    spacings = []
-    for case in cases:
-        try:
-            spacings.append(read_header(case.image_path).spacing)
-        except ScanError as exc:
-            raise pp.PreprocessError(str(exc)) from None
+    """The median of the cases' spacings per axis, as preprocessing reads them
+    (:func:`data_loading.preprocessing.header_geometry`: in KiTS19's axes, slices first, for a
+    described dataset; from the headers, no voxel is read)."""
+    spacings = [pp.header_geometry(case)[1] for case in cases]
     return [float(statistics.median(axis)) for axis in zip(*spacings)]
 
 
@@ -181,12 +174,17 @@ def check_split(description: ds.DatasetDescription, cases: Sequence[pp.RawCase],
 
 def check_results_dir(results_dir: str, record: dict | None) -> None:
     """``results_dir`` holds no case preprocessed another way: a description saved there must be
-    this run's (labels, target spacing), and a described run needs a folder without KiTS19 cases."""
+    this run's (labels, target spacing) and name the canonical axes (an earlier version kept each
+    file's axis order), and a described run needs a folder without KiTS19 cases."""
     try:
         saved = ds.read_written_description(results_dir)
     except ds.DescriptionError as exc:
         raise pp.PreprocessError(str(exc)) from None
     keys = ("labels", "target_spacing", "layout", "image_file", "label_file", "file_ending")
+    if saved is not None and saved.get("axes") != ds.CANONICAL_AXES:
+        raise pp.PreprocessError(f"--results_dir {results_dir}: preprocessed by an earlier version, each case in its "
+                                 f"files' stored axis order ({ds.DESCRIPTION_FILE} has no \"axes\": "
+                                 f"\"{ds.CANONICAL_AXES}\"); use another --results_dir")
     if saved is not None:
         if record is None or any(saved.get(k) != record[k] for k in keys):
             theirs = ", ".join(f"{k} {saved[k]}" for k in ("labels", "target_spacing") if k in saved)
@@ -225,10 +223,11 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
             target, target_from = median_spacing(labelled), "median"
         else:
             target = list(description.target_spacing)
-            target_from = "--target_spacing" if cfg.target_spacing else ("description" if description.path else "kits19")
+            target_from = "--target_spacing" if cfg.target_spacing else description.spacing_from
         record = description.record(target, target_from)
         print(f"{description.name}: {len(labelled)} labelled cases, labels {description.labels_text()}, "
-              f"target spacing {target} mm ({target_from})")
+              f"target spacing {target} mm (axes {ds.CANONICAL_AXES}: {ds.spacing_source_text(target_from)}); "
+              f"each case read in those axes whatever its file's")
         check_split(description, labelled, cfg.evaluation_cases or description.path)
     pp.prepare_results_dir(cfg.results_dir)
     check_results_dir(cfg.results_dir, record)
@@ -265,7 +264,7 @@ def run_preprocess(cfg: PreprocessConfig) -> None:
         entries += pp.kept_fingerprints([c for c in labelled if c not in todo], cfg.results_dir)
     if entries:
         fingerprint = dataset_fingerprint(entries, labels, target, target_from)
-        for line in fingerprint_lines(fingerprint):
+        for line in fingerprint_lines(fingerprint, described=record is not None):
             print(line)
         if record is not None:
             path = os.path.join(cfg.results_dir, ds.FINGERPRINT_FILE)

@@ -14,7 +14,12 @@ The file is JSON in the shape of nnU-Net v2's ``dataset.json`` where it fits (an
 * ``case_folders`` (KiTS19, KiTS21, KiTS23): ``DATA/<case>/imaging.nii.gz`` and
   ``segmentation.nii.gz``; a case without its label file is skipped and counted.
 * ``imagesTr`` (nnU-Net): ``DATA/imagesTr/<case>_0000<file_ending>`` and
-  ``DATA/labelsTr/<case><file_ending>``; one channel (``_0000``) only.
+  ``DATA/labelsTr/<case><file_ending>``; one channel (``_0000``) only. Checked as nnU-Net's
+  ``verify_dataset_integrity`` does (every image with its label and back, the file names,
+  ``numTraining``): ``data_loading.preprocessing.images_tr_cases``.
+
+Every case is read in KiTS19's axes (:data:`CANONICAL_AXES`) whatever its files' orientation,
+and ``target_spacing`` is in that order: slices, height, width.
 
 A case's number is the last run of digits of its folder or file name (``case_00588`` -> 588,
 ``kidney_012`` -> 12); its preprocessed files are ``case_XXXXX_{x,y}.npy`` (five digits at
@@ -37,14 +42,20 @@ from typing import Sequence
 DESCRIPTION_FILE = "dataset.json"
 FINGERPRINT_FILE = "dataset_fingerprint.json"
 WRITTEN_BY = "preprocess_dataset.py"  # marks a description this project wrote (never overwrite another)
-# The array axes of every preprocessed case of a described dataset: each scan read in KiTS19's
-# layout whatever its stored orientation (data_loading.scan_io): axis 0 the slices, running
-# Inferior, axis 1 Posterior, axis 2 Left. A saved description without it is of a folder
-# preprocessed in each file's stored axis order (before this was so), which predict never reads.
-CANONICAL_AXES = "I-P-L"
 IGNORE = "ignore"  # nnU-Net's ignore label: no class (no output, no loss, no Dice in its voxels)
 LAYOUTS = ("case_folders", "imagesTr")
 CHANNEL_SUFFIX = "_0000"
+# The axes of every preprocessed array of a described dataset, whatever the files' own: axis 0 the
+# slices running Inferior, axis 1 Posterior, axis 2 Left (nibabel's axis codes; KiTS19's layout,
+# the one predict reads every scan into: data_loading.scan_io.read_case). A description's
+# target_spacing and the fingerprint's spacings are in this order. Saved in the folder's record; a
+# record without it is of a folder preprocessed in each file's stored order (an earlier version).
+CANONICAL_AXES = "I-P-L"
+# Where a target spacing came from: the record's token, and the words a line says it in.
+SPACING_SOURCES = {"description": "the description", "median": "the median of the cases",
+                   "--target_spacing": "--target_spacing",
+                   "kits19": "KiTS19's default (the description names none)"}
+BENCHMARK_SPACING = "KiTS19's, the benchmark's (no description)"  # "kits19" for KiTS19 without a description
 _TRAILING_DIGITS = re.compile(r"(\d+)$")
 
 
@@ -68,12 +79,13 @@ class DatasetDescription:
     """What preprocessing needs to know of a dataset. ``labels``: name -> value, values 0..N-1
     with 0 the background; ``target_spacing``: mm per axis of the canonical array (slices,
     height, width), or ``"median"``; ``spacing_from``: where it came from (``description``, or
-    ``kits19`` when the description names none); ``intensity``: the normalisation (KiTS19's for
-    every dataset); ``first_unlabelled_id``: KiTS19's ids from here on have no labels (None for
-    a described dataset); ``evaluation_cases``: case ids (``"00003"``) of the evaluation split,
-    empty for KiTS19's default list; ``ignore``: the value of nnU-Net's ``ignore`` label (not
-    among ``labels``: no class), None without one; ``path``: the file it was read from ("" for
-    KiTS19)."""
+    ``kits19`` when the description names none); ``num_training``: nnU-Net's ``numTraining``,
+    the count of labelled cases the data must hold (None: not given); ``intensity``: the
+    normalisation (KiTS19's for every dataset); ``first_unlabelled_id``: KiTS19's ids from here
+    on have no labels (None for a described dataset); ``evaluation_cases``: case ids
+    (``"00003"``) of the evaluation split, empty for KiTS19's default list; ``ignore``: the value
+    of nnU-Net's ``ignore`` label (not among ``labels``: no class), None without one; ``path``:
+    the file it was read from ("" for KiTS19)."""
 
     name: str
     labels: tuple[tuple[str, int], ...]
@@ -87,6 +99,7 @@ class DatasetDescription:
     label_file: str = "segmentation.nii.gz"
     evaluation_cases: tuple[str, ...] = ()
     ignore: int | None = None
+    num_training: int | None = None
     path: str = field(default="", compare=False)
 
     @property
@@ -101,10 +114,12 @@ class DatasetDescription:
 
     def record(self, target_spacing: Sequence[float], target_from: str) -> dict:
         """The description as saved into the preprocessed folder (plain JSON types), the target
-        spacing resolved to numbers and where they came from."""
+        spacing resolved to numbers and where they came from (a token of :data:`SPACING_SOURCES`),
+        and the arrays' axes (:data:`CANONICAL_AXES`)."""
         labels = dict(self.labels) | ({IGNORE: self.ignore} if self.ignore is not None else {})
-        return {"name": self.name, "labels": labels, "axes": CANONICAL_AXES, "file_ending": self.file_ending,
+        return {"name": self.name, "labels": labels, "file_ending": self.file_ending,
                 "layout": self.layout, "image_file": self.image_file, "label_file": self.label_file,
+                "axes": CANONICAL_AXES,
                 "target_spacing": [float(s) for s in target_spacing], "target_spacing_from": target_from,
                 "evaluation_cases": list(self.evaluation_cases), "source": self.path, "written_by": WRITTEN_BY}
 
@@ -115,6 +130,14 @@ class DatasetDescription:
 KITS19 = DatasetDescription(name="KiTS19", labels=(("background", 0), ("kidney", 1), ("tumor", 2)),
                             target_spacing=(1.6, 1.2, 1.2), intensity=IntensityWindow(-79, 304, 101.0, 76.9),
                             spacing_from="kits19", first_unlabelled_id=210)
+
+
+def spacing_source_text(token: str, described: bool = True) -> str:
+    """The words for where a target spacing came from (:data:`SPACING_SOURCES`' token);
+    ``described`` False: KiTS19 preprocessed without a description (the benchmark's)."""
+    if token == "kits19" and not described:
+        return BENCHMARK_SPACING
+    return SPACING_SOURCES.get(token, token)
 
 
 def kits19_labels(values: Sequence[int]) -> bool:
@@ -163,8 +186,12 @@ def parse_description(record, path: str) -> DatasetDescription:
     given = "target_spacing" in record
     target = parse_target_spacing(record["target_spacing"], f"{path}: \"target_spacing\"") if given \
         else KITS19.target_spacing
+    count = record.get("numTraining")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+        raise _fail(path, f"\"numTraining\" must be a count of cases (a whole number), got {json.dumps(count)}")
     return DatasetDescription(labels=ordered, layout=layout, target_spacing=target, intensity=KITS19.intensity,
-                              spacing_from="description" if given else "kits19", ignore=ignore, path=path, **strings)
+                              spacing_from="description" if given else "kits19", num_training=count, ignore=ignore,
+                              path=path, **strings)
 
 
 def parse_target_spacing(value, where: str) -> tuple[float, ...] | str:

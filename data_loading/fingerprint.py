@@ -71,14 +71,20 @@ def dataset_fingerprint(entries: Sequence[dict], labels: Sequence[tuple[str, int
             "per_case": entries}
 
 
-def fingerprint_lines(fingerprint: dict) -> list[str]:
-    """The fingerprint in a few printed lines."""
+def fingerprint_lines(fingerprint: dict, described: bool = True) -> list[str]:
+    """The fingerprint in a few printed lines; the target spacing's source in words
+    (:func:`data_loading.description.spacing_source_text`; ``described`` False: KiTS19 without a
+    description)."""
+    from data_loading.description import CANONICAL_AXES, spacing_source_text
+
     def numbers(values, digits=3):
         return "(" + ", ".join(f"{v:.{digits}g}" for v in values) + ")"
 
-    lines = [f"fingerprint of {fingerprint['cases']} cases: median spacing {numbers(fingerprint['median_spacing'])} mm, "
-             f"median shape {numbers(fingerprint['median_shape'], 6)}, target spacing "
-             f"{numbers(fingerprint['target_spacing'])} mm ({fingerprint['target_spacing_from']})"]
+    axes = f" (axes {CANONICAL_AXES}: slices, height, width)" if described else ""
+    source = spacing_source_text(fingerprint["target_spacing_from"], described)
+    lines = [f"fingerprint of {fingerprint['cases']} cases{axes}: median spacing "
+             f"{numbers(fingerprint['median_spacing'])} mm, median shape {numbers(fingerprint['median_shape'], 6)}, "
+             f"target spacing {numbers(fingerprint['target_spacing'])} mm ({source})"]
     intensity = fingerprint["foreground_intensity_properties_per_channel"].get("0")
     if intensity:
         lines.append(f"  foreground intensity: percentiles 0.5/50/99.5 {intensity['percentile_00_5']:.1f} / "

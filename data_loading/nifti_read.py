@@ -5,8 +5,11 @@ the file)."""
 from __future__ import annotations
 
 import zlib
+from typing import Sequence
 
 import numpy as np
+
+from data_loading.description import KITS19
 
 
 class PreprocessError(Exception):
@@ -68,3 +71,17 @@ def load_image(path: str) -> tuple[np.ndarray, list[float], object]:
         raise PreprocessError(f"{path}: {image.size - int(finite.sum())} NaN or "
                               "infinite intensities")
     return np.expand_dims(image, 0), spacing, nifti
+
+
+def validated_label(raw_label: np.ndarray, name: str, label_values: Sequence[int] = KITS19.label_values) -> np.ndarray:
+    """``raw_label`` as uint8; :class:`PreprocessError` naming ``name`` for values outside
+    ``label_values`` (KiTS19's {0, 1, 2} by default; checked before the cast would wrap them)."""
+    bad = raw_label != label_values[0]
+    for value in label_values[1:]:
+        bad &= raw_label != value
+    if bad.any():
+        values = np.unique(raw_label[bad])
+        shown = ", ".join(f"{v:g}" for v in values[:8]) + (", ..." if values.size > 8 else "")
+        allowed = ", ".join(str(v) for v in label_values)
+        raise PreprocessError(f"{name}: label values outside {{{allowed}}}: {shown}")
+    return raw_label.astype(np.uint8)

@@ -16,6 +16,11 @@ the files are byte-identical to its output and ``checksum.json`` verifies them:
    then ``save_geometry``: ``case_XXXXX_geometry.json`` beside them (shapes, spacing, padding;
    not part of the benchmark's files or checksums).
 
+A described dataset (own data, :mod:`data_loading.description`) is read otherwise in step 1:
+through predict's reader (:func:`load_canonical_pair`, :func:`data_loading.scan_io.read_case`),
+image and label in KiTS19's axes I-P-L whatever the files' orientation, the spacing permuted
+alike, so that training sees the arrays predict gives the network; steps 2-5 are the same.
+
 Input problems raise :class:`PreprocessError` with a one-line message naming the file or case.
 """
 from __future__ import annotations
@@ -38,7 +43,8 @@ from data_loading import geometry
 from data_loading.atomic import TEMP_SUFFIX, atomic_write
 from data_loading.description import KITS19
 from data_loading.fingerprint import case_fingerprint
-from data_loading.nifti_read import PreprocessError, load_image, read_nifti, read_voxels  # noqa: F401 (PreprocessError, load_image: this module's API)
+from data_loading.nifti_read import (PreprocessError, load_image, read_nifti, read_voxels,  # noqa: F401 (API)
+                                     validated_label)
 from data_loading.write_errors import is_full_disk, write_or_raise
 
 # KiTS19's facts (data_loading.description.KITS19), in the forms the reference's code uses them:
@@ -62,13 +68,16 @@ class RawCase:
     """One raw KiTS19 case. For ids >= 210 (outside the benchmark) ``label_path`` is the
     ``segmentation.nii.gz`` a later KiTS (21, 23) puts there, or None where there is none.
     ``kits19``: one of KiTS19's 210 cases (id < 210, in a folder with no synthetic marker), read
-    by the reference's rules, whatever its header says (:func:`load_pair`)."""
+    by the reference's rules, whatever its header says (:func:`load_pair`). ``canonical``: a case
+    of a described dataset, read as predict reads a scan, in KiTS19's axes whatever the file's
+    (:func:`load_canonical_pair`); else the benchmark's reading of the arrays as stored."""
 
     case_id: int
     image_path: str
     label_path: str | None
     kits19: bool = True
     label_values: tuple[int, ...] = LABEL_VALUES  # a description's labels (data_loading.description)
+    canonical: bool = False
 
     @property
     def name(self) -> str:
@@ -143,32 +152,78 @@ def skipped_line(skipped: Sequence[RawCase]) -> str:
             f"0-{FIRST_UNLABELLED_ID - 1} only, and later KiTS labels are not KiTS19's (KiTS21 adds 3, cysts)")
 
 
+SHOWN_NAMES = 3  # names listed in a line about many files
+
+
+def _some(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:SHOWN_NAMES])
+    return shown + (", ..." if len(names) > SHOWN_NAMES else "")
+
+
+def _entries(folder: str) -> list[str]:
+    """The names of the files in ``folder`` that are not hidden, sorted (none when it is missing)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(n for n in os.listdir(folder) if not n.startswith(".") and os.path.isfile(os.path.join(folder, n)))
+
+
+def images_tr_cases(data_dir: str, description) -> list[tuple[str, str, str]]:
+    """The cases of nnU-Net's ``imagesTr`` layout under ``data_dir``, as (case, image path, label
+    path), checked as nnU-Net's ``verify_dataset_integrity`` checks them: every image
+    ``imagesTr/<case>_0000<file_ending>`` has its label ``labelsTr/<case><file_ending>`` and every
+    label its image, every file of the two folders follows that pattern (``file_ending`` and the
+    one channel ``_0000``), and the count is ``numTraining`` when the description gives it. Else
+    one :class:`PreprocessError` line listing what is wrong (counts and the first names)."""
+    from data_loading.description import CHANNEL_SUFFIX
+
+    images, labels = os.path.join(data_dir, "imagesTr"), os.path.join(data_dir, "labelsTr")
+    where = description.path or "given"
+    if not os.path.isdir(images):
+        raise PreprocessError(f"--data_dir {data_dir}: no imagesTr folder in it (the description {where} says "
+                              "layout imagesTr)")
+    ending, suffix = description.file_ending, CHANNEL_SUFFIX + description.file_ending
+    image_names, label_names = _entries(images), _entries(labels)
+    cases = {n[:-len(suffix)]: n for n in image_names if n.endswith(suffix) and len(n) > len(suffix)}
+    truths = {n[:-len(ending)]: n for n in label_names if n.endswith(ending) and len(n) > len(ending)}
+    wrong = []
+    odd_images = [n for n in image_names if n not in cases.values()]
+    if odd_images:
+        wrong.append(f"{len(odd_images)} file(s) in imagesTr not named <case>{suffix} ({_some(odd_images)})")
+    odd_labels = [n for n in label_names if n not in truths.values()]
+    if odd_labels:
+        wrong.append(f"{len(odd_labels)} file(s) in labelsTr not named <case>{ending} ({_some(odd_labels)})")
+    unlabelled = sorted(set(cases) - set(truths))
+    if unlabelled:
+        wrong.append(f"{len(unlabelled)} image(s) without their label in labelsTr ({_some(unlabelled)})")
+    orphans = sorted(set(truths) - set(cases))
+    if orphans:
+        wrong.append(f"{len(orphans)} label(s) without their image in imagesTr ({_some(orphans)})")
+    if description.num_training is not None and len(cases) != description.num_training:
+        wrong.append(f"{len(cases)} case(s) in imagesTr where numTraining says {description.num_training}")
+    if wrong:
+        raise PreprocessError(f"--data_dir {data_dir}: not the dataset the description {where} describes: "
+                              + "; ".join(wrong))
+    return [(case, os.path.join(images, cases[case]), os.path.join(labels, truths[case])) for case in sorted(cases)]
+
+
 def find_described_cases(data_dir: str, description) -> tuple[list[RawCase], list[str]]:
     """Raw cases of a described dataset (:class:`data_loading.description.DatasetDescription`)
     under ``data_dir``, as (labelled cases sorted by number, names of the cases without a label
-    file). Every case with its label file is preprocessed, whatever its number; the case's
-    number is the last run of digits of its folder or file name, and two cases with one number,
-    or a name without one, are refused in one line naming them."""
-    from data_loading.description import CHANNEL_SUFFIX, case_number
+    file). ``imagesTr``: every case has its label, or the data is refused (:func:`images_tr_cases`);
+    ``case_folders`` (KiTS's): every case folder with its label file is preprocessed, whatever its
+    number, and those without one (KiTS's test cases) are returned to be skipped. The case's number
+    is the last run of digits of its folder or file name, and two cases with one number, a name
+    without one, or a count of labelled cases other than the description's ``numTraining``, are
+    refused in one line naming them. The cases are read in KiTS19's axes (``canonical``)."""
+    from data_loading.description import case_number
 
     if not os.path.isdir(data_dir):
         raise PreprocessError(f"--data_dir {data_dir}: not a directory")
-    found: list[tuple[str, str, str]] = []  # (case name, image path, label path)
     if description.layout == "imagesTr":
-        images, labels = os.path.join(data_dir, "imagesTr"), os.path.join(data_dir, "labelsTr")
-        if not os.path.isdir(images):
-            raise PreprocessError(f"--data_dir {data_dir}: no imagesTr folder in it (the description "
-                                  f"{description.path or 'given'} says layout imagesTr)")
-        suffix = CHANNEL_SUFFIX + description.file_ending
-        for name in sorted(os.listdir(images)):
-            if name.startswith(".") or not name.endswith(description.file_ending):
-                continue
-            if not name.endswith(suffix):
-                raise PreprocessError(f"{os.path.join(images, name)}: expected <case>{suffix} (one channel, {CHANNEL_SUFFIX})")
-            stem = name[:-len(suffix)]
-            found.append((stem, os.path.join(images, name), os.path.join(labels, stem + description.file_ending)))
-        where = images
+        found = images_tr_cases(data_dir, description)
+        where = os.path.join(data_dir, "imagesTr")
     else:
+        found = []  # (case name, image path, label path)
         for name in sorted(os.listdir(data_dir)):
             folder = os.path.join(data_dir, name)
             if os.path.isfile(os.path.join(folder, description.image_file)):
@@ -191,7 +246,10 @@ def find_described_cases(data_dir: str, description) -> tuple[list[RawCase], lis
             unlabelled.append(name)
             continue
         labelled.append(RawCase(number, image_path, label_path, kits19=False,
-                                label_values=description.label_values))
+                                label_values=description.label_values, canonical=True))
+    if description.num_training is not None and len(labelled) != description.num_training:
+        raise PreprocessError(f"--data_dir {data_dir}: {len(labelled)} labelled cases where numTraining in the "
+                              f"description {description.path or 'given'} says {description.num_training}")
     return sorted(labelled, key=lambda c: c.case_id), unlabelled
 
 
@@ -239,18 +297,30 @@ def load_pair(case: RawCase, warn: Callable[[str], None] | None = None) -> tuple
     return image, np.expand_dims(label, 0), spacing
 
 
-def validated_label(raw_label: np.ndarray, name: str, label_values: Sequence[int] = LABEL_VALUES) -> np.ndarray:
-    """``raw_label`` as uint8; :class:`PreprocessError` naming ``name`` for values outside
-    ``label_values`` (KiTS19's {0, 1, 2} by default; checked before the cast would wrap them)."""
-    bad = raw_label != label_values[0]
-    for value in label_values[1:]:
-        bad &= raw_label != value
-    if bad.any():
-        values = np.unique(raw_label[bad])
-        shown = ", ".join(f"{v:g}" for v in values[:8]) + (", ..." if values.size > 8 else "")
-        allowed = ", ".join(str(v) for v in label_values)
-        raise PreprocessError(f"{name}: label values outside {{{allowed}}}: {shown}")
-    return raw_label.astype(np.uint8)
+def load_canonical_pair(case: RawCase, warn: Callable[[str], None] | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """A described dataset's case as predict reads a scan (:func:`data_loading.scan_io.read_case`,
+    the one reader of both): image float32 (1, D, H, W) and label uint8 (1, D, H, W) in KiTS19's
+    axes (I-P-L: :data:`data_loading.description.CANONICAL_AXES`) whatever the file's, and the
+    spacing in that order. The same checks as :func:`load_pair` for a case that is not KiTS19's
+    (pixdim against the affine, label values, the label on the image's grid), one line naming
+    the file or case; a note on how a file was read (no orientation stated, a trailing axis of
+    length 1) goes through ``warn``."""
+    from data_loading import scan_io
+
+    try:
+        read = scan_io.read_case(case.image_path, case.label_path, case.label_values, case.name, one_spacing=True)
+    except scan_io.ScanError as exc:
+        raise PreprocessError(str(exc)) from None
+    for line in read.volume.note.splitlines():
+        (warn or (lambda text: print(text, file=sys.stderr)))(f"note: {line}")
+    return read.volume.image, np.expand_dims(read.label, 0), list(read.volume.spacing)
+
+
+def load_case(case: RawCase, warn: Callable[[str], None] | None = None) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """:func:`load_canonical_pair` for a described dataset's case, else :func:`load_pair` (the
+    benchmark's reading, byte for byte the reference's)."""
+    return (load_canonical_pair if case.canonical else load_pair)(case, warn)
 
 
 def resampled_shape(shape: Sequence[int], spacing: list[float],
@@ -348,18 +418,35 @@ def save_geometry(results_dir: str, name: str, shape: Sequence[int], spacing: li
     write_or_explain(geometry.record_path(results_dir, name), lambda handle: handle.write(geometry.record_bytes(record)))
 
 
+def header_geometry(case: RawCase) -> tuple[list[int], list[float]]:
+    """The spatial shape and spacing of ``case``'s image as preprocessing reads it, from its
+    header alone (no voxel is read): in KiTS19's axes for a described dataset's case
+    (:func:`data_loading.scan_io.header_geometry`, permuted as :func:`load_canonical_pair`
+    permutes the arrays), else ``pixdim[1:4]`` and the shape as stored (:func:`load_pair`)."""
+    if case.canonical:
+        from data_loading import scan_io
+
+        try:
+            shape, spacing, orientation = scan_io.header_geometry(case.image_path)
+        except scan_io.ScanError as exc:
+            raise PreprocessError(str(exc)) from None
+        return list(orientation.kits_shape), [float(s) for s in orientation.spacing_to_kits(list(spacing))]
+    nifti = read_nifti(case.image_path)
+    if len(nifti.shape) != 3:
+        raise PreprocessError(f"{case.image_path}: expected a 3-D volume, got shape {nifti.shape}")
+    return list(nifti.shape), nifti.header["pixdim"][1:4].tolist()
+
+
 def save_missing_geometry(cases: Sequence[RawCase], results_dir: str,
                           target: Sequence[float] = TARGET_SPACING) -> int:
     """The geometry record of each case preprocessed before records existed, from its image's
-    header alone (shape and pixdim; no voxel is read); returns how many were written."""
+    header alone (:func:`header_geometry`); returns how many were written."""
     written = 0
     for case in cases:
         if os.path.exists(geometry.record_path(results_dir, case.name)):
             continue
-        nifti = read_nifti(case.image_path)
-        if len(nifti.shape) != 3:
-            raise PreprocessError(f"{case.image_path}: expected a 3-D volume, got shape {nifti.shape}")
-        save_geometry(results_dir, case.name, nifti.shape, nifti.header["pixdim"][1:4].tolist(), target)
+        shape, spacing = header_geometry(case)
+        save_geometry(results_dir, case.name, shape, spacing, target)
         written += 1
     return written
 
@@ -379,7 +466,7 @@ def kept_fingerprints(cases: Sequence[RawCase], results_dir: str) -> list[dict]:
     for case in cases:
         entry = saved.get(case.name)
         if entry is None or entry.get("image") != case.image_path:
-            image, label, spacing = load_pair(case)
+            image, label, spacing = load_case(case, warn=lambda text: None)
             entry = case_fingerprint(case, image, label, spacing)
         entries.append(entry)
     return entries
@@ -465,7 +552,7 @@ def process_case(case: RawCase, results_dir: str, torch_threads: int | None = No
     a case that fails to load never pays for importing torch.
     """
     warnings: list[str] = []
-    image, label, spacing = load_pair(case, warn=warnings.append)
+    image, label, spacing = load_case(case, warn=warnings.append)
     shape = image.shape[1:]
     fingerprint = case_fingerprint(case, image, label, spacing)
     with _torch_threads(torch_threads):

@@ -42,7 +42,8 @@ from typing import Sequence
 import numpy as np
 
 from data_loading.dataset import DataError
-from data_loading.nifti_read import PreprocessError, load_image, read_nifti, read_voxels
+from data_loading.description import KITS19
+from data_loading.nifti_read import PreprocessError, load_image, read_nifti, read_voxels, validated_label
 
 KITS_CODES = ("I", "P", "L")  # KiTS19's array axes as preprocessing reads them: slices, height, width
 SHEAR_TOLERANCE = 1e-3  # |cos| between two affine columns above this (about 0.06 degrees): sheared
@@ -742,6 +743,94 @@ def header_geometry(path: str) -> tuple[tuple[int, ...], tuple[float, ...], Orie
         return shape, spacing, orientation
     shape, spacing, affine = sitk_header(path)
     return shape, spacing, orientation_from_affine(affine, shape, path, "direction")
+
+
+# ----------------------------------------------------------------------------- one case: a scan and its label
+
+
+LABEL_MAP_MAX = 9  # a volume of whole numbers in 0..9 only (two of them at least) is a label map, not CT
+
+
+def label_map_values(image: np.ndarray) -> list[int] | None:
+    """The values of ``image`` when they look like a label map's (whole numbers from 0 to
+    :data:`LABEL_MAP_MAX` only, at least two of them: a segmentation given as a scan), else None.
+    A CT in HU has negative values (air), or values far above 9."""
+    low, high = float(np.min(image)), float(np.max(image))
+    if low < 0 or high > LABEL_MAP_MAX or low == high:
+        return None
+    whole = image.astype(np.uint8)
+    if not np.array_equal(whole, image):
+        return None
+    return [int(v) for v in np.flatnonzero(np.bincount(whole.ravel(), minlength=LABEL_MAP_MAX + 1))]
+
+
+def refuse_label_map(image: np.ndarray, path: str) -> None:
+    """:class:`ScanError` naming ``path`` when ``image`` looks like a label map (:func:`label_map_values`)."""
+    values = label_map_values(image)
+    if values is not None:
+        raise ScanError(f"{path}: every voxel is one of {values}: this looks like a label map (a segmentation), "
+                        "not a CT scan in HU; give the CT scan itself")
+
+
+def read_label_on_scan(path: str, scan_affine: np.ndarray, scan_shape: Sequence[int], scan_path: str,
+                       label_values: Sequence[int], scan_states: bool = True, name: str = "") -> np.ndarray:
+    """The label file ``path`` as uint8 on the voxel grid of its scan (``scan_shape`` and
+    ``scan_affine``: the file's own axes), its values checked against ``label_values`` (an error
+    names ``name``, else ``path``) before any cast; :func:`label_file_on_scan_grid` for NIfTI
+    (``scan_states``: the scan states an orientation), :func:`label_on_scan_grid` for a label
+    SimpleITK reads (NRRD, MetaImage). :class:`ScanError`, one line, naming the file(s)."""
+    try:
+        if is_nifti_name(path):
+            nifti = read_nifti(path)
+            label = validated_label(read_voxels(nifti, path), name or path, label_values)
+            return label_file_on_scan_grid(label, nifti, scan_affine, scan_shape, path, scan_path, scan_states)
+        image = read_sitk_image(path)
+        if image.GetDimension() != 3 or image.GetNumberOfComponentsPerPixel() != 1:
+            raise ScanError(f"{path}: expected a 3-D label map of one channel, got size {image.GetSize()}")
+        array = simpleitk(path).GetArrayFromImage(image).T  # (k, j, i) -> (i, j, k)
+        label = validated_label(array, name or path, label_values)
+        return label_on_scan_grid(label, sitk_affine(image), scan_affine, scan_shape, path, scan_path)
+    except PreprocessError as exc:
+        raise ScanError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Case:
+    """A scan (and its label) as training and inference read it: ``volume`` (:class:`Volume`,
+    the image float32 (1, D, H, W) in the KiTS19 layout, axes I-P-L, and its spacing in that
+    order); ``label`` uint8 (D, H, W) in the same layout, or None."""
+
+    volume: Volume
+    label: np.ndarray | None = None
+
+
+def read_case(image_path: str, label_path: str | None = None, label_values: Sequence[int] = KITS19.label_values,
+              name: str = "", one_spacing: bool = False) -> Case:
+    """Read a scan into the KiTS19 layout (:func:`read_volume`) and its label file, when given,
+    onto the scan's voxel grid (:func:`read_label_on_scan`) and then into the same layout: the one
+    reader of a scan for predict and for the preprocessing of own data, so that both give the
+    network the same array. Refused (:class:`ScanError`, one line naming the file): a spacing that
+    is not positive, an image that looks like a label map (:func:`refuse_label_map`), and, with
+    ``one_spacing``, a NIfTI image whose ``pixdim[1:4]`` disagrees with its affine (which spacing
+    is the scan's? predict takes the affine's, with a note). ``name`` names the case in an error
+    about label values."""
+    volume = read_volume(image_path)
+    if any(not np.isfinite(s) or s <= 0 for s in volume.spacing):
+        raise ScanError(f"{image_path}: spacing (pixdim[1:4]) {volume.file_spacing} is not positive")
+    refuse_label_map(volume.image, image_path)
+    if one_spacing and is_nifti_name(image_path):
+        pixdim = [float(p) for p in volume.nifti.header["pixdim"][1:4]]
+        if spacing_disagrees(pixdim, volume.orientation.affine):
+            sizes = [float(f"{s:.6g}") for s in voxel_sizes(volume.orientation.affine)]
+            case = f"case {name}, " if name else ""
+            raise ScanError(f"{image_path}: pixdim[1:4] {[float(f'{p:.6g}') for p in pixdim]} mm disagrees with the "
+                            f"affine's voxel sizes {sizes} mm ({case}not KiTS19's: which spacing is the scan's?)")
+    if label_path is None:
+        return Case(volume)
+    orientation = volume.orientation
+    label = read_label_on_scan(label_path, orientation.affine, orientation.file_shape, image_path, label_values,
+                               states_orientation(volume.nifti), name)
+    return Case(volume, orientation.to_kits(label))
 
 
 def input_digest(path: str) -> str:

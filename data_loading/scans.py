@@ -34,9 +34,11 @@ from data_loading.atomic import atomic_write
 from data_loading.nifti_read import PreprocessError, read_nifti, read_voxels
 from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, LABEL_VALUES,
                                         TARGET_SPACING, _case_dirs, min_shape_padding, preprocess_arrays, resampled_shape, validated_label)
-from data_loading.scan_io import NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name, scan_name
+from data_loading.scan_io import (LABEL_MAP_MAX, NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name,
+                                  label_map_values, refuse_label_map, scan_name)
 
-__all__ = ["NIFTI_SUFFIXES", "ScanError", "is_nifti_name", "is_scan_name", "scan_name"]  # re-exported
+__all__ = ["LABEL_MAP_MAX", "NIFTI_SUFFIXES", "ScanError", "is_nifti_name", "is_scan_name", "label_map_values",
+           "refuse_label_map", "scan_name"]  # re-exported
 OUTPUT_SUFFIX = ".nii.gz"
 RECORD_SUFFIX = ".provenance.json"  # predict's record beside each segmentation (runtime.predict.provenance)
 GZIP_LEVEL = 1  # nibabel's own default: labels compress well even at the fastest level
@@ -443,37 +445,11 @@ def output_path(output_dir: str, scan: Scan) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
-LABEL_MAP_MAX = 9  # a volume of whole numbers in 0..9 only (two of them at least) is a label map, not CT
-
-
-def label_map_values(image: np.ndarray) -> list[int] | None:
-    """The values of ``image`` when they look like a label map's (whole numbers from 0 to
-    :data:`LABEL_MAP_MAX` only, at least two of them: a segmentation given as a scan), else None.
-    A CT in HU has negative values (air), or values far above 9."""
-    low, high = float(np.min(image)), float(np.max(image))
-    if low < 0 or high > LABEL_MAP_MAX or low == high:
-        return None
-    whole = image.astype(np.uint8)
-    if not np.array_equal(whole, image):
-        return None
-    return [int(v) for v in np.flatnonzero(np.bincount(whole.ravel(), minlength=LABEL_MAP_MAX + 1))]
-
-
-def refuse_label_map(image: np.ndarray, path: str) -> None:
-    """:class:`ScanError` naming ``path`` when ``image`` looks like a label map (:func:`label_map_values`)."""
-    values = label_map_values(image)
-    if values is not None:
-        raise ScanError(f"{path}: every voxel is one of {values}: this looks like a label map (a segmentation), "
-                        "not a CT scan in HU; give the CT scan itself")
-
-
 def read_scan(path: str) -> RawScan:
-    """Read one CT scan into the KiTS19 layout (see :class:`RawScan`); :class:`ScanError`
-    naming ``path`` on failure (a label map given as a scan too: :func:`refuse_label_map`)."""
-    volume = scan_io.read_volume(path)
-    if any(not np.isfinite(s) or s <= 0 for s in volume.spacing):
-        raise ScanError(f"{path}: spacing (pixdim[1:4]) {volume.file_spacing} is not positive")
-    refuse_label_map(volume.image, path)
+    """Read one CT scan into the KiTS19 layout (see :class:`RawScan`) as preprocessing reads own
+    data (:func:`data_loading.scan_io.read_case`); :class:`ScanError` naming ``path`` on failure
+    (a label map given as a scan too: :func:`refuse_label_map`)."""
+    volume = scan_io.read_case(path).volume
     return RawScan(volume.image, volume.spacing, volume.nifti, volume.orientation, volume.file_spacing,
                    volume.note)
 
@@ -486,18 +462,16 @@ def read_label(path: str, shape: Sequence[int], scan: Orientation | None = None,
     (the same voxels in space: its affine says so) is brought to the scan's axes exactly; one
     on another grid, of another shape, unreadable or with values outside ``label_values``
     (KiTS19's {0, 1, 2}; the network's label set) is a :class:`ScanError` naming it (and the
-    scan): :func:`data_loading.scan_io.label_on_scan_grid`."""
+    scan): :func:`data_loading.scan_io.read_label_on_scan`, preprocessing's reader of labels."""
+    if scan is None and scan_path:
+        scan = scan_io.header_geometry(scan_path)[2]
+    if scan is not None and scan.affine is not None:
+        return scan_io.read_label_on_scan(path, scan.affine, shape, scan_path or "the scan", label_values)
     try:
-        nifti = read_nifti(path)
-        raw = read_voxels(nifti, path)
-        if scan is None and scan_path:
-            scan = scan_io.header_geometry(scan_path)[2]
-        if scan is None or scan.affine is None:
-            if tuple(raw.shape) != tuple(shape):
-                raise ScanError(f"{path}: shape {tuple(raw.shape)} differs from the scan's {tuple(shape)}")
-            return validated_label(raw, path, label_values)
-        label = validated_label(raw, path, label_values)
-        return scan_io.label_file_on_scan_grid(label, nifti, scan.affine, shape, path, scan_path or "the scan")
+        raw = read_voxels(read_nifti(path), path)
+        if tuple(raw.shape) != tuple(shape):
+            raise ScanError(f"{path}: shape {tuple(raw.shape)} differs from the scan's {tuple(shape)}")
+        return validated_label(raw, path, label_values)
     except PreprocessError as exc:
         raise ScanError(str(exc)) from None
 
