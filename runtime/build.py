@@ -197,7 +197,7 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data=None,
     loss_fn = DiceCELoss(to_onehot_y=True, use_softmax=True, include_background=plan.include_background,
                          ignore_index=label_set.ignore)
     score_fn = DiceScore(to_onehot_y=True, use_argmax=True, include_background=plan.include_background,
-                         absent_nan=not label_set.benchmark, ignore_index=label_set.ignore)
+                         absent_nan=not label_set.benchmark_data, ignore_index=label_set.ignore)
     wrapped = wrap_model(model, plan, dist_info)
     if not trains:
         step = None

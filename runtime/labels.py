@@ -80,7 +80,8 @@ class LabelSet:
         return tuple(pair for pair in self.labels if pair[1] != 0)
 
     @property
-    def benchmark(self) -> bool:
+    def benchmark_data(self) -> bool:
+        """Scored as the benchmark scores KiTS19 (a folder preprocessed without a description)."""
         return self.dice == BENCHMARK
 
     @property
@@ -88,7 +89,7 @@ class LabelSet:
         """The metric key of each foreground label: the benchmark's ``l1_dice``, ``l2_dice``, else
         ``<name>_dice`` (lower case, other characters as ``_``; ``l<value>_dice`` where that would
         be no name or another key)."""
-        if self.benchmark:
+        if self.benchmark_data:
             return tuple(f"l{value}_dice" for _, value in self.foreground)
         keys: list[str] = []
         for name, value in self.foreground:
@@ -103,12 +104,12 @@ class LabelSet:
     def case_keys(self) -> tuple[str, ...]:
         """The per-case columns of ``eval_cases.csv``: the benchmark's ``kidney_dice``,
         ``tumour_dice`` (KiTS19's CSV since the first round), else :attr:`keys`."""
-        return ("kidney_dice", "tumour_dice") if self.benchmark else self.keys
+        return ("kidney_dice", "tumour_dice") if self.benchmark_data else self.keys
 
     def mean(self, scores: Sequence[float]) -> float:
         """``mean_dice`` of per-label scores: the plain mean for the benchmark; nnU-Net's mean of
         the scores that are not NaN (NaN when none is)."""
-        if self.benchmark:
+        if self.benchmark_data:
             return sum(scores) / len(scores)
         kept = [s for s in scores if not math.isnan(s)]
         return sum(kept) / len(kept) if kept else math.nan
@@ -119,7 +120,7 @@ class LabelSet:
 
     def scored_as(self) -> str:
         """The Dice in words."""
-        if self.benchmark:
+        if self.benchmark_data:
             return "the benchmark's Dice (absent from both: 1.0; every stored voxel)"
         return "nnU-Net's Dice (absent from both: NaN, left out of the means; the scan's own voxels)"
 
@@ -152,7 +153,7 @@ def decide_label_set(network: LabelSet | None, data: LabelSet | None, network_pa
     if network is not None and data is not None and not same_classes(network, data):
         if not fine_tune:
             raise LabelError(f"{checkpoint} was trained on labels {network.text()}; {folder} has labels "
-                             f"{data.text()}: use a checkpoint trained on this label set, or --fine_tune from it")
+                             f"{data.text()}: use a checkpoint trained on this label set, or start from its weights with --pretrained_weights")
         return data, f"{folder}'s; {checkpoint}'s ({network.text()}) fine-tuned to them"
     if data is not None:
         why = f"the description {data_path}" if data_path else "KiTS19's (the data has no description)"

@@ -486,14 +486,14 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     if predict and config.int8 and device.type != "cpu":
         raise UsageError(f"--int8 runs on the CPU only; this run's device is {device.type}")
     made_device = decide_device(config.device, device)
-    window = decide_window(config, network, label_set.benchmark or predict)
+    window = decide_window(config, network, label_set.benchmark_data or predict)
     host_memory = decide_host_memory(config.mode.trains, device)
     weights = decide_weights(config, architecture, network, members) if predict else None
     amp, amp_dtype, precision = decide_precision(config, device)
     seed = None if predict else decide_seed(config.seed, device, saved)
     fused, foreach, made_fused = decide_fused_optimizer(config, device)
     compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
-    backend = decide_inference_backend(config, device, label_set.benchmark or predict)
+    backend = decide_inference_backend(config, device, label_set.benchmark_data or predict)
     cache_dir = decide_cache_dir(config.cache_dir, config.mode.chooses_backend)
     overflow_fix, calibration = decide_calibration(config, config.int8 and int8_pairs_saturate()) \
         if predict else (None, None)

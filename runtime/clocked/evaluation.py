@@ -55,7 +55,7 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
             label = label.to(device, non_blocking=True)
             shape = tuple(image.shape[2:])
             region = scan_region(case_id, shape) if scan_region is not None else None
-            if label_set.benchmark:
+            if label_set.benchmark_data:
                 logits = sliding_window_inference(predict, image, roi, overlap, sw_batch_size)
                 label = trim_like_window(label, roi, overlap)
                 inside = region and region_in_trimmed(region, shape, roi, overlap)
@@ -72,7 +72,7 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
             sums[1 + k:1 + 2 * k] += (~torch.isnan(scores)).double()
             sums[-1] += 1
             if cases is not None:
-                if not label_set.benchmark:
+                if not label_set.benchmark_data:
                     scan_scores = scores
                 else:
                     scan_scores = inside and foreground(score_fn(logits[(..., *inside)], label[(..., *inside)]), k)
@@ -82,7 +82,7 @@ def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable,
     loss, totals, scored, count = values[0], values[1:1 + k], values[1 + k:1 + 2 * k], values[-1]
     if count == 0:
         raise RuntimeError("no evaluation case on any rank")
-    if label_set.benchmark:  # every case scores every label
+    if label_set.benchmark_data:  # every case scores every label
         means = [total / count for total in totals]
     else:  # nnU-Net's: the mean over the cases that have the label (NaN when none has)
         means = [total / n if n else math.nan for total, n in zip(totals, scored)]

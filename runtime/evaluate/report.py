@@ -67,7 +67,7 @@ def own_data_scored(plan) -> list[str]:
 def explain_scores(cases: Sequence[dict], plan=None) -> list[str]:
     """Lines that say what was scored, and the Dice inside the scans where it is known (the
     benchmark's data; own data's numbers are the scans' own: :func:`own_data_scored`)."""
-    if plan is not None and not plan.label_set.benchmark:
+    if plan is not None and not plan.label_set.benchmark_data:
         return own_data_scored(plan)
     lines = [SCORED]
     inside = scan_means(cases)

@@ -270,7 +270,7 @@ def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray
     """A :class:`CaseResult` from the labels on the scan's grid (and the ground truth).
     ``label_set``: the network's (``runtime.labels``; None: KiTS19's); another than KiTS19's
     gives each label's volume and Dice under its name (:func:`runtime.predict.records.own_label_numbers`)."""
-    if label_set is not None and not label_set.benchmark:
+    if label_set is not None and not label_set.benchmark_data:
         result = CaseResult(scan.name, status, scan.image_path, tuple(int(s) for s in labels.shape),
                             tuple(float(s) for s in spacing), seconds=seconds,
                             stages=stages if stages is not None else {})

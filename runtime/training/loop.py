@@ -231,7 +231,7 @@ def per_label_text(metrics: dict, config) -> str:
     """``kidney 0.9000, tumour 0.8000`` (KiTS19's words) or ``kidney 0.9000, tumor 0.8000, cyst nan``
     (the run's labels, ``runtime.labels``)."""
     label_set = config.label_set
-    if label_set.benchmark:
+    if label_set.benchmark_data:
         return f"kidney {metrics['l1_dice']:.4f}, tumour {metrics['l2_dice']:.4f}"
     return ", ".join(f"{name} {metrics[key]:.4f}" for (name, _), key in zip(label_set.foreground, label_set.keys))
 
