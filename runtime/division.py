@@ -1,7 +1,7 @@
 """The MLPerf division a training run belongs to, decided by what the run does.
 
-A run is closed only when it is the reference's benchmark (the rules, ``training_rules.adoc``,
-and ../shared/docs/benchmark-spec.md, "What makes a run a result"): the reference's model and
+A run is closed only when it is the reference's benchmark (the rules, v4.0 ``training_rules.adoc``
+of mlcommons/training_policies, "Divisions"; docs/usage.md, "The division"): the reference's model and
 loss, SGD with only the rules' tunables changed (global batch size, base and initial learning
 rate, momentum, warm-up and decay epochs, decay factor, weight decay), every value the rules fix
 to the reference's (training patch 128³, evaluation window 128³, overlap 0.5, oversampling 0.4,

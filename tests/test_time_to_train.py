@@ -1,6 +1,7 @@
 """The predicted MLPerf time to train: the published 8xH200 anchor, the RCPs as the installed
 mlperf-logging ships them, the schedule's evaluations and the 40-run score rule, with known
-answers (the facts of ../shared/docs/mlperf-results.md, enumeration, numpy)."""
+answers (the published v4.0 results, mlcommons/training_results_v4.0, as docs/time-to-train.md
+quotes them; enumeration, numpy)."""
 import itertools
 import json
 import os
