@@ -108,16 +108,17 @@ prepare_synthetic() {
 # (scripts/lib/drop_page_cache.sh): root, `sudo -n sysctl`, a SLURM Prolog= that dropped it
 # when the job started (scripts/slurm/prolog_drop_caches.sh), or, in a container, which runs
 # as non-root and cannot, the host: drop it there right before starting the container and pass
-# `--env UNET3D_CACHE_DROPPED_AT=$(date +%s)`. The program is told whether it happened
-# (UNET3D_CACHE_CLEARED) and logs the MLPerf `cache_clear` event with that value: a closed run
-# logged false is no result (docs/submission.md, "The page cache").
+# `--env UNET3D_CACHE_DROPPED_AT=$(date +%s)`. Such an earlier drop counts only when the dataset
+# was not written after it, and data on tmpfs is in RAM whatever is dropped. The program is told
+# whether the data is cold (UNET3D_CACHE_CLEARED) and logs the MLPerf `cache_clear` event with that
+# value: a closed run logged false is no result (docs/submission.md, "The page cache").
 clear_page_cache() {
     if [[ ${DRY_RUN:-0} == 1 ]]; then
         echo 'sync; echo 3 > /proc/sys/vm/drop_caches'
         return 0
     fi
     UNET3D_CACHE_CLEARED=0
-    if bash "$REPO_DIR/scripts/lib/drop_page_cache.sh" "$(hostname -s)"; then
+    if bash "$REPO_DIR/scripts/lib/drop_page_cache.sh" "$(hostname -s)" "$DATASET_DIR"; then
         UNET3D_CACHE_CLEARED=1
     fi
     export UNET3D_CACHE_CLEARED
