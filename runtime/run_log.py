@@ -205,7 +205,9 @@ class MLPerfLogger:
         self.event("validation_overlap", value=config.overlap)
         self.event(C.TRAIN_SAMPLES, value=config.num_train_cases)
         self.event(C.EVAL_SAMPLES, value=config.num_eval_cases)
-        self.event("samples_per_epoch", value=config.samples_per_epoch)
+        self.event("samples_per_epoch", value=config.samples_per_epoch)  # padding counted: the schedule's unit
+        # padding not counted: the unit of every epoch_num in this log (runtime.schedule)
+        self.event("samples_trained_per_epoch", value=config.samples_trained_per_epoch)
 
 
 class MetricsWriter:

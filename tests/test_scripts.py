@@ -499,7 +499,7 @@ def test_run_and_time_writes_no_checkpoint_on_the_clock_and_two_default_seed_run
         folders.append(log.parent)
         records = mllog_records(log)
         run_stop = next(r for r in records if r["key"] == "run_stop")
-        stop_ms, epochs = run_stop["time_ms"], run_stop["metadata"]["epoch_num"]
+        stop_ms, epochs = run_stop["time_ms"], run_stop["metadata"]["epoch"]
         # the training's outcome depends on the drawn seed: both endings save alike, after run_stop
         finished = proc.returncode == 0 and epochs == 2 and ",finished," in proc.stdout
         diverged = proc.returncode == 3 and "training diverged" in proc.stdout and ",aborted," in proc.stdout
@@ -541,7 +541,7 @@ def test_run_and_time_a_diverged_run_saves_its_final_weights_after_run_stop_as_a
     assert run_stop["metadata"]["status"] == "aborted"
     assert_checkpoint_after_run_stop(seen, log, run_stop["time_ms"])
     state = load_checkpoint(str(log.parent / "checkpoint.pt"))
-    assert state["epoch"] == run_stop["metadata"]["epoch_num"] and state["status"] == "aborted"
+    assert state["epoch"] == run_stop["metadata"]["epoch"] and state["status"] == "aborted"
 
 
 def test_run_and_time_never_reuses_a_folder_that_holds_a_run(tmp_path):

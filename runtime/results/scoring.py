@@ -186,7 +186,9 @@ def run_schedule(attempts: Sequence[Attempt]) -> tuple[T.Schedule | None, str]:
     if len(epochs) < 2:
         return None, "fewer than 2 evaluations logged (the schedule's spacing is unknown)"
     every = min(b - a for a, b in zip(epochs, epochs[1:]))
-    return T.Schedule(spe, epochs[0], every), ""  # the logged first evaluation, then every `every` epochs
+    trained = next((a.samples_trained_per_epoch for a in reversed(attempts) if a.samples_trained_per_epoch), None)
+    # the logged first evaluation, then every `every` epochs
+    return T.Schedule(spe, epochs[0], every, trained), ""
 
 
 def predict_run(run: Run, throughput: float | None) -> tuple[dict | None, str | None]:

@@ -181,9 +181,15 @@ def rcp_basis(rcp: Rcp, global_batch: int) -> str:
 class Schedule:
     """A run's epochs and evaluations (``runtime.schedule``'s, resolved for the run)."""
 
-    samples_per_epoch: int  # global samples trained per epoch
+    samples_per_epoch: int  # global samples computed per epoch (a padded last batch counted): the time's unit
     start_eval_at: int
     evaluate_every: int
+    # global samples trained per epoch (padding not counted): the RCPs' unit; None: samples_per_epoch
+    samples_trained_per_epoch: int | None = None
+
+    @property
+    def trained_per_epoch(self) -> int:
+        return self.samples_trained_per_epoch or self.samples_per_epoch
 
     def eval_schedule(self):
         """The evaluation epochs as the training loop decides them (one rule, in runtime.schedule)."""
@@ -196,8 +202,9 @@ class Schedule:
         return self.eval_schedule().first_eval_epoch
 
     def converged_epoch(self, samples: int) -> int:
-        """The first evaluation epoch by whose end ``samples`` samples have been trained."""
-        return self.eval_schedule().next_eval_epoch(-(-samples // self.samples_per_epoch))
+        """The first evaluation epoch by whose end ``samples`` samples have been trained (an RCP's
+        samples to converge count samples trained: padding, which trains nothing, never counts)."""
+        return self.eval_schedule().next_eval_epoch(-(-samples // self.trained_per_epoch))
 
     def evaluations(self, epoch: int) -> int:
         """Evaluations run up to and including epoch ``epoch``."""
@@ -217,7 +224,9 @@ class RunTime:
 
 
 def run_time(samples: int, schedule: Schedule, train_throughput: float, eval_seconds: float) -> RunTime:
-    """One run that converges after ``samples`` samples: its epochs, evaluations and time."""
+    """One run that converges after ``samples`` samples trained: its epochs, evaluations and time
+    (an epoch takes its samples computed, padding included, at the measured throughput, which
+    counts every sample computed)."""
     epoch = schedule.converged_epoch(samples)
     evaluations = schedule.evaluations(epoch)
     return RunTime(epoch, evaluations, epoch * schedule.samples_per_epoch / train_throughput,
@@ -360,8 +369,10 @@ def rcp_text(rcp: Rcp, global_batch: int, rcps_batches: Sequence[int] = ()) -> s
 
 
 def schedule_text(schedule: Schedule) -> str:
-    return (f"{schedule.samples_per_epoch} samples per epoch, evaluations from epoch {schedule.first_eval_epoch} "
-            f"every {schedule.evaluate_every}")
+    trained = ("" if schedule.trained_per_epoch == schedule.samples_per_epoch else
+               f" ({schedule.trained_per_epoch} trained, the rest padding; the RCPs count samples trained)")
+    return (f"{schedule.samples_per_epoch} samples per epoch{trained}, evaluations from epoch "
+            f"{schedule.first_eval_epoch} every {schedule.evaluate_every}")
 
 
 def prediction_lines(p: Prediction, rcps_batches: Sequence[int] = ()) -> list[str]:

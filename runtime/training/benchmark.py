@@ -35,7 +35,7 @@ from runtime.build import Components
 from runtime.clocked.reporters import Reporters
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.results import time_to_train as T
-from runtime.schedule import eval_schedule, samples_per_epoch
+from runtime.schedule import eval_schedule, samples_per_epoch, samples_trained_per_epoch
 from runtime.inference.sliding_window import sliding_window_inference
 from runtime.plan import RunPlan
 from runtime.run_files import BENCHMARK
@@ -317,7 +317,9 @@ def benchmark_schedule(cfg: Config, world_size: int) -> T.Schedule:
                                  f"on each of {world_size} ranks")
     given = {name: getattr(cfg, name) if name in cfg.explicit else None for name in ("start_eval_at", "evaluate_every")}
     schedule = eval_schedule(spe, T.TRAIN_CASES, given["start_eval_at"], given["evaluate_every"])
-    return T.Schedule(spe, schedule.start_eval_at, schedule.evaluate_every)
+    trained = samples_trained_per_epoch(T.TRAIN_CASES, world_size, cfg.batch_size, cfg.ga_steps, cfg.last_batch,
+                                        cfg.semantics)
+    return T.Schedule(spe, schedule.start_eval_at, schedule.evaluate_every, trained)
 
 
 def global_batch(cfg: Config, world_size: int) -> int:
