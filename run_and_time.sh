@@ -41,9 +41,11 @@ SEED=${1:-${SEED:--1}}
 if (( $# > 0 )); then shift; fi
 if [[ $SEED == -1 ]]; then
     # main.py would draw it too (31 bits from the OS, as resolve_master_seed): drawn here, the
-    # run's folder is named after the seed it really uses.
+    # run's folder is named after the seed it really uses, and main.py is told that it came from
+    # the OS (a seed given by hand is not: a closed run says so; the rules want clock or OS seeds)
     read -r SEED < <(od -An -N4 -tu4 /dev/urandom)
     SEED=$(( SEED & 0x7FFFFFFF ))
+    export UNET3D_SEED_SOURCE=os
 fi
 
 PYTHON=${PYTHON:-$(command -v python || command -v python3 || echo python)}

@@ -77,6 +77,11 @@ SUBMISSION_DIVISION = "submission_division"
 GLOBAL_BATCH_SIZE = "global_batch_size"
 SAMPLES_PER_EPOCH = "samples_per_epoch"  # padding counted: the rules' schedule formula's unit
 SAMPLES_TRAINED_PER_EPOCH = "samples_trained_per_epoch"  # padding not counted: the unit of every epoch_num
+# the seed event's metadata "source": "os" (drawn from the OS: by main.py for --seed -1, or by its
+# launcher, run_and_time.sh or `runs`, which say so in UNET3D_SEED_SOURCE=os) or "given" (by hand)
+SEED_SOURCE = "source"
+SEED_SOURCE_ENV = "UNET3D_SEED_SOURCE"
+SEED_FROM_OS, SEED_GIVEN = "os", "given"
 TRAIN_SAMPLES = "train_samples"
 EVAL_START = "eval_start"
 EVAL_STOP = "eval_stop"

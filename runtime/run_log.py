@@ -21,7 +21,8 @@ from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
 from runtime.outputs import OutputError
 from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, METRICS_LOG, MLPERF_LOG, NOT_CLOSED,
-                               RESUMED_FROM_CHECKPOINT, check_record)
+                               RESUMED_FROM_CHECKPOINT, SEED_FROM_OS, SEED_GIVEN, SEED_SOURCE, SEED_SOURCE_ENV,
+                               check_record)
 
 
 CACHE_CLEARED_ENV = "UNET3D_CACHE_CLEARED"
@@ -74,6 +75,24 @@ def cache_cleared(data_dir: str = "", mountinfo: str | None = None) -> tuple[boo
                        "evicts (the rules: data starts on durable storage, \"This explicitly excludes RAM\"), so a "
                        "closed run is no result; keep the dataset on a disk")
     return True, ""
+
+
+def seed_source(config) -> tuple[str, str]:
+    """Where the run's master seed came from, and the one line a closed run with a hand-given seed
+    says: ``"os"`` when main.py drew it (``--seed -1``: ``os.urandom`` on rank 0, the plan's seed
+    decision asked for -1) or its launcher did and says so (``UNET3D_SEED_SOURCE=os``:
+    run_and_time.sh for its default seed, ``python -m runtime.submission runs``), else
+    ``"given"``. The rules (``training_rules.adoc``, "Random numbers"): closed-division random
+    number generators are seeded from the clock, the OS's randomness or an RNG seeded from them."""
+    decision = config.decision("seed") if hasattr(config, "decision") else None
+    asked = decision.asked if decision is not None else config.seed
+    if (isinstance(asked, int) and asked < 0) or os.environ.get(SEED_SOURCE_ENV, "") == SEED_FROM_OS:
+        return SEED_FROM_OS, ""
+    if getattr(config, "submission_division", "") != "closed":
+        return SEED_GIVEN, ""
+    return SEED_GIVEN, (f"seed {config.seed} was given by hand: the rules want closed-division seeds from the clock, "
+                        "the OS's randomness or an RNG seeded from them (training_rules.adoc, \"Random numbers\"); "
+                        "leave --seed out (or -1) to draw one from the OS; the submission package names this run")
 
 
 class _AppendHandler(logging.Handler):
@@ -178,8 +197,12 @@ class MLPerfLogger:
         self.event(C.SUBMISSION_STATUS, value=config.submission_status)
         self.event(C.SUBMISSION_PLATFORM, value=config.submission_platform)
         # The one seed every other is derived from (per rank, per epoch's shuffle, per sample:
-        # data_loading/sampler.py, runtime/distributed.py); the checker wants exactly one.
-        self.event(C.SEED, value=config.seed)
+        # data_loading/sampler.py, runtime/distributed.py); the checker wants exactly one. Its
+        # metadata says where it came from (the package names closed runs with a hand-given one).
+        source, said = seed_source(config)
+        if said and self.enabled:
+            print(said)
+        self.event(C.SEED, value=config.seed, metadata={SEED_SOURCE: source})
 
     def weights_initialization(self, config: Config) -> None:
         for name in weight_init_tensor_names(len(config.filters), config.normalization):

@@ -187,7 +187,7 @@ def test_slurm_submits_one_job_per_run_with_its_seed_and_folder(tmp_path, monkey
     jobs = lines(record)
     assert len(jobs) == 2
     for name, seed, job in zip(run_names(2), (11, 12), jobs):
-        assert f"--export ALL,SEED={seed},RESULTS_DIR={out / name} -p gpu " in job
+        assert f"--export ALL,SEED={seed},RESULTS_DIR={out / name},UNET3D_SEED_SOURCE=given -p gpu " in job
         assert job.endswith("single_node.sbatch --epochs 9 --submission_division open")
     assert json.loads((out / "seeds.json").read_text()) == {"run_00": 11, "run_01": 12}
     assert json.loads((out / "jobs.json").read_text()) == {"run_00": "7", "run_01": "7"}
@@ -200,7 +200,7 @@ def test_slurm_submits_one_job_per_run_with_its_seed_and_folder(tmp_path, monkey
     (out / "run_00" / "unet3d.log").write_text(':::MLLOG {"key": "run_start", "value": null}\n')
     (bin_dir / "squeue").write_text('#!/bin/sh\necho "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
     run_sweep(str(out), 2, slurm=True, recipe="gbs28", say=said.append)
-    assert len(lines(record)) == 3 and f"RESULTS_DIR={out / 'run_01'},RECIPE=gbs28 " in lines(record)[-1]
+    assert len(lines(record)) == 3 and f"RESULTS_DIR={out / 'run_01'},RECIPE=gbs28,UNET3D_SEED_SOURCE=os " in lines(record)[-1]
     assert any("run_00" in s and "holds a run, not run again" in s for s in said)
 
 

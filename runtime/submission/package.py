@@ -38,7 +38,7 @@ from runtime.results.compliance import check_compliance
 from runtime.results.runs import find_runs, folder_runs, mlperf_logs
 from runtime.results.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, olympic_score, rules_window
 from runtime.results.validity import NOT_A_RESULT, RESULT, Validity, judge_events, read_events
-from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, UNVERIFIED
+from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, SEED_FROM_OS, SEED_SOURCE, UNVERIFIED
 from runtime.submission import system as S
 from runtime.submission import what_ran as W
 
@@ -69,6 +69,7 @@ class RunEntry:
     seed: int | None = None
     metadata: dict = field(default_factory=dict)
     global_batch: int | None = None
+    seed_source: str | None = None  # the seed event's "source": os, given, or None (a log older than it)
     packed_as: str | None = None
     note: str = ""
 
@@ -89,6 +90,19 @@ def _time(events: Sequence[dict], key: str) -> int | None:
     return times[-1] if times and isinstance(times[-1], (int, float)) else None
 
 
+def _seed_source(events: Sequence[dict]) -> str | None:
+    seeds = [e for e in events if e.get("key") == "seed"]
+    return ((seeds[-1].get("metadata") or {}).get(SEED_SOURCE)) if seeds else None
+
+
+def hand_seeded(entries: Sequence[RunEntry], division: str) -> list[RunEntry]:
+    """The packed runs of a closed package whose seed was not drawn from the OS (``given`` by
+    hand; a log that does not say, written before the seed's source was logged, is listed too)."""
+    if division != "closed":
+        return []
+    return [e for e in entries if e.packed_as and e.seed_source != SEED_FROM_OS]
+
+
 def judge_folder(folder: str, check: bool = True, ruleset: str = RULESET) -> RunEntry:
     """One run folder: its MLPerf log judged (with the official compliance checker's verdict
     when ``check``). A folder with resumed attempts' logs holds no result."""
@@ -100,7 +114,7 @@ def judge_folder(folder: str, check: bool = True, ruleset: str = RULESET) -> Run
     entry = RunEntry(folder, main_log, Validity(RESULT), start_ms=_time(events, RUN_START),
                      stop_ms=_time(events, RUN_STOP), seed=_last(events, "seed"),
                      metadata={k: _last(events, k) for k in METADATA_KEYS},
-                     global_batch=_last(events, "global_batch_size"))
+                     global_batch=_last(events, "global_batch_size"), seed_source=_seed_source(events))
     if len(logs) > 1:
         entry.validity = Validity(NOT_A_RESULT, f"resumed: {len(logs) - 1} later attempt(s) in "
                                                 f"{', '.join(os.path.basename(p) for p in logs[1:])} (the clock "
@@ -394,8 +408,10 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
         "score_minutes": minutes, "score": score_text, "checkers": verdicts,
         "not_checked": not_checked(division, verdicts), "paths_without_runs": missing,
         "runs": [{"folder": e.folder, "kind": e.validity.kind, "reason": e.validity.reason, "seed": e.seed,
-                  "minutes": e.minutes, "packed_as": e.packed_as, "note": e.note, "start_ms": e.start_ms}
+                  "seed_source": e.seed_source, "minutes": e.minutes, "packed_as": e.packed_as, "note": e.note,
+                  "start_ms": e.start_ms}
                  for e in entries],
+        "hand_seeded": [e.packed_as for e in hand_seeded(entries, division)],
     }
     report["accepted"] = bool(verdicts) and verdicts["package_checker"]["passed"]
     write_report(report)
@@ -431,6 +447,14 @@ def report_markdown(report: dict) -> str:
                      f"log `{verdict['log']}`")
         lines += [f"  - error: {_cell(e)}" for e in verdict["errors"][:10]]
         lines += [f"  - {_cell(d)}" for d in verdict.get("details", [])[:4]]
+    hand = [r for r in runs if r["packed_as"] in report.get("hand_seeded", [])]
+    if hand:
+        lines += ["", f"**Seeds not drawn from the OS** ({len(hand)} closed run(s)): the rules want closed-division "
+                      "seeds from the clock, the OS's randomness or an RNG seeded from them (`training_rules.adoc`, "
+                      "\"Random numbers\"); the seed checker checks only that they differ: "
+                  + ", ".join(f"{r['packed_as']} ({_run_name(r['folder'])}, seed {r['seed']}, "
+                              f"{'given by hand' if r['seed_source'] else 'its source not logged'})" for r in hand)
+                  + "."]
     lines += ["", "## What the checkers could not check", ""] + [f"- {item}" for item in report["not_checked"]]
     source = "the runs' own records (run_description.json)" if report.get("system_from") == "runs" else \
         f"the packing host ({W.PACKING_HOST_FLAG})"

@@ -28,7 +28,8 @@ PACKING_HOST_FLAG = "--system_from_packing_host"
 PER_RUN_FLAGS = ("--seed", "--data_dir", "--log_dir", "--save_ckpt_path", "--load_ckpt_path", "--resume",
                  "--cache_dir")
 # settings recorded from the environment that belong to one run or one site, not to the recipe
-PER_RUN_SETTINGS = ("SEED", "DATASET_DIR", "DATA_DIR", "UNET3D_CACHE_CLEARED", "UNET3D_LOG_DIR", "WORLD_SIZE",
+PER_RUN_SETTINGS = ("SEED", "UNET3D_SEED_SOURCE", "DATASET_DIR", "DATA_DIR", "UNET3D_CACHE_CLEARED", "UNET3D_LOG_DIR",
+                    "WORLD_SIZE",
                     "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                     "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "CONTAINER")
 PER_RUN_SETTING_PREFIXES = ("SLURM_",)
