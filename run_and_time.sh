@@ -14,8 +14,11 @@
 #                   (NPROC_PER_NODE x GA_STEPS), refused when it does not divide. Unset: the
 #                   reference's 1-GPU hyper-parameters at BATCH_SIZE (default 2) per process, with
 #                   a warning that no RCP stands behind them. docs/submission.md, "Recipes".
-#   DATASET_DIR     preprocessed dataset; unset = an embedded synthetic dataset is generated
-#                   and preprocessed first (SYNTHETIC_DIR, SYNTHETIC_CASES, SYNTHETIC_SEED)
+#   DATASET_DIR     preprocessed dataset; unset: /data (REFERENCE_DATA_DIR) when it holds one
+#                   (case_*_x.npy), as the reference's script reads /data; where neither is, an
+#                   embedded synthetic dataset is generated and preprocessed first, said in one
+#                   line (SYNTHETIC_DIR, SYNTHETIC_CASES, SYNTHETIC_SEED). The images set
+#                   DATASET_DIR=/data; DATASET_DIR= (empty) there asks for the synthetic data
 #   RESULTS_DIR     for the logs (LOG_DIR) and the checkpoint (SAVE_CKPT_PATH); default
 #                   results/run_and_time-seed<SEED> in the working directory, with -2, -3, ...
 #                   added when that folder holds anything already: one folder per run
@@ -68,6 +71,7 @@ SAVE_CKPT_PATH=${SAVE_CKPT_PATH:-$RESULTS_DIR/checkpoint.pt}
 SYNTHETIC_DIR=${SYNTHETIC_DIR:-$PWD/results/synthetic-kits19}
 SYNTHETIC_CASES=${SYNTHETIC_CASES:-12}
 SYNTHETIC_SEED=${SYNTHETIC_SEED:-0}
+REFERENCE_DATA_DIR=${REFERENCE_DATA_DIR:-/data}
 
 # shellcheck source=scripts/lib/run.sh
 source "$REPO_DIR/scripts/lib/run.sh"
@@ -94,8 +98,13 @@ fi
 prepare_synthetic() {
     local raw=$SYNTHETIC_DIR/raw data=$SYNTHETIC_DIR/preprocessed
     DATASET_DIR=$data
-    [[ -f $data/.complete ]] && return 0
-    echo "no DATASET_DIR given: preparing $SYNTHETIC_CASES synthetic cases in $SYNTHETIC_DIR" >&2
+    if [[ -f $data/.complete ]]; then
+        echo "no DATASET_DIR given and $REFERENCE_DATA_DIR holds no preprocessed dataset: training on the" \
+            "synthetic cases prepared before in $data (not KiTS19: an open run)" >&2
+        return 0
+    fi
+    echo "no DATASET_DIR given and $REFERENCE_DATA_DIR holds no preprocessed dataset: preparing" \
+        "$SYNTHETIC_CASES synthetic cases in $SYNTHETIC_DIR (not KiTS19: an open run)" >&2
     run rm -rf "$raw" "$data"
     # -m imports from the checkout, wherever the caller stands.
     run env "PYTHONPATH=$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" \
@@ -134,7 +143,16 @@ say() {
     printf '%s\n' "$*"
 }
 
-if [[ -z ${DATASET_DIR:-} ]]; then
+# holds_dataset DIR: DIR holds a preprocessed dataset (case_XXXXX_x.npy files)
+holds_dataset() {
+    compgen -G "$1/case_*_x.npy" > /dev/null
+}
+
+if [[ -z ${DATASET_DIR:-} ]] && holds_dataset "$REFERENCE_DATA_DIR"; then
+    # the reference's run_and_time.sh reads /data: so does its command line here
+    DATASET_DIR=$REFERENCE_DATA_DIR
+    echo "no DATASET_DIR given: the preprocessed dataset in $DATASET_DIR (the reference's folder)" >&2
+elif [[ -z ${DATASET_DIR:-} ]]; then
     prepare_synthetic
 elif [[ ! -d $DATASET_DIR ]]; then
     echo "error: DATASET_DIR=$DATASET_DIR does not exist" >&2

@@ -242,6 +242,7 @@ def fake_repo(tmp_path, monkeypatch):
     record = tmp_path / "record.txt"
     monkeypatch.setenv("FAKE_RECORD", str(record))
     monkeypatch.setenv("DATASET_DIR", str(tmp_path))
+    monkeypatch.setenv("REFERENCE_DATA_DIR", str(tmp_path / "no-data"))  # not this machine's /data
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no venv's python on PATH: the driver must say which
     return record
 
@@ -266,6 +267,17 @@ def test_a_missing_dataset_is_refused_before_the_first_run(fake_repo, tmp_path, 
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and re.search(message, err), err
     assert not fake_repo.exists() and not (tmp_path / "runs").exists()
+
+
+def test_without_dataset_dir_the_references_data_folder_is_used_when_it_holds_a_dataset(fake_repo, tmp_path,
+                                                                                      monkeypatch):
+    """run_and_time.sh reads /data (here REFERENCE_DATA_DIR) when no DATASET_DIR is given and it
+    holds a preprocessed dataset: the driver lets the runs go."""
+    monkeypatch.delenv("DATASET_DIR")
+    (tmp_path / "no-data").mkdir()
+    (tmp_path / "no-data" / "case_00000_x.npy").write_bytes(b"")
+    assert submission_main(["runs", "--output", str(tmp_path / "runs"), "--runs", "1"]) == 0
+    assert len(lines(fake_repo)) == 1
 
 
 def test_a_folder_without_run_start_runs_again_and_its_files_are_kept(fake_repo, tmp_path):

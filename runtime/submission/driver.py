@@ -36,6 +36,7 @@ JOBS_FILE = "jobs.json"
 SYSTEM_FIELDS_FILE = "system-fields.json"
 LAUNCHERS = ("run_and_time", "main")
 RECIPES_DIR = os.path.join(REPO, "scripts", "recipes")
+REFERENCE_DATA_DIR = "/data"  # run_and_time.sh's dataset without DATASET_DIR, when it holds one
 
 
 # main.py's flags that belong to the driver: each run's seed (drawn here, kept in seeds.json), its
@@ -205,9 +206,13 @@ def run_sweep(output: str, count: int, flags: Sequence[str] = (), launcher: str 
                               "(--launcher run_and_time or --slurm)")
     if not slurm and launcher == "run_and_time":
         dataset = os.environ.get("DATASET_DIR", "")
+        reference = os.environ.get("REFERENCE_DATA_DIR") or REFERENCE_DATA_DIR
+        if not dataset and glob.glob(os.path.join(glob.escape(reference), "case_*_x.npy")):
+            dataset = reference  # run_and_time.sh reads it, as the reference's script does
         if not dataset:
-            raise DriverError("DATASET_DIR is not set: run_and_time.sh would train every run on generated synthetic "
-                              "data; set it to the preprocessed KiTS19 folder")
+            raise DriverError(f"DATASET_DIR is not set and {reference} holds no preprocessed dataset: run_and_time.sh "
+                              "would train every run on generated synthetic data; set it to the preprocessed KiTS19 "
+                              "folder")
         if not os.path.isdir(dataset):
             raise DriverError(f"DATASET_DIR={dataset}: no such folder")
     job_script = os.path.abspath(job_script or os.path.join(REPO, "scripts", "slurm", "single_node.sbatch"))
