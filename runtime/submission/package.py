@@ -400,8 +400,9 @@ def not_checked(division: str, verdicts: dict) -> list[str]:
         "package holds packs the consecutive ones (by start) whose score is closest to the median of every such "
         "window's; runs kept elsewhere it cannot see",
         "the system description's values: only that every field exists and the status is one of four (this command "
-        "fills them from the runs' own records, run_description.json, and refuses runs that disagree); fields the "
-        "machines could not tell are listed below",
+        "fills them from the runs' own records, run_description.json, packed beside the results, refuses runs that "
+        "disagree and --system_fields that contradict them, and lists every field --system_fields changed); fields "
+        "the machines could not tell are listed below",
         "that the code in benchmarks/ is the code that ran: the checker only lists its source files (this command "
         "packs the commit the runs logged, checked against the hash of the files that ran)",
         "that the logs' submission_org and submission_platform match the package's folders (this command names "
@@ -473,9 +474,15 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
     _empty_output(output)
     results = os.path.join(output, org, "results", system_name, BENCHMARK)
     os.makedirs(results)
+    records = []
     for index, entry in enumerate(chosen):
         entry.packed_as = f"result_{index}.txt"
         shutil.copyfile(entry.log, os.path.join(results, entry.packed_as))
+        # the run's own record of its machine, software, code and recipe, beside its result
+        record = W.record_path(os.path.dirname(entry.log))
+        if os.path.isfile(record):
+            records.append(f"run_description_{index}.json")
+            shutil.copyfile(record, os.path.join(results, records[-1]))
     packed = [e for e in counted if e.packed_as]
     batches = sorted({e.global_batch for e in packed if e.global_batch is not None})
     description_path = os.path.join(output, org, "systems", f"{system_name}.json")
@@ -494,6 +501,8 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
         "system_fields_to_fill": S.unfilled(description), "unknown_system_fields": unknown,
         "code_files": code_files, "code": source.said if source else "not packed (--no_code)",
         "system_from": what.source, "what_ran_notes": what.notes, "implementation_files": implementation_files,
+        "system_fields_changed": [{"field": f, "measured": m, "given": g} for f, m, g in what.changed],
+        "run_descriptions": records,
         "score_minutes": minutes, "score": score_text, "checkers": verdicts,
         "result_summarizer": summarized,
         "summarizer_comparison": compare_scores(minutes, summarized, packed) if summarized else "",
@@ -565,12 +574,23 @@ def report_markdown(report: dict) -> str:
                               f"{'given by hand' if r['seed_source'] else 'its source not logged'})" for r in hand)
                   + "."]
     lines += ["", "## What the checkers could not check", ""] + [f"- {item}" for item in report["not_checked"]]
-    source = "the runs' own records (run_description.json)" if report.get("system_from") == "runs" else \
+    source = ("the runs' own records (run_description.json)" + (", with the fields below given by --system_fields"
+                                                                if report.get("system_fields_changed") else "")) \
+        if report.get("system_from") == "runs" else \
         f"the packing host ({W.PACKING_HOST_FLAG})"
     lines += ["", f"System description from {source}; code: "
                   f"{_cell(report.get('code', ''))}; what ran and how to run it again: "
                   f"`benchmarks/{BENCHMARK}/implementations/{report['system']}/README.md`."]
     lines += [f"- {_cell(note)}" for note in report.get("what_ran_notes", [])]
+    changed = report.get("system_fields_changed") or []
+    if changed:
+        lines += ["", f"`--system_fields` changed {len(changed)} field(s) of what the runs' records tell (also in the "
+                      "description's `hw_notes` / `sw_notes`):", "", "| field | measured (the runs' records) | given |",
+                  "| --- | --- | --- |"]
+        lines += [f"| `{c['field']}` | {_cell(c['measured'])} | {_cell(c['given'])} |" for c in changed]
+    if report.get("run_descriptions"):
+        lines += ["", f"The runs' records (`run_description_<i>.json`, one per `result_<i>.txt`) are packed beside "
+                      f"their results; the package checker warns of files there that are not `result_*.txt`: these."]
     if report["system_fields_to_fill"]:
         lines += ["", f"System description fields the machines could not tell, left empty in "
                       f"`{report['system_description']}` (give them with `--system_fields FILE.json`): "
