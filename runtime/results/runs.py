@@ -28,6 +28,9 @@ from runtime.run_files import (CACHE_CLEAR, CHECKPOINTS_ON_THE_CLOCK, EVAL, EVAL
                                SUBMISSION_DIVISION, TRAIN, TRAIN_SAMPLES)
 
 SEARCH_DEPTH = 4  # how deep a sweep's parent folder is searched for runs
+# the MLPerf log's keys of the training patch, evaluation window and overlap (what a step and an
+# evaluation cost, beside the network)
+SHAPE_KEYS = ("training_input_shape", "validation_input_shape", "validation_overlap")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class Attempt:
     samples_per_epoch: int | None = None
     samples_trained_per_epoch: int | None = None
     train_samples: int | None = None
+    # the logged training patch, evaluation window and overlap (SHAPE_KEYS: value), when logged
+    shapes: dict = field(default_factory=dict)
     evals: tuple[tuple[int, float], ...] = ()
     # why this attempt is not an MLPerf result, from its own log (runtime/run_files.py's events):
     # it started from a checkpoint, or wrote checkpoints between run_start and run_stop
@@ -270,6 +275,8 @@ def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, li
                    notes=tuple(notes), global_batch=_run_int(head, body, GLOBAL_BATCH_SIZE),
                    samples_per_epoch=_run_int(head, body, SAMPLES_PER_EPOCH),
                    samples_trained_per_epoch=_run_int(head, body, SAMPLES_TRAINED_PER_EPOCH),
+                   shapes={k: v[-1] for k in SHAPE_KEYS
+                           for v in [[e.get("value") for e in events if e.get("key") == k]] if v},
                    train_samples=_run_int(head, body, TRAIN_SAMPLES),
                    evals=evaluation_times(body), not_a_result=not_a_result(own),
                    cache_clear=cache[-1] if cache else None, division=divisions[-1] if divisions else None), notes
