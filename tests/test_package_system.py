@@ -413,3 +413,22 @@ def test_system_fields_that_reword_are_listed_measured_beside_given_and_the_reco
     assert "framework: given" in description["sw_notes"] and "framework" not in description["hw_notes"]
     packed = out / "TinyOrg" / "results" / "cpu-tiny" / "unet3d" / "run_description_0.json"
     assert json.loads(packed.read_text()) == record and report["run_descriptions"] == ["run_description_0.json"]
+
+
+def test_the_readme_lists_the_recipe_values_the_runs_overrode(run, tmp_path):
+    """A run whose launcher said it overrode recipe values (UNET3D_RECIPE_OVERRIDES, recorded with
+    its environment): the package's README and recipe file list them; the launch script does not
+    export the list (its run_and_time.sh says them again)."""
+    folder = committed_copy(run[0], tmp_path / "run")
+    said = "LR_WARMUP_EPOCHS=500 (the recipe: 1000); --learning_rate 3.0 (was 2.0)"
+    R.rewrite(folder, lambda r: r["recipe"]["environment"].update(UNET3D_RECIPE_OVERRIDES=said))
+    code, err = package(folder, "--output", tmp_path / "p", "--no_check", "--no_code", "--expected_runs", "1")
+    assert code == 0, err
+    here = tmp_path / "p" / "TinyOrg" / "benchmarks" / "unet3d" / "implementations" / "cpu-tiny"
+    readme = (here / "README.md").read_text()
+    assert "overrode 2 value(s) of the recipe `gbs28`" in readme
+    assert "- `LR_WARMUP_EPOCHS=500 (the recipe: 1000)`" in readme and "- `--learning_rate 3.0 (was 2.0)`" in readme
+    recipe = json.loads((here / "cpu-tiny_pytorch-unet3d-kits19.json").read_text())
+    assert recipe["recipe_overrides"] == ["LR_WARMUP_EPOCHS=500 (the recipe: 1000)", "--learning_rate 3.0 (was 2.0)"]
+    assert "UNET3D_RECIPE_OVERRIDES" not in (here / "run_and_time.sh").read_text()
+    assert "UNET3D_RECIPE_OVERRIDES" not in recipe["settings"]

@@ -34,6 +34,8 @@ PER_RUN_SETTINGS = ("SEED", "UNET3D_SEED_SOURCE", "DATASET_DIR", "DATA_DIR", "UN
                     "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                     "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "CONTAINER")
 PER_RUN_SETTING_PREFIXES = ("SLURM_",)
+# what the scripts derive and say, not a setting: the recipe's values the run overrode (scripts/lib/recipe.sh)
+RECIPE_OVERRIDES = "UNET3D_RECIPE_OVERRIDES"
 # the counts the runs tell: --system_fields may reword the rest, not contradict these
 COUNTED_FIELDS = ("number_of_nodes", "host_processors_per_node", "accelerators_per_node")
 # counts per node a given value must equal (a number, the same number)
@@ -169,7 +171,15 @@ def recipe_flags(record: dict) -> list[str]:
 def recipe_settings(record: dict) -> dict[str, str]:
     """The run's recorded environment settings without the per-run and site ones."""
     return {name: value for name, value in (record["recipe"].get("environment") or {}).items()
-            if name not in PER_RUN_SETTINGS and not name.startswith(PER_RUN_SETTING_PREFIXES)}
+            if name not in PER_RUN_SETTINGS and name != RECIPE_OVERRIDES
+            and not name.startswith(PER_RUN_SETTING_PREFIXES)}
+
+
+def recipe_overrides(record: dict) -> list[str]:
+    """The recipe's values that the run's environment or flags overrode, as its launcher said them
+    (``VALUE (the recipe: VALUE)``), from the environment it recorded."""
+    said = (record["recipe"].get("environment") or {}).get(RECIPE_OVERRIDES, "")
+    return [item.strip() for item in said.split(";") if item.strip()]
 
 
 def _node(host: dict) -> dict:
@@ -447,6 +457,13 @@ def readme(what: WhatRan, description: dict, system_name: str, implementation: s
            if settings.get("UNET3D_RECIPE") or settings.get("RECIPE") else "") + "):", "",
     ]
     lines += [f"    {name}={shlex.quote(value)}" for name, value in settings.items()] or ["    (none set)"]
+    overrides = recipe_overrides(record)
+    if overrides:
+        recipe_name = settings.get("UNET3D_RECIPE") or settings.get("RECIPE") or "?"
+        lines += ["", f"**Not the recipe's values.** The runs overrode {len(overrides)} value(s) of the recipe "
+                      f"`{recipe_name}` (from the environment, or a flag given after the recipe's), each said in a "
+                      "line by the run; the RCP of the recipe does not stand behind them:", ""]
+        lines += [f"- `{item}`" for item in overrides]
     lines += ["", "main.py's flags (the same in every run, but the seed and the paths):", "",
               "    " + (" ".join(_q(t) for t in flags) or "(none)"), "",
               "## Run it again", "",
@@ -485,7 +502,7 @@ def write_implementation(folder: str, what: WhatRan, description: dict, system_n
                   "processes_per_node": record["processes_per_node"], "world_size": record["world_size"],
                   "launcher": record["recipe"].get("launcher"), "global_batch_size": list(batches),
                   "code": record["code"], "software": record.get("software"), "settings": recipe_settings(record),
-                  "flags": recipe_flags(record), "runs": what.runs}
+                  "flags": recipe_flags(record), "recipe_overrides": recipe_overrides(record), "runs": what.runs}
         write(f"{system_name}_{implementation}.json", json.dumps(recipe, indent=2) + "\n")
     return written
 
