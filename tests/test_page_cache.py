@@ -90,7 +90,8 @@ def environment(place: Path, **env: str) -> dict:
 
 
 def as_user(user: list[str], argv: list, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([*user, *map(str, argv)], env=env, capture_output=True, text=True, timeout=60)
+    """``argv`` as ``user`` (root: ``[]``), from a folder every user can enter (not this checkout's)."""
+    return subprocess.run([*user, *map(str, argv)], env=env, capture_output=True, text=True, timeout=60, cwd="/")
 
 
 def drop(scripts: Path, place: Path, *data: Path, user=NOBODY, **env: str) -> subprocess.CompletedProcess:
