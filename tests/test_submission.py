@@ -376,7 +376,8 @@ def test_the_official_package_checker_accepts_a_package_of_the_projects_own_runs
     report = assemble([str(sweep)], str(out), say=lambda _: None)
 
     results = out / "TinyOrg" / "results" / "cpu-tiny" / "unet3d"
-    assert sorted(os.listdir(results)) == sorted(f"result_{i}.txt" for i in range(40))
+    assert sorted(os.listdir(results)) == sorted([f"result_{i}.txt" for i in range(40)]
+                                                 + [f"run_description_{i}.json" for i in range(40)])
     runs = {Path(r["folder"]).name: r for r in report["runs"]}
     assert runs["on_the_clock"]["packed_as"] is None and "checkpoints" in runs["on_the_clock"]["reason"]
     assert runs[killed.name]["kind"] == V.FAILED and runs[killed.name]["packed_as"]
