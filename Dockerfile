@@ -31,9 +31,11 @@ RUN useradd --create-home --non-unique --uid "${USER_ID}" unet3d \
 COPY . .
 
 USER unet3d
-# run_and_time.sh writes its logs, checkpoint and embedded dataset under /results, and so does
-# main.py without --log_dir (the code folder is not the user's to write).
-ENV RESULTS_DIR=/results \
+# run_and_time.sh reads the dataset mounted at /data (as the reference's image), writes its logs,
+# checkpoint and embedded dataset (DATASET_DIR= asks for it) under /results, and so does main.py
+# without --log_dir (the code folder is not the user's to write).
+ENV DATASET_DIR=/data \
+    RESULTS_DIR=/results \
     SYNTHETIC_DIR=/results/synthetic-kits19 \
     UNET3D_LOG_DIR=/results
 VOLUME ["/raw_data", "/data", "/results"]

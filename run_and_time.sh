@@ -14,8 +14,11 @@
 #                   (NPROC_PER_NODE x GA_STEPS), refused when it does not divide. Unset: the
 #                   reference's 1-GPU hyper-parameters at BATCH_SIZE (default 2) per process, with
 #                   a warning that no RCP stands behind them. docs/submission.md, "Recipes".
-#   DATASET_DIR     preprocessed dataset; unset = an embedded synthetic dataset is generated
-#                   and preprocessed first (SYNTHETIC_DIR, SYNTHETIC_CASES, SYNTHETIC_SEED)
+#   DATASET_DIR     preprocessed dataset; unset: /data (REFERENCE_DATA_DIR) when it holds one
+#                   (case_*_x.npy), as the reference's script reads /data; where neither is, an
+#                   embedded synthetic dataset is generated and preprocessed first, said in one
+#                   line (SYNTHETIC_DIR, SYNTHETIC_CASES, SYNTHETIC_SEED). The images set
+#                   DATASET_DIR=/data; DATASET_DIR= (empty) there asks for the synthetic data
 #   RESULTS_DIR     for the logs (LOG_DIR) and the checkpoint (SAVE_CKPT_PATH); default
 #                   results/run_and_time-seed<SEED> in the working directory, with -2, -3, ...
 #                   added when that folder holds anything already: one folder per run
@@ -41,9 +44,11 @@ SEED=${1:-${SEED:--1}}
 if (( $# > 0 )); then shift; fi
 if [[ $SEED == -1 ]]; then
     # main.py would draw it too (31 bits from the OS, as resolve_master_seed): drawn here, the
-    # run's folder is named after the seed it really uses.
+    # run's folder is named after the seed it really uses, and main.py is told that it came from
+    # the OS (a seed given by hand is not: a closed run says so; the rules want clock or OS seeds)
     read -r SEED < <(od -An -N4 -tu4 /dev/urandom)
     SEED=$(( SEED & 0x7FFFFFFF ))
+    export UNET3D_SEED_SOURCE=os
 fi
 
 PYTHON=${PYTHON:-$(command -v python || command -v python3 || echo python)}
@@ -66,6 +71,7 @@ SAVE_CKPT_PATH=${SAVE_CKPT_PATH:-$RESULTS_DIR/checkpoint.pt}
 SYNTHETIC_DIR=${SYNTHETIC_DIR:-$PWD/results/synthetic-kits19}
 SYNTHETIC_CASES=${SYNTHETIC_CASES:-12}
 SYNTHETIC_SEED=${SYNTHETIC_SEED:-0}
+REFERENCE_DATA_DIR=${REFERENCE_DATA_DIR:-/data}
 
 # shellcheck source=scripts/lib/run.sh
 source "$REPO_DIR/scripts/lib/run.sh"
@@ -92,8 +98,13 @@ fi
 prepare_synthetic() {
     local raw=$SYNTHETIC_DIR/raw data=$SYNTHETIC_DIR/preprocessed
     DATASET_DIR=$data
-    [[ -f $data/.complete ]] && return 0
-    echo "no DATASET_DIR given: preparing $SYNTHETIC_CASES synthetic cases in $SYNTHETIC_DIR" >&2
+    if [[ -f $data/.complete ]]; then
+        echo "no DATASET_DIR given and $REFERENCE_DATA_DIR holds no preprocessed dataset: training on the" \
+            "synthetic cases prepared before in $data (not KiTS19: an open run)" >&2
+        return 0
+    fi
+    echo "no DATASET_DIR given and $REFERENCE_DATA_DIR holds no preprocessed dataset: preparing" \
+        "$SYNTHETIC_CASES synthetic cases in $SYNTHETIC_DIR (not KiTS19: an open run)" >&2
     run rm -rf "$raw" "$data"
     # -m imports from the checkout, wherever the caller stands.
     run env "PYTHONPATH=$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}" \
@@ -108,16 +119,17 @@ prepare_synthetic() {
 # (scripts/lib/drop_page_cache.sh): root, `sudo -n sysctl`, a SLURM Prolog= that dropped it
 # when the job started (scripts/slurm/prolog_drop_caches.sh), or, in a container, which runs
 # as non-root and cannot, the host: drop it there right before starting the container and pass
-# `--env UNET3D_CACHE_DROPPED_AT=$(date +%s)`. The program is told whether it happened
-# (UNET3D_CACHE_CLEARED) and logs the MLPerf `cache_clear` event with that value: a closed run
-# logged false is no result (docs/submission.md, "The page cache").
+# `--env UNET3D_CACHE_DROPPED_AT=$(date +%s)`. Such an earlier drop counts only when the dataset
+# was not written after it, and data on tmpfs is in RAM whatever is dropped. The program is told
+# whether the data is cold (UNET3D_CACHE_CLEARED) and logs the MLPerf `cache_clear` event with that
+# value: a closed run logged false is no result (docs/submission.md, "The page cache").
 clear_page_cache() {
     if [[ ${DRY_RUN:-0} == 1 ]]; then
         echo 'sync; echo 3 > /proc/sys/vm/drop_caches'
         return 0
     fi
     UNET3D_CACHE_CLEARED=0
-    if bash "$REPO_DIR/scripts/lib/drop_page_cache.sh" "$(hostname -s)"; then
+    if bash "$REPO_DIR/scripts/lib/drop_page_cache.sh" "$(hostname -s)" "$DATASET_DIR"; then
         UNET3D_CACHE_CLEARED=1
     fi
     export UNET3D_CACHE_CLEARED
@@ -131,7 +143,16 @@ say() {
     printf '%s\n' "$*"
 }
 
-if [[ -z ${DATASET_DIR:-} ]]; then
+# holds_dataset DIR: DIR holds a preprocessed dataset (case_XXXXX_x.npy files)
+holds_dataset() {
+    compgen -G "$1/case_*_x.npy" > /dev/null
+}
+
+if [[ -z ${DATASET_DIR:-} ]] && holds_dataset "$REFERENCE_DATA_DIR"; then
+    # the reference's run_and_time.sh reads /data: so does its command line here
+    DATASET_DIR=$REFERENCE_DATA_DIR
+    echo "no DATASET_DIR given: the preprocessed dataset in $DATASET_DIR (the reference's folder)" >&2
+elif [[ -z ${DATASET_DIR:-} ]]; then
     prepare_synthetic
 elif [[ ! -d $DATASET_DIR ]]; then
     echo "error: DATASET_DIR=$DATASET_DIR does not exist" >&2

@@ -1,7 +1,7 @@
 """The MLPerf division a training run belongs to, decided by what the run does.
 
-A run is closed only when it is the reference's benchmark (the rules, ``training_rules.adoc``,
-and ../shared/docs/benchmark-spec.md, "What makes a run a result"): the reference's model and
+A run is closed only when it is the reference's benchmark (the rules, v4.0 ``training_rules.adoc``
+of mlcommons/training_policies, "Divisions"; docs/usage.md, "The division"): the reference's model and
 loss, SGD with only the rules' tunables changed (global batch size, base and initial learning
 rate, momentum, warm-up and decay epochs, decay factor, weight decay), every value the rules fix
 to the reference's (training patch 128³, evaluation window 128³, overlap 0.5, oversampling 0.4,
@@ -53,9 +53,9 @@ def schedule_reasons(config, world_size: int) -> list[str]:
     return reasons
 
 
-def flag_reasons(config, world_size: int = 1) -> list[str]:
-    """Why the flags of ``config`` make the run open (empty: they allow closed); ``world_size``
-    makes the global batch that fixes the evaluation schedule."""
+def network_reasons(config) -> list[str]:
+    """What of ``config``'s network (``filters``, ``normalization``, ``activation``) is not the
+    reference's model."""
     reasons = []
     if tuple(config.filters) != tuple(DEFAULT_FILTERS):
         reasons.append(f"--filters {' '.join(map(str, config.filters))} is not the reference's model")
@@ -63,10 +63,13 @@ def flag_reasons(config, world_size: int = 1) -> list[str]:
         reasons.append(f"--normalization {config.normalization} is not the reference's model (instancenorm)")
     if config.activation != "relu":
         reasons.append(f"--activation {config.activation} is not the reference's model (relu)")
-    if config.include_background:
-        reasons.append("--include_background is not the reference's loss")
-    if config.optimizer != "sgd":
-        reasons.append(f"--optimizer {config.optimizer} is not the reference's optimizer (sgd)")
+    return reasons
+
+
+def shape_reasons(config) -> list[str]:
+    """What of ``config``'s training patch, evaluation window and overlap (``input_shape``,
+    ``val_input_shape``, ``overlap``) is not the benchmark's fixed value."""
+    reasons = []
     if tuple(config.input_shape) != REFERENCE_PATCH:
         reasons.append(f"--input_shape {_shape(config.input_shape)} is not the fixed {_shape(REFERENCE_PATCH)}")
     if tuple(config.val_input_shape) != REFERENCE_WINDOW:
@@ -74,6 +77,24 @@ def flag_reasons(config, world_size: int = 1) -> list[str]:
                        f"{_shape(REFERENCE_WINDOW)}")
     if config.overlap != REFERENCE_OVERLAP:
         reasons.append(f"--overlap {config.overlap:g} is not the fixed {REFERENCE_OVERLAP:g}")
+    return reasons
+
+
+def cost_reasons(config) -> list[str]:
+    """What makes a training step or an evaluation of ``config`` cost other than the benchmark's:
+    its network and its patch, window and overlap (the predicted time to train names them)."""
+    return network_reasons(config) + shape_reasons(config)
+
+
+def flag_reasons(config, world_size: int = 1) -> list[str]:
+    """Why the flags of ``config`` make the run open (empty: they allow closed); ``world_size``
+    makes the global batch that fixes the evaluation schedule."""
+    reasons = network_reasons(config)
+    if config.include_background:
+        reasons.append("--include_background is not the reference's loss")
+    if config.optimizer != "sgd":
+        reasons.append(f"--optimizer {config.optimizer} is not the reference's optimizer (sgd)")
+    reasons += shape_reasons(config)
     if config.oversampling != REFERENCE_OVERSAMPLING:
         reasons.append(f"--oversampling {config.oversampling:g} is not the fixed {REFERENCE_OVERSAMPLING:g}")
     if config.quality_threshold != QUALITY_THRESHOLD:

@@ -104,6 +104,7 @@ class RunPlan:
     num_train_cases: int | None = None
     num_eval_cases: int | None = None
     samples_per_epoch: int | None = None  # global samples per epoch (padding counted, as the rules)
+    samples_trained_per_epoch: int | None = None  # padding not counted: the MLPerf log's epoch_num unit
     fail_epoch: int | None = None  # a run not converged by this epoch has failed (MLPerf)
     # mm per axis the network's data is resampled to (runtime.spacing): the checkpoint's, then the data's
     target_spacing: tuple[float, ...] = KITS19.target_spacing

@@ -40,7 +40,7 @@ from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import int8_pairs_saturate, native_bf16
 from runtime.optimizers import default_step, fused_step
 from runtime.plan import Decision, RunPlan, recorded
-from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch
+from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch, samples_trained_per_epoch
 from runtime.spacing import KITS19_SPACING, SpacingError, decide_spacing
 
 
@@ -232,8 +232,9 @@ def decide_epochs(config: Config, world_size: int) -> Decision | None:
 
 
 def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
-    """Samples per epoch (``--last_batch pad``: padded, as the rules count them) and the MLPerf
-    evaluation schedule (training only)."""
+    """Samples per epoch (``--last_batch pad``: padded, as the rules count them), samples trained
+    per epoch (padding not counted: the MLPerf log's unit) and the MLPerf evaluation schedule
+    (training only)."""
     if not config.mode.trains:
         return {}
     spe = samples_per_epoch(num_train, world_size, config.batch_size, config.ga_steps, config.last_batch)
@@ -243,7 +244,9 @@ def schedule_fields(config: Config, num_train: int, world_size: int) -> dict:
         raise DataError(f"{num_train} training cases make no full batch of {config.batch_size} on each "
                         f"of {world_size} ranks")
     schedule = eval_schedule(spe, num_train, config.start_eval_at, config.evaluate_every)
-    return dict(samples_per_epoch=spe, start_eval_at=schedule.start_eval_at,
+    trained = samples_trained_per_epoch(num_train, world_size, config.batch_size, config.ga_steps, config.last_batch,
+                                        config.semantics)
+    return dict(samples_per_epoch=spe, samples_trained_per_epoch=trained, start_eval_at=schedule.start_eval_at,
                 evaluate_every=schedule.evaluate_every, fail_epoch=schedule.fail_epoch)
 
 

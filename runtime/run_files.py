@@ -75,13 +75,19 @@ CACHE_CLEAR = "cache_clear"  # true only when the page cache was dropped before 
 SUBMISSION_DIVISION = "submission_division"
 # read for the predicted time to train (runtime/results/time_to_train.py)
 GLOBAL_BATCH_SIZE = "global_batch_size"
-SAMPLES_PER_EPOCH = "samples_per_epoch"
+SAMPLES_PER_EPOCH = "samples_per_epoch"  # padding counted: the rules' schedule formula's unit
+SAMPLES_TRAINED_PER_EPOCH = "samples_trained_per_epoch"  # padding not counted: the unit of every epoch_num
+# the seed event's metadata "source": "os" (drawn from the OS: by main.py for --seed -1, or by its
+# launcher, run_and_time.sh or `runs`, which say so in UNET3D_SEED_SOURCE=os) or "given" (by hand)
+SEED_SOURCE = "source"
+SEED_SOURCE_ENV = "UNET3D_SEED_SOURCE"
+SEED_FROM_OS, SEED_GIVEN = "os", "given"
 TRAIN_SAMPLES = "train_samples"
 EVAL_START = "eval_start"
 EVAL_STOP = "eval_stop"
 # Events of this project's own (not mlperf_logging's) that make an attempt not a result: the
 # report, the score and the submission package leave out a log that holds either.
-# value: the checkpoint's path; metadata {"epoch_num": the epoch it resumed after}
+# value: the checkpoint's path; metadata {"epoch": the epoch it resumed after, "step_in_epoch": batches of the next}
 RESUMED_FROM_CHECKPOINT = "resumed_from_checkpoint"
 # value: the --save_ckpt_path written between run_start and run_stop (the reference's timed run
 # writes none); logged before run_start by a run that will save checkpoints on the clock

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -20,18 +21,78 @@ from model.unet3d import weight_init_tensor_names
 from runtime.arguments import Config
 from runtime.outputs import OutputError
 from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, METRICS_LOG, MLPERF_LOG, NOT_CLOSED,
-                               RESUMED_FROM_CHECKPOINT, check_record)
+                               RESUMED_FROM_CHECKPOINT, SEED_FROM_OS, SEED_GIVEN, SEED_SOURCE, SEED_SOURCE_ENV,
+                               check_record)
 
 
 CACHE_CLEARED_ENV = "UNET3D_CACHE_CLEARED"
+IN_RAM = ("tmpfs", "ramfs")  # file systems whose files live in RAM: no page-cache drop evicts them
 
 
-def cache_cleared() -> bool:
-    """Whether the page cache was dropped right before this run: the job scripts and
-    run_and_time.sh drop it and say so in ``UNET3D_CACHE_CLEARED=1`` (0 when they could not;
-    unset when the program was started some other way). The MLPerf log's ``cache_clear``
-    records this, never a claim nobody made."""
-    return os.environ.get(CACHE_CLEARED_ENV, "") == "1"
+def _unescape(field: str) -> str:
+    """A path of ``/proc/self/mountinfo`` (``\\040`` for a space, octal escapes)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def filesystem_type(path: str, mountinfo: str | None = None) -> str:
+    """The type of the file system that holds ``path`` by its name: the mount of
+    ``/proc/self/mountinfo`` (``mountinfo``: its text) with the longest mount point above the
+    absolute path. The path itself is never touched (no stat, no link resolved: before
+    ``run_start`` nothing touches the data); '' when unknown."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as handle:
+                mountinfo = handle.read()
+        except OSError:
+            return ""
+    target = os.path.normpath(os.path.abspath(path))
+    best, kind = -1, ""
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = _unescape(fields[4])
+        after = line.split(" - ", 1)[1].split()
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best and after:
+            best, kind = len(point), after[0]
+    return kind
+
+
+def cache_cleared(data_dir: str = "", mountinfo: str | None = None) -> tuple[bool, str]:
+    """Whether the data of this run is cold, and the one line to say when the program knows
+    better than its launcher: the job scripts and run_and_time.sh drop the page cache
+    (scripts/lib/drop_page_cache.sh: after the last write to the data, or not counted) and say
+    so in ``UNET3D_CACHE_CLEARED=1`` (0 when they could not; unset when the program was started
+    some other way). Data on tmpfs or ramfs (``data_dir``'s file system by its name,
+    :func:`filesystem_type`) is in RAM whatever was dropped: false, with the reason. The MLPerf
+    log's ``cache_clear`` records this, never a claim nobody made."""
+    if os.environ.get(CACHE_CLEARED_ENV, "") != "1":
+        return False, ""
+    kind = filesystem_type(data_dir, mountinfo) if data_dir else ""
+    if kind in IN_RAM:
+        return False, (f"cache_clear false: --data_dir {data_dir} is on {kind}, in RAM, which no page-cache drop "
+                       "evicts (the rules: data starts on durable storage, \"This explicitly excludes RAM\"), so a "
+                       "closed run is no result; keep the dataset on a disk")
+    return True, ""
+
+
+def seed_source(config) -> tuple[str, str]:
+    """Where the run's master seed came from, and the one line a closed run with a hand-given seed
+    says: ``"os"`` when main.py drew it (``--seed -1``: ``os.urandom`` on rank 0, the plan's seed
+    decision asked for -1) or its launcher did and says so (``UNET3D_SEED_SOURCE=os``:
+    run_and_time.sh for its default seed, ``python -m runtime.submission runs``), else
+    ``"given"``. The rules (``training_rules.adoc``, "Random numbers"): closed-division random
+    number generators are seeded from the clock, the OS's randomness or an RNG seeded from them."""
+    decision = config.decision("seed") if hasattr(config, "decision") else None
+    asked = decision.asked if decision is not None else config.seed
+    if (isinstance(asked, int) and asked < 0) or os.environ.get(SEED_SOURCE_ENV, "") == SEED_FROM_OS:
+        return SEED_FROM_OS, ""
+    if getattr(config, "submission_division", "") != "closed":
+        return SEED_GIVEN, ""
+    return SEED_GIVEN, (f"seed {config.seed} was given by hand: the rules want closed-division seeds from the clock, "
+                        "the OS's randomness or an RNG seeded from them (training_rules.adoc, \"Random numbers\"); "
+                        "leave --seed out (or -1) to draw one from the OS; the submission package names this run")
 
 
 class _AppendHandler(logging.Handler):
@@ -126,15 +187,22 @@ class MLPerfLogger:
         ``init_stop`` from it (no division logged before ``init_stop`` fails every log). A
         closed log whose data then is not KiTS19's 168/42 fails its ``train_samples`` /
         ``eval_samples`` checks; ``resolve_data`` says so in one line."""
-        self.event(C.CACHE_CLEAR, value=cache_cleared())
+        cleared, why = cache_cleared(config.data_dir)
+        if why and self.enabled:
+            print(why)
+        self.event(C.CACHE_CLEAR, value=cleared)
         self.event(C.SUBMISSION_BENCHMARK, value=C.UNET3D)
         self.event(C.SUBMISSION_ORG, value=config.submission_org)
         self.event(C.SUBMISSION_DIVISION, value=config.submission_division)
         self.event(C.SUBMISSION_STATUS, value=config.submission_status)
         self.event(C.SUBMISSION_PLATFORM, value=config.submission_platform)
         # The one seed every other is derived from (per rank, per epoch's shuffle, per sample:
-        # data_loading/sampler.py, runtime/distributed.py); the checker wants exactly one.
-        self.event(C.SEED, value=config.seed)
+        # data_loading/sampler.py, runtime/distributed.py); the checker wants exactly one. Its
+        # metadata says where it came from (the package names closed runs with a hand-given one).
+        source, said = seed_source(config)
+        if said and self.enabled:
+            print(said)
+        self.event(C.SEED, value=config.seed, metadata={SEED_SOURCE: source})
 
     def weights_initialization(self, config: Config) -> None:
         for name in weight_init_tensor_names(len(config.filters), config.normalization):
@@ -160,7 +228,9 @@ class MLPerfLogger:
         self.event("validation_overlap", value=config.overlap)
         self.event(C.TRAIN_SAMPLES, value=config.num_train_cases)
         self.event(C.EVAL_SAMPLES, value=config.num_eval_cases)
-        self.event("samples_per_epoch", value=config.samples_per_epoch)
+        self.event("samples_per_epoch", value=config.samples_per_epoch)  # padding counted: the schedule's unit
+        # padding not counted: the unit of every epoch_num in this log (runtime.schedule)
+        self.event("samples_trained_per_epoch", value=config.samples_trained_per_epoch)
 
 
 class MetricsWriter:

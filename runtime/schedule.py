@@ -38,6 +38,25 @@ def samples_per_epoch(num_samples: int, world_size: int, batch_size: int, ga_ste
     return world_size * batch_size * batches_per_epoch(num_samples, world_size, batch_size, 1, "drop")
 
 
+def samples_trained_per_epoch(num_samples: int, world_size: int, batch_size: int, ga_steps: int = 1,
+                              last_batch: str = "pad", semantics: str = "project") -> int:
+    """Samples an epoch trains on all ranks: those whose gradients its optimizer steps apply, padding
+    not counted (a padded sample weighs 0). The unit of the MLPerf log's ``epoch_num``, of the RCPs
+    (``rcps_unet3d.json``: samples to converge = epochs x 168) and of the RCP checker, which reads
+    ``eval_accuracy``'s ``epoch_num``; :func:`samples_per_epoch` (padding counted) is the rules'
+    schedule formula's alone. ``pad``: every sample once, ``num_samples``. ``drop``: every rank's
+    full batches; under the reference's semantics a last accumulation cut short is discarded
+    (``training.loop``: zero_grad), so only whole steps of ``ga_steps`` batches count."""
+    if last_batch == "pad":
+        return num_samples
+    from data_loading.sampler import batches_per_epoch  # numpy: imported where used (see samples_per_epoch)
+
+    batches = batches_per_epoch(num_samples, world_size, batch_size, 1, "drop")
+    if semantics == "reference":
+        batches -= batches % ga_steps
+    return world_size * batch_size * batches
+
+
 @dataclass(frozen=True)
 class EvalSchedule:
     """Which epochs evaluate: ``start_eval_at`` and every ``evaluate_every`` epochs after it, the

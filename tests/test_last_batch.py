@@ -96,6 +96,25 @@ def test_every_training_case_once_per_epoch_with_weight(batch, world, ga, kits_s
     assert all(w == 0 or w > 0 for _, w in samples)
     spe = math.ceil(Fraction(KITS_TRAIN, batch * world * ga)) * batch * world * ga
     assert len(samples) == spe  # the rules' samples per epoch: padding counted, nothing more
+    # what the MLPerf log counts (every epoch_num): the samples trained, those with a weight
+    cfg, dist = _resolved(["--batch_size", str(batch), "--ga_steps", str(ga)], world)
+    cfg = resolve_data(cfg, dist, SimpleNamespace(num_train=KITS_TRAIN, num_eval=42, train_bytes=0, synthetic=""))
+    assert (cfg.samples_per_epoch, cfg.samples_trained_per_epoch) == (spe, sum(1 for _, w in samples if w > 0))
+
+
+@pytest.mark.parametrize("world, batch, ga, semantics, trained", [
+    (2, 5, 1, "project", 160), (2, 5, 4, "reference", 160),  # 84 // 5 = 16 batches a rank: 4 whole steps of 4
+    (2, 5, 3, "reference", 150),  # 16 batches: 5 whole steps of 3, the 16th batch's gradient discarded
+    (2, 5, 3, "project", 160),  # the project's semantics steps on the tail too
+    (1, 64, 1, "reference", 128)])
+def test_a_dropped_last_batch_trains_the_full_batches_only(world, batch, ga, semantics, trained):
+    """--last_batch drop (the reference's loader, open): each rank's full batches of its shard;
+    under the reference's semantics an epoch's last accumulation cut short is thrown away
+    (zero_grad), so its samples are not trained either."""
+    from runtime.schedule import samples_trained_per_epoch
+
+    assert samples_trained_per_epoch(KITS_TRAIN, world, batch, ga, "drop", semantics) == trained
+    assert samples_trained_per_epoch(KITS_TRAIN, world, batch, ga, "pad", semantics) == KITS_TRAIN
 
 
 def test_padded_step_weights_make_each_step_the_mean_of_its_real_samples():

@@ -345,3 +345,90 @@ def test_the_default_organisation_is_refused_naming_the_flag(run, tmp_path):
     one_line(*package(folder, "--output", tmp_path / "p", "--no_check", "--no_code", "--expected_runs", "1"),
              "--submission_org", P.DEFAULT_ORG)
     assert not (tmp_path / "p").exists()
+
+
+# -- --system_fields: the system that ran, and what was changed -------------------------------------------------------
+
+
+def described(out: Path) -> dict:
+    return json.loads((out / "TinyOrg" / "systems" / "cpu-tiny.json").read_text())
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("accelerator_model_name", "NVIDIA H100 80GB HBM3", "no accelerator"),
+    ("accelerator_memory_capacity", "80 GiB", "no accelerator"),
+    ("accelerators_per_node", "8", "the runs' records say"),
+    ("host_processor_core_count", "56", "the runs' records say"),
+    ("host_processor_vcpu_count", "224", "the runs' records say"),
+    ("host_memory_capacity", "2 TB", "the memory their kernel saw"),
+    ("framework", "TensorFlow 2.15", "did not run TensorFlow"),
+    ("framework", "PyTorch 2.3.0", "the runs ran PyTorch"),
+    ("framework", "JAX", "did not run JAX"),
+    ("other_software_stack", "Python 3.10.12, CUDA 12.1, cuDNN 8902", "the runs ran Python"),
+    ("other_software_stack", "CUDA 12.1", "did not run CUDA"),
+])
+def test_system_fields_that_contradict_the_runs_are_refused_in_one_line(run, tmp_path, field, value, named):
+    """The records of a CPU run: no accelerator, this machine's cores and memory, this PyTorch."""
+    sweep = tmp_path / "sweep"
+    committed_copy(run[0], sweep / "a")
+    fields = tmp_path / "fields.json"
+    fields.write_text(json.dumps({field: value, "cooling": "air"}))
+    one_line(*package(sweep, "--output", tmp_path / "p", "--no_check", "--no_code", "--expected_runs", "1",
+                      "--system_fields", fields), field, named, "--system_fields", str(sweep / "a"))
+    assert not (tmp_path / "p").exists()
+
+
+def test_system_fields_that_reword_are_listed_measured_beside_given_and_the_records_packed(run, tmp_path):
+    """A processor's marketing name, the memory installed (a little above what the kernel saw),
+    the framework's version without its local part, and the fields machines cannot tell: packed;
+    every field that replaced a measured value is listed in report.md, report.json and the
+    description's notes, measured beside given; an empty field filled in is no change. Each run's
+    record is packed beside its result."""
+    sweep = tmp_path / "sweep"
+    committed_copy(run[0], sweep / "a")
+    record = R.record(sweep / "a")
+    host, software = record["hosts"][0], record["software"]
+    measured_memory = W.memory_bytes(host["memory"])
+    given = {"host_processor_model_name": "Marketing Name 9000", "host_memory_capacity":
+             f"{measured_memory * 1.05 / 1e9:.0f} GB", "framework": f"PyTorch {software['PyTorch'].split('+')[0]}",
+             "cooling": "air", "host_processor_core_count": str(host["cores_per_socket"])}
+    fields = tmp_path / "fields.json"
+    fields.write_text(json.dumps(given))
+    out = tmp_path / "p"
+    code, err = package(sweep, "--output", out, "--no_check", "--no_code", "--expected_runs", "1",
+                        "--system_fields", fields)
+    assert code == 0, err
+    description = described(out)
+    assert all(description[k] == v for k, v in given.items())
+    report = json.loads((out / "report.json").read_text())
+    changed = {c["field"]: (c["measured"], c["given"]) for c in report["system_fields_changed"]}
+    assert changed == {"host_processor_model_name": (host["cpu_model"], "Marketing Name 9000"),
+                       "host_memory_capacity": (host["memory"], given["host_memory_capacity"]),
+                       "framework": (f"PyTorch {software['PyTorch']}", given["framework"])}  # cooling was empty
+    markdown = (out / "report.md").read_text()
+    assert "`--system_fields` changed 3 field(s)" in markdown
+    assert f"| `host_processor_model_name` | {host['cpu_model']} | Marketing Name 9000 |" in markdown
+    assert f"host_processor_model_name: given 'Marketing Name 9000', measured {host['cpu_model']!r}" in \
+        description["hw_notes"]
+    assert "framework: given" in description["sw_notes"] and "framework" not in description["hw_notes"]
+    packed = out / "TinyOrg" / "results" / "cpu-tiny" / "unet3d" / "run_description_0.json"
+    assert json.loads(packed.read_text()) == record and report["run_descriptions"] == ["run_description_0.json"]
+
+
+def test_the_readme_lists_the_recipe_values_the_runs_overrode(run, tmp_path):
+    """A run whose launcher said it overrode recipe values (UNET3D_RECIPE_OVERRIDES, recorded with
+    its environment): the package's README and recipe file list them; the launch script does not
+    export the list (its run_and_time.sh says them again)."""
+    folder = committed_copy(run[0], tmp_path / "run")
+    said = "LR_WARMUP_EPOCHS=500 (the recipe: 1000); --learning_rate 3.0 (was 2.0)"
+    R.rewrite(folder, lambda r: r["recipe"]["environment"].update(UNET3D_RECIPE_OVERRIDES=said))
+    code, err = package(folder, "--output", tmp_path / "p", "--no_check", "--no_code", "--expected_runs", "1")
+    assert code == 0, err
+    here = tmp_path / "p" / "TinyOrg" / "benchmarks" / "unet3d" / "implementations" / "cpu-tiny"
+    readme = (here / "README.md").read_text()
+    assert "overrode 2 value(s) of the recipe `gbs28`" in readme
+    assert "- `LR_WARMUP_EPOCHS=500 (the recipe: 1000)`" in readme and "- `--learning_rate 3.0 (was 2.0)`" in readme
+    recipe = json.loads((here / "cpu-tiny_pytorch-unet3d-kits19.json").read_text())
+    assert recipe["recipe_overrides"] == ["LR_WARMUP_EPOCHS=500 (the recipe: 1000)", "--learning_rate 3.0 (was 2.0)"]
+    assert "UNET3D_RECIPE_OVERRIDES" not in (here / "run_and_time.sh").read_text()
+    assert "UNET3D_RECIPE_OVERRIDES" not in recipe["settings"]

@@ -177,6 +177,44 @@ def test_the_environment_overrides_a_recipe_and_says_so(tmp_path):
     assert "LEARNING_RATE=1.0 (the recipe: 2.0)" in proc.stderr
 
 
+OVERRIDES_SEEN = """#!/usr/bin/env bash
+printf '%s\\n' "${UNET3D_RECIPE_OVERRIDES-<unset>}" > "$HOME/overrides-seen"
+exit 0
+"""
+
+
+def test_a_flag_after_the_recipes_that_overrides_one_of_its_values_is_said_in_a_line_of_its_own(tmp_path):
+    """The reference's way to change a value, a flag after the script's own (main.py takes the last):
+    each recipe value changed by a flag or the environment gets its line; a flag that repeats the
+    recipe's value (as a packed launch script does) says nothing. The list reaches the training
+    process, which records it (the package's README lists it)."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(OVERRIDES_SEEN)
+    fake.chmod(0o755)
+    env = clean_env(tmp_path, PYTHON=str(fake), CLEAR_CACHES="0", RECIPE="gbs28", NPROC_PER_NODE="4",
+                    LR_WARMUP_EPOCHS="500", DATASET_DIR=str(tmp_path))
+    proc = run(RUN_AND_TIME, env, "7", "--learning_rate", "3.0", "--momentum=0.9", "--weight_decay", "0",
+               "--lr_decay_epochs", "100", "200", "--amp")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "overrides" in line]
+    assert lines == [
+        "warning: RECIPE=gbs28 (RCP unet3d_ref_28): LR_WARMUP_EPOCHS=500 (the recipe: 1000) from the environment "
+        "overrides the recipe's value",
+        "warning: RECIPE=gbs28 (RCP unet3d_ref_28): the flag --learning_rate 3.0 (was 2.0), given after the "
+        "recipe's, overrides its value",
+        "warning: RECIPE=gbs28 (RCP unet3d_ref_28): the flag --lr_decay_epochs 100 200 (was none), given after the "
+        "recipe's, overrides its value"], proc.stderr
+    assert (tmp_path / "home" / "overrides-seen").read_text().strip() == (
+        "LR_WARMUP_EPOCHS=500 (the recipe: 1000); --learning_rate 3.0 (was 2.0); --lr_decay_epochs 100 200 (was none)")
+    same = run(RUN_AND_TIME, {**env, "LR_WARMUP_EPOCHS": "1000"}, "7", "--learning_rate", "2", "--momentum", "0.9")
+    assert "overrides" not in same.stderr and (tmp_path / "home" / "overrides-seen").read_text().strip() == "<unset>"
+    job = run(SINGLE_NODE, clean_env(tmp_path, DRY_RUN="1", RECIPE="gbs64", GPUS_PER_NODE="8",
+                                     EXTRA_ARGS="--learning_rate 1.5"), "--momentum", "0.8")
+    assert [line.split("): ", 1)[1] for line in job.stderr.splitlines() if "overrides" in line] == [
+        "the flag --learning_rate 1.5 (was 2.0), given after the recipe's, overrides its value",
+        "the flag --momentum 0.8 (was 0.9), given after the recipe's, overrides its value"], job.stderr
+
+
 def test_slurm_jobs_pass_the_rules_schedule_and_the_default_recipe_says_it_has_no_rcp(tmp_path):
     proc = run(SINGLE_NODE, clean_env(tmp_path, DRY_RUN="1", GPUS_PER_NODE="8"))
     flags = main_flags(proc.stdout)

@@ -93,3 +93,43 @@ def test_the_report_says_what_the_prediction_stands_on(tmp_path, batch, basis):
     assert line.endswith(basis), line
     row = next(line for line in markdown if line.startswith("| b (seed 1)"))
     assert ("a lower bound)" in row) == (batch == 2), row
+
+
+def test_the_prediction_names_what_of_the_run_is_not_the_benchmark(tmp_path, capsys):
+    """A run measured on a smaller network and patch (its MLPerf log's training_input_shape, its
+    run_description.json's flags): the report's prediction says it is that configuration's; the
+    benchmark's own shapes and network (logged, or not given) say nothing."""
+    folder = write_run(tmp_path / "small")
+    log = folder / "unet3d.log"
+    log.write_text(mllog("training_input_shape", T0_MS - 700, [64, 64, 64]) + "\n"
+                   + mllog("validation_input_shape", T0_MS - 700, [128, 128, 128]) + "\n" + log.read_text())
+    (folder / "run_description.json").write_text(json.dumps({"recipe": {"flags": [
+        "--filters", "4", "8", "16", "32", "32", "--learning_rate", "0.5"]}}))
+    result = make_report([str(folder)], str(tmp_path / "out"), check=False, draw=False)
+    summary = result["runs"][0]
+    assert summary.predicted["not_the_benchmark"] == [
+        "--filters 4 8 16 32 32 is not the reference's model", "--input_shape 64x64x64 is not the fixed 128x128x128"]
+    assert any("is this configuration's, not the benchmark's" in note for note in summary.notes)
+    assert "NOT the benchmark's: --filters 4 8 16 32 32" in Path(result["summary_md"]).read_text()
+    same = write_run(tmp_path / "same")
+    (same / "run_description.json").write_text(json.dumps({"recipe": {"flags": ["--learning_rate", "0.5"]}}))
+    assert make_report([str(same)], str(tmp_path / "out2"), check=False, draw=False)["runs"][0].predicted[
+        "not_the_benchmark"] == []
+
+
+def test_the_benchmarks_prediction_names_the_network_and_patch_it_measured():
+    """--benchmark's lines (runtime.training.benchmark: runtime.division.cost_reasons of its config)."""
+    from runtime.arguments import parse_args
+    from runtime.division import cost_reasons
+
+    small = parse_args(["--data_dir", "/", "--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "64"])
+    differs = cost_reasons(small)
+    assert differs == ["--filters 4 8 16 32 32 is not the reference's model",
+                       "--input_shape 64x64x64 is not the fixed 128x128x128"]
+    assert cost_reasons(parse_args(["--data_dir", "/"])) == []  # the benchmark's own
+    text = "\n".join(T.prediction_lines(T.predict(608.0, 1.67, 56, T.Schedule(168, 1000, 20), differs=differs)))
+    assert "NOT the benchmark's network or shapes: --filters 4 8 16 32 32" in text and "64x64x64" in text
+    plain = "\n".join(T.prediction_lines(T.predict(608.0, 1.67, 56, T.Schedule(168, 1000, 20))))
+    assert "NOT the benchmark" not in plain
+    share = "\n".join(T.evaluation_share_lines(1.67, 56, T.Schedule(168, 1000, 20), differs=differs))
+    assert "NOT the benchmark's network or shapes" in share

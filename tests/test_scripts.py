@@ -419,9 +419,15 @@ def test_run_and_time_hyper_parameters_come_from_the_environment(tmp_path):
 
 
 def test_run_and_time_without_a_dataset_prepares_the_embedded_one_first(tmp_path):
-    env = slurm_env(tmp_path, DRY_RUN="1", PYTHON="python3",
+    """Neither DATASET_DIR nor a dataset in the reference's folder (/data, here a folder without
+    case files): the synthetic cases, said in one line."""
+    (tmp_path / "empty").mkdir()
+    env = slurm_env(tmp_path, DRY_RUN="1", PYTHON="python3", REFERENCE_DATA_DIR=str(tmp_path / "empty"),
                     SYNTHETIC_DIR=str(tmp_path / "synth"), SYNTHETIC_CASES="6")
     proc = run_script(RUN_AND_TIME, env, "5", cwd=tmp_path)
+    said = [line for line in proc.stderr.splitlines() if "DATASET_DIR" in line]
+    assert len(said) == 1 and f"{tmp_path / 'empty'} holds no preprocessed dataset" in said[0], proc.stderr
+    assert "synthetic cases" in said[0] and "open run" in said[0]
     cmds = commands(proc.stdout)
     gen, generate = the_command(cmds, "data_loading.synthetic")
     pre, preprocess = the_command(cmds, str(ROOT / "preprocess_dataset.py"))
@@ -430,6 +436,43 @@ def test_run_and_time_without_a_dataset_prepares_the_embedded_one_first(tmp_path
     assert option(generate, "--cases") == "6"
     assert option(preprocess, "--data_dir") == option(generate, "--output_dir")
     assert option(main_py_args(train), "--data_dir") == option(preprocess, "--results_dir")
+
+
+def test_run_and_time_reads_the_references_data_folder_when_no_dataset_dir_is_given(tmp_path):
+    """The reference's command line, ``bash run_and_time.sh 1``, with the dataset mounted where the
+    reference's image mounts it (/data; here REFERENCE_DATA_DIR): trained on it, nothing generated."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("case_00000_x.npy", "case_00000_y.npy"):
+        (data / name).write_bytes(b"")
+    env = slurm_env(tmp_path, DRY_RUN="1", PYTHON="python3", REFERENCE_DATA_DIR=str(data),
+                    SYNTHETIC_DIR=str(tmp_path / "synth"))
+    proc = run_script(RUN_AND_TIME, env, "1", cwd=tmp_path)
+    _, train = the_command(commands(proc.stdout), str(ROOT / "main.py"))
+    assert option(main_py_args(train), "--data_dir") == str(data)
+    assert "data_loading.synthetic" not in proc.stdout and not (tmp_path / "synth").exists()
+    assert f"no DATASET_DIR given: the preprocessed dataset in {data}" in proc.stderr
+    given = tmp_path / "given"
+    given.mkdir()
+    env["DATASET_DIR"] = str(given)  # a DATASET_DIR given wins
+    _, train = the_command(commands(run_script(RUN_AND_TIME, env, "1", cwd=tmp_path).stdout), str(ROOT / "main.py"))
+    assert option(main_py_args(train), "--data_dir") == str(given)
+
+
+def test_the_images_set_the_dataset_to_data_as_the_references(tmp_path):
+    """Dockerfile's ENV and apptainer.def's %environment (run by bash as Apptainer sources it):
+    DATASET_DIR=/data, so ``./run_and_time.sh 1`` inside the image trains on the dataset mounted
+    there; apptainer keeps a DATASET_DIR given with --env, and an empty one (the synthetic data)."""
+    env_steps = " ".join(v for k, v in dockerfile_instructions() if k == "ENV")
+    assert re.search(r"(^|\s)DATASET_DIR=/data(\s|$)", env_steps), env_steps
+    _, sections = apptainer_sections((ROOT / "apptainer.def").read_text())
+    script = sections["environment"] + '\nprintf "%s|" "${DATASET_DIR-unset}"'
+    seen = []
+    for given in ({}, {"DATASET_DIR": "/scratch/kits19"}, {"DATASET_DIR": ""}):
+        proc = subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin", **given}, capture_output=True,
+                              text=True, check=True)
+        seen.append(proc.stdout)
+    assert seen == ["/data|", "/scratch/kits19|", "|"]  # run_and_time.sh: a DATASET_DIR given is used
 
 
 def test_run_and_time_refuses_a_missing_dataset(tmp_path):
@@ -499,7 +542,7 @@ def test_run_and_time_writes_no_checkpoint_on_the_clock_and_two_default_seed_run
         folders.append(log.parent)
         records = mllog_records(log)
         run_stop = next(r for r in records if r["key"] == "run_stop")
-        stop_ms, epochs = run_stop["time_ms"], run_stop["metadata"]["epoch_num"]
+        stop_ms, epochs = run_stop["time_ms"], run_stop["metadata"]["epoch"]
         # the training's outcome depends on the drawn seed: both endings save alike, after run_stop
         finished = proc.returncode == 0 and epochs == 2 and ",finished," in proc.stdout
         diverged = proc.returncode == 3 and "training diverged" in proc.stdout and ",aborted," in proc.stdout
@@ -541,7 +584,7 @@ def test_run_and_time_a_diverged_run_saves_its_final_weights_after_run_stop_as_a
     assert run_stop["metadata"]["status"] == "aborted"
     assert_checkpoint_after_run_stop(seen, log, run_stop["time_ms"])
     state = load_checkpoint(str(log.parent / "checkpoint.pt"))
-    assert state["epoch"] == run_stop["metadata"]["epoch_num"] and state["status"] == "aborted"
+    assert state["epoch"] == run_stop["metadata"]["epoch"] and state["status"] == "aborted"
 
 
 def test_run_and_time_never_reuses_a_folder_that_holds_a_run(tmp_path):

@@ -187,7 +187,7 @@ def test_slurm_submits_one_job_per_run_with_its_seed_and_folder(tmp_path, monkey
     jobs = lines(record)
     assert len(jobs) == 2
     for name, seed, job in zip(run_names(2), (11, 12), jobs):
-        assert f"--export ALL,SEED={seed},RESULTS_DIR={out / name} -p gpu " in job
+        assert f"--export ALL,SEED={seed},RESULTS_DIR={out / name},UNET3D_SEED_SOURCE=given -p gpu " in job
         assert job.endswith("single_node.sbatch --epochs 9 --submission_division open")
     assert json.loads((out / "seeds.json").read_text()) == {"run_00": 11, "run_01": 12}
     assert json.loads((out / "jobs.json").read_text()) == {"run_00": "7", "run_01": "7"}
@@ -200,7 +200,7 @@ def test_slurm_submits_one_job_per_run_with_its_seed_and_folder(tmp_path, monkey
     (out / "run_00" / "unet3d.log").write_text(':::MLLOG {"key": "run_start", "value": null}\n')
     (bin_dir / "squeue").write_text('#!/bin/sh\necho "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
     run_sweep(str(out), 2, slurm=True, recipe="gbs28", say=said.append)
-    assert len(lines(record)) == 3 and f"RESULTS_DIR={out / 'run_01'},RECIPE=gbs28 " in lines(record)[-1]
+    assert len(lines(record)) == 3 and f"RESULTS_DIR={out / 'run_01'},RECIPE=gbs28,UNET3D_SEED_SOURCE=os " in lines(record)[-1]
     assert any("run_00" in s and "holds a run, not run again" in s for s in said)
 
 
@@ -242,6 +242,7 @@ def fake_repo(tmp_path, monkeypatch):
     record = tmp_path / "record.txt"
     monkeypatch.setenv("FAKE_RECORD", str(record))
     monkeypatch.setenv("DATASET_DIR", str(tmp_path))
+    monkeypatch.setenv("REFERENCE_DATA_DIR", str(tmp_path / "no-data"))  # not this machine's /data
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no venv's python on PATH: the driver must say which
     return record
 
@@ -266,6 +267,17 @@ def test_a_missing_dataset_is_refused_before_the_first_run(fake_repo, tmp_path, 
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and re.search(message, err), err
     assert not fake_repo.exists() and not (tmp_path / "runs").exists()
+
+
+def test_without_dataset_dir_the_references_data_folder_is_used_when_it_holds_a_dataset(fake_repo, tmp_path,
+                                                                                      monkeypatch):
+    """run_and_time.sh reads /data (here REFERENCE_DATA_DIR) when no DATASET_DIR is given and it
+    holds a preprocessed dataset: the driver lets the runs go."""
+    monkeypatch.delenv("DATASET_DIR")
+    (tmp_path / "no-data").mkdir()
+    (tmp_path / "no-data" / "case_00000_x.npy").write_bytes(b"")
+    assert submission_main(["runs", "--output", str(tmp_path / "runs"), "--runs", "1"]) == 0
+    assert len(lines(fake_repo)) == 1
 
 
 def test_a_folder_without_run_start_runs_again_and_its_files_are_kept(fake_repo, tmp_path):
@@ -364,7 +376,8 @@ def test_the_official_package_checker_accepts_a_package_of_the_projects_own_runs
     report = assemble([str(sweep)], str(out), say=lambda _: None)
 
     results = out / "TinyOrg" / "results" / "cpu-tiny" / "unet3d"
-    assert sorted(os.listdir(results)) == sorted(f"result_{i}.txt" for i in range(40))
+    assert sorted(os.listdir(results)) == sorted([f"result_{i}.txt" for i in range(40)]
+                                                 + [f"run_description_{i}.json" for i in range(40)])
     runs = {Path(r["folder"]).name: r for r in report["runs"]}
     assert runs["on_the_clock"]["packed_as"] is None and "checkpoints" in runs["on_the_clock"]["reason"]
     assert runs[killed.name]["kind"] == V.FAILED and runs[killed.name]["packed_as"]

@@ -1,6 +1,7 @@
 """The predicted MLPerf time to train: the published 8xH200 anchor, the RCPs as the installed
 mlperf-logging ships them, the schedule's evaluations and the 40-run score rule, with known
-answers (the facts of ../shared/docs/mlperf-results.md, enumeration, numpy)."""
+answers (the published v4.0 results, mlcommons/training_results_v4.0, as docs/time-to-train.md
+quotes them; enumeration, numpy)."""
 import itertools
 import json
 import os
@@ -166,6 +167,18 @@ def test_a_run_converges_at_the_first_evaluation_after_its_samples(spe, start, e
     assert run.train_seconds == pytest.approx(epoch / 2.0) and run.eval_seconds == pytest.approx(3.0 * evaluations)
 
 
+def test_a_padded_epoch_converges_by_samples_trained_and_takes_the_time_of_samples_computed():
+    """Global batch 64 by the rules' schedule (192 samples an epoch, 168 of them trained): an RCP
+    run of 2000 epochs of 168 samples converges at the first evaluation at or after epoch 2000
+    (875 + 63 x 18 = 2009), not after 1750 epochs of 192; each epoch computes 192 samples."""
+    schedule = T.Schedule(192, 875, 18, 168)
+    assert schedule.converged_epoch(2000 * 168) == 2009 and schedule.evaluations(2009) == 64
+    run = T.run_time(2000 * 168, schedule, train_throughput=192.0, eval_seconds=2.0)
+    assert run.train_seconds == pytest.approx(2009.0) and run.eval_seconds == pytest.approx(128.0)
+    assert "192 samples per epoch (168 trained" in T.schedule_text(schedule)
+    assert T.Schedule(168, 1000, 20).trained_per_epoch == 168  # no padding: the same count
+
+
 def _enumerated_trimmed_mean(values, runs, drop):
     total = 0.0
     for draw in itertools.product(values, repeat=runs):          # every draw equally likely
@@ -227,8 +240,11 @@ def test_benchmark_predicts_the_evaluations_the_loop_makes_under_either_semantic
 
     flags = ["--data_dir", str(tmp_path), "--batch_size", "128", "--start_eval_at", "1313", "--evaluate_every", "27",
              "--semantics", semantics]
-    # the rules' padded last batch: 256 samples an epoch, epoch 1969 trains 504000, then 1313 + 25 * 27
-    assert benchmark_schedule(parse_args(flags), world_size=1).converged_epoch(504000) == 1988
+    # the rules' padded last batch: 256 samples an epoch, but 168 trained (padding weighs 0): epoch
+    # 3000 has trained 504000, then 1313 + 63 * 27 (counting the padding, 1969 and 1988, was wrong)
+    padded = benchmark_schedule(parse_args(flags), world_size=1)
+    assert (padded.samples_per_epoch, padded.trained_per_epoch) == (256, 168)
+    assert padded.converged_epoch(504000) == 3014
     # the reference's drop: 128 an epoch, epoch 3938 trains them, then 1313 + 98 * 27
     drop = benchmark_schedule(parse_args([*flags, "--last_batch", "drop"]), world_size=1)
     assert drop.converged_epoch(504000) == 3959

@@ -116,9 +116,10 @@ def case_scores(case_id: str, loss: torch.Tensor, scores: torch.Tensor, inside: 
 
 def eval_metadata(cfg, epoch: int) -> dict:
     """The metadata of an evaluation's MLPerf events after ``epoch``: ``epoch_num`` in samples
-    trained (``epoch x samples_per_epoch``), the unit of the RCPs and of real v4.0 unet3d logs,
-    which the official ``rcp_checker`` reads; ``epoch`` the epoch index (this project's report)."""
-    return {"epoch_num": epoch * (cfg.samples_per_epoch or 0), "epoch": epoch}
+    trained (``epoch x samples_trained_per_epoch``, padding not counted), the unit of the RCPs and
+    of real v4.0 unet3d logs, which the official ``rcp_checker`` reads; ``epoch`` the epoch index
+    (this project's report)."""
+    return {"epoch_num": epoch * (cfg.samples_trained_per_epoch or 0), "epoch": epoch}
 
 
 def run_evaluation(components: Components, out: Reporters, epoch: int, cases: list | None = None) -> dict:

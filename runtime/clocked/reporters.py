@@ -27,6 +27,8 @@ class Reporters:
     curves: object | None = None  # with --plot (rank 0): ``request()`` after each evaluation, ``close(timeout)``
     run_start: float | None = None  # time.time() at the MLPerf run_start (start_clock)
     run_stopped: bool = False  # run_stop logged (stop_clock): never twice
+    # samples trained per epoch (the plan's, once the data is known): every epoch_num is epochs x this
+    epoch_samples: int = 0
 
     def say(self, *args, **kwargs) -> None:
         if self.is_main:
@@ -43,13 +45,20 @@ def start_clock(out: Reporters) -> None:
     out.run_start = time.time()
 
 
+def epoch_metadata(out: Reporters, epoch: int) -> dict:
+    """An epoch's MLPerf metadata: ``epoch_num`` in samples trained (``epoch x`` the samples an
+    epoch trains, padding not counted), the one unit of every ``epoch_num`` in the log, as the
+    evaluations' (``clocked.evaluation.eval_metadata``); ``epoch`` the epoch index."""
+    return {"epoch_num": epoch * out.epoch_samples, "epoch": epoch}
+
+
 def stop_clock(out: Reporters, status: str, epoch: int) -> None:
-    """``run_stop`` with MLPerf's ``status`` (success or aborted), once, and only after
-    ``run_start``."""
+    """``run_stop`` with MLPerf's ``status`` (success or aborted) after ``epoch`` epochs, once, and
+    only after ``run_start``."""
     if out.run_start is None or out.run_stopped:
         return
     out.run_stopped = True
-    out.mlperf.end(C.RUN_STOP, metadata={"status": status, "epoch_num": epoch})
+    out.mlperf.end(C.RUN_STOP, metadata={"status": status, **epoch_metadata(out, epoch)})
 
 
 def abort_clock_on_error(out: Reporters, state: ckpt.TrainState):

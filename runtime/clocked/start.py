@@ -121,6 +121,7 @@ def start_run(session: Session, saved: ckpt.Saved | None,
     start_clock(out)
     # -- the clock runs: the data from here on
     config = resolve_data(components.config, session.dist, data.summary(components.config))
+    out.epoch_samples = config.samples_trained_per_epoch or 0
     not_closed = config.decision("not_closed")  # its log said closed; the data is not KiTS19's
     if not_closed is not None:
         out.mlperf.not_closed(not_closed.value)

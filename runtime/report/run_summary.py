@@ -65,6 +65,8 @@ def summary_markdown(summaries: Sequence[RunSummary], empty: Sequence[str], scor
         lines += [f"- {s.label}: {duration_text(s.predicted['score_s'])} expected (5th-95th percentile "
                   f"{duration_text(s.predicted['score_p5_s'])} - {duration_text(s.predicted['score_p95_s'])}), "
                   + (s.predicted.get("rcp_basis") or f"RCP at global batch {s.predicted['rcp_global_batch']}")
+                  + (f"; NOT the benchmark's: {'; '.join(s.predicted['not_the_benchmark'])}"
+                     if s.predicted.get("not_the_benchmark") else "")
                   for s in predicted]
         lines.append("")
     failing = [(s, c) for s in summaries for c in s.compliance if c.problems]

@@ -24,10 +24,13 @@ from typing import Iterable, Sequence
 from runtime.run_files import (CACHE_CLEAR, CHECKPOINTS_ON_THE_CLOCK, EVAL, EVAL_START, EVAL_STOP,
                                GLOBAL_BATCH_SIZE, METRICS_LOG, MLLOG_PREFIX, MLPERF_LOG, NOT_CLOSED,
                                PREVIOUS_RUN_PREFIX, RECORD_HEADER, RESULT, RESUMED_FROM_CHECKPOINT, RESUMED_LOG_GLOB,
-                               RUN_START, RUN_STOP, SAMPLES_PER_EPOCH, SEED, SUBMISSION_DIVISION, TRAIN,
-                               TRAIN_SAMPLES)
+                               RUN_START, RUN_STOP, SAMPLES_PER_EPOCH, SAMPLES_TRAINED_PER_EPOCH, SEED,
+                               SUBMISSION_DIVISION, TRAIN, TRAIN_SAMPLES)
 
 SEARCH_DEPTH = 4  # how deep a sweep's parent folder is searched for runs
+# the MLPerf log's keys of the training patch, evaluation window and overlap (what a step and an
+# evaluation cost, beside the network)
+SHAPE_KEYS = ("training_input_shape", "validation_input_shape", "validation_overlap")
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,14 @@ class Attempt:
     seed: int | None = None
     notes: tuple[str, ...] = ()
     # what the predicted time to train needs (runtime.results.time_to_train): the run's logged
-    # global batch, samples per epoch and training cases, and each evaluation's (epoch, seconds)
+    # global batch, samples per epoch (padding counted) and trained per epoch (not counted: None in
+    # logs written before it was logged), training cases, and each evaluation's (epoch, seconds)
     global_batch: int | None = None
     samples_per_epoch: int | None = None
+    samples_trained_per_epoch: int | None = None
     train_samples: int | None = None
+    # the logged training patch, evaluation window and overlap (SHAPE_KEYS: value), when logged
+    shapes: dict = field(default_factory=dict)
     evals: tuple[tuple[int, float], ...] = ()
     # why this attempt is not an MLPerf result, from its own log (runtime/run_files.py's events):
     # it started from a checkpoint, or wrote checkpoints between run_start and run_stop
@@ -202,7 +209,7 @@ def evaluation_times(events: Sequence[dict]) -> tuple[tuple[int, float], ...]:
     done = []
     for e in events:
         metadata = e.get("metadata") or {}
-        epoch = metadata.get("epoch", metadata.get("epoch_num"))  # epoch_num: samples since issue 41
+        epoch = metadata.get("epoch", metadata.get("epoch_num"))  # epoch_num: samples trained (older logs: epochs)
         if not isinstance(epoch, int) or not isinstance(e.get("time_ms"), (int, float)):
             continue
         if e.get("key") == EVAL_START:
@@ -267,6 +274,9 @@ def attempts_from_events(events: Sequence[dict], path: str) -> tuple[Attempt, li
                    seed=seeds[-1] if seeds and isinstance(seeds[-1], int) else None,
                    notes=tuple(notes), global_batch=_run_int(head, body, GLOBAL_BATCH_SIZE),
                    samples_per_epoch=_run_int(head, body, SAMPLES_PER_EPOCH),
+                   samples_trained_per_epoch=_run_int(head, body, SAMPLES_TRAINED_PER_EPOCH),
+                   shapes={k: v[-1] for k in SHAPE_KEYS
+                           for v in [[e.get("value") for e in events if e.get("key") == k]] if v},
                    train_samples=_run_int(head, body, TRAIN_SAMPLES),
                    evals=evaluation_times(body), not_a_result=not_a_result(own),
                    cache_clear=cache[-1] if cache else None, division=divisions[-1] if divisions else None), notes

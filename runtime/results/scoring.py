@@ -4,6 +4,7 @@ fastest and the 4 slowest dropped; of more runs, the 40 consecutive ones the rul
 :func:`rules_window`)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
@@ -186,7 +187,45 @@ def run_schedule(attempts: Sequence[Attempt]) -> tuple[T.Schedule | None, str]:
     if len(epochs) < 2:
         return None, "fewer than 2 evaluations logged (the schedule's spacing is unknown)"
     every = min(b - a for a, b in zip(epochs, epochs[1:]))
-    return T.Schedule(spe, epochs[0], every), ""  # the logged first evaluation, then every `every` epochs
+    trained = next((a.samples_trained_per_epoch for a in reversed(attempts) if a.samples_trained_per_epoch), None)
+    # the logged first evaluation, then every `every` epochs
+    return T.Schedule(spe, epochs[0], every, trained), ""
+
+
+def measured_differences(attempt: Attempt) -> list[str]:
+    """What of ``attempt``'s run is not the benchmark's network, patch, window or overlap
+    (``runtime.division.cost_reasons``): the shapes from its MLPerf log, the network from the
+    flags its ``run_description.json`` recorded (a flag not given is the reference's default); a
+    network not recorded is not judged."""
+    from types import SimpleNamespace
+
+    from runtime.division import network_reasons, shape_reasons
+    from runtime.run_files import RUN_DESCRIPTION
+
+    shapes = attempt.shapes
+    found = SimpleNamespace(input_shape=tuple(shapes.get("training_input_shape") or (128, 128, 128)),
+                            val_input_shape=tuple(shapes.get("validation_input_shape") or (128, 128, 128)),
+                            overlap=shapes.get("validation_overlap", 0.5))
+    reasons = shape_reasons(found)
+    try:
+        with open(os.path.join(os.path.dirname(attempt.path), RUN_DESCRIPTION), encoding="utf-8") as handle:
+            flags = json.load(handle)["recipe"]["flags"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return reasons
+    from runtime.arguments import Config
+
+    given: dict[str, list[str]] = {}
+    for token in flags:
+        if token.startswith("--"):
+            current = given.setdefault(token[2:], [])
+        elif given:
+            current.append(token)
+    defaults = Config()
+    network = SimpleNamespace(
+        filters=tuple(int(f) for f in given["filters"]) if given.get("filters") else defaults.filters,
+        normalization=(given.get("normalization") or [defaults.normalization])[0],
+        activation=(given.get("activation") or [defaults.activation])[0])
+    return network_reasons(network) + reasons
 
 
 def predict_run(run: Run, throughput: float | None) -> tuple[dict | None, str | None]:
@@ -208,7 +247,8 @@ def predict_run(run: Run, throughput: float | None) -> tuple[dict | None, str | 
                           else "no training throughput in log.json")
         return None, f"no predicted time to train: {missing}"
     try:
-        return T.predict(throughput, statistics.median(seconds), batch, schedule).as_dict(), None
+        return T.predict(throughput, statistics.median(seconds), batch, schedule,
+                         differs=measured_differences(attempts[-1])).as_dict(), None
     except T.TimeToTrainError as error:
         return None, str(error)
 
@@ -238,6 +278,9 @@ def summarize_run(run: Run, threshold: float) -> RunSummary:
     predicted, why_not = predict_run(run, mean_throughput)
     if why_not:
         notes.append(why_not)
+    if predicted and predicted.get("not_the_benchmark"):
+        notes.append("the predicted time to train is this configuration's, not the benchmark's: "
+                     + "; ".join(predicted["not_the_benchmark"]))
     seeds = [a.seed for a in run.attempts if a.seed is not None]
     reasons = run_not_a_result(run)
     notes += [f"not an MLPerf result, left out of the score: {why}" for why in reasons]

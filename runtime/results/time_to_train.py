@@ -181,9 +181,15 @@ def rcp_basis(rcp: Rcp, global_batch: int) -> str:
 class Schedule:
     """A run's epochs and evaluations (``runtime.schedule``'s, resolved for the run)."""
 
-    samples_per_epoch: int  # global samples trained per epoch
+    samples_per_epoch: int  # global samples computed per epoch (a padded last batch counted): the time's unit
     start_eval_at: int
     evaluate_every: int
+    # global samples trained per epoch (padding not counted): the RCPs' unit; None: samples_per_epoch
+    samples_trained_per_epoch: int | None = None
+
+    @property
+    def trained_per_epoch(self) -> int:
+        return self.samples_trained_per_epoch or self.samples_per_epoch
 
     def eval_schedule(self):
         """The evaluation epochs as the training loop decides them (one rule, in runtime.schedule)."""
@@ -196,8 +202,9 @@ class Schedule:
         return self.eval_schedule().first_eval_epoch
 
     def converged_epoch(self, samples: int) -> int:
-        """The first evaluation epoch by whose end ``samples`` samples have been trained."""
-        return self.eval_schedule().next_eval_epoch(-(-samples // self.samples_per_epoch))
+        """The first evaluation epoch by whose end ``samples`` samples have been trained (an RCP's
+        samples to converge count samples trained: padding, which trains nothing, never counts)."""
+        return self.eval_schedule().next_eval_epoch(-(-samples // self.trained_per_epoch))
 
     def evaluations(self, epoch: int) -> int:
         """Evaluations run up to and including epoch ``epoch``."""
@@ -217,7 +224,9 @@ class RunTime:
 
 
 def run_time(samples: int, schedule: Schedule, train_throughput: float, eval_seconds: float) -> RunTime:
-    """One run that converges after ``samples`` samples: its epochs, evaluations and time."""
+    """One run that converges after ``samples`` samples trained: its epochs, evaluations and time
+    (an epoch takes its samples computed, padding included, at the measured throughput, which
+    counts every sample computed)."""
     epoch = schedule.converged_epoch(samples)
     evaluations = schedule.evaluations(epoch)
     return RunTime(epoch, evaluations, epoch * schedule.samples_per_epoch / train_throughput,
@@ -281,6 +290,9 @@ class Prediction:
     runs: tuple[RunTime, ...]  # one per reference run of the RCP
     score_s: float  # expected score: mean of 40 runs less the 4 fastest and 4 slowest
     score_band_s: tuple[float, float]
+    # what of the measured run is not the benchmark's (its network, patch, window, overlap), in
+    # words: the prediction is then that configuration's, not the benchmark's
+    differs: tuple[str, ...] = ()
 
     @property
     def run_mean_s(self) -> float:
@@ -302,7 +314,7 @@ class Prediction:
                 "train_throughput": self.train_throughput, "eval_seconds": self.eval_seconds,
                 "run_mean_s": self.run_mean_s, "run_p5_s": low, "run_p95_s": high,
                 "score_s": self.score_s, "score_p5_s": self.score_band_s[0], "score_p95_s": self.score_band_s[1],
-                "evaluations_mean": self.mean_of("evaluations")}
+                "evaluations_mean": self.mean_of("evaluations"), "not_the_benchmark": list(self.differs)}
 
 
 def _positive(value: float, what: str) -> float:
@@ -312,17 +324,18 @@ def _positive(value: float, what: str) -> float:
 
 
 def predict(train_throughput: float, eval_seconds: float, global_batch: int, schedule: Schedule,
-            world_size: int = 1, rcps: dict[int, Rcp] | None = None) -> Prediction:
+            world_size: int = 1, rcps: dict[int, Rcp] | None = None, differs: Sequence[str] = ()) -> Prediction:
     """The time to train at ``train_throughput`` samples/s and ``eval_seconds`` per evaluation
     (both over all ranks), for ``global_batch`` on ``schedule``, from :func:`rcp_for`'s RCP
-    (``rcps``: default the installed package's)."""
+    (``rcps``: default the installed package's); ``differs``: what of the measured run is not the
+    benchmark's (``runtime.division.cost_reasons``), said with the prediction."""
     train_throughput = _positive(train_throughput, "the training throughput")
     eval_seconds = _positive(eval_seconds, "the seconds per evaluation")
     rcp = rcp_for(installed_rcps() if rcps is None else rcps, global_batch)
     runs = tuple(run_time(s, schedule, train_throughput, eval_seconds) for s in rcp.samples)
     seconds = [r.seconds for r in runs]
     return Prediction(global_batch, world_size, rcp, schedule, train_throughput, eval_seconds, runs,
-                      expected_trimmed_mean(seconds), trimmed_mean_band(seconds))
+                      expected_trimmed_mean(seconds), trimmed_mean_band(seconds), tuple(differs))
 
 
 # --------------------------------------------------------------------------------- as text
@@ -360,8 +373,19 @@ def rcp_text(rcp: Rcp, global_batch: int, rcps_batches: Sequence[int] = ()) -> s
 
 
 def schedule_text(schedule: Schedule) -> str:
-    return (f"{schedule.samples_per_epoch} samples per epoch, evaluations from epoch {schedule.first_eval_epoch} "
-            f"every {schedule.evaluate_every}")
+    trained = ("" if schedule.trained_per_epoch == schedule.samples_per_epoch else
+               f" ({schedule.trained_per_epoch} trained, the rest padding; the RCPs count samples trained)")
+    return (f"{schedule.samples_per_epoch} samples per epoch{trained}, evaluations from epoch "
+            f"{schedule.first_eval_epoch} every {schedule.evaluate_every}")
+
+
+def differs_line(differs: Sequence[str]) -> list[str]:
+    """The line that says the measured run is not the benchmark's, and what of it is not (none when
+    it is the benchmark's network, patch and window)."""
+    if not differs:
+        return []
+    return [f"  NOT the benchmark's network or shapes: {'; '.join(differs)}: the times measured are this "
+            "configuration's, so the prediction is its time to train, not the benchmark's"]
 
 
 def prediction_lines(p: Prediction, rcps_batches: Sequence[int] = ()) -> list[str]:
@@ -371,6 +395,7 @@ def prediction_lines(p: Prediction, rcps_batches: Sequence[int] = ()) -> list[st
         f"time to train (MLPerf, predicted): global batch {p.global_batch} on {p.world_size} rank(s), "
         f"{p.train_throughput:.4g} samples/s, {p.eval_seconds:.4g} s per evaluation of the {EVAL_CASES} cases; "
         + schedule_text(p.schedule),
+        *differs_line(p.differs),
         "  " + rcp_text(p.rcp, p.global_batch, rcps_batches),
         f"  one run: mean {duration_text(p.run_mean_s)} (5th-95th percentile {band_text(low, high)}) = "
         f"training {duration_text(p.mean_of('train_seconds'))} + {p.mean_of('evaluations'):.1f} evaluations x "
@@ -382,7 +407,7 @@ def prediction_lines(p: Prediction, rcps_batches: Sequence[int] = ()) -> list[st
 
 
 def evaluation_share_lines(eval_seconds: float, global_batch: int, schedule: Schedule, world_size: int = 1,
-                           rcps: dict[int, Rcp] | None = None) -> list[str]:
+                           rcps: dict[int, Rcp] | None = None, differs: Sequence[str] = ()) -> list[str]:
     """``--exec_mode evaluate --benchmark``: the evaluations' part of the time to train (the
     training part needs the training throughput)."""
     eval_seconds = _positive(eval_seconds, "the seconds per evaluation")
@@ -395,6 +420,7 @@ def evaluation_share_lines(eval_seconds: float, global_batch: int, schedule: Sch
     return [
         f"time to train (MLPerf, predicted): its evaluations at global batch {global_batch} on {world_size} "
         f"rank(s), {eval_seconds:.4g} s per evaluation of the {EVAL_CASES} cases; " + schedule_text(schedule),
+        *differs_line(differs),
         "  " + rcp_text(rcp, global_batch, list(rcps)),
         f"  evaluations in one run: mean {mean:.1f} = {duration_text(mean * eval_seconds)} (5th-95th percentile "
         f"{low:.0f}-{high:.0f} = {band_text(low * eval_seconds, high * eval_seconds)}); the training part: "

@@ -47,9 +47,10 @@ NOT_A_RESULT = "not a result"
 INFINITE = (NOT_CONVERGED, FAILED)  # the kinds that count as infinite in the olympic score
 
 # How to drop the page cache where users run, for the one line that says a run did not.
-CACHE_FIX = ("drop it right before every run: as root, with passwordless `sudo -n sysctl vm.drop_caches=3` "
-             "(run_and_time.sh and the SLURM jobs try both), with scripts/slurm/prolog_drop_caches.sh as the "
-             "SLURM `Prolog=`, or in a container (non-root, it cannot) on the host before `apptainer exec`/`podman "
+CACHE_FIX = ("drop it right before every run, after the data is written, and keep the data off tmpfs: as root, "
+             "with passwordless `sudo -n sysctl vm.drop_caches=3` (run_and_time.sh and the SLURM jobs try both, "
+             "after their copy), with scripts/slurm/prolog_drop_caches.sh as the SLURM `Prolog=` and the data read in "
+             "place (STAGE=0), or in a container (non-root, it cannot) on the host before `apptainer exec`/`podman "
              "run`, passing UNET3D_CACHE_DROPPED_AT=$(date +%s); docs/submission.md, \"The page cache\"")
 
 BENCHMARK = "unet3d"
@@ -107,7 +108,7 @@ def page_cache(division, cache_clear) -> tuple[str, str]:
     if cache_clear is True:
         return "", ""
     said = "cache_clear false" if cache_clear is False else "no cache_clear logged"
-    text = (f"{said}: the page cache was not dropped before the run (\"You must flush the cache or restart the "
+    text = (f"{said}: the data was not cold at the start of the run (\"You must flush the cache or restart the "
             "system prior to benchmarking\")")
     if division == "closed":
         return f"{text}; {CACHE_FIX}", ""

@@ -5,9 +5,10 @@
     python -m runtime.submission package RUNS --output PACKAGE [--system_fields FILE.json]
     python -m runtime.submission describe --output FILE.json
 
-Exit codes: 0 done (``package``: the official package checker accepted the package), 1 bad
-input (one line naming the path or value), 2 a bad flag, 4 ``runs``: some run exited non-zero /
-``package``: written, but an official checker rejected it (the report says which and why).
+Exit codes: 0 done (``package``: the official package checker accepted the package, and it has a
+score), 1 bad input (one line naming the path or value), 2 a bad flag, 4 ``runs``: some run exited
+non-zero / ``package``: written, but an official checker rejected it (the report says which and
+why), 5 ``package``: accepted, but no score (too many failed or not converged runs, or too few).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from data_loading.write_errors import failure_reason
 from runtime import __version__
 
 CHECKER_REJECTED = 4
+ACCEPTED_NO_SCORE = 5
 
 
 def _error(message: str) -> int:
@@ -137,4 +139,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"report: {os.path.join(report['output'], 'report.md')}")
     if args.no_check:
         return 0
-    return 0 if all(v["passed"] for k, v in report["checkers"].items() if k == "package_checker") else CHECKER_REJECTED
+    if not all(v["passed"] for k, v in report["checkers"].items() if k == "package_checker"):
+        return CHECKER_REJECTED
+    return ACCEPTED_NO_SCORE if report["score_minutes"] is None else 0

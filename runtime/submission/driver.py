@@ -27,7 +27,7 @@ import time
 from typing import Callable, Sequence
 
 from runtime.results.runs import mlperf_logs, read_json_lines
-from runtime.run_files import MLLOG_PREFIX, PREVIOUS_RUN_PREFIX, RUN_START
+from runtime.run_files import MLLOG_PREFIX, PREVIOUS_RUN_PREFIX, RUN_START, SEED_FROM_OS, SEED_GIVEN, SEED_SOURCE_ENV
 from runtime.submission import system as S
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,10 +36,33 @@ JOBS_FILE = "jobs.json"
 SYSTEM_FIELDS_FILE = "system-fields.json"
 LAUNCHERS = ("run_and_time", "main")
 RECIPES_DIR = os.path.join(REPO, "scripts", "recipes")
+REFERENCE_DATA_DIR = "/data"  # run_and_time.sh's dataset without DATASET_DIR, when it holds one
+
+
+# main.py's flags that belong to the driver: each run's seed (drawn here, kept in seeds.json), its
+# folder and its checkpoint (RUNS/run_<i>); given after --, every run would share them
+DRIVER_FLAGS = ("seed", "log_dir", "save_ckpt_path")
 
 
 class DriverError(Exception):
     """A user-facing problem: one line, exit code 1."""
+
+
+def driver_flags(flags: Sequence[str]) -> list[str]:
+    """The flags among ``flags`` (main.py's) that set :data:`DRIVER_FLAGS`, as given, matched as
+    main.py's own parser matches them (an exact option, or the unique option it abbreviates)."""
+    from runtime.arguments import build_parser
+
+    options = build_parser()._option_string_actions
+    found = []
+    for token in flags:
+        if not token.startswith("--"):
+            continue
+        name = token.split("=", 1)[0]
+        matches = [name] if name in options else [o for o in options if o.startswith(name) and o.startswith("--")]
+        if len(matches) == 1 and options[matches[0]].dest in DRIVER_FLAGS:
+            found.append(token)
+    return found
 
 
 def run_names(count: int) -> list[str]:
@@ -124,26 +147,31 @@ def job_state(job_id: str) -> str | None:
 
 def commands(output: str, names: Sequence[str], seeds: dict, flags: Sequence[str], launcher: str,
              slurm: bool, job_script: str, sbatch_args: Sequence[str],
-             recipe: str = "") -> list[tuple[str, list[str], dict]]:
+             recipe: str = "", from_first_seed: bool = False) -> list[tuple[str, list[str], dict]]:
     """(name, command, extra environment) of every run."""
     planned = []
+    # seeds drawn from the OS here: each run is told so (a --first_seed one is a hand-given seed)
+    source = {SEED_SOURCE_ENV: SEED_GIVEN if from_first_seed else SEED_FROM_OS}
     for name in names:
         folder = os.path.join(output, name)
         seed = str(seeds[name])
         if slurm:
             # the job scripts take the run's seed, folder and recipe from the environment (common.sh)
-            export = f"ALL,SEED={seed},RESULTS_DIR={folder}" + (f",RECIPE={recipe}" if recipe else "")
+            export = f"ALL,SEED={seed},RESULTS_DIR={folder}" + (f",RECIPE={recipe}" if recipe else "") + \
+                "".join(f",{k}={v}" for k, v in source.items())
             command = ["sbatch", "--job-name", f"unet3d-{name}", "--export", export, *sbatch_args, job_script, *flags]
             planned.append((name, command, {}))
         elif launcher == "run_and_time":
-            # this interpreter (a venv's, say) runs the training, not whichever python is on PATH
-            env = {"RESULTS_DIR": folder, "LOG_DIR": folder, "PYTHON": sys.executable}
+            # this interpreter (a venv's, say) runs the training, not whichever python is on PATH; the
+            # folder and checkpoint are the run's own, whatever the caller's environment says
+            env = {"RESULTS_DIR": folder, "LOG_DIR": folder, "SAVE_CKPT_PATH": os.path.join(folder, "checkpoint.pt"),
+                   "PYTHON": sys.executable, **source}
             if recipe:
                 env["RECIPE"] = recipe
             planned.append((name, ["bash", os.path.join(REPO, "run_and_time.sh"), seed, *flags], env))
         else:
             planned.append((name, [sys.executable, os.path.join(REPO, "main.py"), "--seed", seed, "--log_dir", folder,
-                                   *flags], {}))
+                                   *flags], dict(source)))
     return planned
 
 
@@ -160,6 +188,11 @@ def run_sweep(output: str, count: int, flags: Sequence[str] = (), launcher: str 
         raise DriverError(f"--launcher {launcher!r}: one of {', '.join(LAUNCHERS)}")
     if os.path.exists(output) and not os.path.isdir(output):
         raise DriverError(f"--output {output} is a file, not a folder")
+    owned = driver_flags(flags)
+    if owned:
+        raise DriverError(f"-- {' '.join(owned)}: runs gives every run its own seed (drawn from the OS, kept in "
+                          f"{SEEDS_FILE}), folder and checkpoint (RUNS/run_<i>); leave --seed, --log_dir and "
+                          "--save_ckpt_path out of the flags after --")
     if first_seed is not None and division_of(flags) != "open":
         raise DriverError(f"--first_seed {first_seed}: seeds {first_seed}, {first_seed + 1}, ... are not allowed in "
                           "the closed division (the rules: from the clock, the OS's randomness or an RNG seeded "
@@ -173,9 +206,13 @@ def run_sweep(output: str, count: int, flags: Sequence[str] = (), launcher: str 
                               "(--launcher run_and_time or --slurm)")
     if not slurm and launcher == "run_and_time":
         dataset = os.environ.get("DATASET_DIR", "")
+        reference = os.environ.get("REFERENCE_DATA_DIR") or REFERENCE_DATA_DIR
+        if not dataset and glob.glob(os.path.join(glob.escape(reference), "case_*_x.npy")):
+            dataset = reference  # run_and_time.sh reads it, as the reference's script does
         if not dataset:
-            raise DriverError("DATASET_DIR is not set: run_and_time.sh would train every run on generated synthetic "
-                              "data; set it to the preprocessed KiTS19 folder")
+            raise DriverError(f"DATASET_DIR is not set and {reference} holds no preprocessed dataset: run_and_time.sh "
+                              "would train every run on generated synthetic data; set it to the preprocessed KiTS19 "
+                              "folder")
         if not os.path.isdir(dataset):
             raise DriverError(f"DATASET_DIR={dataset}: no such folder")
     job_script = os.path.abspath(job_script or os.path.join(REPO, "scripts", "slurm", "single_node.sbatch"))
@@ -207,7 +244,8 @@ def run_sweep(output: str, count: int, flags: Sequence[str] = (), launcher: str 
             else:
                 why = f"its job {jobs[name]} is {state.lower()}" if state else f"squeue cannot tell of job {jobs[name]}"
                 say(f"{name}: {folder} holds no run yet, {why}: not submitted again")
-    planned = commands(output, todo, seeds, flags, launcher, slurm, job_script, sbatch_args, recipe)
+    planned = commands(output, todo, seeds, flags, launcher, slurm, job_script, sbatch_args, recipe,
+                       from_first_seed=first_seed is not None)
     if dry_run:
         for name, command, env in planned:
             say(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, command)]))

@@ -25,6 +25,7 @@ the code and the recipe come from the runs' own records (:mod:`runtime.submissio
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -37,8 +38,8 @@ from data_loading.write_errors import failure_reason
 from runtime.results.compliance import check_compliance
 from runtime.results.runs import find_runs, folder_runs, mlperf_logs
 from runtime.results.scoring import DROPPED_EACH_END, SUBMISSION_RUNS, olympic_score, rules_window
-from runtime.results.validity import NOT_A_RESULT, RESULT, Validity, judge_events, read_events
-from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, UNVERIFIED
+from runtime.results.validity import NOT_A_RESULT, NOT_CONVERGED, RESULT, Validity, judge_events, read_events
+from runtime.run_files import MLPERF_LOG, RUN_START, RUN_STOP, SEED_FROM_OS, SEED_SOURCE, UNVERIFIED
 from runtime.submission import system as S
 from runtime.submission import what_ran as W
 
@@ -69,6 +70,9 @@ class RunEntry:
     seed: int | None = None
     metadata: dict = field(default_factory=dict)
     global_batch: int | None = None
+    seed_source: str | None = None  # the seed event's "source": os, given, or None (a log older than it)
+    final_quality: float | None = None  # the last eval_accuracy (mean Dice): the run's final quality
+    eval_samples: int | None = None
     packed_as: str | None = None
     note: str = ""
 
@@ -89,6 +93,19 @@ def _time(events: Sequence[dict], key: str) -> int | None:
     return times[-1] if times and isinstance(times[-1], (int, float)) else None
 
 
+def _seed_source(events: Sequence[dict]) -> str | None:
+    seeds = [e for e in events if e.get("key") == "seed"]
+    return ((seeds[-1].get("metadata") or {}).get(SEED_SOURCE)) if seeds else None
+
+
+def hand_seeded(entries: Sequence[RunEntry], division: str) -> list[RunEntry]:
+    """The packed runs of a closed package whose seed was not drawn from the OS (``given`` by
+    hand; a log that does not say, written before the seed's source was logged, is listed too)."""
+    if division != "closed":
+        return []
+    return [e for e in entries if e.packed_as and e.seed_source != SEED_FROM_OS]
+
+
 def judge_folder(folder: str, check: bool = True, ruleset: str = RULESET) -> RunEntry:
     """One run folder: its MLPerf log judged (with the official compliance checker's verdict
     when ``check``). A folder with resumed attempts' logs holds no result."""
@@ -100,7 +117,8 @@ def judge_folder(folder: str, check: bool = True, ruleset: str = RULESET) -> Run
     entry = RunEntry(folder, main_log, Validity(RESULT), start_ms=_time(events, RUN_START),
                      stop_ms=_time(events, RUN_STOP), seed=_last(events, "seed"),
                      metadata={k: _last(events, k) for k in METADATA_KEYS},
-                     global_batch=_last(events, "global_batch_size"))
+                     global_batch=_last(events, "global_batch_size"), seed_source=_seed_source(events),
+                     final_quality=_last(events, "eval_accuracy"), eval_samples=_last(events, "eval_samples"))
     if len(logs) > 1:
         entry.validity = Validity(NOT_A_RESULT, f"resumed: {len(logs) - 1} later attempt(s) in "
                                                 f"{', '.join(os.path.basename(p) for p in logs[1:])} (the clock "
@@ -233,6 +251,23 @@ def _lines(text: str, level: str) -> list[str]:
             if line.startswith(f"{level} - ") and line.split(" - ", 1)[1].strip()]
 
 
+# The official result summarizer on a copy of the package (its RCP pass may write scaling.json into
+# the results, and it writes summary.json where it runs): its unet3d score and scaling factor, and
+# the lines it printed, as JSON on the last line.
+RESULT_SUMMARIZER = """
+import contextlib, io, json, sys
+from mlperf_logging.result_summarizer.result_summarizer import summarize_results
+said = io.StringIO()
+with contextlib.redirect_stdout(said):
+    strong, _, detailed, _ = summarize_results(sys.argv[1], sys.argv[2], sys.argv[3])
+rows, details = strong.to_dict("records"), detailed.to_dict("records")
+def number(value):
+    return None if value is None or value != value else float(value)
+print(said.getvalue())
+print(json.dumps({"minutes": number(rows[0].get("unet3d")) if rows else None,
+                  "scaling": number(details[0].get("unet3d:rcp_scaling_factor")) if details else None}))
+"""
+
 SEED_CHECKER = """
 import logging, sys, warnings
 logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(levelname)s - %(message)s")
@@ -281,6 +316,73 @@ def run_checkers(output: str, org_folder: str, results: str, ruleset: str, timeo
     return verdicts
 
 
+def run_summarizer(output: str, org_folder: str, ruleset: str, timeout: float = 1800) -> dict:
+    """mlperf-logging's result summarizer on a copy of ``org_folder``: {"minutes" (its unet3d score,
+    None when it gives none), "scaling" (the RCP factor it multiplied by), "ran" (False: it could
+    not run, "summary" says why), "summary", "log"}."""
+    logs = os.path.join(output, "checkers")
+    os.makedirs(logs, exist_ok=True)
+    log = os.path.join(logs, "result_summarizer.log")
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = os.path.join(scratch, os.path.basename(org_folder))
+        shutil.copytree(org_folder, copy)
+        proc = _python(["-c", RESULT_SUMMARIZER, copy, USAGE, ruleset], scratch, timeout)
+    with open(log, "w", encoding="utf-8") as handle:
+        handle.write(proc.stdout + proc.stderr)
+    try:
+        found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (ValueError, IndexError):
+        found = None
+    if not isinstance(found, dict):
+        return {"ran": False, "minutes": None, "scaling": None, "log": log,
+                "summary": f"could not run: {_last_line(proc.stderr or proc.stdout)}"}
+    minutes = found.get("minutes")
+    return {"ran": True, "minutes": minutes, "scaling": found.get("scaling"), "log": log,
+            "summary": f"{minutes:.4f} min" if minutes is not None else "no score"}
+
+
+def compare_scores(minutes: float | None, summarized: dict, packed: Sequence[RunEntry]) -> str:
+    """The tool's score beside the summarizer's, and why they differ, in words."""
+    if not summarized.get("ran"):
+        return f"the official result summarizer {summarized['summary']}"
+    theirs, factor = summarized["minutes"], summarized.get("scaling") or 1.0
+    mine = "no score" if minutes is None else f"{minutes:.4f} min"
+    said = f"this command: {mine}; the official result summarizer: {summarized['summary']}"
+    if theirs is None and minutes is None:
+        return f"{said}: they agree"
+    if theirs is not None and minutes is not None and math.isclose(theirs, minutes * factor, rel_tol=1e-6):
+        if factor == 1.0:
+            return f"{said}: they agree"
+        return (f"{said}: the summarizer multiplies by the RCP checker's normalisation factor {factor:.4f} (the runs "
+                "converged faster than the RCP's mean, within its allowed speed-up); this command does not normalise")
+    aborted = [e for e in packed if e.validity.kind == NOT_CONVERGED]
+    if minutes is None and theirs is not None and aborted:
+        return (f"{said}: {len(aborted)} packed run(s) stopped without reaching the target (run_stop aborted). The "
+                "summarizer drops only logs that fail the compliance checker, and the open division's rules do not "
+                "check the target, so it scores their time from run_start to run_stop as if they had converged; the "
+                "rules count a run that does not reach the target as failed (\"A run is classified as non-converged "
+                "if the target quality metric is not reached\"), and unet3d allows at most 4: no score")
+    return f"{said}: they differ, and this command cannot tell why; read the summarizer's log"
+
+
+def final_quality(packed: Sequence[RunEntry]) -> dict:
+    """The geometric mean of the packed runs' final quality, the closed quality measure (each run's
+    last eval_accuracy: mean Dice of kidney and tumour over the evaluation cases), which the rules
+    ask open results to report (``training_rules.adoc``, "Quality measure": "the reported results
+    must include the geometric mean of the final quality as measured by the closed quality
+    measure"); runs without an evaluation are named, not counted."""
+    values = [e.final_quality for e in packed if isinstance(e.final_quality, (int, float))]
+    missing = [e.packed_as for e in packed if not isinstance(e.final_quality, (int, float))]
+    cases = sorted({e.eval_samples for e in packed if e.eval_samples is not None})
+    if not values:
+        mean = None
+    elif min(values) <= 0:
+        mean = 0.0
+    else:
+        mean = math.exp(sum(math.log(v) for v in values) / len(values))
+    return {"geometric_mean": mean, "runs": len(values), "without_evaluation": missing, "eval_samples": cases}
+
+
 def not_checked(division: str, verdicts: dict) -> list[str]:
     """What the official checkers do not check for this package (said in the report)."""
     items = []
@@ -298,8 +400,9 @@ def not_checked(division: str, verdicts: dict) -> list[str]:
         "package holds packs the consecutive ones (by start) whose score is closest to the median of every such "
         "window's; runs kept elsewhere it cannot see",
         "the system description's values: only that every field exists and the status is one of four (this command "
-        "fills them from the runs' own records, run_description.json, and refuses runs that disagree); fields the "
-        "machines could not tell are listed below",
+        "fills them from the runs' own records, run_description.json, packed beside the results, refuses runs that "
+        "disagree and --system_fields that contradict them, and lists every field --system_fields changed); fields "
+        "the machines could not tell are listed below",
         "that the code in benchmarks/ is the code that ran: the checker only lists its source files (this command "
         "packs the commit the runs logged, checked against the hash of the files that ran)",
         "that the logs' submission_org and submission_platform match the package's folders (this command names "
@@ -371,9 +474,15 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
     _empty_output(output)
     results = os.path.join(output, org, "results", system_name, BENCHMARK)
     os.makedirs(results)
+    records = []
     for index, entry in enumerate(chosen):
         entry.packed_as = f"result_{index}.txt"
         shutil.copyfile(entry.log, os.path.join(results, entry.packed_as))
+        # the run's own record of its machine, software, code and recipe, beside its result
+        record = W.record_path(os.path.dirname(entry.log))
+        if os.path.isfile(record):
+            records.append(f"run_description_{index}.json")
+            shutil.copyfile(record, os.path.join(results, records[-1]))
     packed = [e for e in counted if e.packed_as]
     batches = sorted({e.global_batch for e in packed if e.global_batch is not None})
     description_path = os.path.join(output, org, "systems", f"{system_name}.json")
@@ -384,6 +493,7 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
         len(packed))
     verdicts = run_checkers(output, os.path.join(output, org), results, ruleset) if check else {}
     minutes, score_text = _score(packed)
+    summarized = run_summarizer(output, os.path.join(output, org), ruleset) if check else None
     report = {
         "output": output, "package": os.path.join(output, org), "ruleset": ruleset, "org": org,
         "system": system_name, "division": division, "status": status, "expected_runs": expected,
@@ -391,11 +501,18 @@ def assemble(paths: Sequence[str], output: str, ruleset: str = RULESET, expected
         "system_fields_to_fill": S.unfilled(description), "unknown_system_fields": unknown,
         "code_files": code_files, "code": source.said if source else "not packed (--no_code)",
         "system_from": what.source, "what_ran_notes": what.notes, "implementation_files": implementation_files,
+        "system_fields_changed": [{"field": f, "measured": m, "given": g} for f, m, g in what.changed],
+        "run_descriptions": records,
         "score_minutes": minutes, "score": score_text, "checkers": verdicts,
+        "result_summarizer": summarized,
+        "summarizer_comparison": compare_scores(minutes, summarized, packed) if summarized else "",
+        "final_quality": final_quality(packed),
         "not_checked": not_checked(division, verdicts), "paths_without_runs": missing,
         "runs": [{"folder": e.folder, "kind": e.validity.kind, "reason": e.validity.reason, "seed": e.seed,
-                  "minutes": e.minutes, "packed_as": e.packed_as, "note": e.note, "start_ms": e.start_ms}
+                  "seed_source": e.seed_source, "minutes": e.minutes, "packed_as": e.packed_as, "note": e.note,
+                  "start_ms": e.start_ms}
                  for e in entries],
+        "hand_seeded": [e.packed_as for e in hand_seeded(entries, division)],
     }
     report["accepted"] = bool(verdicts) and verdicts["package_checker"]["passed"]
     write_report(report)
@@ -421,7 +538,24 @@ def report_markdown(report: dict) -> str:
              f"Package: `{report['package']}` ({report['division']} division, status {report['status']}). "
              f"{len(packed)} run(s) packed of the {report['expected_runs']} unet3d needs; "
              f"{len(left)} left out. Global batch size(s): {', '.join(map(str, report['global_batch_sizes'])) or '?'}.",
-             "", f"**{report['score']}**", "", UNVERIFIED, "", "## The official checkers", ""]
+             "", f"**{report['score']}**", ""]
+    if report.get("summarizer_comparison"):
+        lines += [f"Score beside mlperf-logging's result summarizer (log `{report['result_summarizer']['log']}`): "
+                  f"{report['summarizer_comparison']}.", ""]
+    quality = report.get("final_quality") or {}
+    if report["division"] == "open" and quality:
+        mean = quality["geometric_mean"]
+        cases = quality["eval_samples"]
+        on = "" if cases in ([], [42]) else (f" (measured on {', '.join(map(str, cases))} evaluation cases, not "
+                                              "KiTS19's 42)")
+        lines += ["**Final quality (open division): geometric mean of the packed runs' last mean Dice, the closed "
+                  f"quality measure: {'none' if mean is None else f'{mean:.4f}'}** over {quality['runs']} run(s)"
+                  + on + (f"; without an evaluation, not counted: {', '.join(quality['without_evaluation'])}"
+                          if quality["without_evaluation"] else "")
+                  + " (`training_rules.adoc`, \"Quality measure\": open results report it).", ""]
+    if report.get("accepted") and report.get("score_minutes") is None:
+        lines += ["The package checker accepted the package, but it has **no score** (exit code 5).", ""]
+    lines += [UNVERIFIED, "", "## The official checkers", ""]
     if not report["checkers"]:
         lines.append("Not run (`--no_check`).")
     for name, verdict in report["checkers"].items():
@@ -431,13 +565,32 @@ def report_markdown(report: dict) -> str:
                      f"log `{verdict['log']}`")
         lines += [f"  - error: {_cell(e)}" for e in verdict["errors"][:10]]
         lines += [f"  - {_cell(d)}" for d in verdict.get("details", [])[:4]]
+    hand = [r for r in runs if r["packed_as"] in report.get("hand_seeded", [])]
+    if hand:
+        lines += ["", f"**Seeds not drawn from the OS** ({len(hand)} closed run(s)): the rules want closed-division "
+                      "seeds from the clock, the OS's randomness or an RNG seeded from them (`training_rules.adoc`, "
+                      "\"Random numbers\"); the seed checker checks only that they differ: "
+                  + ", ".join(f"{r['packed_as']} ({_run_name(r['folder'])}, seed {r['seed']}, "
+                              f"{'given by hand' if r['seed_source'] else 'its source not logged'})" for r in hand)
+                  + "."]
     lines += ["", "## What the checkers could not check", ""] + [f"- {item}" for item in report["not_checked"]]
-    source = "the runs' own records (run_description.json)" if report.get("system_from") == "runs" else \
+    source = ("the runs' own records (run_description.json)" + (", with the fields below given by --system_fields"
+                                                                if report.get("system_fields_changed") else "")) \
+        if report.get("system_from") == "runs" else \
         f"the packing host ({W.PACKING_HOST_FLAG})"
     lines += ["", f"System description from {source}; code: "
                   f"{_cell(report.get('code', ''))}; what ran and how to run it again: "
                   f"`benchmarks/{BENCHMARK}/implementations/{report['system']}/README.md`."]
     lines += [f"- {_cell(note)}" for note in report.get("what_ran_notes", [])]
+    changed = report.get("system_fields_changed") or []
+    if changed:
+        lines += ["", f"`--system_fields` changed {len(changed)} field(s) of what the runs' records tell (also in the "
+                      "description's `hw_notes` / `sw_notes`):", "", "| field | measured (the runs' records) | given |",
+                  "| --- | --- | --- |"]
+        lines += [f"| `{c['field']}` | {_cell(c['measured'])} | {_cell(c['given'])} |" for c in changed]
+    if report.get("run_descriptions"):
+        lines += ["", f"The runs' records (`run_description_<i>.json`, one per `result_<i>.txt`) are packed beside "
+                      f"their results; the package checker warns of files there that are not `result_*.txt`: these."]
     if report["system_fields_to_fill"]:
         lines += ["", f"System description fields the machines could not tell, left empty in "
                       f"`{report['system_description']}` (give them with `--system_fields FILE.json`): "

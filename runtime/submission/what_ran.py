@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import tarfile
@@ -28,16 +29,91 @@ PACKING_HOST_FLAG = "--system_from_packing_host"
 PER_RUN_FLAGS = ("--seed", "--data_dir", "--log_dir", "--save_ckpt_path", "--load_ckpt_path", "--resume",
                  "--cache_dir")
 # settings recorded from the environment that belong to one run or one site, not to the recipe
-PER_RUN_SETTINGS = ("SEED", "DATASET_DIR", "DATA_DIR", "UNET3D_CACHE_CLEARED", "UNET3D_LOG_DIR", "WORLD_SIZE",
+PER_RUN_SETTINGS = ("SEED", "UNET3D_SEED_SOURCE", "DATASET_DIR", "DATA_DIR", "UNET3D_CACHE_CLEARED", "UNET3D_LOG_DIR",
+                    "WORLD_SIZE",
                     "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                     "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER", "CONTAINER")
 PER_RUN_SETTING_PREFIXES = ("SLURM_",)
+# what the scripts derive and say, not a setting: the recipe's values the run overrode (scripts/lib/recipe.sh)
+RECIPE_OVERRIDES = "UNET3D_RECIPE_OVERRIDES"
 # the counts the runs tell: --system_fields may reword the rest, not contradict these
 COUNTED_FIELDS = ("number_of_nodes", "host_processors_per_node", "accelerators_per_node")
+# counts per node a given value must equal (a number, the same number)
+COUNT_FIGURES = ("host_processor_core_count", "host_processor_vcpu_count")
+# what a given memory capacity may differ from the records' MemTotal, which the kernel keeps a few
+# percent below the memory installed: at least this share of it, at most this many times it
+MEMORY_BELOW, MEMORY_ABOVE = 0.95, 1.15
+# software whose name and version a given framework or software stack may name only as the runs had it
+KNOWN_SOFTWARE = ("PyTorch", "TensorFlow", "MXNet", "JAX", "PaddlePaddle", "Python", "CUDA", "ROCm", "cuDNN",
+                  "NCCL", "RCCL", "numpy", "scipy", "mlperf-logging")
+SOFTWARE_FIELDS = ("framework", "other_software_stack", "operating_system", "sw_notes")
+NOT_AN_ACCELERATOR = ("", "n/a", "na", "none", "0")
 
 
 class RecordError(Exception):
     """A user-facing problem with the runs' records or their code: one line."""
+
+
+_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "pb": 1e15,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50}
+
+
+def memory_bytes(text) -> float | None:
+    """``"23.5 GiB"``, ``"2 TB"``, ``"1.5TiB"`` in bytes; None when ``text`` names no amount."""
+    match = re.search(r"(\d+(?:\.\d+)?)\s*([kmgtp]i?b)\b", str(text), re.IGNORECASE)
+    return float(match.group(1)) * _UNITS[match.group(2).lower()] if match else None
+
+
+def software_named(text) -> dict[str, str | None]:
+    """{name: version or None} of :data:`KNOWN_SOFTWARE` named in ``text`` (``PyTorch 2.3.0``,
+    ``CUDA 12.1``; a name without a number after it: None)."""
+    found = {}
+    for name in KNOWN_SOFTWARE:
+        for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])\s*v?([0-9][\w.+-]*)?", str(text),
+                                 re.IGNORECASE):
+            found.setdefault(name, match.group(1).rstrip(".,;") if match.group(1) else None)
+    return found
+
+
+def _same_version(given: str, ran: str) -> bool:
+    """``2.3.0`` names ``2.3.0+cu121`` (the local part may be left out); ``2.3`` does not."""
+    return given == ran or given == ran.split("+", 1)[0]
+
+
+def given_field_problem(name: str, given, measured: dict, software: dict, accelerators_used: int) -> str:
+    """Why the ``--system_fields`` value ``given`` of ``name`` contradicts the runs' records (their
+    system description ``measured`` and ``software``), '' when it does not: an accelerator for runs
+    that used none, a framework or software other than what ran, core or memory figures."""
+    if name.startswith("accelerator") and not accelerators_used and str(given).strip().lower() not in \
+            NOT_AN_ACCELERATOR:
+        return "the runs used no accelerator"
+    if name in COUNT_FIGURES and measured.get(name) not in ("", None) and str(given).strip() != measured[name]:
+        return f"the runs' records say {measured[name]!r}"
+    if name == "host_memory_capacity":
+        ran, said = memory_bytes(measured.get(name, "")), memory_bytes(given)
+        if ran and (said is None or not MEMORY_BELOW * ran <= said <= MEMORY_ABOVE * ran):
+            return f"the runs' records say {measured[name]!r} (the memory their kernel saw)"
+    if name in ("framework", "other_software_stack"):
+        for software_name, version in software_named(given).items():
+            ran = next((v for k, v in software.items() if k.lower() == software_name.lower()), None)
+            if ran is None:
+                return f"the runs did not run {software_name}"
+            if version is not None and not _same_version(version, str(ran)):
+                return f"the runs ran {software_name} {ran}"
+        if name == "framework" and software.get("PyTorch") and "pytorch" not in str(given).lower():
+            return f"the runs ran PyTorch {software['PyTorch']}"
+    return ""
+
+
+def changed_fields(measured: dict, given: dict) -> list[tuple[str, str, str]]:
+    """(field, measured, given) of every given field that replaces a value the runs' records told
+    (an empty one filled in is no change)."""
+    return [(name, str(measured[name]), str(value)) for name, value in given.items()
+            if measured.get(name) not in ("", None) and str(value) != str(measured[name])]
+
+
+def changes_text(changes: Sequence[tuple[str, str, str]]) -> str:
+    return "; ".join(f"{name}: given {value!r}, measured {measured!r}" for name, measured, value in changes)
 
 
 @dataclass
@@ -50,6 +126,8 @@ class WhatRan:
     runs: int = 0
     source: str = "runs"  # "runs" | "packing host"
     notes: list[str] = field(default_factory=list)
+    # (field, measured, given) of each --system_fields value that replaced what the records tell
+    changed: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def record_path(folder: str) -> str:
@@ -93,7 +171,15 @@ def recipe_flags(record: dict) -> list[str]:
 def recipe_settings(record: dict) -> dict[str, str]:
     """The run's recorded environment settings without the per-run and site ones."""
     return {name: value for name, value in (record["recipe"].get("environment") or {}).items()
-            if name not in PER_RUN_SETTINGS and not name.startswith(PER_RUN_SETTING_PREFIXES)}
+            if name not in PER_RUN_SETTINGS and name != RECIPE_OVERRIDES
+            and not name.startswith(PER_RUN_SETTING_PREFIXES)}
+
+
+def recipe_overrides(record: dict) -> list[str]:
+    """The recipe's values that the run's environment or flags overrode, as its launcher said them
+    (``VALUE (the recipe: VALUE)``), from the environment it recorded."""
+    said = (record["recipe"].get("environment") or {}).get(RECIPE_OVERRIDES, "")
+    return [item.strip() for item in said.split(";") if item.strip()]
 
 
 def _node(host: dict) -> dict:
@@ -191,7 +277,20 @@ def system_description(what: WhatRan, org: str, system_name: str, division: str,
             if name in given and str(given[name]) != description[name]:
                 raise RecordError(f"--system_fields gives {name} {given[name]!r}, the runs' records say "
                                   f"{description[name]!r} ({record_path(what.folder)}): remove it from the file")
+        for name, value in given.items():
+            why = given_field_problem(name, value, description, record.get("software") or {},
+                                      host.get("accelerators_used", 0))
+            if why:
+                raise RecordError(f"--system_fields gives {name} {value!r}, but {why} ({record_path(what.folder)}): "
+                                  "remove or correct it (a processor's marketing name may reword the records')")
+    changes = changed_fields(description, given)
+    what.changed = changes
     description.update(given)
+    for notes_field, fields in (("hw_notes", None), ("sw_notes", SOFTWARE_FIELDS)):
+        mine = [c for c in changes if (c[0] in fields if fields else c[0] not in SOFTWARE_FIELDS)]
+        if mine:
+            said = ("--system_fields changed what the runs' records tell: " + changes_text(mine))
+            description[notes_field] = "; ".join(text for text in (description.get(notes_field), said) if text)
     return description
 
 
@@ -358,6 +457,13 @@ def readme(what: WhatRan, description: dict, system_name: str, implementation: s
            if settings.get("UNET3D_RECIPE") or settings.get("RECIPE") else "") + "):", "",
     ]
     lines += [f"    {name}={shlex.quote(value)}" for name, value in settings.items()] or ["    (none set)"]
+    overrides = recipe_overrides(record)
+    if overrides:
+        recipe_name = settings.get("UNET3D_RECIPE") or settings.get("RECIPE") or "?"
+        lines += ["", f"**Not the recipe's values.** The runs overrode {len(overrides)} value(s) of the recipe "
+                      f"`{recipe_name}` (from the environment, or a flag given after the recipe's), each said in a "
+                      "line by the run; the RCP of the recipe does not stand behind them:", ""]
+        lines += [f"- `{item}`" for item in overrides]
     lines += ["", "main.py's flags (the same in every run, but the seed and the paths):", "",
               "    " + (" ".join(_q(t) for t in flags) or "(none)"), "",
               "## Run it again", "",
@@ -396,7 +502,7 @@ def write_implementation(folder: str, what: WhatRan, description: dict, system_n
                   "processes_per_node": record["processes_per_node"], "world_size": record["world_size"],
                   "launcher": record["recipe"].get("launcher"), "global_batch_size": list(batches),
                   "code": record["code"], "software": record.get("software"), "settings": recipe_settings(record),
-                  "flags": recipe_flags(record), "runs": what.runs}
+                  "flags": recipe_flags(record), "recipe_overrides": recipe_overrides(record), "runs": what.runs}
         write(f"{system_name}_{implementation}.json", json.dumps(recipe, indent=2) + "\n")
     return written
 

@@ -33,9 +33,10 @@ from runtime import distributed as D
 from runtime.arguments import Config, UsageError
 from runtime.build import Components
 from runtime.clocked.reporters import Reporters
+from runtime.division import cost_reasons
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.results import time_to_train as T
-from runtime.schedule import eval_schedule, samples_per_epoch
+from runtime.schedule import eval_schedule, samples_per_epoch, samples_trained_per_epoch
 from runtime.inference.sliding_window import sliding_window_inference
 from runtime.plan import RunPlan
 from runtime.run_files import BENCHMARK
@@ -317,7 +318,9 @@ def benchmark_schedule(cfg: Config, world_size: int) -> T.Schedule:
                                  f"on each of {world_size} ranks")
     given = {name: getattr(cfg, name) if name in cfg.explicit else None for name in ("start_eval_at", "evaluate_every")}
     schedule = eval_schedule(spe, T.TRAIN_CASES, given["start_eval_at"], given["evaluate_every"])
-    return T.Schedule(spe, schedule.start_eval_at, schedule.evaluate_every)
+    trained = samples_trained_per_epoch(T.TRAIN_CASES, world_size, cfg.batch_size, cfg.ga_steps, cfg.last_batch,
+                                        cfg.semantics)
+    return T.Schedule(spe, schedule.start_eval_at, schedule.evaluate_every, trained)
 
 
 def global_batch(cfg: Config, world_size: int) -> int:
@@ -374,7 +377,7 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
     def lines():
         rcps = T.installed_rcps()
         prediction = T.predict(summary["throughput"], eval_seconds, global_batch(cfg, world),
-                               benchmark_schedule(cfg, world), world, rcps)
+                               benchmark_schedule(cfg, world), world, rcps, cost_reasons(cfg))
         summary["time_to_train"] = prediction.as_dict()
         return T.prediction_lines(prediction, list(rcps))
 
@@ -411,5 +414,6 @@ def benchmark_evaluate(components: Components, out: Reporters) -> dict:
     summary = {**summary, "eval_seconds": eval_seconds}
     write_record(out, times, world, "eval", eval_seconds)
     say_prediction(out, lambda: T.evaluation_share_lines(eval_seconds, global_batch(cfg, world),
-                                                         benchmark_schedule(cfg, world), world))
+                                                         benchmark_schedule(cfg, world), world,
+                                                         differs=cost_reasons(cfg)))
     return summary

@@ -18,9 +18,8 @@ from runtime import distributed as D
 from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.clocked.evaluation import run_evaluation
-from runtime.clocked.reporters import Reporters, start_clock, stop_clock
+from runtime.clocked.reporters import Reporters, epoch_metadata, start_clock, stop_clock
 from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
-from runtime.run_log import MLPerfLogger
 from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
 from runtime.signals import PreemptionFlag
@@ -238,7 +237,7 @@ def per_label_text(metrics: dict, config) -> str:
 
 def report_epoch(components: Components, out: Reporters, epoch: int, result: EpochResult) -> None:
     lr = components.optimizer.param_groups[0]["lr"]
-    out.mlperf.end(C.EPOCH_STOP, metadata={"epoch_num": epoch})
+    out.mlperf.end(C.EPOCH_STOP, metadata=epoch_metadata(out, epoch))
     out.metrics.write(TRAIN, epoch=epoch, loss=result.mean_loss, lr=lr, throughput=result.throughput)
     out.say(f"epoch {epoch}/{components.config.epochs}  loss {result.mean_loss:.4f}  lr {lr:.3g}  "
             f"{result.throughput:.2f} samples/s")
@@ -246,21 +245,27 @@ def report_epoch(components: Components, out: Reporters, epoch: int, result: Epo
 
 class MLPerfBlocks:
     """MLPerf ``block_start``/``block_stop`` pairs: a block runs from an epoch to the next
-    evaluation (or the last epoch)."""
+    evaluation (or the last epoch). ``first_epoch_num`` is an ``epoch_num`` (samples trained: its
+    first epoch's, as that ``epoch_start`` says); ``epoch_count`` counts epochs (the block's
+    length; rulesets 1.0.0-2.1.0 require it, above 0, by that name)."""
 
-    def __init__(self, mlperf: MLPerfLogger, schedule: EvalSchedule, last_epoch: int):
-        self.mlperf, self.schedule, self.last_epoch = mlperf, schedule, last_epoch
+    def __init__(self, out: Reporters, schedule: EvalSchedule, last_epoch: int):
+        self.out, self.schedule, self.last_epoch = out, schedule, last_epoch
         self.first: int | None = None
 
     def begin(self, epoch: int) -> None:
+        mlperf = self.out.mlperf
+        at = epoch_metadata(self.out, epoch)
         if self.first is None:
             count = next_eval_epoch(epoch, self.schedule, self.last_epoch) - epoch + 1
-            self.mlperf.start(C.BLOCK_START, metadata={"first_epoch_num": epoch, "epoch_count": count})
+            mlperf.start(C.BLOCK_START, metadata={"first_epoch_num": at["epoch_num"], "epoch_count": count,
+                                                  "first_epoch": epoch})
             self.first = epoch
-        self.mlperf.start(C.EPOCH_START, metadata={"epoch_num": epoch})
+        mlperf.start(C.EPOCH_START, metadata=at)
 
     def end(self) -> None:
-        self.mlperf.end(C.BLOCK_STOP, metadata={"first_epoch_num": self.first})
+        self.out.mlperf.end(C.BLOCK_STOP, metadata={"first_epoch_num": epoch_metadata(self.out, self.first)["epoch_num"],
+                                                    "first_epoch": self.first})
         self.first = None
 
 
@@ -279,7 +284,7 @@ def train(components: Components, out: Reporters) -> RunResult:
     """Train until the target, divergence, pre-emption or ``--epochs``."""
     cfg, state = components.config, components.state
     schedule = eval_schedule_of(cfg)
-    blocks = MLPerfBlocks(out.mlperf, schedule, cfg.epochs)
+    blocks = MLPerfBlocks(out, schedule, cfg.epochs)
     periodic = PeriodicCheckpoints(components, out)
     components.model.train()
     status = None
@@ -314,6 +319,7 @@ def run_training(components: Components, out: Reporters) -> int:
     if out.run_start is None:  # a caller that built its loaders itself
         start_clock(out)
     out.mlperf.hyperparameters(cfg, components.dist.world_size)
+    out.epoch_samples = cfg.samples_trained_per_epoch or 0  # the unit of every epoch_num (set by start_run too)
     run_start = out.run_start
     out.say(f"training: {cfg.num_train_cases} cases, {cfg.samples_per_epoch} samples/epoch, {schedule_text(cfg)}; "
             f"seed {cfg.seed}")

@@ -11,10 +11,18 @@
 # recipes existed, and one line on stderr saying that no RCP stands behind them. FLAGS: the
 # user's own main.py flags, where a RECIPE refuses --batch_size and --ga_steps other than the
 # derived values. Sets the array RECIPE_ARGS; exports UNET3D_RECIPE (the recipe's name, recorded in the run), unset without.
+# With a RECIPE, each of its values that the environment or one of FLAGS (given in full, `--flag V` or
+# `--flag=V`; they come after the recipe's, so main.py takes them) overrides is said in a line of its
+# own on stderr and listed in UNET3D_RECIPE_OVERRIDES (recorded in the run's run_description.json;
+# the package's README lists them).
 
 RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../recipes" && pwd)
 RECIPE_VARS=(GLOBAL_BATCH_SIZE OPTIMIZER LEARNING_RATE INIT_LEARNING_RATE LR_WARMUP_EPOCHS LR_DECAY_EPOCHS
     LR_DECAY_FACTOR MOMENTUM WEIGHT_DECAY)
+# main.py's flag of each recipe setting (the batch's are checked apart: a recipe fixes the global batch)
+RECIPE_FLAGS=(--optimizer=OPTIMIZER --learning_rate=LEARNING_RATE --init_learning_rate=INIT_LEARNING_RATE
+    --lr_warmup_epochs=LR_WARMUP_EPOCHS --lr_decay_epochs=LR_DECAY_EPOCHS --lr_decay_factor=LR_DECAY_FACTOR
+    --momentum=MOMENTUM --weight_decay=WEIGHT_DECAY)
 DEFAULT_RECIPE=gbs2
 
 recipe_fail() {
@@ -31,6 +39,42 @@ recipe_names() {
         found+=${found:+, }${file%.sh}
     done
     printf -v "$1" "%s" "$found"
+}
+
+# same_value A B: A and B are the same setting (equal as numbers, or as text)
+same_value() {
+    [[ $1 == "$2" ]] || awk -v a="$1" -v b="$2" \
+        'BEGIN { n = "^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$"; exit !(a ~ n && b ~ n && a + 0 == b + 0) }'
+}
+
+# flag_overrides FLAGS...: each recipe setting a flag of FLAGS sets to another value, appended to the
+# array `overridden` ("--flag VALUE (was VALUE)": the recipe's, or the environment's that overrode it);
+# a multi-valued flag (--lr_decay_epochs)
+# takes the words up to the next flag. No $(...): the SLURM jobs' USR1 trap (scripts/slurm/common.sh).
+flag_overrides() {
+    local i=1 token name value pair var
+    while (( i <= $# )); do
+        token=${!i}
+        i=$(( i + 1 ))
+        [[ $token == --* ]] || continue
+        name=${token%%=*} value=
+        var=
+        for pair in "${RECIPE_FLAGS[@]}"; do
+            [[ ${pair%%=*} == "$name" ]] && var=${pair#*=}
+        done
+        [[ -n $var ]] || continue
+        if [[ $token == *=* ]]; then
+            value=${token#*=}
+        else
+            while (( i <= $# )) && [[ ${!i} != --* ]]; do
+                value+=${value:+ }${!i}
+                i=$(( i + 1 ))
+            done
+        fi
+        if ! same_value "$value" "${!var-}"; then
+            overridden+=("$name $value (was ${!var:-none})")
+        fi
+    done
 }
 
 recipe_args() {
@@ -100,14 +144,28 @@ recipe_args() {
         local line="warning: no RECIPE: the reference's 1-GPU hyper-parameters (scripts/recipes/$DEFAULT_RECIPE.sh)"
         line+=" at batch $batch per process, global batch $global: no MLPerf 4.0.0 RCP stands behind them"
         printf '%s (RECIPE=gbs28, gbs56, gbs64 or gbs84 has one)\n' "$line" >&2
-        unset UNET3D_RECIPE
+        unset UNET3D_RECIPE UNET3D_RECIPE_OVERRIDES
     else
-        if (( ${#overridden[@]} )); then
-            local IFS=';'
-            printf 'warning: RECIPE=%s (RCP %s) with settings from the environment: %s\n' "$name" "$RECIPE_RCP" \
-                "${overridden[*]}" >&2
-        fi
+        local environment_count=${#overridden[@]} said=
+        flag_overrides "$@"
+        local index=0 item
+        for item in ${overridden[@]+"${overridden[@]}"}; do
+            if (( index < environment_count )); then
+                printf 'warning: RECIPE=%s (RCP %s): %s from the environment overrides the recipe'"'"'s value\n' \
+                    "$name" "$RECIPE_RCP" "$item" >&2
+            else
+                printf 'warning: RECIPE=%s (RCP %s): the flag %s, given after the recipe'"'"'s, overrides its value\n' \
+                    "$name" "$RECIPE_RCP" "$item" >&2
+            fi
+            said+=${said:+; }$item
+            index=$(( index + 1 ))
+        done
         export UNET3D_RECIPE=$name
+        if [[ -n $said ]]; then
+            export UNET3D_RECIPE_OVERRIDES=$said
+        else
+            unset UNET3D_RECIPE_OVERRIDES
+        fi
     fi
     RECIPE_ARGS=(
         --optimizer "$OPTIMIZER"

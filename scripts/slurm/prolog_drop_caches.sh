@@ -15,7 +15,8 @@
 # always exits 0 and says on stderr (slurmd's log) what it could not do.
 #
 # The job must read its data in place (STAGE=0 for scripts/slurm/*.sbatch): a copy made after
-# the drop brings the data into the page cache again.
+# the drop brings the data into the page cache again, and drop_page_cache.sh does not count this
+# drop for data written after it.
 set -u
 dir=${UNET3D_PROLOG_DIR:-/run/unet3d-drop-caches}
 job=${SLURM_JOB_ID:-}

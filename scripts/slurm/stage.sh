@@ -23,10 +23,12 @@
 # scancel and requeue included (SLURM signals every process of a step, and no new step can
 # start in a job being cancelled, so it has to happen here).
 #
-# Before COMMAND starts the node's page cache is dropped (CLEAR_CACHES=1, the default, as
-# NVIDIA's MLPerf jobs do; root, or `sudo -n sysctl`), so the timed run reads its data cold;
-# COMMAND gets UNET3D_CACHE_CLEARED=1 when that happened and 0 when not (one line says why),
-# and the MLPerf log's cache_clear says the same.
+# Before COMMAND starts, after the copy, the node's page cache is dropped (CLEAR_CACHES=1, the
+# default, as NVIDIA's MLPerf jobs do; root, or `sudo -n sysctl`), so the timed run reads its data
+# cold; COMMAND gets UNET3D_CACHE_CLEARED=1 when the data it reads (the copy, or SRC in place) is
+# cold and 0 when not, with one line saying why (scripts/lib/drop_page_cache.sh: a SLURM prolog's
+# drop, made before the copy, does not count for a copy; a copy on tmpfs is in RAM), and the
+# MLPerf log's cache_clear says the same.
 # SIGUSR1 is passed on to COMMAND (the job's warning before its time limit); SIGTERM reaches
 # COMMAND from SLURM itself, so here it only waits for COMMAND to finish.
 # The time-limit warning may come before COMMAND has started (during the copy): main traps it
@@ -139,11 +141,11 @@ remove() {
     ) || printf 'warning: could not clean %s on %s\n' "$STAGE_DIR" "$NODE" >&2
 }
 
-# Run COMMAND with the page cache dropped first, passing on the time-limit warning; returns
-# COMMAND's status.
+# Run COMMAND with the page cache dropped first (DATA_READ: the folder COMMAND reads), passing on
+# the time-limit warning; returns COMMAND's status.
 run_command() {
     UNET3D_CACHE_CLEARED=0
-    if bash "$LIB/drop_page_cache.sh" "$NODE"; then
+    if bash "$LIB/drop_page_cache.sh" "$NODE" "$DATA_READ"; then
         UNET3D_CACHE_CLEARED=1
     fi
     export UNET3D_CACHE_CLEARED
@@ -181,6 +183,7 @@ in_child() {
 
 around() {
     in_child copy
+    DATA_READ=$STAGE_DIR/kits19
     local status=0
     run_command "$@" || status=$?
     remove
@@ -208,6 +211,7 @@ main() {
             SRC=$2
             shift 3
             [[ -d $SRC ]] || die "DATA_DIR=$SRC is not a folder on $NODE: set it to the preprocessed dataset"
+            DATA_READ=$SRC
             run_command "$@"
             ;;
         copy)
