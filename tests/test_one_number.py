@@ -170,12 +170,12 @@ def test_the_ignore_label_is_no_class_in_the_loss_or_the_score():
     kept = keep[:, 0].bool()
     cross_entropy = torch.nn.functional.cross_entropy(logits.movedim(1, -1)[kept], clean[:, 0][kept])
     expected = ((1 - dice).mean() + cross_entropy) / 2
-    assert float(DiceCELoss(ignore_index=3)(logits, label)) == pytest.approx(float(expected), rel=1e-9)
+    assert float(DiceCELoss(ignore_index=3)(logits, label)) == pytest.approx(float(expected), rel=1e-6)  # float32
     prediction = logits.argmax(1).numpy()
     scores = DiceScore(absent_nan=True, ignore_index=3)(logits, label)
     for value in (1, 2):
         per_sample = [brute_dice(prediction[n], clean[n, 0].numpy(), value, kept[n].numpy()) for n in range(2)]
-        assert float(scores[value - 1]) == pytest.approx(float(np.nanmean(per_sample)), rel=1e-9)
+        assert float(scores[value - 1]) == pytest.approx(float(np.nanmean(per_sample)), rel=1e-6)  # float32
 
 
 def test_a_third_of_each_scan_ignored_trains_and_is_never_a_class(tmp_path, capsys):
