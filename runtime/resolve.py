@@ -117,8 +117,8 @@ def reuses_host_memory(trains: bool, device: torch.device) -> bool:
 def decide_host_memory(trains: bool, device: torch.device) -> Decision:
     """The host-memory decision (value: whether freed blocks are reused; :func:`apply_host_memory`)."""
     reuse = reuses_host_memory(trains, device)
-    why = "freed blocks reused: the same large blocks every step" if reuse else \
-        "training on the GPU: its tensors are not host memory"
+    why = ("freed blocks reused: the same large blocks every step" if reuse else
+           "training on the GPU: its tensors are not host memory")
     return Decision("host_memory", reuse, why)
 
 
@@ -498,12 +498,12 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     compiled = decide_compile(config.compile, compile_unavailable() if config.compile else None)
     backend = decide_inference_backend(config, device, label_set.benchmark_data or predict)
     cache_dir = decide_cache_dir(config.cache_dir, config.mode.chooses_backend)
-    overflow_fix, calibration = decide_calibration(config, config.int8 and int8_pairs_saturate()) \
-        if predict else (None, None)
+    overflow_fix, calibration = (decide_calibration(config, config.int8 and int8_pairs_saturate())
+                                 if predict else (None, None))
     window_batch = decide_window_batch(config, backend.value, architecture, window.value)
     cuda_graphs = None if predict else decide_cuda_graphs(config, dist_info, amp, amp_dtype)
-    levers, lever_lines = (None, ()) if predict else \
-        decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value)
+    levers, lever_lines = ((None, ()) if predict else
+                           decide_levers(config, dist_info, architecture, amp, amp_dtype, compiled.value))
     epochs = None if predict else decide_epochs(config, dist_info.world_size)
     inference_copy, tta = decide_inference_copy(config.mode.predicts), decide_tta(config)
     decisions = recorded((), made_architecture, *made_labels, pretrained, spacing, made_device, window, host_memory, weights, precision, seed,
