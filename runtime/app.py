@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from typing import Callable
 
 from runtime import distributed as D
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.mode import Function, Mode, Output, Session
 from runtime.outputs import OutputError, RunLock, remove_if_empty
 from runtime.signals import PreemptionFlag

@@ -18,7 +18,7 @@ from model.losses import DiceCELoss, DiceScore
 from model.unet3d import IN_CHANNELS, Unet3D
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.compiling import compile_model
 from runtime.labels import KITS19_LABELS
 from runtime.levers.cpu.convert import apply_levers, levers_compile

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from data_loading.description import KITS19
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.labels import LabelSet
 
 

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import torch
 
 from runtime import distributed as D
-from runtime.arguments import Config, UsageError, no_effect_line
+from runtime.config import Config, UsageError, no_effect_line
 from runtime.checkpoint import ARCHITECTURE, Saved, TrainedNetwork, saved_seed, trained_network
 from runtime.compiling import compile_unavailable
 from runtime.division import data_reasons, decide, flag_reasons, own_data_reason
@@ -563,7 +563,7 @@ def say_decided(lines: list[str], dist_info: D.DistInfo) -> None:
 
 def say_no_effect(config: Config, dist_info: D.DistInfo) -> None:
     """The one line naming the reference's flags given that do nothing in this mode (accepted, as
-    its one parser accepts them: ``runtime.arguments.no_effect_line``), on rank 0's stderr (stdout
+    its one parser accepts them: ``runtime.config.no_effect_line``), on rank 0's stderr (stdout
     is evaluate's result)."""
     line = no_effect_line(config)
     if line and dist_info.is_main:

@@ -18,7 +18,7 @@ from mlperf_logging.mllog import constants as C
 
 from data_loading.write_errors import append_bytes, failure_reason
 from model.unet3d import weight_init_tensor_names
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.outputs import OutputError
 from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, METRICS_LOG, MLPERF_LOG, NOT_CLOSED,
                                RESUMED_FROM_CHECKPOINT, SEED_FROM_OS, SEED_GIVEN, SEED_SOURCE, SEED_SOURCE_ENV,

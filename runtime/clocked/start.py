@@ -11,7 +11,7 @@ from mlperf_logging.mllog import constants as C
 
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
 from runtime.clocked.reporters import Reporters, abort_clock_on_error, start_clock
 from runtime.host import record_run

@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from runtime.arguments import Config, UsageError
+from runtime.config import Config, UsageError
 from runtime.compiling import compile_model
 from runtime.inference.predictor import Predict, build_predictor, options_from
 from runtime.levers.cpu.convert import prepare_for_inference

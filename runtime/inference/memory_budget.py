@@ -26,7 +26,7 @@ import os
 from typing import Callable
 
 from data_loading.memory_limits import read_memory
-from runtime.arguments import Config, UsageError
+from runtime.config import Config, UsageError
 
 GB = 1e9
 BASE_BYTES = 1.0 * GB  # interpreter, PyTorch and its libraries, the network's weights

@@ -26,7 +26,7 @@ import torch
 
 from data_loading.scans import RawScan, read_scan
 from model.unet3d import SHAPE_DIVISOR
-from runtime.arguments import Config, UsageError, checkpoint_path_problem
+from runtime.config import Config, UsageError, checkpoint_path_problem
 from runtime.checkpoint import Saved
 from runtime.inference.backends import say_on, window_predictor
 from runtime.mode import int8_problems, problems
@@ -96,7 +96,7 @@ class PredictOptions:
     def errors(self) -> list[str]:
         """Every problem with these options, one line each, in the words of the flags' checks
         (:func:`runtime.arguments.validate`)."""
-        from runtime.arguments import cuda_available
+        from runtime.config import cuda_available
 
         window = None if self.window is None else list(self.window)
         checks = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from runtime import checkpoint as ckpt
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.predict.api import Segmenter
 from runtime.predict.folder import predict_scans, scans_to_predict
 from runtime.resolve import apply_host_memory, resolve, window_line

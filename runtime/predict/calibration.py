@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
-from runtime.arguments import UsageError
+from runtime.config import UsageError
 from runtime.inference.backends import int8_calibration
 
 EACH_SCAN_ONLY = ("--int8 calibrates on each scan alone: segment a file (segment_file), or name the scans to "

@@ -34,7 +34,7 @@ from data_loading.scan_io import input_digest, input_files
 from data_loading.scans import Scan, ScanError, find_inputs, output_path, with_truths
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
-from runtime.arguments import Config, UsageError
+from runtime.config import Config, UsageError
 from runtime.outputs import OutputError
 from runtime.progress import progress, write
 from runtime.predict.api import Segmenter

@@ -33,7 +33,7 @@ from data_loading.scans import (RawScan, Scan, ScanGeometry, class_volumes_ml, c
                                 output_path, preprocess_scan, read_label, read_labels_file, read_scan,
                                 write_segmentation)
 from data_loading.write_errors import is_full_disk, write_or_raise
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.build import build_model
 from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
 from runtime.outputs import OutputError

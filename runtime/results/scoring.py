@@ -212,7 +212,7 @@ def measured_differences(attempt: Attempt) -> list[str]:
             flags = json.load(handle)["recipe"]["flags"]
     except (OSError, ValueError, KeyError, TypeError):
         return reasons
-    from runtime.arguments import Config
+    from runtime.config import Config
 
     given: dict[str, list[str]] = {}
     for token in flags:

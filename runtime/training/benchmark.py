@@ -30,7 +30,7 @@ import torch
 
 from data_loading.windows import window_geometry
 from runtime import distributed as D
-from runtime.arguments import Config, UsageError
+from runtime.config import Config, UsageError
 from runtime.build import Components
 from runtime.clocked.reporters import Reporters
 from runtime.division import cost_reasons

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.checkpoint import weights_digest
 
 FORMAT = 2  # bump when the conversion itself changes (trace shape, options)

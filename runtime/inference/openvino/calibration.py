@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from model.losses import foreground_agreement
-from runtime.arguments import Config, UsageError
+from runtime.config import Config, UsageError
 from runtime.inference.sliding_window import pad_short_axes
 
 CALIBRATION_SCANS = 8  # at most, evenly spaced over the run's scans

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from runtime.arguments import Config
+from runtime.config import Config
 from runtime.inference.openvino.cache import CacheEntry, cache_fields, cache_folder
 from runtime.inference.openvino.decoder_split import split_decoder_inputs
 
