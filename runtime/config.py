@@ -8,13 +8,15 @@ the network's and the modes' names.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
+from numbers import Integral
 
-from model.layers import ACTIVATIONS, NORMALIZATIONS  # noqa: F401 - the network flags' choices, here with the others
-from model.unet3d import DEFAULT_FILTERS
+from model.layers import ACTIVATIONS, NORMALIZATIONS
+from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
 from runtime.division import DIVISIONS  # noqa: F401 - the division's own list, a choice here
-from runtime.mode import FLAG_USES, Mode, mode_of
+from runtime.mode import FLAG_USES, Mode, int8_problems, mode_of, problems
 from runtime.run_files import QUALITY_THRESHOLD
 
 # The choices of the flags that take one (the command line's ``choices``; the Python API checks its
@@ -150,6 +152,13 @@ class UsageError(RuntimeError):
     one line, exit code 1)."""
 
 
+def flag_values(config: Config) -> dict:
+    """Every flag of ``config`` as plain data (tuples as lists, sets sorted): what a checkpoint
+    saves as its "config" before the plan's decided values are overlaid (``runtime.plan.saved_values``)."""
+    return {name: (sorted(value) if isinstance(value, frozenset) else list(value) if isinstance(value, tuple)
+                   else value) for name, value in dataclasses.asdict(config).items()}
+
+
 def cuda_available() -> bool:
     import torch
 
@@ -195,3 +204,91 @@ def no_effect_line(cfg: Config) -> str:
     verb, noun, pronoun = ("has", "flag", "it") if len(unused) == 1 else ("have", "flags", "them")
     return (f"{flags} {verb} no effect in --exec_mode {cfg.mode.name} (the MLCommons reference's {noun}: "
             f"accepted, as its parser accepts {pronoun} in every mode)")
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """Predict's inputs, as nnU-Net's predictor takes them: what the plan's inference and precision
+    sections are decided from (``runtime.resolve.resolve_predict``), each its flag's value with
+    the flag's default. The Python API (``runtime.predict.api.Segmenter``) takes them as they are;
+    ``--exec_mode predict`` builds them from its flags (:meth:`of`); training's evaluations and
+    evaluate take theirs from their flags alike.
+
+    ``device`` (``--device``: auto, cpu, cuda); ``window`` (``--val_input_shape``; None: the
+    checkpoint's training patch, 128³ for a network given or a checkpoint that records none);
+    ``overlap``, ``sw_batch_size`` (lowered to fit ``max_memory_gb``, 0: the memory available),
+    ``tta``; the precision: ``amp`` and ``amp_dtype``, ``int8`` (``int8_calibration``: the scans
+    to calibrate on once; "": each file alone), ``channels_last``, ``compile``; ``backend``
+    (``--backend``: auto, torch, openvino) and OpenVINO's ``cache_dir`` ("": the user's cache
+    folder); the network flags ``filters``, ``normalization``, ``activation`` (None: the
+    checkpoint's; given: checked against it); ``verbose`` prints the lines predict prints
+    (window, weights, backend). Checked when made: a bad value raises :class:`UsageError`, the
+    command line's one line naming the flag."""
+
+    device: str = Config.device
+    window: tuple[int, ...] | None = None
+    overlap: float = Config.overlap
+    sw_batch_size: int = Config.sw_batch_size
+    tta: bool = Config.tta
+    amp: bool = Config.amp
+    amp_dtype: str = Config.amp_dtype
+    backend: str = Config.backend
+    int8: bool = Config.int8
+    int8_calibration: str = Config.int8_calibration
+    channels_last: bool = Config.channels_last
+    compile: bool = Config.compile
+    cache_dir: str = Config.cache_dir
+    max_memory_gb: float = Config.max_memory_gb
+    filters: tuple[int, ...] | None = None
+    normalization: str | None = None
+    activation: str | None = None
+    verbose: bool = True
+
+    def __post_init__(self):
+        errors = self.errors()
+        if errors:
+            raise UsageError(errors[0])
+
+    @classmethod
+    def of(cls, config: Config) -> "PredictOptions":
+        """The options of the parsed flags ``config``: a window and network flags only where given
+        (the others are the checkpoint's)."""
+        given = {name: getattr(config, name) for name in ("filters", "normalization", "activation")
+                 if name in config.explicit}
+        window = tuple(config.val_input_shape) if "val_input_shape" in config.explicit else None
+        return cls(device=config.device, window=window, overlap=config.overlap, sw_batch_size=config.sw_batch_size,
+                   tta=config.tta, amp=config.amp, amp_dtype=config.amp_dtype, backend=config.backend,
+                   int8=config.int8, int8_calibration=config.int8_calibration, channels_last=config.channels_last,
+                   compile=config.compile, cache_dir=config.cache_dir, max_memory_gb=config.max_memory_gb, **given)
+
+    def architecture(self) -> tuple[dict, frozenset]:
+        """``(flags, given)``: the network flags (the defaults where not given) and the names given."""
+        values = {name: getattr(self, name) for name in ("filters", "normalization", "activation")}
+        given = frozenset(name for name, value in values.items() if value is not None)
+        return {name: getattr(Config, name) if value is None else value for name, value in values.items()}, given
+
+    def errors(self) -> list[str]:
+        """Every problem with these options, one line each, in the words of the flags' checks
+        (``runtime.arguments.validate``)."""
+        window = None if self.window is None else list(self.window)
+        levels = len(DEFAULT_FILTERS)
+        return problems(
+            (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}"),
+            (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"),
+            (self.amp_dtype in AMP_DTYPES, f"--amp_dtype must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}"),
+            (window is None or len(window) == 3, f"--val_input_shape needs 3 sizes, got {len(window or ())}"),
+            (window is None or all(isinstance(s, Integral) and s > 0 and s % SHAPE_DIVISOR == 0 for s in window),
+             f"--val_input_shape sizes must be positive multiples of {SHAPE_DIVISOR}, got {window}"),
+            (0.0 <= self.overlap < 1.0, f"--overlap must be in [0, 1), got {self.overlap}"),
+            (isinstance(self.sw_batch_size, Integral) and self.sw_batch_size >= 1,
+             f"--sw_batch_size must be >= 1, got {self.sw_batch_size}"),
+            (self.max_memory_gb >= 0, f"--max_memory_gb must be >= 0, got {self.max_memory_gb}"),
+            (self.filters is None or (len(self.filters) == levels and all(f > 0 for f in self.filters)),
+             f"--filters needs {levels} positive widths, got {list(self.filters or ())}"),
+            (self.normalization is None or self.normalization in NORMALIZATIONS,
+             f"--normalization must be one of {', '.join(NORMALIZATIONS)}, got {self.normalization!r}"),
+            (self.activation is None or self.activation in ACTIVATIONS,
+             f"--activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}"),
+            (self.device != "cuda" or cuda_available(),
+             "--device cuda: no CUDA or ROCm GPU is visible here; use --device cpu or auto"),
+        ) + int8_problems(self.int8, self.int8_calibration, self.device, self.amp)
