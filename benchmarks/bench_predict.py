@@ -13,6 +13,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -40,10 +41,13 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
 
     config = parse_args(flags)
     saved = ckpt.saved_for(config)
-    config = resolve(config, DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")), None, saved)
-    infer = reference_infer(code_dir, ckpt.model_state_from(saved.checkpoint, prefer="best"), config)
+    plan = resolve(config, DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")), None, saved)
+    network = SimpleNamespace(**plan.network.architecture, val_input_shape=plan.inference.window,
+                              overlap=plan.inference.overlap)  # what the reference's network and window take
+    infer = reference_infer(code_dir, ckpt.model_state_from(saved.checkpoint, prefer="best"), network)
     os.makedirs(config.output_dir, exist_ok=True)
-    results = predict_cases(scans_to_predict(config), Segmenter.from_inference(infer, config), config, False)
+    scans = scans_to_predict(config.input, config.output_dir, config.truth, config.preview)
+    results = predict_cases(scans, Segmenter.from_inference(infer, plan), plan, False)
     return print_outcome(results, config.output_dir, save_summary(config.output_dir, results))
 
 

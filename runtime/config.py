@@ -275,7 +275,8 @@ class PredictOptions:
         return problems(
             (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}"),
             (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"),
-            (self.amp_dtype in AMP_DTYPES, f"--amp_dtype must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}"),
+            (self.amp_dtype in AMP_DTYPES,
+             f"--amp_dtype must be one of {', '.join(AMP_DTYPES)}, got {self.amp_dtype!r}"),
             (window is None or len(window) == 3, f"--val_input_shape needs 3 sizes, got {len(window or ())}"),
             (window is None or all(isinstance(s, Integral) and s > 0 and s % SHAPE_DIVISOR == 0 for s in window),
              f"--val_input_shape sizes must be positive multiples of {SHAPE_DIVISOR}, got {window}"),

@@ -6,7 +6,7 @@ the :class:`~runtime.plan.RunPlan`, in sections.
   file of ``--data_dir``: the MLPerf clock has not started);
 * ``resolve_data(plan, dist_info, summary)``: the values that need the data (case counts,
   samples per epoch and the evaluation schedule, the cache mode), right after ``run_start``,
-  from the data source's ``summary(config)``: a new plan.
+  from the data source's ``summary(use)``: a new plan (its data section, training's schedule).
 
 Tools with no MLPerf clock (the benchmarks) pass the data source to ``resolve`` and get both
 stages at once. The parsed :class:`~runtime.config.Config` is never changed: each decision is
@@ -18,8 +18,9 @@ for every run, :func:`decide_training` where the mode trains, :func:`decide_infe
 windows every mode computes (training's evaluations, evaluate, predict); :func:`resolve` calls
 them in a visible order and builds the plan from them, which the checkpoint saves. Predict's
 Python API plans from its :class:`~runtime.config.PredictOptions` (:func:`resolve_predict`), with
-no command line; ``--exec_mode predict`` plans through it too. Nothing after decides again. The one process-wide effect of a decision, the host-memory reuse, is
-:func:`apply_host_memory`, called right after ``resolve``. A flag combination that cannot run
+no command line; ``--exec_mode predict`` plans through it too. Nothing after decides again. The
+one process-wide effect of a decision, the host-memory reuse, is :func:`apply_host_memory`,
+called right after ``resolve``. A flag combination that cannot run
 here raises :class:`UsageError` (one line).
 """
 from __future__ import annotations
@@ -486,7 +487,8 @@ def decide_precision(options: PredictOptions, mode: Mode, dist_info: D.DistInfo,
 
 
 def decide_training(config: Config, dist_info: D.DistInfo, precision: PrecisionPlan, saved: Saved | None,
-                    network: TrainedNetwork | None, label_set: LabelSet) -> tuple[TrainingPlan, tuple[Decision | None, ...]]:
+                    network: TrainedNetwork | None,
+                    label_set: LabelSet) -> tuple[TrainingPlan, tuple[Decision | None, ...]]:
     """The training section (a mode that trains): the layers ``--pretrained_weights`` loads
     (:func:`decide_pretrained`), the optimizer's step (:func:`decide_fused_optimizer`), the CUDA
     graph of the step at the precision that runs (:func:`decide_cuda_graphs`) and the epochs
@@ -612,7 +614,8 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
                    network=network, precision=precision, inference=inference, training=training, seed=seed.value)
     # the division reads the network, the window and the data's description decided above
     own = [own_data_reason(dataset)] if dataset is not None else []
-    plan = with_division(plan, own + flag_reasons(config, network.architecture, inference.window, dist_info.world_size), dist_info)
+    reasons = own + flag_reasons(config, network.architecture, inference.window, dist_info.world_size)
+    plan = with_division(plan, reasons, dist_info)
     say_decided(said_lines(plan, lever_lines), dist_info)
     return plan if data is None else resolve_data(plan, dist_info, data.summary(data_use(plan)))
 

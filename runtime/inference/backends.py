@@ -122,7 +122,8 @@ def _openvino_version() -> str:
     return openvino.__version__.split("-")[0]
 
 
-def decide_backend(options: PredictOptions, mode: Mode, device: torch.device, benchmark: bool = True) -> tuple[str, str]:
+def decide_backend(options: PredictOptions, mode: Mode, device: torch.device,
+                   benchmark: bool = True) -> tuple[str, str]:
     """``(backend, why)``: the backend (``torch`` or ``openvino``) a run of ``mode`` uses on
     ``device`` for ``options`` (the inference inputs: ``--backend``, ``--int8``, the PyTorch levers
     asked) and one line saying why (see the module docstring), for ``resolve()`` to record.

@@ -58,7 +58,8 @@ def load_trained_model(network: NetworkPlan, saved: Saved, device: torch.device,
 
 
 def volume_probabilities(predict: Callable[[torch.Tensor], torch.Tensor], image: np.ndarray,
-                         inference: InferencePlan, device: torch.device, probabilities_out: bool = False) -> torch.Tensor:
+                         inference: InferencePlan, device: torch.device,
+                         probabilities_out: bool = False) -> torch.Tensor:
     """Class probabilities (3, D, H, W) float32 of one preprocessed image (1, D, H, W).
 
     ``predict`` maps windows to logits, or to probabilities when ``probabilities_out`` (TTA):
