@@ -12,7 +12,7 @@ import copy
 import dataclasses
 import os
 import sys
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 from data_loading.cli_types import OneLineParser, positive_int
 from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
@@ -479,6 +479,37 @@ def explicit_flags(argv: Sequence[str] | None = None,
         action.required = False
     namespace, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     return frozenset(vars(namespace))
+
+
+def given_flags(values: Mapping[str, object], given: Iterable[str], actions: Sequence) -> list[str]:
+    """main.py's command line rebuilt from the parsed ``values`` ({dest: value}) of the flags
+    ``given`` (argparse dests), in the parser's order (``actions``: its ``_actions``)."""
+    flags: list[str] = []
+    for action in actions:
+        if action.dest not in given or not action.option_strings or action.dest not in values:
+            continue
+        option = f"--{action.dest}" if f"--{action.dest}" in action.option_strings else action.option_strings[0]
+        value = values[action.dest]
+        if action.nargs == 0:  # store_true / store_false / BooleanOptionalAction
+            negative = [o for o in action.option_strings if o.startswith("--no-") or o.startswith("--no_")]
+            if value == action.const or (action.const is None and value):
+                flags.append(option)
+            elif negative and not value:
+                flags.append(negative[0])
+            continue
+        flags.append(option)
+        if isinstance(value, (list, tuple)):
+            flags += [str(v) for v in value]
+        else:
+            flags.append(str(value))
+    return flags
+
+
+def recipe_flags(config: Config) -> tuple[str, ...]:
+    """main.py's command line rebuilt from the parsed ``config``: the flags given, in the parser's
+    order (what ``run_description.json`` records as the run's recipe: ``runtime.host.record_run``)."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return tuple(given_flags(values, config.explicit, build_parser()._actions))
 
 
 def parse_args(argv: Sequence[str] | None = None, prog: str = "main.py") -> Config:

@@ -127,6 +127,7 @@ class Session:
     source: object  # the data source (train, evaluate, benchmark) or the scans (predict)
     on_exit: ExitStack  # callbacks run at teardown, before the locks are released
     mode: Mode
+    recipe: tuple[str, ...] = ()  # main.py's command line rebuilt from the flags (runtime.arguments.recipe_flags)
 
 
 # ------------------------------------------------------------------ which flags each mode takes

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_loading.data_loader import TrainLoader
+from data_loading.data_loader import FolderTrainLoader
 from data_loading.dataset import Case, TrainingSet
 from data_loading.sampler import epoch_batches, epoch_permutation, step_weights
 from model.losses import DiceCELoss
@@ -64,7 +64,7 @@ def traced_epoch(cases, batch, world, ga, rank, monkeypatch, epoch=3):
         return original(self, index)
 
     monkeypatch.setattr(TrainingSet, "volumes", volumes)
-    loader = TrainLoader(cases, patch=PATCH, oversampling=0.4, brightness="reference", seed=11,
+    loader = FolderTrainLoader(cases, patch=PATCH, oversampling=0.4, brightness="reference", seed=11,
                          num_shards=world, rank=rank, batch_size=batch, cache="memory", device=None,
                          num_workers=0, prefetch_depth=0, ga_steps=ga)
     cfg = dataclasses.replace(Config(), batch_size=batch, ga_steps=ga, learning_rate=0.1)

@@ -139,7 +139,7 @@ def test_training_runs_the_resolved_config(tmp_path, capsys, seen):
     out, err = train(tmp_path, capsys)
     assert_runs_as_resolved(seen)
     (resolved,) = seen["resolved"]
-    assert resolved.amp is False and resolved.decision("precision").value == "float32"
+    assert resolved.precision.amp is False and resolved.decision("precision").value == "float32"
     assert out.count("training in float32 instead") == 1  # said once, as before
     assert "plan: " not in out + err  # the whole plan only with --verbose
     assert {"precision", "fused_optimizer", "host_memory", "backend", "window", "window_batch", "seed",

@@ -109,7 +109,7 @@ def start_run(session: Session, saved: ckpt.Saved | None,
     session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(plan)
     if session.mode.mlperf_run and not (saved is not None and saved.resume):
-        record_run(session.config, session.dist)  # what runs (runtime/host.py), before the clock
+        record_run(session.recipe, session.config.log_dir, session.dist)  # what runs (runtime/host.py), before the clock
     out.mlperf.start(C.INIT_START)
     components = build_components(plan, session.dist, None, saved)
     out.mlperf.weights_initialization(plan.network)
