@@ -33,12 +33,15 @@ def architecture(filters, normalization: str = "instancenorm", activation: str =
 
 
 def flags_plan(config: Config) -> RunPlan:
-    """A plan of ``config``'s flags alone, with no decision (what a test that plans nothing saves:
-    the flags, and an empty plan)."""
+    """A plan of ``config``'s flags alone, each section's values the flags' as given, with no
+    decision (what a test that plans nothing saves: the flags, and an empty plan; what a test of
+    a builder hands it)."""
     return RunPlan(config=config, decisions=(), device="cpu", host_memory=False, network=network_of_flags(config),
-                   precision=PrecisionPlan(config.amp, config.amp_dtype, channels_last=config.channels_last),
+                   precision=PrecisionPlan(config.amp, config.amp_dtype, int8=config.int8,
+                                           channels_last=config.channels_last, compile=config.compile),
                    inference=InferencePlan(config.backend, tuple(config.val_input_shape), config.overlap,
-                                           config.sw_batch_size),
+                                           config.sw_batch_size, tta=config.tta, cache_dir=config.cache_dir,
+                                           checkpoints=config.checkpoints),
                    training=TrainingPlan(config.fused_optimizer, False, config.cuda_graphs, config.epochs,
                                          start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every),
                    seed=config.seed, division=config.submission_division)
