@@ -258,14 +258,9 @@ def search_largest(runs, limit: int) -> tuple[int, str]:
 
 
 class LoaderCache:
-    """A data source keeping the last loaders for the next row with the same data settings; one alive at most.
-    ``of(config)``: the source of that row's flags (``--loader``, ``--data_dir``)."""
-    key, loaders_, flags = None, None, None
+    """A data source keeping the last loaders for the next row with the same data settings; one alive at most."""
+    key, loaders_, flags = None, None, None  # flags: the row's (its --loader and --data_dir choose the source)
     description = staticmethod(lambda: None)  # the benchmark's own synthetic KiTS19 volumes: no description
-
-    def of(self, config) -> "LoaderCache":
-        self.flags = config
-        return self
 
     def summary(self, use):
         return data_source(self.flags).summary(use)
@@ -305,7 +300,8 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
                                  *[flag for lever in row.levers for flag in LEVERS[lever]]], prog="bench_throughput")
 
     def work():
-        c = bench_components(config, device, loaders.of(config))
+        loaders.flags = config
+        c = bench_components(config, device, loaders)
         with contextlib.closing(endless(c.train_loader)) as batches:
             wall, result.ms_per_step, loss = time_steps(make_step(c), batches, args.warmup, args.steps, device)
         result.samples_per_s = args.steps * batch_size / wall
@@ -403,8 +399,7 @@ def main(argv=None) -> int:
                  "--overlap", "0.5", "--prefetch", "2", *(["--filters", *map(str, args.filters)] if args.filters else [])]
         plain_config = parse_args(argv0, prog="bench_throughput")
         with torch.device("meta"):         # shapes only: no memory, no initialisation cost
-            flops = flop_count_per_sample(build_model(network_of_flags(plain_config), torch.device("meta")),
-                                          plain_config.input_shape)[1]
+            flops = flop_count_per_sample(build_model(network_of_flags(plain_config), torch.device("meta")), args.patch)[1]
         print(f"model: {flops_text(flops)} per sample (forward + backward) at {patch}", flush=True)
 
         largest: dict[tuple[bool, bool], tuple[int, str]] = {}

@@ -19,7 +19,7 @@ Returns the pair :class:`~data_loading.source.Loaders` ``(train, eval)``:
 ``settings.cache`` chooses where training volumes live: ``none`` (read the .npy per sample),
 ``memory`` (memory-mapped once, CPU workers crop), ``device`` (all volumes on the device,
 augmentations as batched tensor ops there, no CPU workers); ``--cache auto`` is decided once by
-``runtime.resolve`` with :func:`resolve_cache` (device on CUDA when it fits, else memory).
+``runtime.resolve`` (``resolve_cache``: device on CUDA when it fits, else memory).
 """
 from __future__ import annotations
 
@@ -43,30 +43,6 @@ from data_loading.source import DataSource, DataSummary, DataUse, Loaders, Loade
 from data_loading.synthetic_loader import SyntheticData
 from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
 from data_loading.windows import window_geometry
-
-CACHE_MODES = ("auto", "none", "memory", "device")
-
-
-# `auto` keeps the training set on the GPU only if it takes at most this share of the free
-# device memory (the rest is for the model, activations and evaluation).
-DEVICE_CACHE_MAX_SHARE = 0.5
-
-
-def resolve_cache(cache: str, device: torch.device | None, dataset_bytes: int | None = None) -> str:
-    """The cache mode actually used: ``auto`` -> ``device`` on CUDA/ROCm when the training set
-    (``dataset_bytes``, if given) fits in half the free device memory, else ``memory``."""
-    if cache not in CACHE_MODES:
-        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
-    if cache != "auto":
-        return cache
-    if device is None or device.type != "cuda":
-        return "memory"
-    if dataset_bytes is not None:
-        free, _ = torch.cuda.mem_get_info(device)
-        if dataset_bytes > DEVICE_CACHE_MAX_SHARE * free:
-            return "memory"
-    return "device"
-
 
 def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: a worker ignores SIGTERM and SIGUSR1. A scheduler (SLURM's

@@ -51,14 +51,6 @@ def find(decisions, name: str) -> Decision | None:
     return next((d for d in decisions if d.name == name), None)
 
 
-def recorded(decisions: tuple[Decision, ...], *made: Decision | None) -> tuple[Decision, ...]:
-    """``decisions`` with ``made`` recorded (None: nothing decided); a later stage deciding a name
-    again (the data stage's division) replaces the earlier record, so each is recorded once."""
-    made = tuple(d for d in made if d is not None)
-    names = {d.name for d in made}
-    return tuple(d for d in decisions if d.name not in names) + made
-
-
 @dataclass(frozen=True)
 class NetworkPlan:
     """The network a run builds (``runtime.build.build_model``): its widths, normalization and

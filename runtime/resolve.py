@@ -35,7 +35,7 @@ from typing import Collection
 import torch
 
 from runtime import distributed as D
-from runtime.config import Config, PredictOptions, UsageError, no_effect_line
+from runtime.config import CACHES, Config, PredictOptions, UsageError, no_effect_line
 from runtime.checkpoint import ARCHITECTURE, Saved, TrainedNetwork, saved_seed, trained_network
 from runtime.compiling import compile_unavailable
 from runtime.division import data_reasons, decide, flag_reasons, own_data_reason
@@ -46,10 +46,17 @@ from runtime.levers.cpu.host_memory import reuse_freed_memory
 from runtime.levers.cpu.isa import int8_pairs_saturate, native_bf16
 from runtime.optimizers import default_step, fused_step
 from runtime.mode import MODES, Mode
-from runtime.plan import (DataPlan, Decision, InferencePlan, NetworkPlan, PrecisionPlan, RunPlan, TrainingPlan,
-                          recorded)
+from runtime.plan import DataPlan, Decision, InferencePlan, NetworkPlan, PrecisionPlan, RunPlan, TrainingPlan
 from runtime.schedule import eval_schedule, rules_schedule, samples_per_epoch, samples_trained_per_epoch
 from runtime.spacing import KITS19_SPACING, SpacingError, decide_spacing
+
+
+def recorded(decisions: tuple[Decision, ...], *made: Decision | None) -> tuple[Decision, ...]:
+    """``decisions`` with ``made`` recorded (None: nothing decided); a later stage deciding a name
+    again (the data stage's division) replaces the earlier record, so each is recorded once."""
+    made = tuple(d for d in made if d is not None)
+    names = {d.name for d in made}
+    return tuple(d for d in decisions if d.name not in names) + made
 
 
 def amp_dtype_for(amp_dtype: str, device: torch.device) -> str:
@@ -572,7 +579,8 @@ def decide_inference(options: PredictOptions, default_window: tuple[int, ...], m
 
 def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | None = None, ensemble=(),
             dataset=None) -> RunPlan:
-    """The run's plan: every value decided that needs no data (the first stage).
+    """The run's plan from its parsed flags: every value decided that needs no data (the first
+    stage; predict's plan is then whole).
 
     ``data``: None for a run with an MLPerf clock (train, evaluate, benchmark: the data stage,
     :func:`resolve_data`, runs after ``run_start``) and for predict; a data source
@@ -584,65 +592,66 @@ def resolve(config: Config, dist_info: D.DistInfo, data=None, saved: Saved | Non
     them. ``saved``: the checkpoint the run starts from (read once into a
     :class:`~runtime.checkpoint.TrainedNetwork`: its network flags fill those not given, its
     training patch predict's window: :func:`decide_window`; a resumed run also keeps its master
-    seed), or None; ``ensemble``: predict's further checkpoints (:func:`decide_weights`).
-    Predict plans from its options (:func:`resolve_predict`). The seed is drawn on rank 0 and
-    broadcast, so this is a collective: call it on every rank. ``config`` is not changed.
+    seed), or None; ``ensemble``: predict's further checkpoints (:func:`decide_weights`). The
+    seed is drawn on rank 0 and broadcast, so this is a collective: call it on every rank.
+    ``config`` is not changed.
     """
     check_benchmark_budget(config)
     say_no_effect(config, dist_info)
-    if config.mode.predicts:
-        return resolve_predict(PredictOptions.of(config), dist_info, saved, ensemble, config)
-    mode, device = config.mode, dist_info.device
     if dataset is None and data is not None:
         dataset = data.description()
-    trained = trained_network(saved) if saved is not None else None
-    flags, given = asked_architecture(config)
-    network, made_network = decide_network(flags, given, trained, dataset, mode, config.input_shape,
-                                           saved is not None and saved.pretrained, dist_info.distributed)
-    check_device_support(network.normalization, dist_info)
-    options = PredictOptions.of(config)
-    precision, made_precision, lever_lines = decide_precision(options, mode, dist_info, network)
-    seed = decide_seed(config.seed, device, saved)
-    training, made_training = ((None, ()) if not mode.trains else
-                               decide_training(config, dist_info, precision, saved, trained, network.label_set))
-    inference, made_inference = decide_inference(options, config.val_input_shape, mode, dist_info, network, trained,
-                                                 checkpoints=config.checkpoints, patch=config.input_shape)
-    host_memory = decide_host_memory(mode.trains, device)
-    decisions = recorded((), decide_device(config.device, device), host_memory, *made_network, *made_precision, seed,
-                         *made_training, *made_inference)
-    plan = RunPlan(config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
-                   network=network, precision=precision, inference=inference, training=training, seed=seed.value)
-    # the division reads the network, the window and the data's description decided above
-    own = [own_data_reason(dataset)] if dataset is not None else []
-    reasons = own + flag_reasons(config, network.architecture, inference.window, dist_info.world_size)
-    plan = with_division(plan, reasons, dist_info)
-    say_decided(said_lines(plan, lever_lines), dist_info)
+    plan = compose_plan(PredictOptions.of(config), config.mode, dist_info, saved, ensemble, dataset, config)
     return plan if data is None else resolve_data(plan, dist_info, data.summary(data_use(plan)))
 
 
-def resolve_predict(options: PredictOptions, dist_info: D.DistInfo, saved: Saved | None = None, ensemble=(),
-                    config: Config | None = None) -> RunPlan:
-    """Predict's plan, from its ``options`` (the inference and precision sections' inputs: the
-    Python API's :class:`~runtime.config.PredictOptions`, or ``--exec_mode predict``'s flags,
-    ``config``, which then stays in the plan) and its checkpoint(s): ``saved`` (the network, its
-    label set, spacing and training patch) and ``ensemble`` (further checkpoints, averaged), or
-    None for a network given as it is. No seed, no training, no data stage: the plan is whole."""
-    mode, device = MODES["predict"], dist_info.device
+def resolve_predict(options: PredictOptions, dist_info: D.DistInfo, saved: Saved | None = None,
+                    ensemble=()) -> RunPlan:
+    """Predict's plan from the Python API's ``options`` (:class:`~runtime.config.PredictOptions`,
+    no command line: the plan's ``config`` is None) and its checkpoint(s): ``saved`` (the network,
+    its label set, spacing and training patch) and ``ensemble`` (further checkpoints, averaged),
+    or None for a network given as it is."""
+    return compose_plan(options, MODES["predict"], dist_info, saved, ensemble)
+
+
+def compose_plan(options: PredictOptions, mode: Mode, dist_info: D.DistInfo, saved: Saved | None = None,
+                 ensemble=(), dataset=None, config: Config | None = None) -> RunPlan:
+    """The first stage's plan, its sections chosen by what ``mode`` does: the network and the
+    precision for every run, the training section where it trains (from the flags ``config``),
+    the inference section for the windows every mode computes (from ``options``, the flags' or
+    predict's), the master seed and the division where it reads the data (the flags'). Predict
+    draws no seed, reads no data: its plan is whole, said with ``--verbose``."""
+    device = dist_info.device
     trained = trained_network(saved) if saved is not None else None
     members = tuple(trained_network(other) for other in ensemble)
-    flags, given = options.architecture()
-    network, made_network = decide_network(flags, given, trained, None, mode, ())
-    precision, made_precision, _ = decide_precision(options, mode, dist_info, network)
+    flags, given = asked_architecture(config) if config is not None else options.architecture()
+    patch = tuple(config.input_shape) if config is not None else ()
+    network, made_network = decide_network(flags, given, trained, dataset, mode, patch,
+                                           saved is not None and saved.pretrained, dist_info.distributed)
+    if not mode.predicts:
+        check_device_support(network.normalization, dist_info)
+    precision, made_precision, lever_lines = decide_precision(options, mode, dist_info, network)
+    seed = decide_seed(config.seed, device, saved) if mode.scores else None
+    training, made_training = ((None, ()) if not mode.trains else
+                               decide_training(config, dist_info, precision, saved, trained, network.label_set))
     default_window = tuple(config.val_input_shape) if config is not None else Config.val_input_shape
-    checkpoints = tuple(one.path for one in (saved, *ensemble) if one is not None)
+    checkpoints = (config.checkpoints if config is not None else
+                   tuple(one.path for one in (saved, *ensemble) if one is not None))
     inference, made_inference = decide_inference(options, default_window, mode, dist_info, network, trained, members,
-                                                 checkpoints)
-    host_memory = decide_host_memory(False, device)
+                                                 checkpoints, patch)
+    host_memory = decide_host_memory(mode.trains, device)
     decisions = recorded((), decide_device(options.device, device), host_memory, *made_network, *made_precision,
-                         *made_inference)
+                         seed, *made_training, *made_inference)
     plan = RunPlan(config=config, decisions=decisions, device=device.type, host_memory=host_memory.value,
-                   network=network, precision=precision, inference=inference)
-    return say_plan(plan, dist_info, config is not None and config.verbose)
+                   network=network, precision=precision, inference=inference, training=training,
+                   seed=seed.value if seed else None)
+    if not mode.scores:  # predict: no data stage, the plan is whole
+        return say_plan(plan, dist_info, config is not None and config.verbose)
+    # the division reads the network, the window and the data's description decided above
+    own = [own_data_reason(dataset)] if dataset is not None else []
+    plan = with_division(plan, own + flag_reasons(config, network.architecture, inference.window,
+                                                  dist_info.world_size), dist_info)
+    say_decided(said_lines(plan, lever_lines), dist_info)
+    return plan
 
 
 def data_use(plan: RunPlan):
@@ -720,10 +729,29 @@ def with_division(plan: RunPlan, reasons: list, dist_info: D.DistInfo, logged: b
     return dataclasses.replace(plan, division=division.value, decisions=recorded(plan.decisions, division, not_closed))
 
 
-def decide_cache(asked: str, device: torch.device, train_bytes) -> Decision:
-    """The cache mode (``auto``: on the device when the training set fits)."""
-    from data_loading.data_loader import resolve_cache
+# `auto` keeps the training set on the GPU only if it takes at most this share of the free
+# device memory (the rest is for the model, activations and evaluation).
+DEVICE_CACHE_MAX_SHARE = 0.5
 
+
+def resolve_cache(cache: str, device: torch.device | None, dataset_bytes: int | None = None) -> str:
+    """The cache mode actually used: ``auto`` -> ``device`` on CUDA/ROCm when the training set
+    (``dataset_bytes``, if given) fits in half the free device memory, else ``memory``."""
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    if cache != "auto":
+        return cache
+    if device is None or device.type != "cuda":
+        return "memory"
+    if dataset_bytes is not None:
+        free, _ = torch.cuda.mem_get_info(device)
+        if dataset_bytes > DEVICE_CACHE_MAX_SHARE * free:
+            return "memory"
+    return "device"
+
+
+def decide_cache(asked: str, device: torch.device, train_bytes) -> Decision:
+    """The cache mode (``auto``: on the device when the training set fits: :func:`resolve_cache`)."""
     cache = resolve_cache(asked, device, train_bytes)
     return Decision("cache", cache, "" if cache == asked else
                     "--cache auto: on the GPU when the training set fits, else in memory", asked)
@@ -742,10 +770,10 @@ def resolve_data(plan: RunPlan, dist_info: D.DistInfo, summary) -> RunPlan:
     training = plan.training
     if training is not None:
         training = dataclasses.replace(training, **schedule_fields(config, summary.num_train, dist_info.world_size))
-    plan = dataclasses.replace(plan, data=DataPlan(cache.value, summary.num_train, summary.num_eval),
-                               training=training, decisions=recorded(plan.decisions, cache))
     # The division's data part: a closed run needs KiTS19's 168/42 split, not synthetic (runtime.division).
     reasons = data_reasons(summary.num_train, summary.num_eval, summary.synthetic)
+    plan = dataclasses.replace(plan, data=DataPlan(cache.value, summary.num_train, summary.num_eval),
+                               training=training, decisions=recorded(plan.decisions, cache))
     decided = with_division(plan, reasons, dist_info, logged=True)
     if decided is not plan:  # open by the data only: said now
         say_decided(division_lines(decided), dist_info)
