@@ -398,8 +398,8 @@ def main(argv=None) -> int:
                  *map(str, args.patch), "--val_input_shape", *map(str, args.patch), "--learning_rate", "0.01",
                  "--overlap", "0.5", "--prefetch", "2", *(["--filters", *map(str, args.filters)] if args.filters else [])]
         plain_config = parse_args(argv0, prog="bench_throughput")
-        with torch.device("meta"):         # shapes only: no memory, no initialisation cost
-            flops = flop_count_per_sample(build_model(network_of_flags(plain_config), torch.device("meta")), args.patch)[1]
+        with (meta := torch.device("meta")):  # shapes only: no memory, no initialisation cost
+            flops = flop_count_per_sample(build_model(network_of_flags(plain_config), meta), args.patch)[1]
         print(f"model: {flops_text(flops)} per sample (forward + backward) at {patch}", flush=True)
 
         largest: dict[tuple[bool, bool], tuple[int, str]] = {}

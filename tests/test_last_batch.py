@@ -101,7 +101,8 @@ def test_every_training_case_once_per_epoch_with_weight(batch, world, ga, kits_s
     # what the MLPerf log counts (every epoch_num): the samples trained, those with a weight
     cfg, dist = _resolved(["--batch_size", str(batch), "--ga_steps", str(ga)], world)
     cfg = resolve_data(cfg, dist, SimpleNamespace(num_train=KITS_TRAIN, num_eval=42, train_bytes=0, synthetic=""))
-    assert (cfg.training.samples_per_epoch, cfg.training.samples_trained_per_epoch) == (spe, sum(1 for _, w in samples if w > 0))
+    trained = sum(1 for _, w in samples if w > 0)
+    assert (cfg.training.samples_per_epoch, cfg.training.samples_trained_per_epoch) == (spe, trained)
 
 
 @pytest.mark.parametrize("world, batch, ga, semantics, trained", [
@@ -290,8 +291,9 @@ def test_cuda_graphs_train_a_padded_step_eagerly_on_the_graphs_state(optimizer_n
             model = TinyNet().to(dev)
             opt = make_optimizer(optimizer_name, model.parameters(), lr, momentum=0.9)
             scaler = torch.amp.GradScaler("cuda", enabled=False)
-            step = (graphed_train_step(model, DiceCELoss(), opt, scaler, nullcontext, (cfg.batch_size, 1, *cfg.input_shape),
-                                       cfg.channels_last, cfg.ga_steps, dev) if graphed
+            step = (graphed_train_step(model, DiceCELoss(), opt, scaler, nullcontext,
+                                       (cfg.batch_size, 1, *cfg.input_shape), cfg.channels_last, cfg.ga_steps, dev)
+                    if graphed
                     else eager_train_step(model, DiceCELoss(), opt, scaler, nullcontext, 1))
             for (image, label), w in zip(batches, weights):
                 step(image, label, True, w)

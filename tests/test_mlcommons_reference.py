@@ -156,7 +156,8 @@ def test_reference_infer_keeps_the_trimmed_voxels_only(tmp_path):
     the reference's output runs 4 voxels into its pad; only the 16 trimmed voxels are the scan's
     (the constant network's kidney), the 2 + 2 trimmed ones background; 1 x 2 x 2 windows."""
     network = SimpleNamespace(filters=list(TINY), normalization="instancenorm", activation="relu")
-    infer = reference_infer(write_stand_in(tmp_path / "ref"), {}, network, SimpleNamespace(window=(32, 32, 32), overlap=0.5))
+    window = SimpleNamespace(window=(32, 32, 32), overlap=0.5)
+    infer = reference_infer(write_stand_in(tmp_path / "ref"), {}, network, window)
     probabilities = infer(np.zeros((1, 20, 40, 40), np.float32))
     kidney = torch.softmax(torch.tensor([0.0, 5.0, 0.0]), 0)
     assert probabilities.shape == (3, 20, 40, 40) and infer.windows == 4

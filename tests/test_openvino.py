@@ -230,7 +230,8 @@ def test_calibration_set_spreads_over_the_scans_being_predicted(tmp_path, monkey
     assert len(windows) == 4 and all(w.shape == (1, 1, 32, 32, 32) for w in windows)
     assert all(np.array_equal(w, e) for w, e in zip(windows, expected))
     assert "3 scans (s0, s2, s4)" in chosen.describe()
-    other = calibration.scan_calibration(config.val_input_shape, scans[:4], overflow_fix())  # another folder: another set and key
+    # another folder: another set and key
+    other = calibration.scan_calibration(config.val_input_shape, scans[:4], overflow_fix())
     assert other.digest() != chosen.digest() and other.fields() != chosen.fields()
     assert calibration.scan_calibration(config.val_input_shape, scans, overflow_fix()).digest() == chosen.digest()
     with pytest.raises(UsageError, match="no"):
@@ -578,8 +579,8 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
     assert plan.inference.backend == "openvino"  # run_evaluate writes it to log.json after the scores
     parts = evaluation_components(Parts(plan, type("D", (), {"device": CPU})(), model, model), out)
     assert parts.eval_model is not model and capsys.readouterr().err == ""  # quiet without --verbose
-    evaluation_components(Parts(flags_plan(replace(config, verbose=True)), type("D", (), {"device": CPU})(), model, model),
-                          out)
+    verbose = flags_plan(replace(config, verbose=True))
+    evaluation_components(Parts(verbose, type("D", (), {"device": CPU})(), model, model), out)
     assert "openvino: " in capsys.readouterr().err
     rng = np.random.default_rng(4)
     volumes = [(torch.from_numpy(rng.normal(size=(1, 1, 40, 50, 70)).astype(np.float32)),

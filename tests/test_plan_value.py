@@ -265,7 +265,8 @@ def test_int8s_overflow_fix_is_decided_once_in_the_plan(saturate, fix, tmp_path,
                         lambda options, mode, device, benchmark: ("openvino", "a stand-in"))
     plan = resolve(parse_args(argv_of("predict", checkpoint, tmp_path) + ["--int8"]), CPU,
                    None, Saved(checkpoint, load_checkpoint(checkpoint), resume=False))
-    assert plan.inference.overflow_fix == fix and ("every layer" if saturate else "first layer") in plan.why("calibration")
+    assert plan.inference.overflow_fix == fix
+    assert ("every layer" if saturate else "first layer") in plan.why("calibration")
     made = []
     monkeypatch.setattr("runtime.inference.openvino.calibration.scan_calibration",
                         lambda window, scans, overflow_fix: made.append(overflow_fix))

@@ -109,7 +109,8 @@ def start_run(session: Session, saved: ckpt.Saved | None,
     session.on_exit.callback(close_reporters, out)
     out.mlperf.submission_info(plan)
     if session.mode.mlperf_run and not (saved is not None and saved.resume):
-        record_run(session.recipe, session.config.log_dir, session.dist)  # what runs (runtime/host.py), before the clock
+        # what runs (runtime/host.py), before the clock
+        record_run(session.recipe, session.config.log_dir, session.dist)
     out.mlperf.start(C.INIT_START)
     components = build_components(plan, session.dist, None, saved)
     out.mlperf.weights_initialization(plan.network)
