@@ -324,7 +324,7 @@ def run_eval_row(name: str, flags: list[str], argv0: list[str], device: torch.de
             image = next(first)[0]
         windows_per_volume = window_geometry(image.shape[2:], roi, config.overlap).n_windows
         model.eval()
-        predict = build_predictor(model, device, options_from(c.config.precision, c.config.inference))
+        predict = build_predictor(model, device, options_from(c.plan.precision, c.plan.inference))
         with torch.no_grad():      # warm-up: every window-batch shape once (autotuning, compiling)
             sliding_window_inference(predict, image.to(device), roi, config.overlap, config.sw_batch_size)
         image = None

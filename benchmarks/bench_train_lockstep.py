@@ -62,7 +62,7 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
         return loss.detach()
 
     train_loader, val_loader = data.loaders(loader_settings(plan), 1, 0, cpu)
-    parts = Components(config=plan, dist=dist, model=model, optimizer=optimizer, scaler=None, loss_fn=loss_fn,
+    parts = Components(plan=plan, dist=dist, model=model, optimizer=optimizer, scaler=None, loss_fn=loss_fn,
                        score_fn=None, autocast=nullcontext, step=step,
                        train_loader=train_loader, val_loader=val_loader, eval_model=model)
     time_training(parts, SimpleNamespace(say=print), Budget.of(plan))

@@ -41,7 +41,7 @@ class Components:
     run that does not train (evaluate, ``--benchmark``'s evaluation) has no optimizer, scaler or
     train step (None)."""
 
-    config: RunPlan  # resolved (runtime.resolve)
+    plan: RunPlan  # resolved (runtime.resolve)
     dist: D.DistInfo
     model: torch.nn.Module  # possibly DDP- and/or compile-wrapped
     optimizer: torch.optim.Optimizer | None
@@ -210,7 +210,7 @@ def build_components(plan: RunPlan, dist_info: D.DistInfo, data: DataSource | No
                                   precision.channels_last, flags.ga_steps, device)
     else:
         step = eager_train_step(wrapped, loss_fn, optimizer, scaler, autocast, flags.ga_steps)
-    components = Components(config=plan, dist=dist_info, model=wrapped, optimizer=optimizer,
+    components = Components(plan=plan, dist=dist_info, model=wrapped, optimizer=optimizer,
                             scaler=scaler if training is not None else None, loss_fn=loss_fn, score_fn=score_fn,
                             autocast=autocast, step=step, train_loader=None, val_loader=None,
                             eval_model=compile_model(model, precision.compile) if dist_info.distributed else wrapped,
@@ -239,7 +239,7 @@ def warm_up(components: Components) -> bool:
     the buffers (batch norm's running statistics) put back. Returns whether it ran."""
     from runtime.inference.predictor import build_predictor, options_from
 
-    plan, device = components.config, components.dist.device
+    plan, device = components.plan, components.dist.device
     if not compiles_lazily(plan):
         return False
     inference = plan.inference
@@ -283,9 +283,9 @@ def loader_settings(plan: RunPlan) -> LoaderSettings:
 def with_loaders(components: Components, data: DataSource, plan: RunPlan | None = None) -> Components:
     """``components`` with this rank's loaders of ``data`` (``data.loaders``: the cases listed,
     the training labels read, the volumes checked and, with ``--cache device``, uploaded) and
-    ``plan`` (default ``components.config``), resolved with the data
+    ``plan`` (default ``components.plan``), resolved with the data
     (``runtime.resolve.resolve_data``)."""
     dist_info = components.dist
-    plan = components.config if plan is None else plan
+    plan = components.plan if plan is None else plan
     loaders = data.loaders(loader_settings(plan), dist_info.world_size, dist_info.rank, dist_info.device)
-    return replace(components, config=plan, train_loader=loaders.train, val_loader=loaders.eval)
+    return replace(components, plan=plan, train_loader=loaders.train, val_loader=loaders.eval)

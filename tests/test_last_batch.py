@@ -75,7 +75,7 @@ def traced_epoch(cases, batch, world, ga, rank, monkeypatch, epoch=3):
         return torch.zeros((), dtype=torch.float64)
 
     components = SimpleNamespace(
-        config=SimpleNamespace(config=cfg, precision=PrecisionPlan(False, "auto")),  # what train_epoch reads of a plan
+        plan=SimpleNamespace(config=cfg, precision=PrecisionPlan(False, "auto")),  # what train_epoch reads of a plan
         train_loader=loader, step=step,
         optimizer=SimpleNamespace(param_groups=[{"lr": 0.0}]),
         dist=D.DistInfo(rank=rank, local_rank=rank, world_size=1, device=torch.device("cpu")),

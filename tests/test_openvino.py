@@ -561,7 +561,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
 
     @dataclasses.dataclass
     class Parts:
-        config: object
+        plan: object
         dist: object
         model: object
         eval_model: object

@@ -83,7 +83,7 @@ def install_hooks(monkeypatch) -> dict:
         def wrapped(config, *args, **kwargs):
             seen.setdefault("build_in", []).append(config)
             components = original(config, *args, **kwargs)
-            seen.setdefault("built", []).append(components.config)
+            seen.setdefault("built", []).append(components.plan)
             return components
         return wrapped
 
@@ -91,7 +91,7 @@ def install_hooks(monkeypatch) -> dict:
         def wrapper(original):
             def wrapped(*args, **kwargs):
                 given = args[position]
-                plan = given if isinstance(given, RunPlan) else getattr(given, "config", given)
+                plan = given if isinstance(given, RunPlan) else getattr(given, "plan", given)
                 seen.setdefault("body", []).append(plan)
                 return original(*args, **kwargs)
             return wrapped

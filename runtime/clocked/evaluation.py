@@ -127,7 +127,7 @@ def eval_metadata(plan: RunPlan, epoch: int) -> dict:
 def run_evaluation(components: Components, out: Reporters, epoch: int, cases: list | None = None) -> dict:
     """Sliding-window evaluation of all evaluation cases (MLPerf eval events around it);
     ``cases`` receives this rank's per-case scores (:func:`case_scores`)."""
-    plan = components.config
+    plan = components.plan
     inference = plan.inference
     # Evaluation bypasses DDP; with batch norm every rank must use rank 0's running statistics
     # (the ones the checkpoint holds), not the ones its own last training forward left.

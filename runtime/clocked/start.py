@@ -122,7 +122,7 @@ def start_run(session: Session, saved: ckpt.Saved | None,
     session.on_exit.push(abort_clock_on_error(out, components.state))
     start_clock(out)
     # -- the clock runs: the data from here on
-    plan = resolve_data(components.config, session.dist, data.summary(data_use(components.config)))
+    plan = resolve_data(components.plan, session.dist, data.summary(data_use(components.plan)))
     out.epoch_samples = (plan.training.samples_trained_per_epoch or 0) if plan.training is not None else 0
     not_closed = plan.decision("not_closed")  # its log said closed; the data is not KiTS19's
     if not_closed is not None:

@@ -23,7 +23,7 @@ def evaluate_body(session: Session) -> int:
     if parts is None:
         return 0
     out, components = parts
-    plan = components.config
+    plan = components.plan
     log_dir = plan.config.log_dir
     own = holds_training_run(log_dir)  # before this run writes anything
     if own:

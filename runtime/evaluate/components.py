@@ -16,7 +16,7 @@ def evaluation_components(components: Components, out: Reporters) -> Components:
     refused by the flag checks). ``out``: the conversion's lines go to stderr with ``--verbose``
     only, since evaluate's stdout is its result (evaluate prints the backend's line there, with
     its scores)."""
-    plan = components.config
+    plan = components.plan
     say = say_on(out.is_main and plan.config.verbose, sys.stderr)
     if plan.inference.backend == "torch":
         return components

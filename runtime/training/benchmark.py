@@ -160,7 +160,7 @@ def stopped_line(reason: str | None, timed: int, unit: str) -> list[str]:
 def time_training(components: Components, out: Reporters, budget: Budget) -> tuple[list[float], str | None]:
     """Every training step's seconds after ``--warmup_steps`` (device-synchronised), until the
     epochs or the budget end; ``(times, why the budget stopped it or None)``."""
-    plan, loader, device = components.config, components.train_loader, components.dist.device
+    plan, loader, device = components.plan, components.train_loader, components.dist.device
     cfg = plan.config
     epochs = epochs_of(loader, budget.epochs(plan), "batches", plan)
     sync = _synchronizer(device)
@@ -279,7 +279,7 @@ def timed_volume_warm(predict: ShapesSeen, image, inference: InferencePlan, sync
 def time_evaluation_pass(components: Components, out: Reporters, budget: Budget) -> tuple[float | None, str]:
     """Seconds one evaluation of every evaluation case takes on all ranks (the slowest rank's
     share), and how it was found. None when no rank has an evaluation volume."""
-    plan, device, loader = components.config, components.dist.device, components.val_loader
+    plan, device, loader = components.plan, components.dist.device, components.val_loader
     inference = plan.inference
     sync = _synchronizer(device)
     model = components.eval_model
@@ -368,7 +368,7 @@ def write_record(out: Reporters, times: Sequence[float], items: int, mode: str, 
 def benchmark_train(components: Components, out: Reporters) -> dict:
     """Time the training steps, then one evaluation pass; print both and the predicted MLPerf
     time to train."""
-    plan, world = components.config, components.dist.world_size
+    plan, world = components.plan, components.dist.world_size
     cfg = plan.config
     budget = Budget.of(plan)
     times, reason = time_training(components, out, budget)
@@ -402,7 +402,7 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
 def benchmark_evaluate(components: Components, out: Reporters) -> dict:
     """Time the sliding-window evaluation of each volume after ``--warmup_steps`` volumes; print
     the evaluations' part of the time to train."""
-    plan, dev, loader = components.config, components.dist.device, components.val_loader
+    plan, dev, loader = components.plan, components.dist.device, components.val_loader
     inference, world = plan.inference, components.dist.world_size
     budget = Budget.of(plan)
     epochs = epochs_of(loader, budget.epochs(plan), "evaluation volumes", plan)

@@ -86,7 +86,7 @@ def step_inputs(components: Components, image: torch.Tensor, label: torch.Tensor
     the loader already delivered it there)."""
     image = image.to(components.dist.device, non_blocking=True)
     label = label.to(components.dist.device, non_blocking=True)
-    if components.config.precision.channels_last:
+    if components.plan.precision.channels_last:
         image = image.contiguous(memory_format=torch.channels_last_3d)
     return image, label
 
@@ -103,7 +103,7 @@ def save_checkpoint(components: Components, status: str, required: bool = True) 
     checkpoint intact and no temporary file; it raises :class:`OutputError` when ``required``,
     else returns the reason (None: saved, or nothing to save).
     """
-    plan, failed = components.config, None
+    plan, failed = components.plan, None
     cfg = plan.config
     if cfg.save_ckpt_path and components.dist.is_main:
         try:
@@ -140,7 +140,7 @@ class PeriodicCheckpoints:
         self.last_epoch, self.last_time = epoch, time.time()
 
     def maybe_save(self, epoch: int) -> None:
-        cfg = self.components.config.config
+        cfg = self.components.plan.config
         if not cfg.checkpoints_on_the_clock:
             return
         due = periodic_save_due(epoch - self.last_epoch, (time.time() - self.last_time) / 60,
@@ -170,7 +170,7 @@ def should_stop_for_preemption(preempt: PreemptionFlag, dist_info: D.DistInfo, s
 
 def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResult:
     """One epoch of this rank's batches (skipping those a pre-empted attempt already trained)."""
-    cfg, state, loader = components.config.config, components.state, components.train_loader
+    cfg, state, loader = components.plan.config, components.state, components.train_loader
     set_learning_rate(components.optimizer, learning_rate_at(
         epoch, cfg.learning_rate, cfg.init_learning_rate, cfg.lr_warmup_epochs, cfg.lr_decay_epochs,
         cfg.lr_decay_factor))
@@ -221,7 +221,7 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
     if out.curves is not None:
         out.curves.request()  # drawn in a background thread: the next step does not wait
     out.say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} "
-            f"({per_label_text(metrics, components.config.network.label_set)}) "
+            f"({per_label_text(metrics, components.plan.network.label_set)}) "
             f"eval_loss {metrics['eval_loss']:.4f}")
     if metrics["mean_dice"] > state.best_mean_dice:
         state.best_mean_dice, state.best_epoch = metrics["mean_dice"], epoch
@@ -241,7 +241,7 @@ def report_epoch(components: Components, out: Reporters, epoch: int, result: Epo
     lr = components.optimizer.param_groups[0]["lr"]
     out.mlperf.end(C.EPOCH_STOP, metadata=epoch_metadata(out, epoch))
     out.metrics.write(TRAIN, epoch=epoch, loss=result.mean_loss, lr=lr, throughput=result.throughput)
-    out.say(f"epoch {epoch}/{components.config.training.epochs}  loss {result.mean_loss:.4f}  lr {lr:.3g}  "
+    out.say(f"epoch {epoch}/{components.plan.training.epochs}  loss {result.mean_loss:.4f}  lr {lr:.3g}  "
             f"{result.throughput:.2f} samples/s")
 
 
@@ -272,7 +272,7 @@ class MLPerfBlocks:
 
 
 def stop_for_preemption(components: Components, out: Reporters, epoch: int) -> RunResult:
-    cfg, state = components.config.config, components.state
+    cfg, state = components.plan.config, components.state
     when = "" if cfg.checkpoints_on_the_clock else " after run_stop"
     out.say(f"pre-empted ({out.preempt.received or 'signal on another rank'}) in epoch {epoch} after "
             f"{state.step_in_epoch} batches: " + (f"saving {cfg.save_ckpt_path}{when}" if cfg.save_ckpt_path else
@@ -284,7 +284,7 @@ def stop_for_preemption(components: Components, out: Reporters, epoch: int) -> R
 
 def train(components: Components, out: Reporters) -> RunResult:
     """Train until the target, divergence, pre-emption or ``--epochs``."""
-    cfg, training, state = components.config.config, components.config.training, components.state
+    cfg, training, state = components.plan.config, components.plan.training, components.state
     schedule = eval_schedule_of(training)
     blocks = MLPerfBlocks(out, schedule, training.epochs)
     periodic = PeriodicCheckpoints(components, out)
@@ -317,7 +317,7 @@ def run_training(components: Components, out: Reporters) -> int:
     """The timed MLPerf run of a built ``components`` (the clock started, the loaders built:
     ``runtime.clocked.start.start_run``): the hyper-parameters, the epochs, run stop, the RUN_SUMMARY line;
     returns the exit code."""
-    plan = components.config
+    plan = components.plan
     cfg, training = plan.config, plan.training
     if out.run_start is None:  # a caller that built its loaders itself
         start_clock(out)
