@@ -226,8 +226,9 @@ def saved_values(plan: RunPlan) -> dict:
         epochs=training.epochs if training else flags.epochs,
         start_eval_at=training.start_eval_at if training else flags.start_eval_at,
         evaluate_every=training.evaluate_every if training else flags.evaluate_every,
-        **{name: getattr(training, name) if training else None
-           for name in ("fail_epoch", "samples_per_epoch", "samples_trained_per_epoch")},
+        fail_epoch=training.fail_epoch if training else None,
+        samples_per_epoch=training.samples_per_epoch if training else None,
+        samples_trained_per_epoch=training.samples_trained_per_epoch if training else None,
         backend=inference.backend, inference_copy=inference.inference_copy, tta=inference.tta,
         cache_dir=inference.cache_dir, val_input_shape=inference.window, sw_batch_size=inference.window_batch,
         calibration=inference.calibration, overflow_fix=inference.overflow_fix,
