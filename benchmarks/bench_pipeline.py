@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.harness import header, table, training_ids, write_blob_cases
 from data_loading.data_loader import get_data_loaders
-from runtime.arguments import Config
+from runtime.config import Config
 
 
 def naive_sample(x_path, y_path, patch, oversampling, rng, label_every_sample=False):

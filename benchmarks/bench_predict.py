@@ -32,19 +32,18 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     from runtime import checkpoint as ckpt
     from runtime.arguments import parse_args
     from runtime.distributed import DistInfo
-    from runtime.predict.api import Segmenter
-    from runtime.predict.folder import predict_cases, scans_to_predict
-    from runtime.predict.records import print_outcome, save_summary
+    from runtime.predict import api, body, folder, records
     from runtime.resolve import resolve
     from oracles.mlcommons_reference import reference_infer
 
     config = parse_args(flags)
     saved = ckpt.saved_for(config)
-    config = resolve(config, DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")), None, saved)
-    infer = reference_infer(code_dir, ckpt.model_state_from(saved.checkpoint, prefer="best"), config)
+    plan = resolve(config, DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")), None, saved)
+    infer = reference_infer(code_dir, ckpt.model_state_from(saved.checkpoint), plan.network, plan.inference)
     os.makedirs(config.output_dir, exist_ok=True)
-    results = predict_cases(scans_to_predict(config), Segmenter.from_inference(infer, config), config, False)
-    return print_outcome(results, config.output_dir, save_summary(config.output_dir, results))
+    results = folder.predict_cases(body.predict_source(config, None), api.Segmenter.from_inference(infer, plan), plan,
+                                   False)
+    return records.print_outcome(results, config.output_dir, records.save_summary(config.output_dir, results))
 
 
 def make_inputs(args, work: Path) -> tuple[str, str]:

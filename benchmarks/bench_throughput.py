@@ -32,7 +32,7 @@ from runtime.levers.gpu.graphs import cuda_graphs_supported
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.inference.sliding_window import sliding_window_inference
 from runtime.report.run_summary import number_text
-from runtime.resolve import resolve
+from runtime.resolve import network_of_flags, resolve
 from runtime.training.loop import set_learning_rate, step_inputs
 
 LEVERS = {"bf16": ["--amp", "--amp_dtype", "bf16"], "channels_last": ["--channels_last"],
@@ -259,18 +259,18 @@ def search_largest(runs, limit: int) -> tuple[int, str]:
 
 class LoaderCache:
     """A data source keeping the last loaders for the next row with the same data settings; one alive at most."""
-    key, loaders_ = None, None
+    key, loaders_, flags = None, None, None  # flags: the row's (its --loader and --data_dir choose the source)
     description = staticmethod(lambda: None)  # the benchmark's own synthetic KiTS19 volumes: no description
 
-    def summary(self, config):
-        return data_source(config).summary(config)
+    def summary(self, use):
+        return data_source(self.flags).summary(use)
 
-    def loaders(self, config, num_shards, rank, device=None):
-        key = (config.loader, config.cache, config.num_workers, config.batch_size, config.exec_mode)
+    def loaders(self, settings, num_shards, rank, device=None):
+        key = (self.flags.loader, settings.cache, settings.num_workers, settings.batch_size, settings.trains)
         if key != self.key:
             self.key, self.loaders_ = None, None
             gc.collect()
-            self.loaders_ = data_source(config).loaders(config, num_shards, rank, device)
+            self.loaders_ = data_source(self.flags).loaders(settings, num_shards, rank, device)
             self.key = key
         return self.loaders_
 
@@ -300,6 +300,7 @@ def run_train_row(row: TrainRow, args, argv0: list[str], device: torch.device, b
                                  *[flag for lever in row.levers for flag in LEVERS[lever]]], prog="bench_throughput")
 
     def work():
+        loaders.flags = config
         c = bench_components(config, device, loaders)
         with contextlib.closing(endless(c.train_loader)) as batches:
             wall, result.ms_per_step, loss = time_steps(make_step(c), batches, args.warmup, args.steps, device)
@@ -323,7 +324,7 @@ def run_eval_row(name: str, flags: list[str], argv0: list[str], device: torch.de
             image = next(first)[0]
         windows_per_volume = window_geometry(image.shape[2:], roi, config.overlap).n_windows
         model.eval()
-        predict = build_predictor(model, device, options_from(c.config))
+        predict = build_predictor(model, device, options_from(c.plan.precision, c.plan.inference))
         with torch.no_grad():      # warm-up: every window-batch shape once (autotuning, compiling)
             sliding_window_inference(predict, image.to(device), roi, config.overlap, config.sw_batch_size)
         image = None
@@ -397,8 +398,8 @@ def main(argv=None) -> int:
                  *map(str, args.patch), "--val_input_shape", *map(str, args.patch), "--learning_rate", "0.01",
                  "--overlap", "0.5", "--prefetch", "2", *(["--filters", *map(str, args.filters)] if args.filters else [])]
         plain_config = parse_args(argv0, prog="bench_throughput")
-        with torch.device("meta"):         # shapes only: no memory, no initialisation cost
-            flops = flop_count_per_sample(build_model(plain_config, torch.device("meta")), plain_config.input_shape)[1]
+        with (meta := torch.device("meta")):  # shapes only: no memory, no initialisation cost
+            flops = flop_count_per_sample(build_model(network_of_flags(plain_config), meta), args.patch)[1]
         print(f"model: {flops_text(flops)} per sample (forward + backward) at {patch}", flush=True)
 
         largest: dict[tuple[bool, bool], tuple[int, str]] = {}

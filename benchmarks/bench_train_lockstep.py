@@ -36,7 +36,7 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     runtime/training.py runs them on a CPU (amp off, ga_steps 1), on the project's step timer and loader."""
     from data_loading.data_loader import data_source
     from runtime.arguments import parse_args
-    from runtime.build import Components
+    from runtime.build import Components, loader_settings
     from runtime.distributed import DistInfo
     from oracles.mlcommons_reference import load_reference_training
     from runtime.resolve import resolve
@@ -46,8 +46,8 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     dist = DistInfo(rank=0, local_rank=0, world_size=1, device=cpu)
     config = parse_args(flags)
     data = data_source(config)
-    config = resolve(config, dist, data)
-    torch.manual_seed(config.seed)
+    plan = resolve(config, dist, data)
+    torch.manual_seed(plan.seed)
     unet3d, dice_ce_loss, get_optimizer = load_reference_training(code_dir)
     model = unet3d(1, 3, "instancenorm", "relu")
     optimizer = get_optimizer(model.parameters(), SimpleNamespace(optimizer="sgd", learning_rate=1e-4, momentum=0.9,
@@ -61,11 +61,11 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
         optimizer.zero_grad()
         return loss.detach()
 
-    train_loader, val_loader = data.loaders(config, 1, 0, cpu)
-    parts = Components(config=config, dist=dist, model=model, optimizer=optimizer, scaler=None, loss_fn=loss_fn,
+    train_loader, val_loader = data.loaders(loader_settings(plan), 1, 0, cpu)
+    parts = Components(plan=plan, dist=dist, model=model, optimizer=optimizer, scaler=None, loss_fn=loss_fn,
                        score_fn=None, autocast=nullcontext, step=step,
                        train_loader=train_loader, val_loader=val_loader, eval_model=model)
-    time_training(parts, SimpleNamespace(say=print), Budget.of(config))
+    time_training(parts, SimpleNamespace(say=print), Budget.of(plan))
     return 0
 
 

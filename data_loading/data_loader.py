@@ -1,22 +1,25 @@
-"""Public entry point: ``data_source(config)`` -> ``.summary(config)`` and
-``.loaders(config, num_shards, global_rank, device=None)`` (or ``get_data_loaders``).
+"""Public entry point: ``data_source(config)`` -> ``.summary(use)`` and
+``.loaders(settings, num_shards, global_rank, device=None)`` (or ``get_data_loaders`` for a tool
+that has the flags only), in the terms of ``data_loading.source``.
 
-Returns ``(train_loader, val_loader)``:
+Returns the pair :class:`~data_loading.source.Loaders` ``(train, eval)``:
 
-* ``train_loader``: call ``set_epoch(epoch)`` (epochs from 1) before iterating each epoch;
-  yields ``(image, label)``, float32 and uint8, ``(B, 1, *input_shape)``, on ``device`` when
-  given (else CPU). ``len()`` = batches per epoch on this rank; ``num_cases`` = training cases
-  (the global samples per epoch are ``config.samples_per_epoch``, from ``runtime.schedule``);
-  ``step_weights(i)``: the loss weights of batch ``i`` when its optimizer step holds padding
-  (``--last_batch pad``, ``data_loading.sampler.step_weights``), else None.
-* ``val_loader``: yields ``(image, label, case_id)`` for the evaluation cases of this rank
-  (``(1, 1, D, H, W)``, whole volumes), balanced across ranks by number of sliding windows;
-  ``len()`` = cases on this rank; ``num_cases`` = evaluation cases on all ranks.
+* ``train`` (a :class:`~data_loading.source.TrainLoader`): call ``set_epoch(epoch)`` (epochs
+  from 1) before iterating each epoch; yields ``(image, label)``, float32 and uint8,
+  ``(B, 1, *patch)``, on ``device`` when given (else CPU). ``len()`` = batches per epoch on this
+  rank; ``num_cases`` = training cases (the global samples per epoch are the plan's
+  ``samples_per_epoch``, from ``runtime.schedule``); ``step_weights(i)``: the loss weights of
+  batch ``i`` when its optimizer step holds padding (``--last_batch pad``,
+  ``data_loading.sampler.step_weights``), else None.
+* ``eval`` (an :class:`~data_loading.source.EvalLoader`): yields ``(image, label, case_id)`` for
+  the evaluation cases of this rank (``(1, 1, D, H, W)``, whole volumes), balanced across ranks by
+  number of sliding windows; ``len()`` = cases on this rank; ``num_cases`` = evaluation cases on
+  all ranks.
 
-``config.cache`` chooses where training volumes live: ``none`` (read the .npy per sample),
+``settings.cache`` chooses where training volumes live: ``none`` (read the .npy per sample),
 ``memory`` (memory-mapped once, CPU workers crop), ``device`` (all volumes on the device,
-augmentations as batched tensor ops there, no CPU workers); ``auto`` is decided once by
-``runtime.resolve`` with :func:`resolve_cache` (device on CUDA when it fits, else memory).
+augmentations as batched tensor ops there, no CPU workers); ``--cache auto`` is decided once by
+``runtime.resolve`` (``resolve_cache``: device on CUDA when it fits, else memory).
 """
 from __future__ import annotations
 
@@ -36,34 +39,10 @@ from data_loading.description import KITS19, DatasetDescription, DescriptionErro
 from data_loading.geometry import read_record, record_path, scan_region
 from data_loading.prefetch import prefetch, resolve_device
 from data_loading.sampler import EpochBatchSampler, EpochShape, balance_by_cost, epoch_batches
-from data_loading.source import DataSource, DataSummary
+from data_loading.source import DataSource, DataSummary, DataUse, Loaders, LoaderSettings
 from data_loading.synthetic_loader import SyntheticData
 from data_loading.transforms import add_noise, gather_patches, patch_indices, scale_brightness
 from data_loading.windows import window_geometry
-
-CACHE_MODES = ("auto", "none", "memory", "device")
-
-
-# `auto` keeps the training set on the GPU only if it takes at most this share of the free
-# device memory (the rest is for the model, activations and evaluation).
-DEVICE_CACHE_MAX_SHARE = 0.5
-
-
-def resolve_cache(cache: str, device: torch.device | None, dataset_bytes: int | None = None) -> str:
-    """The cache mode actually used: ``auto`` -> ``device`` on CUDA/ROCm when the training set
-    (``dataset_bytes``, if given) fits in half the free device memory, else ``memory``."""
-    if cache not in CACHE_MODES:
-        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
-    if cache != "auto":
-        return cache
-    if device is None or device.type != "cuda":
-        return "memory"
-    if dataset_bytes is not None:
-        free, _ = torch.cuda.mem_get_info(device)
-        if dataset_bytes > DEVICE_CACHE_MAX_SHARE * free:
-            return "memory"
-    return "device"
-
 
 def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: a worker ignores SIGTERM and SIGUSR1. A scheduler (SLURM's
@@ -76,7 +55,7 @@ def leave_stop_signals_to_the_trainer(_worker_id: int) -> None:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
-class TrainLoader(EpochShape):
+class FolderTrainLoader(EpochShape):
     """This rank's training batches; see the module docstring for the contract.
 
     The deterministic preparation (foreground boxes of every case, the device cache) runs in
@@ -170,7 +149,7 @@ class TrainLoader(EpochShape):
         return prefetch(batches, self.device, self.prefetch_depth)
 
 
-class EvalLoader:
+class FolderEvalLoader:
     """This rank's evaluation volumes, whole, one at a time: ``(image, label, case_id)``."""
 
     def __init__(self, cases: Sequence[Case], num_cases: int, device: torch.device | None,
@@ -192,6 +171,10 @@ class EvalLoader:
                 self._checked.add(case.case_id)
             yield (torch.from_numpy(image).unsqueeze(0), torch.from_numpy(label).unsqueeze(0),
                    case.case_id)
+
+    def volume_shapes(self) -> list[tuple[int, ...]]:
+        """The spatial shape of each of this rank's volumes, in order (from the case listing)."""
+        return [tuple(case.shape) for case in self.cases]
 
     def scan_region(self, case_id: str, shape: Sequence[int]) -> tuple[slice, ...] | None:
         """The scan inside case ``case_id``'s stored volume of ``shape`` (padding excluded), from
@@ -227,8 +210,8 @@ def compute_boxes(cases: Sequence[Case], threads: int, n_class: int = len(KITS19
 class PreprocessedData:
     """The preprocessed KiTS19 folder ``data_dir``: found and checked once, then loaded per rank.
 
-    ``summary(config)`` lists and checks the cases (raises :class:`DataError`, one line naming
-    the folder or case); ``loaders(config, num_shards, rank, device)`` builds this rank's loaders
+    ``summary(use)`` lists and checks the cases (raises :class:`DataError`, one line naming
+    the folder or case); ``loaders(settings, num_shards, rank, device)`` builds this rank's loaders
     from the same listing.
     """
 
@@ -268,45 +251,43 @@ class PreprocessedData:
         """The folder's nnU-Net ignore label (a value its labels hold that is no class), None without."""
         return self.description().ignore if self.description() is not None else None
 
-    def summary(self, config) -> DataSummary:
+    def summary(self, use: DataUse) -> DataSummary:
         train_cases, eval_cases = self.split()
-        if config.mode.trains and not train_cases:
+        if use.trains and not train_cases:
             raise DataError(f"no training cases in {self.data_dir}: every case found is listed "
                             f"in {self._split_source}")
-        if not config.mode.benchmark and not eval_cases:
+        if use.evaluates and not eval_cases:
             raise DataError(f"no evaluation case in {self.data_dir}: none of the ids in "
                             f"{self._split_source} has a case_XXXXX_x.npy / _y.npy pair there")
-        if config.mode.trains:  # evaluate samples no patch (--input_shape is a training flag)
-            check_patch_fits(train_cases, config.input_shape)
+        if use.trains:  # evaluate samples no patch (--input_shape is a training flag)
+            check_patch_fits(train_cases, use.patch)
         nbytes = sum(5 * int(np.prod(case.shape)) for case in train_cases)
         return DataSummary(len(train_cases), len(eval_cases), nbytes, synthetic=synthetic_marker(self.data_dir))
 
-    def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | str | None = None):
-        """``(train_loader, val_loader)`` for this rank; see the module docstring.
-
-        ``config`` must be resolved (:func:`runtime.resolve.resolve`): its seed (>= 0, the same
-        on every rank) and its cache mode decided.
-        """
+    def loaders(self, settings: LoaderSettings, num_shards: int, global_rank: int,
+                device: torch.device | str | None = None) -> Loaders:
+        """This rank's loaders (``settings``: the resolved seed, the same on every rank, and
+        cache mode; see the module docstring)."""
         device = resolve_device(device)
         if not 0 <= global_rank < num_shards:
             raise ValueError(f"global_rank {global_rank} not in [0, {num_shards})")
-        if config.seed < 0 or config.cache == "auto":
-            raise ValueError("the config must be resolved (seed >= 0, cache decided) before building loaders")
+        if settings.seed < 0 or settings.cache == "auto":
+            raise ValueError("the loaders need a resolved seed (>= 0) and cache mode (not auto)")
         train_cases, eval_cases = self.split()
-        train_loader = TrainLoader(
-            train_cases, patch=config.input_shape, oversampling=config.oversampling,
-            brightness=config.brightness, seed=config.seed, num_shards=num_shards, rank=global_rank,
-            batch_size=config.batch_size, cache=config.cache, device=device,
-            num_workers=config.num_workers, prefetch_depth=config.prefetch, eager=config.mode.trains,
-            crop=config.semantics, ga_steps=config.ga_steps, last_batch=config.last_batch, n_class=self.n_class(),
+        train_loader = FolderTrainLoader(
+            train_cases, patch=settings.patch, oversampling=settings.oversampling,
+            brightness=settings.brightness, seed=settings.seed, num_shards=num_shards, rank=global_rank,
+            batch_size=settings.batch_size, cache=settings.cache, device=device,
+            num_workers=settings.num_workers, prefetch_depth=settings.prefetch, eager=settings.trains,
+            crop=settings.crop, ga_steps=settings.ga_steps, last_batch=settings.last_batch, n_class=self.n_class(),
             ignore=self.ignore())
-        if config.mode.trains and len(train_loader) == 0:
+        if settings.trains and len(train_loader) == 0:
             raise DataError(f"{len(train_cases)} training cases in {self.data_dir} make no full "
-                            f"batch of {config.batch_size} on each of {num_shards} ranks")
-        shards = assign_evaluation_cases(eval_cases, config.val_input_shape, config.overlap, num_shards)
-        val_loader = EvalLoader(shards[global_rank], len(eval_cases), device, config.prefetch, self.n_class(),
-                                self.ignore())
-        return train_loader, val_loader
+                            f"batch of {settings.batch_size} on each of {num_shards} ranks")
+        shards = assign_evaluation_cases(eval_cases, settings.window, settings.overlap, num_shards)
+        val_loader = FolderEvalLoader(shards[global_rank], len(eval_cases), device, settings.prefetch, self.n_class(),
+                                      self.ignore())
+        return Loaders(train_loader, val_loader)
 
 
 def synthetic_marker(data_dir) -> str:
@@ -326,9 +307,9 @@ def data_source(config) -> DataSource:
 
 
 def get_data_loaders(config, num_shards: int, global_rank: int,
-                     device: torch.device | str | None = None):
-    """``(train_loader, val_loader)`` of ``config``'s data for this rank, after the data checks
-    of ``summary`` (``config``: seed and cache resolved)."""
+                     device: torch.device | str | None = None) -> Loaders:
+    """This rank's loaders of the parsed flags' data (``config``: a tool's ``runtime.config.Config``,
+    its seed and cache given), after the data checks of ``summary``."""
     source = data_source(config)
-    source.summary(config)
-    return source.loaders(config, num_shards, global_rank, device)
+    source.summary(DataUse.of_flags(config))
+    return source.loaders(LoaderSettings.of_flags(config), num_shards, global_rank, device)

@@ -60,7 +60,7 @@ DEFAULT_CHECKSUM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "che
 DEFAULT_EVALUATION_CASES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                         "evaluation_cases.txt")
 
-_CASE_DIR = re.compile(r"^case_(\d{5})$")
+CASE_DIR = re.compile(r"^case_(\d{5})$")  # a KiTS19 case folder: case_00042
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,10 @@ def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
     if not os.path.isdir(data_dir):
         raise PreprocessError(f"--data_dir {data_dir}: not a directory")
     root = data_dir
-    names = _case_dirs(root)
+    names = case_dirs(root)
     if not names and os.path.isdir(os.path.join(data_dir, "data")):
         root = os.path.join(data_dir, "data")  # the KiTS19 repository's layout
-        names = _case_dirs(root)
+        names = case_dirs(root)
     if not names:
         raise PreprocessError(f"--data_dir {data_dir}: no case_XXXXX folders in it "
                               "(nor in its data/ folder)")
@@ -125,7 +125,7 @@ def find_cases(data_dir: str) -> tuple[list[RawCase], list[RawCase]]:
     kits19 = all(read_marker(folder) is None for folder in {data_dir, root})  # not generated data
     labelled, unlabelled = [], []
     for name in names:
-        case_id = int(_CASE_DIR.match(name).group(1))
+        case_id = int(CASE_DIR.match(name).group(1))
         folder = os.path.join(root, name)
         image_path = os.path.join(folder, IMAGE_FILE)
         if case_id >= FIRST_UNLABELLED_ID:
@@ -253,9 +253,10 @@ def find_described_cases(data_dir: str, description) -> tuple[list[RawCase], lis
     return sorted(labelled, key=lambda c: c.case_id), unlabelled
 
 
-def _case_dirs(root: str) -> list[str]:
+def case_dirs(root: str) -> list[str]:
+    """The KiTS19 case folders (``case_XXXXX``) in ``root``, sorted."""
     return sorted(n for n in os.listdir(root)
-                  if _CASE_DIR.match(n) and os.path.isdir(os.path.join(root, n)))
+                  if CASE_DIR.match(n) and os.path.isdir(os.path.join(root, n)))
 
 
 # ----------------------------------------------------------------------------- per-case steps

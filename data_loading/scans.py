@@ -32,8 +32,8 @@ from data_loading import scan_io
 from data_loading.description import CHANNEL_SUFFIX
 from data_loading.atomic import atomic_write
 from data_loading.nifti_read import PreprocessError, read_nifti, read_voxels
-from data_loading.preprocessing import (_CASE_DIR as _CASE_NAME, IMAGE_FILE, LABEL_FILE, LABEL_VALUES,
-                                        TARGET_SPACING, _case_dirs, min_shape_padding, preprocess_arrays, resampled_shape, validated_label)
+from data_loading.preprocessing import (CASE_DIR, IMAGE_FILE, LABEL_FILE, LABEL_VALUES, TARGET_SPACING, case_dirs,
+                                        min_shape_padding, preprocess_arrays, resampled_shape, validated_label)
 from data_loading.scan_io import (LABEL_MAP_MAX, NIFTI_SUFFIXES, Orientation, ScanError, is_nifti_name, is_scan_name,
                                   label_map_values, refuse_label_map, scan_name)
 
@@ -248,7 +248,7 @@ def _kits_cases(root: str) -> list[Scan]:
     """The case folders of a KiTS19 tree ``root``, each a scan (or left out without its image)."""
     return [_kits_case(os.path.join(root, name), name) if os.path.isfile(os.path.join(root, name, IMAGE_FILE))
             else Scan(name + "/", os.path.join(root, name), left_out=f"a case folder without {IMAGE_FILE}")
-            for name in _case_dirs(root)]
+            for name in case_dirs(root)]
 
 
 def folder_scans(root: str, name: str) -> list[Scan]:
@@ -265,7 +265,7 @@ def folder_scans(root: str, name: str) -> list[Scan]:
     cases = _kits_cases(path)
     if cases:
         return cases
-    if _CASE_NAME.match(name):
+    if CASE_DIR.match(name):
         return [Scan(name + "/", path, left_out=f"a case folder without {IMAGE_FILE}")]
     series = dicom_series_below(root, path)
     if series:

@@ -2,9 +2,9 @@
 
 The same interface and attributes as the real loaders (168 training cases, 42 evaluation
 cases, the same sharding and batch counts), with no disk access and no per-step cost: a few
-batches are generated once on the device, from ``config.seed``, and yielded again and again.
-Evaluation volumes are ``val_input_shape``-sized (one sliding window each) and carry the real
-evaluation case ids.
+batches are generated once on the device, from the run's seed, and yielded again and again.
+Evaluation volumes are window-sized (one sliding window each) and carry the real evaluation case
+ids.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from data_loading.dataset import EVALUATION_CASES_FILE, read_evaluation_ids
 from data_loading.description import KITS19
 from data_loading.sampler import EpochShape, balance_by_cost
-from data_loading.source import DataSummary
+from data_loading.source import DataSummary, DataUse, Loaders, LoaderSettings
 
 TRAIN_CASES = 168
 EVAL_CASES = 42
@@ -73,6 +73,15 @@ class SyntheticEvalLoader:
     def __len__(self) -> int:
         return len(self.case_ids)
 
+    def volume_shapes(self) -> None:
+        """Not told: ``--benchmark`` warms the window batch alone and times every volume (each one
+        window), as it always has for generated tensors."""
+        return None
+
+    def scan_region(self, case_id: str, shape: Sequence[int]) -> None:
+        """Generated volumes have no geometry record: unknown."""
+        return None
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, str]]:
         for case_id in self.case_ids:
             yield (*self._volume, case_id)
@@ -91,21 +100,22 @@ class SyntheticData:
         """Generated tensors describe no dataset: KiTS19's labels."""
         return None
 
-    def summary(self, config) -> DataSummary:
+    def summary(self, use: DataUse) -> DataSummary:
         return DataSummary(TRAIN_CASES, EVAL_CASES, 0)
 
-    def loaders(self, config, num_shards: int, global_rank: int, device: torch.device | None = None):
-        return get_synthetic_loaders(config, num_shards, global_rank, device)
+    def loaders(self, settings: LoaderSettings, num_shards: int, global_rank: int,
+                device: torch.device | None = None) -> Loaders:
+        return get_synthetic_loaders(settings, num_shards, global_rank, device)
 
 
-def get_synthetic_loaders(config, num_shards: int, global_rank: int,
-                          device: torch.device | None = None):
-    """``(train_loader, val_loader)`` of random tensors; the contract of ``get_data_loaders``."""
+def get_synthetic_loaders(settings: LoaderSettings, num_shards: int, global_rank: int,
+                          device: torch.device | None = None) -> Loaders:
+    """This rank's loaders of random tensors; the contract of ``get_data_loaders``."""
     device = device if device is not None else torch.device("cpu")
-    train = SyntheticTrainLoader(config.seed, config.input_shape, config.batch_size, num_shards,
-                                 global_rank, device, ga_steps=config.ga_steps, last_batch=config.last_batch)
+    train = SyntheticTrainLoader(settings.seed, settings.patch, settings.batch_size, num_shards,
+                                 global_rank, device, ga_steps=settings.ga_steps, last_batch=settings.last_batch)
     ids = evaluation_ids()
     shards = balance_by_cost([1] * len(ids), num_shards)     # equal volumes: equal cost
-    val = SyntheticEvalLoader(config.seed, config.val_input_shape,
+    val = SyntheticEvalLoader(settings.seed, settings.window,
                               [ids[i] for i in shards[global_rank]], len(ids), device)
-    return train, val
+    return Loaders(train, val)

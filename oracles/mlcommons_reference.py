@@ -232,9 +232,9 @@ class ReferenceInference:
     call ran through the network, as ``runtime.predict.scan.ScanInference`` counts them (so
     predict's summary records them)."""
 
-    def __init__(self, model: torch.nn.Module, sliding_window_inference: Callable, config):
+    def __init__(self, model: torch.nn.Module, sliding_window_inference: Callable, inference):
         self.model, self.sliding_window_inference = model, sliding_window_inference
-        self.roi, self.overlap = list(config.val_input_shape), config.overlap
+        self.roi, self.overlap = list(inference.window), inference.overlap
         self.windows = 0
 
     def _counted(self, window: torch.Tensor) -> torch.Tensor:
@@ -259,16 +259,17 @@ class ReferenceInference:
         return probabilities
 
 
-def reference_infer(code_dir: str, state: dict, config) -> ReferenceInference:
-    """The reference's ``Unet3D`` with ``state`` and its ``sliding_window_inference`` called as
-    its evaluation calls it (fp32, Gaussian, ``padding_val=-2.2``, under ``torch.no_grad``), one
-    window per forward, as predict's ``infer``. Voxels its window trims get background
-    probability 1 (its evaluation scores them not at all)."""
+def reference_infer(code_dir: str, state: dict, network, inference) -> ReferenceInference:
+    """The reference's ``Unet3D`` (``network``'s normalization and activation, a plan's network
+    section) with ``state`` and its ``sliding_window_inference`` called as its evaluation calls it
+    (fp32, Gaussian, ``padding_val=-2.2``, under ``torch.no_grad``) with ``inference``'s window and
+    overlap (a plan's inference section), one window per forward, as predict's ``infer``. Voxels
+    its window trims get background probability 1 (its evaluation scores them not at all)."""
     unet3d, sliding_window_inference = load_reference(code_dir)
-    model = unet3d(1, 3, config.normalization, config.activation)
-    if list(model.filters) != list(config.filters):  # the reference builds 32..320 in
+    model = unet3d(1, 3, network.normalization, network.activation)
+    if list(model.filters) != list(network.filters):  # the reference builds 32..320 in
         raise ReferenceCodeError(f"the reference's Unet3D has filters {list(model.filters)} built in; "
-                                 f"this checkpoint's are {list(config.filters)}")
+                                 f"this checkpoint's are {list(network.filters)}")
     model.load_state_dict(state)
     model.eval()
-    return ReferenceInference(model, sliding_window_inference, config)
+    return ReferenceInference(model, sliding_window_inference, inference)

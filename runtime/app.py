@@ -18,7 +18,8 @@ from contextlib import ExitStack
 from typing import Callable
 
 from runtime import distributed as D
-from runtime.arguments import Config
+from runtime.arguments import recipe_flags
+from runtime.config import Config
 from runtime.mode import Function, Mode, Output, Session
 from runtime.outputs import OutputError, RunLock, remove_if_empty
 from runtime.signals import PreemptionFlag
@@ -60,7 +61,7 @@ def run_in_process_group(config: Config, mode: Mode, body: Callable[[Session], i
         with ExitStack() as on_exit:
             for output in outputs:
                 on_exit.callback(take_lock(output.lock(dist_info.is_main), dist_info).release)
-            return body(Session(config, dist_info, preempt, source, on_exit, mode))
+            return body(Session(config, dist_info, preempt, source, on_exit, mode, recipe_flags(config)))
     except BaseException:
         graceful = False
         raise

@@ -1,4 +1,5 @@
-"""Command line -> one frozen, validated :class:`Config`.
+"""Command line -> one frozen, validated :class:`~runtime.config.Config` (the value and its choices
+live in :mod:`runtime.config`, which has no argument parser: the engines import that, never this).
 
 Every flag of the MLCommons reference keeps its name, default and meaning; the flags added
 here are marked "(new)" in their help. ``parse_args`` validates once and exits with code 2
@@ -11,134 +12,17 @@ import copy
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 from data_loading.cli_types import OneLineParser, positive_int
-from model.layers import ACTIVATIONS, NORMALIZATIONS
 from model.unet3d import DEFAULT_FILTERS, SHAPE_DIVISOR
 from runtime import __version__
-from runtime.mode import FLAG_USES, MODES, Mode, exec_modes, mode_of
+from runtime.config import (ACTIVATIONS, AMP_DTYPES, BACKENDS, BRIGHTNESS, CACHES, DEVICES, DIVISIONS,  # noqa: F401
+                            EPOCHS_AUTO, LAST_BATCHES, LOADERS, NORMALIZATIONS, OPTIMIZERS, SEMANTICS, STATUSES,
+                            REFERENCE_FLAGS, Config, UsageError, checkpoint_path_problem, cuda_available,
+                            no_effect_line, unused_flags)
+from runtime.mode import FLAG_USES, MODES, exec_modes
 from runtime.mode import problems as _problems
-from runtime.run_files import QUALITY_THRESHOLD
-
-
-@dataclass(frozen=True)
-class Config:
-    # data and files
-    data_dir: str = "/data"
-    log_dir: str = "results"
-    save_ckpt_path: str = ""
-    ckpt_every_epochs: int = 0
-    ckpt_every_minutes: float = 30.0
-    ckpt_during_run: bool = False  # (new) --save_ckpt_path also written between run_start and run_stop
-    load_ckpt_path: str = ""  # the (first) checkpoint
-    load_ckpt_paths: tuple[str, ...] = ()  # (new) every --load_ckpt_path given: predict's ensemble
-    pretrained_weights: str = ""  # (new) training starts from this checkpoint's weights (another label set too)
-    resume: bool = False
-    loader: str = "pytorch"
-    cache: str = "auto"
-    num_workers: int = 8
-    prefetch: int = 2
-    brightness: str = "reference"
-    # process
-    local_rank: int = 0
-    device: str = "auto"
-    exec_mode: str = "train"
-    benchmark: bool = False
-    benchmark_steps: int = 0  # (new) --benchmark's budget: timed steps or volumes, 0 = none
-    benchmark_seconds: float = 0.0  # (new) and seconds of timed work, 0 = none
-    seed: int = -1
-    verbose: bool = False
-    plot: bool = False
-    # schedule
-    epochs: int | str = 1  # "auto": the rules' non-convergence limit, decided by runtime.resolve
-    quality_threshold: float = QUALITY_THRESHOLD
-    ga_steps: int = 1
-    warmup_steps: int = 4
-    batch_size: int = 2
-    evaluate_every: int | None = None
-    start_eval_at: int | None = None
-    # shapes
-    input_shape: tuple[int, ...] = (128, 128, 128)
-    val_input_shape: tuple[int, ...] = (128, 128, 128)
-    # optimisation
-    optimizer: str = "sgd"
-    learning_rate: float = 1.0
-    init_learning_rate: float = 1e-4
-    lr_warmup_epochs: int = 0
-    lr_decay_epochs: tuple[int, ...] = ()
-    lr_decay_factor: float = 1.0
-    lamb_betas: tuple[float, float] = (0.9, 0.999)
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    # model
-    normalization: str = "instancenorm"
-    activation: str = "relu"
-    filters: tuple[int, ...] = DEFAULT_FILTERS
-    include_background: bool = False
-    # augmentation and evaluation
-    oversampling: float = 0.4
-    overlap: float = 0.5
-    semantics: str = "reference"  # (new) the reference's crop sampler and GA tail, or the project's
-    last_batch: str = "pad"  # (new) the epoch's last global batch: padded (the rules) or dropped (the reference)
-    sw_batch_size: int = 2
-    # speed
-    amp: bool = False
-    amp_dtype: str = "auto"
-    channels_last: bool = False
-    compile: bool = False
-    cuda_graphs: bool = False
-    fused_optimizer: bool = False
-    cudnn_benchmark: bool = False
-    cudnn_deterministic: bool = False
-    # MLPerf submission metadata
-    submission_org: str = "reference_implementation"
-    submission_platform: str = "unknown"
-    submission_division: str = "auto"  # decided by runtime.division in runtime.resolve: closed or open
-    submission_status: str = "onprem"
-    # The flags given on the command line (field names), so that values saved in a checkpoint
-    # can fill the others (runtime.resolve).
-    explicit: frozenset = frozenset()
-    # predict (new)
-    input: str = ""
-    output_dir: str = ""
-    truth: str = ""  # (new) predict: a folder of ground truths (else labelsTr beside imagesTr, or beside the scan)
-    tta: bool = False
-    preview: bool = False
-    force: bool = False
-    int8: bool = False
-    int8_calibration: str = ""  # predict --int8: the scans (a file or folder) it calibrates on; "": each scan alone
-    save_probabilities: bool = False
-    # inference backend and memory (new): predict and evaluate
-    backend: str = "auto"
-    max_memory_gb: float = 0.0
-    cache_dir: str = ""  # OpenVINO's converted networks; "": $XDG_CACHE_HOME/unet3d-kits19 (runtime.resolve)
-
-    @property
-    def checkpoints(self) -> tuple[str, ...]:
-        """Every checkpoint of ``--load_ckpt_path``, in order (one, or predict's ensemble)."""
-        return self.load_ckpt_paths or ((self.load_ckpt_path,) if self.load_ckpt_path else ())
-
-    @property
-    def mode(self) -> Mode:
-        """The exec mode ``--exec_mode`` and ``--benchmark`` select (:mod:`runtime.mode`): ask it
-        what the run does."""
-        return mode_of(self.exec_mode, self.benchmark)
-
-    @property
-    def checkpoints_on_the_clock(self) -> bool:
-        """A training run that writes --save_ckpt_path between run_start and run_stop (at its
-        evaluations, periodically, on a signal): asked for with --ckpt_during_run or a
-        --ckpt_every_epochs; such a run is not an MLPerf result (its log says so). Otherwise the
-        checkpoint is written once, after run_stop, as the reference writes it."""
-        return (self.mode.saves_checkpoints and bool(self.save_ckpt_path)
-                and (self.ckpt_during_run or self.ckpt_every_epochs > 0))
-
-
-class UsageError(RuntimeError):
-    """A problem with the flags that only shows once the machine or the data is known (printed as
-    one line, exit code 1)."""
 
 
 # A container's default --log_dir: the image sets it to its writable /results volume (the code
@@ -171,15 +55,15 @@ def _data_flags(g, d: Config) -> None:
     g.add_argument("--ckpt_every_minutes", type=float, default=d.ckpt_every_minutes,
                    help="(new) with --ckpt_during_run, also save --save_ckpt_path when this many minutes of "
                         "training passed since the last save (0 = off)")
-    g.add_argument("--loader", default=d.loader, choices=["pytorch", "synthetic"],
+    g.add_argument("--loader", default=d.loader, choices=list(LOADERS),
                    help="real data pipeline, or random tensors for pure compute benchmarks")
-    g.add_argument("--cache", default=d.cache, choices=["auto", "none", "memory", "device"],
+    g.add_argument("--cache", default=d.cache, choices=list(CACHES),
                    help="(new) where training volumes live: re-read per sample, memory-mapped in RAM, "
                         "or on the GPU with augmentations there; auto = device on CUDA, memory on CPU")
     g.add_argument("--num_workers", type=int, default=d.num_workers, help="CPU data-loading workers")
     g.add_argument("--prefetch", type=int, default=d.prefetch,
                    help="(new) batches prepared ahead in a background thread (0 = off)")
-    g.add_argument("--brightness", default=d.brightness, choices=["reference", "centered"],
+    g.add_argument("--brightness", default=d.brightness, choices=list(BRIGHTNESS),
                    help="(new) brightness augmentation factor: reference = x(1+U(0.7,1.3)) as the "
                         "MLCommons code does; centered = xU(0.7,1.3)")
 
@@ -187,7 +71,7 @@ def _data_flags(g, d: Config) -> None:
 def _process_flags(g, d: Config) -> None:
     g.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
                    help="GPU index on this node (torchrun sets LOCAL_RANK)")
-    g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
+    g.add_argument("--device", default=d.device, choices=list(DEVICES),
                    help="(new) auto = CUDA/ROCm when available, else CPU")
     g.add_argument("--exec_mode", default=d.exec_mode, choices=exec_modes(),
                    help="train to the target, evaluate --load_ckpt_path on the evaluation cases, or "
@@ -233,9 +117,6 @@ def _benchmark_budget_flags(g, d: Config) -> None:
                         f"volume); without S: {BENCHMARK_SECONDS_CPU:g}; absent (0): no time limit")
 
 
-EPOCHS_AUTO = "auto"
-
-
 def epochs_value(value: str) -> int | str:
     """argparse ``type=`` of ``--epochs``: an integer (checked later) or ``auto``."""
     if value == EPOCHS_AUTO:
@@ -275,7 +156,7 @@ def _shape_flags(g, d: Config) -> None:
 
 
 def _optimisation_flags(g, d: Config) -> None:
-    g.add_argument("--optimizer", default=d.optimizer, choices=["sgd", "adam", "lamb"],
+    g.add_argument("--optimizer", default=d.optimizer, choices=list(OPTIMIZERS),
                    help="sgd = SGD with Nesterov momentum; lamb in pure PyTorch")
     g.add_argument("--learning_rate", type=float, default=d.learning_rate, help="base learning rate after warm-up")
     g.add_argument("--init_learning_rate", type=float, default=d.init_learning_rate, help="warm-up start")
@@ -305,14 +186,14 @@ def _augmentation_and_evaluation_flags(g, d: Config) -> None:
     g.add_argument("--oversampling", type=float, default=d.oversampling,
                    help="probability of a foreground-centred crop")
     g.add_argument("--overlap", type=float, default=d.overlap, help="sliding-window overlap in [0, 1)")
-    g.add_argument("--semantics", default=d.semantics, choices=["reference", "project"],
+    g.add_argument("--semantics", default=d.semantics, choices=list(SEMANTICS),
                    help="(new) reference: the MLCommons code's crop sampler (its randrange never draws the last "
                         "position; its foreground rule) and, with --last_batch drop, the epoch's last partial "
                         "gradient accumulation dropped (a closed run needs the sampler); project: this project's "
                         "fixes (every crop position; a long "
                         "foreground box's patch kept over the component; the partial accumulation stepped): an open "
                         "run. Both evaluate at --start_eval_at and every --evaluate_every epochs after it")
-    g.add_argument("--last_batch", default=d.last_batch, choices=["pad", "drop"],
+    g.add_argument("--last_batch", default=d.last_batch, choices=list(LAST_BATCHES),
                    help="(new) where the global batch does not divide the training cases: pad = every case "
                         "once per epoch, the last step padded with repeated cases of weight 0 in the loss (the "
                         "rules); drop = the reference's drop_last, the remainder not trained (an open run)")
@@ -324,7 +205,7 @@ def _speed_flags(g, d: Config) -> None:
     g.add_argument("--amp", action="store_true",
                    help="mixed precision (autocast); CPU training: bf16 only where the CPU has native bf16 dot "
                         "products (avx512_bf16/amx_bf16), else float32 (one line says which)")
-    g.add_argument("--amp_dtype", default=d.amp_dtype, choices=["auto", "fp16", "bf16"],
+    g.add_argument("--amp_dtype", default=d.amp_dtype, choices=list(AMP_DTYPES),
                    help="(new) autocast type; auto = fp16 + grad scaler on CUDA, bf16 on CPU")
     g.add_argument("--channels_last", action="store_true", help="(new) channels-last 3-D memory format; CPU training also fuses each instance norm + "
                         "activation (compiled once; docs/performance.md, \"CPU training step\")")
@@ -338,13 +219,13 @@ def _speed_flags(g, d: Config) -> None:
 def _submission_flags(g, d: Config) -> None:
     g.add_argument("--submission_org", default=d.submission_org, help="MLPerf submitter")
     g.add_argument("--submission_platform", default=d.submission_platform, help="MLPerf system name")
-    g.add_argument("--submission_division", default=d.submission_division, choices=["auto", "closed", "open"],
+    g.add_argument("--submission_division", default=d.submission_division, choices=list(DIVISIONS),
                    help="MLPerf division; auto (new): closed when the run is the reference's benchmark (model, loss, "
                         "SGD, the fixed values, --semantics reference, --last_batch pad, the rules' evaluation schedule, "
                         "KiTS19's 168/42 cases), else open with one "
                         "line saying why; closed on any other run is refused")
     g.add_argument("--submission_status", default=d.submission_status,
-                   choices=["onprem", "cloud", "preview", "research"], help="MLPerf system status")
+                   choices=list(STATUSES), help="MLPerf system status")
 
 
 def _predict_flags(g, d: Config) -> None:
@@ -381,7 +262,7 @@ def _predict_flags(g, d: Config) -> None:
 
 
 def _backend_flags(g, d: Config) -> None:
-    g.add_argument("--backend", default=d.backend, choices=["auto", "torch", "openvino"],
+    g.add_argument("--backend", default=d.backend, choices=list(BACKENDS),
                    help="(new) predict and evaluate: who runs the network's windows. auto: predict takes "
                         "OpenVINO on the CPU when installed (pip install -r requirements-openvino.txt) and no "
                         "PyTorch lever (--amp, --compile, --channels_last) is given, else PyTorch (both fp32); "
@@ -418,21 +299,6 @@ def build_parser(prog: str = "main.py") -> argparse.ArgumentParser:
     for title, add_flags in FLAG_GROUPS:
         add_flags(parser.add_argument_group(title), defaults)
     return parser
-
-
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def checkpoint_path_problem(path: str, flag: str) -> str:
-    """Why ``path`` is no checkpoint file: a folder (naming the checkpoints in it) or missing."""
-    if not os.path.isdir(path):
-        return f"{flag} {path!r} does not exist"
-    found = sorted(name for name in os.listdir(path) if name.endswith((".pt", ".pth", ".ckpt")))
-    hint = f", such as {os.path.join(path, found[0])!r}" if found else ""
-    return f"{flag} {path!r} is a folder; give the checkpoint file{hint}"
 
 
 def _count_errors(cfg: Config) -> list[str]:
@@ -536,26 +402,6 @@ def _mode_names(flag: str) -> str:
     return ", ".join(mode.name for mode in MODES.values() if mode.uses(flag))
 
 
-# The flags of the MLCommons reference's parser (image_segmentation/pytorch/runtime/arguments.py),
-# by Config field (argparse dest): it accepts each of them in every mode, so a script may pass one
-# set of flags to train and evaluate. Given where they do nothing here they are accepted with one
-# line saying so (:func:`no_effect_line`), never refused; predict (this project's own mode) takes
-# them the same way.
-REFERENCE_FLAGS = frozenset({
-    "data_dir", "log_dir", "save_ckpt_path", "load_ckpt_path", "loader", "local_rank", "epochs",
-    "quality_threshold", "ga_steps", "warmup_steps", "batch_size", "layout", "input_shape", "val_input_shape",
-    "seed", "num_workers", "exec_mode", "benchmark", "amp", "optimizer", "learning_rate", "init_learning_rate",
-    "lr_warmup_epochs", "lr_decay_epochs", "lr_decay_factor", "lamb_betas", "momentum", "weight_decay",
-    "evaluate_every", "start_eval_at", "verbose", "normalization", "activation", "pad_mode", "oversampling",
-    "overlap", "include_background", "cudnn_benchmark", "cudnn_deterministic"})
-
-
-def unused_flags(cfg: Config) -> list[str]:
-    """The flags (Config fields) given explicitly (``cfg.explicit``) that do nothing in this run's
-    mode, in :data:`runtime.mode.FLAG_USES`' order (defaults never count)."""
-    return [name for name in FLAG_USES if name in cfg.explicit and not cfg.mode.uses(name)]
-
-
 def _unused_text(names: Sequence[str], mode: str) -> str:
     """``--a, --b do nothing in --exec_mode M (where they apply)`` for the flags ``names``."""
     groups: dict[str, list[str]] = {}  # the modes that use them -> the flags
@@ -577,18 +423,6 @@ def unused_flag_errors(cfg: Config) -> list[str]:
     if not unused:
         return []
     return [f"{_unused_text(unused, cfg.mode.name)}; drop {'it' if len(unused) == 1 else 'them'}"]
-
-
-def no_effect_line(cfg: Config) -> str:
-    """The one line naming the reference's flags (:data:`REFERENCE_FLAGS`) given explicitly that do
-    nothing in this run's mode ("" when none): accepted, as the reference accepts them."""
-    unused = [name for name in unused_flags(cfg) if name in REFERENCE_FLAGS]
-    if not unused:
-        return ""
-    flags = ", ".join(f"--{name}" for name in unused)
-    verb, noun, pronoun = ("has", "flag", "it") if len(unused) == 1 else ("have", "flags", "them")
-    return (f"{flags} {verb} no effect in --exec_mode {cfg.mode.name} (the MLCommons reference's {noun}: "
-            f"accepted, as its parser accepts {pronoun} in every mode)")
 
 
 def used_in(mode: str, argv: Sequence[str]) -> list[str]:
@@ -645,6 +479,37 @@ def explicit_flags(argv: Sequence[str] | None = None,
         action.required = False
     namespace, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     return frozenset(vars(namespace))
+
+
+def given_flags(values: Mapping[str, object], given: Iterable[str], actions: Sequence) -> list[str]:
+    """main.py's command line rebuilt from the parsed ``values`` ({dest: value}) of the flags
+    ``given`` (argparse dests), in the parser's order (``actions``: its ``_actions``)."""
+    flags: list[str] = []
+    for action in actions:
+        if action.dest not in given or not action.option_strings or action.dest not in values:
+            continue
+        option = f"--{action.dest}" if f"--{action.dest}" in action.option_strings else action.option_strings[0]
+        value = values[action.dest]
+        if action.nargs == 0:  # store_true / store_false / BooleanOptionalAction
+            negative = [o for o in action.option_strings if o.startswith("--no-") or o.startswith("--no_")]
+            if value == action.const or (action.const is None and value):
+                flags.append(option)
+            elif negative and not value:
+                flags.append(negative[0])
+            continue
+        flags.append(option)
+        if isinstance(value, (list, tuple)):
+            flags += [str(v) for v in value]
+        else:
+            flags.append(str(value))
+    return flags
+
+
+def recipe_flags(config: Config) -> tuple[str, ...]:
+    """main.py's command line rebuilt from the parsed ``config``: the flags given, in the parser's
+    order (what ``run_description.json`` records as the run's recipe: ``runtime.host.record_run``)."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return tuple(given_flags(values, config.explicit, build_parser()._actions))
 
 
 def parse_args(argv: Sequence[str] | None = None, prog: str = "main.py") -> Config:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from data_loading.atomic import atomic_write
-from runtime.plan import saved_values
+from runtime.plan import RunPlan, saved_values
 
 FORMAT_VERSION = 2
 # Reference checkpoints carry no version; ours from 1 on (2 adds ``has_best``). A newer version
@@ -406,8 +406,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: dict, pat
 # -- writing ----------------------------------------------------------------------------------
 
 def payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-            state: TrainState, config, device: torch.device, status: str) -> dict:
-    """A checkpoint that tools expecting the reference's keys can read and that resumes a run."""
+            state: TrainState, plan: RunPlan, device: torch.device, status: str) -> dict:
+    """A checkpoint that tools expecting the reference's keys can read and that resumes a run of ``plan``."""
     last = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
     return {
         "format_version": FORMAT_VERSION,
@@ -423,10 +423,10 @@ def payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: to
         "best_mean_dice": state.best_mean_dice,
         "best_epoch": state.best_epoch,
         "last_eval": state.last_eval,
-        "master_seed": config.seed,
+        "master_seed": plan.seed,
         "rng": rng_state(device),
         "status": status,
-        "config": saved_values(config),  # the flags with the decided values overlaid, and the plan
+        "config": saved_values(plan),  # the flags with the decided values overlaid, and the plan
     }
 
 
@@ -437,10 +437,10 @@ def atomic_save(obj: Any, path: str) -> None:
 
 
 def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         scaler: torch.amp.GradScaler, state: TrainState, config, device: torch.device,
+         scaler: torch.amp.GradScaler, state: TrainState, plan: RunPlan, device: torch.device,
          status: str) -> None:
     """Write the run's checkpoint to ``path`` atomically (the caller decides which rank)."""
-    atomic_save(payload(model, optimizer, scaler, state, config, device, status), path)
+    atomic_save(payload(model, optimizer, scaler, state, plan, device, status), path)
 
 
 def rng_state(device: torch.device) -> dict:

@@ -53,48 +53,50 @@ def schedule_reasons(config, world_size: int) -> list[str]:
     return reasons
 
 
-def network_reasons(config) -> list[str]:
-    """What of ``config``'s network (``filters``, ``normalization``, ``activation``) is not the
-    reference's model."""
+def network_reasons(architecture: dict) -> list[str]:
+    """What of a network (``architecture``: its ``filters``, ``normalization``, ``activation``) is
+    not the reference's model."""
+    filters, normalization, activation = (architecture[k] for k in ("filters", "normalization", "activation"))
     reasons = []
-    if tuple(config.filters) != tuple(DEFAULT_FILTERS):
-        reasons.append(f"--filters {' '.join(map(str, config.filters))} is not the reference's model")
-    if config.normalization != "instancenorm":
-        reasons.append(f"--normalization {config.normalization} is not the reference's model (instancenorm)")
-    if config.activation != "relu":
-        reasons.append(f"--activation {config.activation} is not the reference's model (relu)")
+    if tuple(filters) != tuple(DEFAULT_FILTERS):
+        reasons.append(f"--filters {' '.join(map(str, filters))} is not the reference's model")
+    if normalization != "instancenorm":
+        reasons.append(f"--normalization {normalization} is not the reference's model (instancenorm)")
+    if activation != "relu":
+        reasons.append(f"--activation {activation} is not the reference's model (relu)")
     return reasons
 
 
-def shape_reasons(config) -> list[str]:
-    """What of ``config``'s training patch, evaluation window and overlap (``input_shape``,
-    ``val_input_shape``, ``overlap``) is not the benchmark's fixed value."""
+def shape_reasons(patch, window, overlap: float) -> list[str]:
+    """What of a run's training ``patch``, evaluation ``window`` and ``overlap`` is not the
+    benchmark's fixed value."""
     reasons = []
-    if tuple(config.input_shape) != REFERENCE_PATCH:
-        reasons.append(f"--input_shape {_shape(config.input_shape)} is not the fixed {_shape(REFERENCE_PATCH)}")
-    if tuple(config.val_input_shape) != REFERENCE_WINDOW:
-        reasons.append(f"--val_input_shape {_shape(config.val_input_shape)} is not the fixed "
-                       f"{_shape(REFERENCE_WINDOW)}")
-    if config.overlap != REFERENCE_OVERLAP:
-        reasons.append(f"--overlap {config.overlap:g} is not the fixed {REFERENCE_OVERLAP:g}")
+    if tuple(patch) != REFERENCE_PATCH:
+        reasons.append(f"--input_shape {_shape(patch)} is not the fixed {_shape(REFERENCE_PATCH)}")
+    if tuple(window) != REFERENCE_WINDOW:
+        reasons.append(f"--val_input_shape {_shape(window)} is not the fixed {_shape(REFERENCE_WINDOW)}")
+    if overlap != REFERENCE_OVERLAP:
+        reasons.append(f"--overlap {overlap:g} is not the fixed {REFERENCE_OVERLAP:g}")
     return reasons
 
 
-def cost_reasons(config) -> list[str]:
-    """What makes a training step or an evaluation of ``config`` cost other than the benchmark's:
-    its network and its patch, window and overlap (the predicted time to train names them)."""
-    return network_reasons(config) + shape_reasons(config)
+def cost_reasons(architecture: dict, patch, window, overlap: float) -> list[str]:
+    """What makes a training step or an evaluation cost other than the benchmark's: the network
+    (``architecture``) and the patch, window and overlap (the predicted time to train names them)."""
+    return network_reasons(architecture) + shape_reasons(patch, window, overlap)
 
 
-def flag_reasons(config, world_size: int = 1) -> list[str]:
-    """Why the flags of ``config`` make the run open (empty: they allow closed); ``world_size``
-    makes the global batch that fixes the evaluation schedule."""
-    reasons = network_reasons(config)
+def flag_reasons(config, architecture: dict, window, world_size: int = 1) -> list[str]:
+    """Why a run of the parsed flags ``config`` (``runtime.config.Config``), with the network
+    ``architecture`` and the evaluation ``window`` it runs (decided from the flags and the
+    checkpoint), is open (empty: it may be closed); ``world_size`` makes the global batch that
+    fixes the evaluation schedule."""
+    reasons = network_reasons(architecture)
     if config.include_background:
         reasons.append("--include_background is not the reference's loss")
     if config.optimizer != "sgd":
         reasons.append(f"--optimizer {config.optimizer} is not the reference's optimizer (sgd)")
-    reasons += shape_reasons(config)
+    reasons += shape_reasons(config.input_shape, window, config.overlap)
     if config.oversampling != REFERENCE_OVERSAMPLING:
         reasons.append(f"--oversampling {config.oversampling:g} is not the fixed {REFERENCE_OVERSAMPLING:g}")
     if config.quality_threshold != QUALITY_THRESHOLD:

@@ -10,7 +10,6 @@ read inside the functions), so the package reads records without torch.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -20,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from data_loading.atomic import atomic_write
 from data_loading.write_errors import failure_reason
@@ -305,47 +304,21 @@ def launcher_name(environ: Mapping[str, str] | None = None) -> str:
     return "torchrun" if "TORCHELASTIC_RUN_ID" in environ or "LOCAL_WORLD_SIZE" in environ else "python"
 
 
-def given_flags(values: Mapping[str, object], given: Iterable[str], actions: Sequence) -> list[str]:
-    """main.py's command line rebuilt from the parsed ``values`` ({dest: value}) of the flags
-    ``given`` (argparse dests), in the parser's order (``actions``: its ``_actions``)."""
-    flags: list[str] = []
-    for action in actions:
-        if action.dest not in given or not action.option_strings or action.dest not in values:
-            continue
-        option = f"--{action.dest}" if f"--{action.dest}" in action.option_strings else action.option_strings[0]
-        value = values[action.dest]
-        if action.nargs == 0:  # store_true / store_false / BooleanOptionalAction
-            negative = [o for o in action.option_strings if o.startswith("--no-") or o.startswith("--no_")]
-            if value == action.const or (action.const is None and value):
-                flags.append(option)
-            elif negative and not value:
-                flags.append(negative[0])
-            continue
-        flags.append(option)
-        if isinstance(value, (list, tuple)):
-            flags += [str(v) for v in value]
-        else:
-            flags.append(str(value))
-    return flags
-
-
-def record_run(config, dist_info) -> str | None:
+def record_run(flags: Sequence[str], log_dir: str, dist_info) -> str | None:
     """Every process's machine gathered to rank 0, which writes ``<log_dir>/run_description.json``
-    (a collective: every rank calls it). ``config``: the config as parsed (main.py's flags);
-    ``dist_info``: the process group (``runtime.distributed.DistInfo``). Reads no file of the
-    data: called before ``run_start``. Returns the path on rank 0."""
+    (a collective: every rank calls it). ``flags``: main.py's command line rebuilt from the
+    parsed flags (``runtime.arguments.recipe_flags``); ``dist_info``: the process group
+    (``runtime.distributed.DistInfo``). Reads no file of the data: called before ``run_start``.
+    Returns the path on rank 0."""
     from runtime import distributed as D
-    from runtime.arguments import build_parser
 
     device = dist_info.device
     processes = D.all_gather_objects(process_facts(dist_info.rank, device.type, device.index))
     if not dist_info.is_main:
         return None
-    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    flags = given_flags(values, config.explicit, build_parser()._actions)
     argv = sys.argv[1:] if os.path.basename(sys.argv[0] or "") == "main.py" else None
     record = run_description(processes, flags, argv, launcher_name())
-    path = os.path.join(config.log_dir, RUN_DESCRIPTION)
+    path = os.path.join(log_dir, RUN_DESCRIPTION)
     text = (json.dumps(record, indent=2) + "\n").encode("utf-8")
     try:
         atomic_write(path, lambda handle: handle.write(text))

@@ -9,7 +9,7 @@ mode takes follow from what it does (:data:`FLAG_USES`): a new mode is one entry
 ``"module:function"`` and imported when the mode runs (``runtime.app``); so the products'
 bodies import this module without importing each other.
 
-``Config`` below is ``runtime.arguments.Config``, not imported: arguments imports this table
+``Config`` below is ``runtime.config.Config``, not imported: the config imports this table
 (``Config.mode``, the flag refusals).
 """
 from __future__ import annotations
@@ -127,6 +127,7 @@ class Session:
     source: object  # the data source (train, evaluate, benchmark) or the scans (predict)
     on_exit: ExitStack  # callbacks run at teardown, before the locks are released
     mode: Mode
+    recipe: tuple[str, ...] = ()  # main.py's command line rebuilt from the flags (runtime.arguments.recipe_flags)
 
 
 # ------------------------------------------------------------------ which flags each mode takes
@@ -134,7 +135,7 @@ class Session:
 # Which modes each flag means something in (issue 42), by what a mode does: a Mode attribute, or
 # every mode, or none. A flag of this project's own given on the command line in a mode that does
 # not use it is refused in one line naming the flag and the mode (a default is never refused); a
-# flag of the MLCommons reference (runtime.arguments.REFERENCE_FLAGS) is accepted there, as the
+# flag of the MLCommons reference (runtime.config.REFERENCE_FLAGS) is accepted there, as the
 # reference's one parser accepts every flag in every mode, and one line says it has no effect
 # (issue 48). Every flag of the parser has an entry (tests/test_mode_flags.py checks it against
 # --help): a new flag needs one. A mode answers it: Mode.uses(flag), Mode.flags.

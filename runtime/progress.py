@@ -46,10 +46,10 @@ def write(line: str, stream=None) -> None:
     tqdm.write(line, file=stream or sys.stdout)
 
 
-def make_progress(config, is_main: bool, tty: bool | None = None):
+def make_progress(verbose: bool, is_main: bool, tty: bool | None = None):
     """The ``progress`` function of a run: ``always`` for evaluation cases and benchmark
-    iterations, else with ``--verbose`` only (see the module docstring)."""
+    iterations, else with ``--verbose`` (``verbose``) only (see the module docstring)."""
     def run_progress(iterable, desc: str = "", total: int | None = None, always: bool = False):
-        return progress(iterable, desc, total, show=is_main and (always or config.verbose), tty=tty)
+        return progress(iterable, desc, total, show=is_main and (always or verbose), tty=tty)
 
     return run_progress

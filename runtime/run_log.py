@@ -18,8 +18,8 @@ from mlperf_logging.mllog import constants as C
 
 from data_loading.write_errors import append_bytes, failure_reason
 from model.unet3d import weight_init_tensor_names
-from runtime.arguments import Config
 from runtime.outputs import OutputError
+from runtime.plan import NetworkPlan, RunPlan
 from runtime.run_files import (CHECKPOINTS_ON_THE_CLOCK, METRICS_LOG, MLPERF_LOG, NOT_CLOSED,
                                RESUMED_FROM_CHECKPOINT, SEED_FROM_OS, SEED_GIVEN, SEED_SOURCE, SEED_SOURCE_ENV,
                                check_record)
@@ -77,20 +77,20 @@ def cache_cleared(data_dir: str = "", mountinfo: str | None = None) -> tuple[boo
     return True, ""
 
 
-def seed_source(config) -> tuple[str, str]:
+def seed_source(plan: RunPlan) -> tuple[str, str]:
     """Where the run's master seed came from, and the one line a closed run with a hand-given seed
     says: ``"os"`` when main.py drew it (``--seed -1``: ``os.urandom`` on rank 0, the plan's seed
     decision asked for -1) or its launcher did and says so (``UNET3D_SEED_SOURCE=os``:
     run_and_time.sh for its default seed, ``python -m runtime.submission runs``), else
     ``"given"``. The rules (``training_rules.adoc``, "Random numbers"): closed-division random
     number generators are seeded from the clock, the OS's randomness or an RNG seeded from them."""
-    decision = config.decision("seed") if hasattr(config, "decision") else None
-    asked = decision.asked if decision is not None else config.seed
+    decision = plan.decision("seed")
+    asked = decision.asked if decision is not None else plan.seed
     if (isinstance(asked, int) and asked < 0) or os.environ.get(SEED_SOURCE_ENV, "") == SEED_FROM_OS:
         return SEED_FROM_OS, ""
-    if getattr(config, "submission_division", "") != "closed":
+    if plan.division != "closed":
         return SEED_GIVEN, ""
-    return SEED_GIVEN, (f"seed {config.seed} was given by hand: the rules want closed-division seeds from the clock, "
+    return SEED_GIVEN, (f"seed {plan.seed} was given by hand: the rules want closed-division seeds from the clock, "
                         "the OS's randomness or an RNG seeded from them (training_rules.adoc, \"Random numbers\"); "
                         "leave --seed out (or -1) to draw one from the OS; the submission package names this run")
 
@@ -179,39 +179,41 @@ class MLPerfLogger:
             self.event(NOT_CLOSED, value=reasons)
 
     # -- the benchmark's fixed records ---------------------------------------------------------
-    def submission_info(self, config: Config) -> None:
-        """The submission's records and the master seed (``config`` resolved by
+    def submission_info(self, plan: RunPlan) -> None:
+        """The submission's records and the master seed (``plan`` resolved by
         ``runtime.resolve.resolve``: the seed drawn, the division decided from the flags), before
         ``init_start``. The division cannot wait for the data's case counts (known after
         ``run_start``): the 4.0.0 checker sets the initialisation time limit it checks at
         ``init_stop`` from it (no division logged before ``init_stop`` fails every log). A
         closed log whose data then is not KiTS19's 168/42 fails its ``train_samples`` /
         ``eval_samples`` checks; ``resolve_data`` says so in one line."""
-        cleared, why = cache_cleared(config.data_dir)
+        flags = plan.config
+        cleared, why = cache_cleared(flags.data_dir)
         if why and self.enabled:
             print(why)
         self.event(C.CACHE_CLEAR, value=cleared)
         self.event(C.SUBMISSION_BENCHMARK, value=C.UNET3D)
-        self.event(C.SUBMISSION_ORG, value=config.submission_org)
-        self.event(C.SUBMISSION_DIVISION, value=config.submission_division)
-        self.event(C.SUBMISSION_STATUS, value=config.submission_status)
-        self.event(C.SUBMISSION_PLATFORM, value=config.submission_platform)
+        self.event(C.SUBMISSION_ORG, value=flags.submission_org)
+        self.event(C.SUBMISSION_DIVISION, value=plan.division)
+        self.event(C.SUBMISSION_STATUS, value=flags.submission_status)
+        self.event(C.SUBMISSION_PLATFORM, value=flags.submission_platform)
         # The one seed every other is derived from (per rank, per epoch's shuffle, per sample:
         # data_loading/sampler.py, runtime/distributed.py); the checker wants exactly one. Its
         # metadata says where it came from (the package names closed runs with a hand-given one).
-        source, said = seed_source(config)
+        source, said = seed_source(plan)
         if said and self.enabled:
             print(said)
-        self.event(C.SEED, value=config.seed, metadata={SEED_SOURCE: source})
+        self.event(C.SEED, value=plan.seed, metadata={SEED_SOURCE: source})
 
-    def weights_initialization(self, config: Config) -> None:
-        for name in weight_init_tensor_names(len(config.filters), config.normalization):
+    def weights_initialization(self, network: NetworkPlan) -> None:
+        for name in weight_init_tensor_names(len(network.filters), network.normalization):
             self.event(C.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
 
-    def hyperparameters(self, config: Config, world_size: int) -> None:
+    def hyperparameters(self, plan: RunPlan, world_size: int) -> None:
         """The run's hyper-parameters, every one the rules list for unet3d (closed: global batch
         size, base and initial learning rate, momentum, warm-up and decay epochs, decay factor,
-        weight decay); ``config`` resolved with its data (case and sample counts)."""
+        weight decay); ``plan`` resolved with its data (case and sample counts)."""
+        config, data, training = plan.config, plan.data, plan.training
         self.event(C.GLOBAL_BATCH_SIZE, value=config.batch_size * world_size * config.ga_steps)
         self.event(C.GRADIENT_ACCUMULATION_STEPS, value=config.ga_steps)
         self.event(C.OPT_NAME, value=config.optimizer)
@@ -224,13 +226,14 @@ class MLPerfLogger:
         self.event("opt_momentum", value=config.momentum)
         self.event("oversampling", value=config.oversampling)
         self.event("training_input_shape", value=list(config.input_shape))
-        self.event("validation_input_shape", value=list(config.val_input_shape))
-        self.event("validation_overlap", value=config.overlap)
-        self.event(C.TRAIN_SAMPLES, value=config.num_train_cases)
-        self.event(C.EVAL_SAMPLES, value=config.num_eval_cases)
-        self.event("samples_per_epoch", value=config.samples_per_epoch)  # padding counted: the schedule's unit
+        self.event("validation_input_shape", value=list(plan.inference.window))
+        self.event("validation_overlap", value=plan.inference.overlap)
+        self.event(C.TRAIN_SAMPLES, value=data.num_train_cases if data else None)
+        self.event(C.EVAL_SAMPLES, value=data.num_eval_cases if data else None)
+        # padding counted: the schedule's unit
+        self.event("samples_per_epoch", value=training.samples_per_epoch if training else None)
         # padding not counted: the unit of every epoch_num in this log (runtime.schedule)
-        self.event("samples_trained_per_epoch", value=config.samples_trained_per_epoch)
+        self.event("samples_trained_per_epoch", value=training.samples_trained_per_epoch if training else None)
 
 
 class MetricsWriter:

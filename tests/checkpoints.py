@@ -19,6 +19,8 @@ from runtime import checkpoint as ckpt
 from runtime.arguments import Config
 from runtime.build import autocast_factory, build_model
 from runtime.optimizers import make_optimizer
+from runtime.plan import InferencePlan, PrecisionPlan, RunPlan, TrainingPlan
+from runtime.resolve import network_of_flags
 
 CPU = torch.device("cpu")
 BROKEN = ("not_a_dict", "no_model", "truncated", "garbage")
@@ -30,17 +32,32 @@ def architecture(filters, normalization: str = "instancenorm", activation: str =
                                activation=activation)
 
 
+def flags_plan(config: Config) -> RunPlan:
+    """A plan of ``config``'s flags alone, each section's values the flags' as given, with no
+    decision (what a test that plans nothing saves: the flags, and an empty plan; what a test of
+    a builder hands it)."""
+    return RunPlan(config=config, decisions=(), device="cpu", host_memory=False, network=network_of_flags(config),
+                   precision=PrecisionPlan(config.amp, config.amp_dtype, int8=config.int8,
+                                           channels_last=config.channels_last, compile=config.compile),
+                   inference=InferencePlan(config.backend, tuple(config.val_input_shape), config.overlap,
+                                           config.sw_batch_size, tta=config.tta, cache_dir=config.cache_dir,
+                                           checkpoints=config.checkpoints),
+                   training=TrainingPlan(config.fused_optimizer, False, config.cuda_graphs, config.epochs,
+                                         start_eval_at=config.start_eval_at, evaluate_every=config.evaluate_every),
+                   seed=config.seed, division=config.submission_division)
+
+
 def unet(config: Config, seed: int = 0) -> torch.nn.Module:
     """The network ``config`` describes, initialised from ``seed`` (the global RNG untouched),
     in eval mode."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return build_model(config, CPU).eval()
+        return build_model(network_of_flags(config), CPU).eval()
 
 
 def _optimizer_and_scaler(config: Config, model: torch.nn.Module):
     """A fresh optimizer and gradient scaler of ``config``, built as a training run builds them."""
-    _, scaler = autocast_factory(config, CPU)
+    _, scaler = autocast_factory(flags_plan(config).precision, CPU)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.learning_rate, config.momentum,
                                config.weight_decay, config.lamb_betas)
     return optimizer, scaler
@@ -52,7 +69,8 @@ def checkpoint_dict(config: Config, model: torch.nn.Module | None = None, seed: 
     evaluate and predict load the last ones), with the weights of ``model`` (default:
     ``unet(config, seed)``), as ``runtime.checkpoint.payload`` builds it."""
     model = unet(config, seed) if model is None else model
-    return ckpt.payload(model, *_optimizer_and_scaler(config, model), ckpt.TrainState(), config, CPU, status)
+    return ckpt.payload(model, *_optimizer_and_scaler(config, model), ckpt.TrainState(), flags_plan(config), CPU,
+                        status)
 
 
 def write_checkpoint(path, config: Config, model: torch.nn.Module | None = None, seed: int = 0,
@@ -60,7 +78,8 @@ def write_checkpoint(path, config: Config, model: torch.nn.Module | None = None,
     """:func:`checkpoint_dict` written to ``path`` by ``runtime.checkpoint.save`` (atomically, as
     a run saves it). Returns the model whose weights it holds."""
     model = unet(config, seed) if model is None else model
-    ckpt.save(str(path), model, *_optimizer_and_scaler(config, model), ckpt.TrainState(), config, CPU, status)
+    ckpt.save(str(path), model, *_optimizer_and_scaler(config, model), ckpt.TrainState(), flags_plan(config), CPU,
+              status)
     return model
 
 

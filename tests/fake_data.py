@@ -1,5 +1,5 @@
-"""A tiny deterministic data source (the interface of data_loading.data_loader.PreprocessedData)
-for runtime tests: ``run(config, data=FakeData())``."""
+"""A tiny deterministic data source (the interface of data_loading.data_loader.PreprocessedData,
+``data_loading.source``'s protocols) for runtime tests: ``run(config, data=FakeData())``."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,6 +31,13 @@ class FakeTrainLoader:
     def __len__(self):
         return len(self.cases) // self.world // self.batch
 
+    @property
+    def samples_trained(self):
+        return len(self) * self.world * self.batch  # the remainder is dropped: no padding
+
+    def step_weights(self, batch_index):
+        return None
+
     def __iter__(self):
         order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.cases))
         mine = order[self.rank::self.world]
@@ -56,6 +63,12 @@ class FakeValLoader:
     def __len__(self):
         return len(self.cases)
 
+    def volume_shapes(self):
+        return None  # not told: the benchmark times every volume
+
+    def scan_region(self, case_id, shape):
+        return None  # no geometry record
+
     def __iter__(self):
         for case in self.cases:
             image, label = _volume(case, self.shape)
@@ -69,13 +82,15 @@ class FakeData:
     def description(self):
         return None
 
-    def summary(self, config):
-        from data_loading.data_loader import DataSummary
+    def summary(self, use):
+        from data_loading.source import DataSummary
 
         return DataSummary(self.n_train, self.n_val, 0)
 
-    def loaders(self, config, num_shards, global_rank, device=None):
-        train = FakeTrainLoader(list(range(self.n_train)), config.batch_size, config.input_shape, config.seed,
+    def loaders(self, settings, num_shards, global_rank, device=None):
+        from data_loading.source import Loaders
+
+        train = FakeTrainLoader(list(range(self.n_train)), settings.batch_size, settings.patch, settings.seed,
                                 num_shards, global_rank)
         val = FakeValLoader(list(range(100, 100 + self.n_val)), self.val_shape, num_shards, global_rank)
-        return train, val
+        return Loaders(train, val)

@@ -75,11 +75,13 @@ def test_project_fp32_training_step_against_the_reference_step():
     from model.losses import DiceCELoss
     from runtime.arguments import Config
     from runtime.build import build_model
+    from runtime.resolve import network_of_flags
 
     torch.set_num_threads(1)
     reference_unet, reference_loss, _ = load_reference_training(REAL)
     torch.manual_seed(0)
-    ours = build_model(dataclasses.replace(Config(loader="synthetic"), exec_mode="train"), torch.device("cpu"))
+    ours = build_model(network_of_flags(dataclasses.replace(Config(loader="synthetic"), exec_mode="train")),
+                       torch.device("cpu"))
     theirs = reference_unet(1, 3, "instancenorm", "relu")
     theirs.load_state_dict(ours.state_dict())
     sequential = type(ours)(filters=ours.filters)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from data_loading.data_loader import get_data_loaders, resolve_cache
+from data_loading.data_loader import get_data_loaders
+from runtime.resolve import resolve_cache
 from runtime.schedule import samples_per_epoch
 from data_loading.prefetch import prefetch
 from data_loading.sampler import (balance_by_cost, batches_per_epoch, epoch_batches,

@@ -18,6 +18,7 @@ from main_runs import TINY, call, official_compliance_output, one_line_error
 from runtime import distributed as D
 from runtime.arguments import UsageError, parse_args
 from runtime.division import data_reasons, decide, flag_reasons
+from runtime.plan import DataPlan
 from runtime.resolve import resolve, resolve_data
 from runtime.run_files import MLPERF_LOG, NOT_CLOSED, RUN_DESCRIPTION
 
@@ -30,13 +31,14 @@ def _resolved(argv, capsys=None):
 
 def test_the_reference_benchmarks_flags_are_closed(capsys):
     cfg = _resolved([])
-    assert cfg.submission_division == "closed" and cfg.why("division") == ""
-    assert flag_reasons(cfg) == [] and data_reasons(168, 42) == []
+    assert cfg.division == "closed" and cfg.why("division") == ""
+    assert flag_reasons(cfg.config, cfg.network.architecture, cfg.inference.window) == []
+    assert data_reasons(168, 42) == []
     assert capsys.readouterr().out == ""
     # the rules' tunables stay closed
     assert _resolved(["--learning_rate", "2.0", "--momentum", "0.95", "--lr_warmup_epochs", "1000",
                       "--init_learning_rate", "0.001", "--batch_size", "7", "--ga_steps", "2",
-                      "--weight_decay", "0.0001"]).submission_division == "closed"
+                      "--weight_decay", "0.0001"]).division == "closed"
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -55,7 +57,7 @@ def test_the_reference_benchmarks_flags_are_closed(capsys):
 ])
 def test_a_changed_run_is_open_with_one_line_and_closed_is_refused(flags, named, capsys):
     cfg = _resolved(flags)
-    assert cfg.submission_division == "open" and named in cfg.why("division")
+    assert cfg.division == "open" and named in cfg.why("division")
     lines = capsys.readouterr().out.splitlines()
     assert lines == [cfg.why("division")] and lines[0].startswith("MLPerf division: open, because")
     with pytest.raises(UsageError, match="--submission_division closed") as err:
@@ -73,13 +75,13 @@ def test_the_data_stage_opens_a_run_on_other_cases(capsys):
     cfg = _resolved([])
     summary = type("S", (), {"num_train": 10, "num_eval": 3, "train_bytes": 0, "synthetic": ""})()
     opened = resolve_data(cfg, CPU, summary)
-    assert opened.submission_division == "open" and "10 training and 3 evaluation cases" in opened.why("division")
+    assert opened.division == "open" and "10 training and 3 evaluation cases" in opened.why("division")
     assert capsys.readouterr().out.splitlines() == [opened.why("division")]
     closed = _resolved(["--submission_division", "closed"])
     with pytest.raises(UsageError, match="10 training and 3 evaluation cases"):
         resolve_data(closed, CPU, summary)
     kits = type("S", (), {"num_train": 168, "num_eval": 42, "train_bytes": 0, "synthetic": ""})()
-    assert resolve_data(cfg, CPU, kits).submission_division == "closed"
+    assert resolve_data(cfg, CPU, kits).division == "closed"
 
 
 def test_decide_known_answers():
@@ -137,26 +139,27 @@ def test_the_data_stage_opens_a_run_on_synthetic_data_with_kits19s_counts(tmp_pa
     a run whose log already says closed keeps the reason for its not_closed event, and
     --submission_division closed is refused in one line naming it."""
     from data_loading.data_loader import PreprocessedData
-    from data_loading.source import DataSummary
+    from data_loading.source import DataSummary, DataUse
 
     patch = parse_args(["--data_dir", "/", "--device", "cpu", "--input_shape", "32", "32", "64"])
-    marked = PreprocessedData(marked_dataset(tmp_path / "marked")).summary(patch)
-    plain = PreprocessedData(easy_data.write_dataset(str(tmp_path / "plain"), range(4))).summary(patch)
+    marked = PreprocessedData(marked_dataset(tmp_path / "marked")).summary(DataUse.of_flags(patch))
+    use = DataUse.of_flags(patch)
+    plain = PreprocessedData(easy_data.write_dataset(str(tmp_path / "plain"), range(4))).summary(use)
     assert plain.synthetic == "" and "synthetic.json: data_loading.synthetic, seed 0" in marked.synthetic
     assert data_reasons(168, 42, marked.synthetic) == [f"{SYNTHETIC_WHY} ({marked.synthetic})"]
 
     cfg = _resolved([])
-    assert cfg.submission_division == "closed" and capsys.readouterr().out == ""
+    assert cfg.division == "closed" and capsys.readouterr().out == ""
     kits_counts = DataSummary(168, 42, 0, synthetic=marked.synthetic)
     opened = resolve_data(cfg, CPU, kits_counts)
-    assert opened.submission_division == "open" and SYNTHETIC_WHY in opened.why("division")
+    assert opened.division == "open" and SYNTHETIC_WHY in opened.why("division")
     assert opened.decision("not_closed").value == f"{SYNTHETIC_WHY} ({marked.synthetic})"
     assert capsys.readouterr().out.splitlines() == [opened.why("division")]
     with pytest.raises(UsageError, match=SYNTHETIC_WHY) as err:
         resolve_data(_resolved(["--submission_division", "closed"]), CPU, kits_counts)
     assert "\n" not in str(err.value)
     unmarked = resolve_data(cfg, CPU, DataSummary(168, 42, 0))
-    assert unmarked.submission_division == "closed" and unmarked.decision("not_closed") is None
+    assert unmarked.division == "closed" and unmarked.decision("not_closed") is None
     # a run already open by its flags logged open: nothing to correct in its log
     assert resolve_data(_resolved(["--optimizer", "adam"]), CPU, kits_counts).decision("not_closed") is None
 
@@ -175,7 +178,8 @@ def write_log(folder, not_closed: str) -> str:
     logger.end(C.INIT_STOP)
     logger.start(C.RUN_START)
     logger.not_closed(not_closed)
-    logger.hyperparameters(replace(cfg, num_train_cases=168, num_eval_cases=42, samples_per_epoch=168), 1)
+    logger.hyperparameters(replace(cfg, data=DataPlan("memory", 168, 42),
+                                   training=replace(cfg.training, samples_per_epoch=168)), 1)
     logger.end(C.RUN_STOP, metadata={"status": "success"})
     logger.close()
     return str(folder / MLPERF_LOG)

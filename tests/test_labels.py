@@ -153,19 +153,20 @@ def test_the_plan_holds_the_datas_label_set_before_the_clock():
     described = ds.parse_description({"name": "KiTS23", "labels": dict(KITS23)}, "d/dataset.json")
     config = parse_args(TINY)
     plan = resolve(config, cpu)
-    assert plan.label_set == L.KITS19_SET and plan.decision("labels").value == L.KITS19_LABELS
+    assert plan.network.label_set == L.KITS19_SET and plan.decision("labels").value == L.KITS19_LABELS
     assert plan.decision("dice").value == L.BENCHMARK
     plan = resolve(config, cpu, dataset=described)
-    assert plan.labels == KITS23 and plan.dice == L.NNUNET and "d/dataset.json" in plan.why("labels")
+    assert plan.network.label_set.labels == KITS23 and plan.network.label_set.dice == L.NNUNET
+    assert "d/dataset.json" in plan.why("labels")
     data_plan = resolve_data(plan, cpu, summary)
-    assert data_plan.label_set == OWN23 and [d.name for d in data_plan.decisions].count("labels") == 1
+    assert data_plan.network.label_set == OWN23 and [d.name for d in data_plan.decisions].count("labels") == 1
     named_alike = ds.parse_description({"labels": dict(L.KITS19_LABELS)}, "k/dataset.json")
-    assert resolve(config, cpu, dataset=named_alike).label_set == L.LabelSet(L.KITS19_LABELS, L.NNUNET)
+    assert resolve(config, cpu, dataset=named_alike).network.label_set == L.LabelSet(L.KITS19_LABELS, L.NNUNET)
 
     binary = {"config": {"plan": [{"name": "labels", "value": [list(pair) for pair in BINARY]}]}}
     plan = resolve(config, cpu, None, Saved("b.pt", binary, resume=False),
                    dataset=ds.parse_description({"labels": dict(BINARY)}, "b/dataset.json"))
-    assert plan.labels == BINARY and "b/dataset.json" in plan.why("labels")
+    assert plan.network.label_set.labels == BINARY and "b/dataset.json" in plan.why("labels")
     with pytest.raises(UsageError) as info:
         resolve(config, cpu, None, Saved("b.pt", binary, resume=False), dataset=described)
     assert "\n" not in str(info.value) and "organ 1" in str(info.value) and "cyst 3" in str(info.value)

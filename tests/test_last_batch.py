@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from data_loading.data_loader import TrainLoader
+from data_loading.data_loader import FolderTrainLoader
 from data_loading.dataset import Case, TrainingSet
 from data_loading.sampler import epoch_batches, epoch_permutation, step_weights
 from model.losses import DiceCELoss
 from runtime import distributed as D
 from runtime.arguments import Config, UsageError, parse_args
 from runtime.build import eager_train_step, weighted_loss
+from runtime.plan import PrecisionPlan
 from runtime.resolve import resolve, resolve_data
 from runtime.training.loop import Reporters, eval_schedule_of, train_epoch
 
@@ -64,9 +65,9 @@ def traced_epoch(cases, batch, world, ga, rank, monkeypatch, epoch=3):
         return original(self, index)
 
     monkeypatch.setattr(TrainingSet, "volumes", volumes)
-    loader = TrainLoader(cases, patch=PATCH, oversampling=0.4, brightness="reference", seed=11,
-                         num_shards=world, rank=rank, batch_size=batch, cache="memory", device=None,
-                         num_workers=0, prefetch_depth=0, ga_steps=ga)
+    loader = FolderTrainLoader(cases, patch=PATCH, oversampling=0.4, brightness="reference", seed=11,
+                               num_shards=world, rank=rank, batch_size=batch, cache="memory", device=None,
+                               num_workers=0, prefetch_depth=0, ga_steps=ga)
     cfg = dataclasses.replace(Config(), batch_size=batch, ga_steps=ga, learning_rate=0.1)
 
     def step(image, label, last_micro_batch=True, weights_=None):
@@ -74,7 +75,8 @@ def traced_epoch(cases, batch, world, ga, rank, monkeypatch, epoch=3):
         return torch.zeros((), dtype=torch.float64)
 
     components = SimpleNamespace(
-        config=cfg, train_loader=loader, step=step,
+        plan=SimpleNamespace(config=cfg, precision=PrecisionPlan(False, "auto")),  # what train_epoch reads of a plan
+        train_loader=loader, step=step,
         optimizer=SimpleNamespace(param_groups=[{"lr": 0.0}]),
         dist=D.DistInfo(rank=rank, local_rank=rank, world_size=1, device=torch.device("cpu")),
         state=SimpleNamespace(epoch=epoch - 1, step_in_epoch=0, epoch_loss_sum=0.0))
@@ -99,7 +101,8 @@ def test_every_training_case_once_per_epoch_with_weight(batch, world, ga, kits_s
     # what the MLPerf log counts (every epoch_num): the samples trained, those with a weight
     cfg, dist = _resolved(["--batch_size", str(batch), "--ga_steps", str(ga)], world)
     cfg = resolve_data(cfg, dist, SimpleNamespace(num_train=KITS_TRAIN, num_eval=42, train_bytes=0, synthetic=""))
-    assert (cfg.samples_per_epoch, cfg.samples_trained_per_epoch) == (spe, sum(1 for _, w in samples if w > 0))
+    trained = sum(1 for _, w in samples if w > 0)
+    assert (cfg.training.samples_per_epoch, cfg.training.samples_trained_per_epoch) == (spe, trained)
 
 
 @pytest.mark.parametrize("world, batch, ga, semantics, trained", [
@@ -217,18 +220,18 @@ def _resolved(argv, world=1):
 def test_logged_schedule_is_the_rules_at_the_global_batch(batch, world, ga):
     cfg, dist = _resolved(["--batch_size", str(batch), "--ga_steps", str(ga)], world)
     cfg = resolve_data(cfg, dist, SimpleNamespace(num_train=168, num_eval=42, train_bytes=0, synthetic=""))
-    schedule = eval_schedule_of(cfg)  # what the loop evaluates on and logs
+    schedule = eval_schedule_of(cfg.training)  # what the loop evaluates on and logs
     assert (schedule.start_eval_at, schedule.evaluate_every, schedule.fail_epoch) == \
         rules_text_schedule(batch * world * ga)
-    assert cfg.samples_per_epoch == math.ceil(Fraction(168, batch * world * ga)) * batch * world * ga
-    assert cfg.submission_division == "closed"
+    assert cfg.training.samples_per_epoch == math.ceil(Fraction(168, batch * world * ga)) * batch * world * ga
+    assert cfg.division == "closed"
 
 
 def test_epochs_auto_is_the_rules_non_convergence_limit():
     cfg, _ = _resolved(["--epochs", "auto", "--batch_size", "8"], world=2)
-    assert cfg.epochs == rules_text_schedule(16)[2] == 9546
+    assert cfg.training.epochs == rules_text_schedule(16)[2] == 9546
     assert "10000" in cfg.why("epochs") and cfg.decision("epochs").asked == "auto"
-    assert _resolved(["--epochs", "4000"])[0].epochs == 4000  # the reference's value stays
+    assert _resolved(["--epochs", "4000"])[0].training.epochs == 4000  # the reference's value stays
     with pytest.raises(SystemExit):
         parse_args(["--epochs", "many"])
 
@@ -251,16 +254,16 @@ def test_epochs_auto_in_a_shared_flag_set_passes_plain_evaluate_only(tmp_path, c
                                          (["--last_batch", "drop"], 1)])
 def test_a_hand_set_schedule_or_a_dropped_batch_is_never_closed(argv, world):
     cfg, _ = _resolved(argv, world)
-    assert cfg.submission_division == "open" and cfg.why("division")
+    assert cfg.division == "open" and cfg.why("division")
     with pytest.raises(UsageError, match="cannot be closed"):
         _resolved([*argv, "--submission_division", "closed"], world)
 
 
 def test_the_formulas_values_given_by_hand_stay_closed():
     cfg, _ = _resolved(["--start_eval_at", "1000", "--evaluate_every", "20"])  # global batch 2
-    assert cfg.submission_division == "closed"
+    assert cfg.division == "closed"
     cfg, _ = _resolved(["--start_eval_at", "955", "--evaluate_every", "20", "--batch_size", "16"])
-    assert cfg.submission_division == "closed"
+    assert cfg.division == "closed"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -288,7 +291,9 @@ def test_cuda_graphs_train_a_padded_step_eagerly_on_the_graphs_state(optimizer_n
             model = TinyNet().to(dev)
             opt = make_optimizer(optimizer_name, model.parameters(), lr, momentum=0.9)
             scaler = torch.amp.GradScaler("cuda", enabled=False)
-            step = (graphed_train_step(model, DiceCELoss(), opt, scaler, nullcontext, cfg, dev) if graphed
+            step = (graphed_train_step(model, DiceCELoss(), opt, scaler, nullcontext,
+                                       (cfg.batch_size, 1, *cfg.input_shape), cfg.channels_last, cfg.ga_steps, dev)
+                    if graphed
                     else eager_train_step(model, DiceCELoss(), opt, scaler, nullcontext, 1))
             for (image, label), w in zip(batches, weights):
                 step(image, label, True, w)

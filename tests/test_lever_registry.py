@@ -14,6 +14,7 @@ from runtime import build
 from runtime.levers.cpu import convert
 from runtime.levers.cpu.blocks import FastConvBlock
 from runtime.levers.cpu.norms import FusedNormActivation
+from runtime.plan import PrecisionPlan
 
 FILTERS = (4, 8, 16, 32, 64)
 CPU_CL_FP32 = dict(is_train=True, device_type="cpu", channels_last=True, amp_dtype=None,
@@ -85,9 +86,11 @@ def test_a_lever_is_one_registered_class(monkeypatch):
     assert converted == []
     convert.apply_levers(model, ("eval_only",), compile=True)
     assert converted == [(model, True)]
-    plan = SimpleNamespace(compile=False, cuda_graphs=False, levers=("eval_only",))  # what compiles_lazily reads of a plan
-    assert build.compiles_lazily(plan, torch.device("cpu"))
-    assert not build.compiles_lazily(SimpleNamespace(compile=False, cuda_graphs=False, levers=(convert.GEMM_TRANSPOSED,)),
-                                     torch.device("cpu"))
+    # what compiles_lazily reads of a plan: its precision, and no training section (no CUDA graph)
+    plan = SimpleNamespace(precision=PrecisionPlan(False, "auto", levers=("eval_only",)), training=None)
+    assert build.compiles_lazily(plan)
+    assert not build.compiles_lazily(SimpleNamespace(precision=PrecisionPlan(False, "auto",
+                                                                             levers=(convert.GEMM_TRANSPOSED,)),
+                                                     training=None))
     with pytest.raises(ValueError, match="registered twice"):
         convert.register(EvalOnly)

@@ -120,7 +120,8 @@ TRAIN = textwrap.dedent("""
     from runtime.levers.cpu.convert import apply_levers, choose_levers
     from runtime.levers.cpu.host_memory import reuse_freed_memory
     from runtime.optimizers import make_optimizer
-    from runtime.resolve import decide_precision
+    from runtime.plan import PrecisionPlan
+    from runtime.resolve import decide_amp, network_of_flags
     if sys.argv[1] == "reuse":
         assert reuse_freed_memory() is None
     cpu = torch.device("cpu")
@@ -128,13 +129,13 @@ TRAIN = textwrap.dedent("""
     cfg = dataclasses.replace(Config(loader="synthetic"), exec_mode="train", amp=sys.argv[2] == "bf16",
                               amp_dtype="bf16", filters=(4, 8, 8, 8, 8), input_shape=shape, batch_size=2)
     torch.manual_seed(0)
-    amp, _, _ = decide_precision(cfg, cpu)
+    amp, _, _ = decide_amp(cfg.amp, cfg.amp_dtype, cfg.int8, cfg.mode.trains, cpu)
     cfg = dataclasses.replace(cfg, amp=amp)  # the precision planned for it
-    model = build.build_model(cfg, cpu)
+    model = build.build_model(network_of_flags(cfg), cpu)
     levers = choose_levers(True, "cpu", cfg.channels_last, cfg.amp_dtype if cfg.amp else None, cfg.normalization,
                            cfg.compile, cfg.filters)
     apply_levers(model, tuple(lever.name for lever in levers if lever.applied), cfg.compile)
-    autocast, scaler = build.autocast_factory(cfg, cpu)
+    autocast, scaler = build.autocast_factory(PrecisionPlan(cfg.amp, cfg.amp_dtype), cpu)
     step = build.eager_train_step(model, DiceCELoss(), make_optimizer("sgd", model.parameters(), 0.1, 0.9),
                                   scaler, autocast, 1)
     g = torch.Generator().manual_seed(1)

@@ -166,10 +166,11 @@ def test_predicts_window_batch_is_bounded_by_the_jobs_cgroup(tmp_path, monkeypat
     config = parse_args(["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "o"),
                          "--load_ckpt_path", __file__, "--val_input_shape", "128", "128", "128", "--sw_batch_size", "4"])
     config = replace(config, filters=(32, 64, 128, 256, 320))
-    two = memory_budget.estimate_bytes(config, "torch", 2)
+    two = memory_budget.estimate_bytes(config.filters, config.val_input_shape, "torch", 2)
     source = "the cgroup v1 /sys/fs/cgroup/memory/slurm/job_5/memory.limit_in_bytes limit less its use"
     monkeypatch.setattr(memory_budget, "read_memory", lambda: Memory(None, "", int(two * 1.01), source))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     lines = []
-    assert memory_budget.bounded_window_batch(config, "torch", lines.append) == 2
+    assert memory_budget.bounded_window_batch(config.sw_batch_size, config.max_memory_gb, config.filters,
+                                              config.val_input_shape, "torch", lines.append) == 2
     assert len(lines) == 1 and "lowered to 2" in lines[0] and source in lines[0]

@@ -155,9 +155,9 @@ def test_reference_infer_keeps_the_trimmed_voxels_only(tmp_path):
     """An axis trimmed and then padded (20 at 32³ windows, stride 16: 4 trimmed, 16 padded to 32):
     the reference's output runs 4 voxels into its pad; only the 16 trimmed voxels are the scan's
     (the constant network's kidney), the 2 + 2 trimmed ones background; 1 x 2 x 2 windows."""
-    config = SimpleNamespace(filters=list(TINY), normalization="instancenorm", activation="relu",
-                             val_input_shape=(32, 32, 32), overlap=0.5)
-    infer = reference_infer(write_stand_in(tmp_path / "ref"), {}, config)
+    network = SimpleNamespace(filters=list(TINY), normalization="instancenorm", activation="relu")
+    window = SimpleNamespace(window=(32, 32, 32), overlap=0.5)
+    infer = reference_infer(write_stand_in(tmp_path / "ref"), {}, network, window)
     probabilities = infer(np.zeros((1, 20, 40, 40), np.float32))
     kidney = torch.softmax(torch.tensor([0.0, 5.0, 0.0]), 0)
     assert probabilities.shape == (3, 20, 40, 40) and infer.windows == 4

@@ -180,13 +180,19 @@ def test_evaluates_auto_is_pytorch_even_with_openvino_installed(tmp_path, monkey
     monkeypatch.setattr(backend, "openvino_missing", lambda int8=False: None)  # as if installed
     monkeypatch.setattr(backend, "_openvino_version", lambda: "X")
     (tmp_path / "c.pt").touch()
+    from runtime.config import PredictOptions
+
+    def decide_backend(argv):
+        config = parse_args(argv)
+        return backend.decide_backend(PredictOptions.of(config), config.mode, CPU)
+
     evaluate = ["--exec_mode", "evaluate", "--data_dir", str(tmp_path), "--load_ckpt_path", str(tmp_path / "c.pt")]
-    auto, why = backend.decide_backend(parse_args(evaluate), CPU)
+    auto, why = decide_backend(evaluate)
     assert auto == "torch" and why.startswith("--backend auto: PyTorch, the network as trained")
-    assert backend.decide_backend(parse_args(evaluate + ["--backend", "openvino"]), CPU)[0] == "openvino"
+    assert decide_backend(evaluate + ["--backend", "openvino"])[0] == "openvino"
     predict = ["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "o"),
                "--load_ckpt_path", str(tmp_path / "c.pt")]
-    assert backend.decide_backend(parse_args(predict), CPU)[0] == "openvino"
+    assert decide_backend(predict)[0] == "openvino"
 
 
 def test_evaluate_prints_the_backend_it_used(tmp_path, capsys, shared_runs):

@@ -48,13 +48,13 @@ def mode_name_tests(path: str) -> list[str]:
 
 
 def test_code_asks_the_mode_not_its_name():
-    """Outside the table of modes (runtime/mode.py) and Config.mode (runtime/arguments.py), no code
+    """Outside the table of modes (runtime/mode.py) and Config.mode (runtime/config.py), no code
     compares --exec_mode or reads --benchmark to know what the run does."""
-    allowed = {os.path.join(ROOT, "runtime", "mode.py"), os.path.join(ROOT, "runtime", "arguments.py")}
+    allowed = {os.path.join(ROOT, "runtime", "mode.py"), os.path.join(ROOT, "runtime", "config.py")}
     found = [place for path in python_files("runtime", "data_loading", "benchmarks", "main.py")
              if path not in allowed for place in mode_name_tests(path)]
     assert found == []
-    arguments = [place for place in mode_name_tests(os.path.join(ROOT, "runtime", "arguments.py"))]
+    arguments = [place for place in mode_name_tests(os.path.join(ROOT, "runtime", "config.py"))]
     assert all(".benchmark" in place or ".is_train" in place for place in arguments), arguments
     assert len(arguments) <= 1  # Config.mode: the one place the flags choose the mode
 
@@ -78,7 +78,7 @@ def imported_modules(path: str) -> set[str]:
 
 
 def test_the_lifecycle_and_the_table_of_modes_import_no_product():
-    for name in ("app.py", "mode.py", "arguments.py"):
+    for name in ("app.py", "mode.py", "arguments.py", "config.py"):
         imported = imported_modules(os.path.join(ROOT, "runtime", name))
         assert not [m for m in imported if m.startswith(PRODUCTS)], (name, imported)
 

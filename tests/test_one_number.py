@@ -268,7 +268,7 @@ def test_pretrained_weights_fine_tune_onto_another_label_set(tmp_path, capsys):
     cpu = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     saved = Saved(str(kits), load_checkpoint(str(kits)), resume=False, pretrained=True)
     plan = resolve(config, cpu, None, saved, dataset=described)
-    assert plan.pretrained == "every layer but the output" and plan.submission_division == "open"
+    assert plan.training.pretrained == "every layer but the output" and plan.division == "open"
     assert "output layer starts anew" in plan.why("pretrained_weights")
     model = build_components(plan, cpu, None, saved).model
     theirs, ours = source.state_dict(), model.state_dict()

@@ -21,11 +21,13 @@ import pytest
 import torch
 from torch import nn
 
-from checkpoints import architecture, write_checkpoint
+from checkpoints import architecture, flags_plan, write_checkpoint
 from model.unet3d import Unet3D
 from runtime.arguments import UsageError, parse_args, replace
 from runtime.inference import memory_budget
-from runtime.inference.backends import INSTALL_HINT, decide_backend, openvino_missing
+from runtime.config import PredictOptions
+from runtime.inference.backends import INSTALL_HINT, openvino_missing
+from runtime.inference.backends import decide_backend as decide_backend_of
 from runtime.inference.openvino.calibration import grid_origins, spread, window_at
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.levers.cpu.isa import int8_pairs_saturate
@@ -54,6 +56,11 @@ def predict_config(tmp_path, *flags, roi=(32, 32, 64)):
     return parse_args(["--exec_mode", "predict", "--input", str(tmp_path), "--output_dir", str(tmp_path / "out"),
                        "--load_ckpt_path", __file__, "--val_input_shape", *map(str, roi), "--sw_batch_size", "3",
                        "--filters", *map(str, TINY), *flags])
+
+
+def decide_backend(config, device):
+    """``runtime.inference.backends.decide_backend`` of the parsed flags ``config`` (their options and mode)."""
+    return decide_backend_of(PredictOptions.of(config), config.mode, device)
 
 
 def pointwise_model():
@@ -156,18 +163,25 @@ def test_window_batch_bounded_by_memory(tmp_path):
     window is one line; without a limit the memory available is the limit."""
     config = predict_config(tmp_path, "--sw_batch_size", "4", roi=(128, 128, 128))
     config = replace(config, filters=(32, 64, 128, 256, 320))
-    estimate = [memory_budget.estimate_bytes(config, "torch", b) for b in range(1, 5)]
+    filters, window = config.filters, config.val_input_shape
+
+    def bounded(max_memory_gb, **available):
+        return memory_budget.bounded_window_batch(config.sw_batch_size, max_memory_gb, filters, window, "torch",
+                                                  lines.append, **available)
+
+    estimate = [memory_budget.estimate_bytes(filters, window, "torch", b) for b in range(1, 5)]
     assert estimate == sorted(estimate) and estimate[0] < estimate[1]
     lines = []
     limit = (estimate[1] + estimate[2]) / 2 / memory_budget.GB
-    got = memory_budget.bounded_window_batch(replace(config, max_memory_gb=limit), "torch", lines.append)
+    got = bounded(limit)
     assert got == 2 and "lowered to 2" in lines[0]
-    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e15) == 4
-    assert memory_budget.bounded_window_batch(config, "torch", lines.append, available=lambda: 1e9) == 1
+    assert bounded(config.max_memory_gb, available=lambda: 1e15) == 4
+    assert bounded(config.max_memory_gb, available=lambda: 1e9) == 1
     with pytest.raises(UsageError, match=r"--max_memory_gb 0.5: predict needs about"):
-        memory_budget.bounded_window_batch(replace(config, max_memory_gb=0.5), "torch", lines.append)
+        bounded(0.5)
     # OpenVINO runs one window per request: its estimate does not grow with the batch
-    assert memory_budget.estimate_bytes(config, "openvino", 1) == memory_budget.estimate_bytes(config, "openvino", 4)
+    assert (memory_budget.estimate_bytes(filters, window, "openvino", 1)
+            == memory_budget.estimate_bytes(filters, window, "openvino", 4))
 
 
 def test_vnni_detection_and_the_isa_limit():
@@ -203,7 +217,7 @@ def test_calibration_set_spreads_over_the_scans_being_predicted(tmp_path, monkey
     scans = [(f"s{i}", write_scan(str(tmp_path / "in" / f"s{i}.nii.gz"), seed=i, shape=(20 + 8 * i, 40, 36)))
              for i in range(5)]
     config = predict_config(tmp_path, roi=(32, 32, 32))
-    chosen = calibration.scan_calibration(config, scans, overflow_fix())
+    chosen = calibration.scan_calibration(config.val_input_shape, scans, overflow_fix())
     assert [scan.name for scan in chosen.scans] == ["s0", "s2", "s4"]  # spread(5 scans, 3): the middles of 3 parts
     assert [scan.sha256 for scan in chosen.scans] == [
         hashlib.sha256(open(scans[i][1], "rb").read()).hexdigest() for i in (0, 2, 4)]
@@ -216,11 +230,12 @@ def test_calibration_set_spreads_over_the_scans_being_predicted(tmp_path, monkey
     assert len(windows) == 4 and all(w.shape == (1, 1, 32, 32, 32) for w in windows)
     assert all(np.array_equal(w, e) for w, e in zip(windows, expected))
     assert "3 scans (s0, s2, s4)" in chosen.describe()
-    other = calibration.scan_calibration(config, scans[:4], overflow_fix())  # another folder: another set and key
+    # another folder: another set and key
+    other = calibration.scan_calibration(config.val_input_shape, scans[:4], overflow_fix())
     assert other.digest() != chosen.digest() and other.fields() != chosen.fields()
-    assert calibration.scan_calibration(config, scans, overflow_fix()).digest() == chosen.digest()
+    assert calibration.scan_calibration(config.val_input_shape, scans, overflow_fix()).digest() == chosen.digest()
     with pytest.raises(UsageError, match="no"):
-        calibration.scan_calibration(config, [], overflow_fix())
+        calibration.scan_calibration(config.val_input_shape, [], overflow_fix())
 
 
 def test_validation_windows_are_where_fp32_sees_organs():
@@ -273,8 +288,10 @@ def test_openvino_and_torch_agree_on_a_pointwise_oracle_through_the_window(tmp_p
     config = predict_config(tmp_path)
     windows = OpenVINOWindows(compile_for_cpu(convert(model, config.val_input_shape)), config.val_input_shape)
     image = np.random.default_rng(1).normal(size=(1, 37, 66, 50)).astype(np.float32)
-    ov = volume_probabilities(build_predictor(windows, CPU, options_from(config)), image, config, CPU)
-    pt = volume_probabilities(build_predictor(model, CPU, options_from(config)), image, config, CPU)
+    plan = flags_plan(config)
+    options = options_from(plan.precision, plan.inference)
+    ov = volume_probabilities(build_predictor(windows, CPU, options), image, plan.inference, CPU)
+    pt = volume_probabilities(build_predictor(model, CPU, options), image, plan.inference, CPU)
     with torch.no_grad():
         whole = torch.softmax(model(torch.from_numpy(image)[None])[0], 0)
     assert ov.shape == whole.shape == (3, 37, 66, 50)
@@ -311,11 +328,13 @@ def test_cache_is_rebuilt_when_the_checkpoint_changes(tmp_path):
     ckpt = str(tmp_path / "tiny.pt")
     # the cache folder a run plans (runtime.resolve.decide_cache_dir): the user's
     config = replace(predict_config(tmp_path), load_ckpt_path=ckpt, cache_dir=default_cache_dir())
+    plan = flags_plan(config)
     x = torch.randn(1, 1, 32, 32, 64)
 
     def run(model):
         lines = []
-        windows = OpenVINOWindows(cached_openvino_model(model, config, ckpt, say=lines.append), (32, 32, 64))
+        windows = OpenVINOWindows(cached_openvino_model(model, plan.network, plan.inference, ckpt, say=lines.append),
+                                  (32, 32, 64))
         with torch.no_grad():
             assert (windows(x) - model(x)).abs().max() <= 1e-4 * model(x).abs().max()
         return lines[-1]
@@ -352,8 +371,8 @@ def test_cache_in_a_read_only_folder_is_one_line(tmp_path):
     folder.chmod(0o555)
     lines = []
     try:
-        cached_openvino_model(model, replace(predict_config(tmp_path), load_ckpt_path=ckpt, cache_dir=str(folder)),
-                              ckpt, say=lines.append)
+        plan = flags_plan(replace(predict_config(tmp_path), load_ckpt_path=ckpt, cache_dir=str(folder)))
+        cached_openvino_model(model, plan.network, plan.inference, ckpt, say=lines.append)
     finally:
         folder.chmod(0o755)
     assert any("used for this run only" in line for line in lines)
@@ -370,12 +389,12 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
     from runtime.inference.openvino.compiled import OpenVINOWindows, compile_for_cpu, compile_openvino_model
 
     scans = [(f"s{i}", write_scan(str(tmp_path / "in" / f"s{i}.nii.gz"), seed=i, shape=(40, 40, 70))) for i in range(2)]
-    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), scans, overflow_fix()), window_count=2)
+    config = predict_config(tmp_path)
+    calibration = dataclasses.replace(scan_calibration(config.val_input_shape, scans, overflow_fix()), window_count=2)
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
-    config = predict_config(tmp_path)
     lines = []
-    quantised = compile_openvino_model(model, config, calibration, say=lines.append)
+    quantised = compile_openvino_model(model, config.val_input_shape, calibration, say=lines.append)
     ops = quantised.get_ops()
     source = lambda op: op.input(0).get_source_output().get_node().get_type_name()  # noqa: E731
     assert any(op.get_type_name() == "FakeQuantize" for op in ops)
@@ -394,10 +413,11 @@ def test_int8_quantises_on_the_calibration_windows(tmp_path):
         expected = model(x)
     error = float((windows(x) - expected).norm() / expected.norm())
     assert error < 0.1, error
-    fields = cache_fields(model, config, calibration)
+    network = flags_plan(config).network.architecture
+    fields = cache_fields(model, network, config.val_input_shape, calibration)
     assert fields["precision"] == "int8" and [s["name"] for s in fields["calibration"]["scans"]] == ["s0", "s1"]
-    other = scan_calibration(config, scans[:1], overflow_fix())
-    assert cache_fields(model, config, other) != fields
+    other = scan_calibration(config.val_input_shape, scans[:1], overflow_fix())
+    assert cache_fields(model, network, config.val_input_shape, other) != fields
 
 
 @needs_openvino
@@ -479,12 +499,12 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1000)  # uncapped: the cap is checked below
     scan = write_scan(str(tmp_path / "in" / "s.nii.gz"), seed=1, shape=(26, 60, 60))
-    calibration = dataclasses.replace(scan_calibration(predict_config(tmp_path), [("s", scan)], overflow_fix()),
-                                      window_count=2)
+    window = predict_config(tmp_path).val_input_shape
+    calibration = dataclasses.replace(scan_calibration(window, [("s", scan)], overflow_fix()), window_count=2)
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     lines = []
-    quantised = compile_openvino_model(model, predict_config(tmp_path), calibration, say=lines.append)
+    quantised = compile_openvino_model(model, window, calibration, say=lines.append)
     # the fp32 network accuracy control compares with: the converted one, decoder inputs split
     fp32 = compile_for_cpu(convert(split_decoder_inputs(model), (32, 32, 64)))
     int8 = compile_for_cpu(quantised)
@@ -498,7 +518,7 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     # one step at most: the line says whether the bar was reached, as the labels (run here) show
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1)
     lines.clear()
-    capped = compile_for_cpu(compile_openvino_model(model, predict_config(tmp_path), calibration, say=lines.append))
+    capped = compile_for_cpu(compile_openvino_model(model, window, calibration, say=lines.append))
     equal = all(np.array_equal(np.asarray(capped(w)[0]).argmax(1), np.asarray(fp32(w)[0]).argmax(1))
                 for w in checked)
     assert ("below the 100.0% asked for" in lines[-1]) == (not equal), lines[-1]
@@ -541,7 +561,7 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
 
     @dataclasses.dataclass
     class Parts:
-        config: object
+        plan: object
         dist: object
         model: object
         eval_model: object
@@ -555,10 +575,12 @@ def test_evaluate_with_openvino_scores_like_torch(tmp_path, capsys):
 
     # the backend and the cache folder the plan decides (runtime.resolve)
     config = replace(config, backend=decide_backend(config, CPU)[0], cache_dir=default_cache_dir())
-    assert config.backend == "openvino"  # run_evaluate writes it to log.json after the scores
-    parts = evaluation_components(Parts(config, type("D", (), {"device": CPU})(), model, model), out)
+    plan = flags_plan(config)
+    assert plan.inference.backend == "openvino"  # run_evaluate writes it to log.json after the scores
+    parts = evaluation_components(Parts(plan, type("D", (), {"device": CPU})(), model, model), out)
     assert parts.eval_model is not model and capsys.readouterr().err == ""  # quiet without --verbose
-    evaluation_components(Parts(replace(config, verbose=True), type("D", (), {"device": CPU})(), model, model), out)
+    verbose = flags_plan(replace(config, verbose=True))
+    evaluation_components(Parts(verbose, type("D", (), {"device": CPU})(), model, model), out)
     assert "openvino: " in capsys.readouterr().err
     rng = np.random.default_rng(4)
     volumes = [(torch.from_numpy(rng.normal(size=(1, 1, 40, 50, 70)).astype(np.float32)),

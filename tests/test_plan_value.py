@@ -1,6 +1,7 @@
 """The plan as a value (issue 50, item 1): every mode's plan is built by ``resolve()`` (and its data
 stage) from a :class:`Config` that never changes after ``parse_args``, each decision recorded once,
-and the plan answers every flag.
+and the plan answers every decided value in its sections (issue 58), every other flag through
+its ``config``.
 
 Oracle: the parsed config itself, deep-copied right after ``parse_args``; and a counter on
 ``Config.__init__``, through which every ``dataclasses.replace`` of a Config goes: none is built
@@ -77,17 +78,21 @@ def test_every_mode_plans_from_an_unchanged_config(mode, checkpoint, tmp_path, c
     # today's unrecorded decisions are recorded too
     assert {"device", "architecture", "window", "window_batch", "backend", "precision", "compile"} <= set(names)
     if mode != "predict":
-        assert {"seed", "levers", "cuda_graphs", "division", "cache"} <= set(names)
+        assert {"seed", "levers", "division", "cache"} <= set(names)
+    # the training section and its decisions only where the mode trains (issue 58)
+    assert ("cuda_graphs" in names) == (plan.training is not None) == mode.startswith("train")
     # OpenVINO's cache folder only where the mode chooses a backend: a training run's checkpoint
     # records no cache path of the user's
-    assert ("cache_dir" in names) == (mode in ("evaluate", "predict")) == bool(plan.cache_dir)
-    # the plan answers the decided values under the flags' names, and every other flag as parsed
-    assert plan.device == "cpu" and plan.val_input_shape == plan.decision("window").value
-    assert plan.sw_batch_size == plan.decision("window_batch").value and plan.backend == "torch"
-    assert plan.overlap == config.overlap and plan.mode.trains == config.mode.trains
-    assert plan.checkpoints == config.checkpoints and plan.explicit == config.explicit
+    assert ("cache_dir" in names) == (mode in ("evaluate", "predict")) == bool(plan.inference.cache_dir)
+    # the plan answers the decided values in its sections, and every other flag through its config
+    assert plan.device == "cpu" and plan.inference.window == plan.decision("window").value
+    assert plan.inference.window_batch == plan.decision("window_batch").value and plan.inference.backend == "torch"
+    assert plan.inference.overlap == config.overlap and plan.config.mode.trains == config.mode.trains
+    assert plan.config.checkpoints == config.checkpoints and plan.config.explicit == config.explicit
     with pytest.raises(AttributeError):
         plan.no_such_flag  # noqa: B018
+    with pytest.raises(AttributeError):  # no flag read through to the config (issue 58)
+        plan.overlap  # noqa: B018
 
 
 def test_predict_records_the_architecture_and_the_normalization_it_runs(checkpoint, tmp_path, configs_built):
@@ -99,7 +104,7 @@ def test_predict_records_the_architecture_and_the_normalization_it_runs(checkpoi
     config = parse_args(argv_of("predict", str(sync), tmp_path))
     plan = resolve(config, CPU, None, Saved(str(sync), load_checkpoint(str(sync)), resume=False))
     assert config.normalization == "instancenorm" and config.filters != (2, 4, 4, 8, 8)  # the flags' defaults
-    assert (plan.normalization, plan.filters) == ("batchnorm", (2, 4, 4, 8, 8))
+    assert (plan.network.normalization, plan.network.filters) == ("batchnorm", (2, 4, 4, 8, 8))
     made = plan.decision("architecture")
     assert "syncbatchnorm" in made.why and "--normalization batchnorm" in made.value and str(sync) in made.why
 
@@ -112,7 +117,7 @@ def test_the_unfused_step_is_decided_in_the_plan(monkeypatch, tmp_path):
     monkeypatch.setattr(optimizers, "fused_step_runs", lambda cls, device_type: False)
     plan = resolve(parse_args(TINY + ["--fused_optimizer"]), CPU)
     made = plan.decision("fused_optimizer")
-    assert plan.fused_optimizer is False and made.value is False and made.asked is True
+    assert plan.training.fused_optimizer is False and made.value is False and made.asked is True
     assert "no fused adam step on the CPU" in made.why
 
     class NoFused(torch.optim.SGD):
@@ -136,7 +141,7 @@ def test_a_checkpoint_saves_the_flags_overlaid_with_the_plan(tmp_path):
     plan = resolve_data(resolve(config, CPU), CPU, SUMMARY)
     values = saved_values(plan)
     assert values["seed"] == 7 and values["amp_dtype"] == "bf16" and values["num_train_cases"] == 6
-    assert values["samples_per_epoch"] == plan.samples_per_epoch and values["filters"] == [2, 4, 4, 8, 8]
+    assert values["samples_per_epoch"] == plan.training.samples_per_epoch and values["filters"] == [2, 4, 4, 8, 8]
     assert set(saved_plan({"config": values})) == {made.name for made in plan.decisions}
     assert set(dataclasses.asdict(config)) <= set(values)
 
@@ -151,15 +156,15 @@ def test_compile_is_decided_in_the_plan_and_the_builders_obey(monkeypatch):
     with pytest.warns(RuntimeWarning, match="--compile ignored: no compiler here"):
         plan = resolve(config, CPU)
     made = plan.decision("compile")
-    assert config.compile is True and plan.compile is False
+    assert config.compile is True and plan.precision.compile is False
     assert (made.value, made.asked) == (False, True) and "no compiler here" in made.why
     monkeypatch.setattr(build, "compile_model", lambda module, enabled: pytest.fail("compiled") if enabled else module)
-    model = build.wrap_model(torch.nn.Linear(1, 1), plan, CPU)
+    model = build.wrap_model(torch.nn.Linear(1, 1), plan.precision.compile, CPU)
     assert isinstance(model, torch.nn.Linear)
-    assert not build.compiles_lazily(plan, CPU.device)
+    assert not build.compiles_lazily(plan)
     # with a compiler, the flag runs
     monkeypatch.setattr(resolve_module, "compile_unavailable", lambda: None)
-    assert resolve(config, CPU).compile is True
+    assert resolve(config, CPU).precision.compile is True
 
 
 @pytest.fixture
@@ -190,16 +195,17 @@ def test_an_ensemble_runs_the_plan_unchanged_with_each_members_weights(checkpoin
     plan = resolve(config, CPU, None, members[0], members[1:])
     told = []
 
-    def convert(model, plan_seen, say, calibration=None, checkpoint=""):
-        told.append((plan_seen, checkpoint))
+    def convert(model, network, precision, inference, say, calibration=None, checkpoint=""):
+        told.append(((network, precision, inference), checkpoint))
         return model
     monkeypatch.setitem(backends.BACKENDS, "torch", dataclasses.replace(backends.BACKENDS["torch"], convert=convert))
     plans_built.clear()
     configs_built.clear()
-    segmenter = Segmenter.from_config(plan, members, CPU.device, verbose=False)
+    segmenter = Segmenter.from_plan(plan, members, CPU.device, verbose=False)
     segmenter._inference(None)
     assert plans_built == [] and configs_built == []
-    assert told == [(plan, checkpoint), (plan, str(second))]
+    sections = (plan.network, plan.precision, plan.inference)
+    assert told == [(sections, checkpoint), (sections, str(second))]
 
 
 @pytest.mark.parametrize("mode", ["train", "evaluate"])
@@ -216,7 +222,7 @@ def test_one_process_syncbatchnorm_is_recorded_as_batchnorm(mode, tmp_path):
     saved = Saved(str(sync), load_checkpoint(str(sync)), resume=False) if config.load_ckpt_path else None
     plan = resolve(config, CPU, None, saved)
     assert "one process: syncbatchnorm runs as batchnorm" in plan.why("architecture")
-    model = build_model(plan, CPU.device, CPU.distributed)
+    model = build_model(plan.network, CPU.device, CPU.distributed)
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
     assert any(isinstance(m, torch.nn.BatchNorm3d) for m in model.modules())
 
@@ -241,7 +247,7 @@ def test_the_default_steps_foreach_is_decided_from_the_plans_device():
     fused, foreach, made = decide_fused_optimizer(config, torch.device("cpu"))
     assert (fused, foreach) == (False, False) and "one tensor at a time" in made.why
     plan = resolve(config, CPU)
-    assert plan.foreach_optimizer is False and plan.decision("fused_optimizer").why == made.why
+    assert plan.training.foreach_optimizer is False and plan.decision("fused_optimizer").why == made.why
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert optimizers.make_optimizer("sgd", params, 0.1, foreach=True).defaults["foreach"] is True
     assert not optimizers.make_optimizer("sgd", params, 0.1).defaults["foreach"]
@@ -255,14 +261,16 @@ def test_int8s_overflow_fix_is_decided_once_in_the_plan(saturate, fix, tmp_path,
     from runtime.inference import backends
 
     monkeypatch.setattr(resolve_module, "int8_pairs_saturate", lambda: saturate)
-    monkeypatch.setattr(resolve_module, "decide_backend", lambda config, device, benchmark: ("openvino", "a stand-in"))
+    monkeypatch.setattr(resolve_module, "decide_backend",
+                        lambda options, mode, device, benchmark: ("openvino", "a stand-in"))
     plan = resolve(parse_args(argv_of("predict", checkpoint, tmp_path) + ["--int8"]), CPU,
                    None, Saved(checkpoint, load_checkpoint(checkpoint), resume=False))
-    assert plan.overflow_fix == fix and ("every layer" if saturate else "first layer") in plan.why("calibration")
+    assert plan.inference.overflow_fix == fix
+    assert ("every layer" if saturate else "first layer") in plan.why("calibration")
     made = []
     monkeypatch.setattr("runtime.inference.openvino.calibration.scan_calibration",
-                        lambda config, scans, overflow_fix: made.append(overflow_fix))
-    backends.BACKENDS["openvino"].calibrate(plan, [("s", "s.nii.gz")])
+                        lambda window, scans, overflow_fix: made.append(overflow_fix))
+    backends.BACKENDS["openvino"].calibrate(plan.inference, [("s", "s.nii.gz")])
     assert made == [fix]
 
 
@@ -276,10 +284,11 @@ def test_the_decisions_say_nothing_the_plan_says_their_lines_once(monkeypatch, c
     monkeypatch.setattr(resolve_module, "native_bf16", lambda: (False, "no bf16 here"))
     monkeypatch.setattr(graphs, "cuda_graphs_supported", lambda device, step, world: (False, "no GPU"))
     config = parse_args(TINY + ["--amp", "--amp_dtype", "bf16", "--cuda_graphs", "--channels_last"])
-    amp, amp_dtype, _ = resolve_module.decide_precision(config, CPU.device)
+    amp, amp_dtype, _ = resolve_module.decide_amp(config.amp, config.amp_dtype, config.int8, config.mode.trains,
+                                                  CPU.device)
     resolve_module.decide_cuda_graphs(config, CPU, amp, amp_dtype)
-    arch, _ = resolve_module.decide_architecture(config, None)
-    _, lines = resolve_module.decide_levers(config, CPU, arch, amp, amp_dtype, False)
+    arch, _ = resolve_module.decide_architecture(*resolve_module.asked_architecture(config), None)
+    _, lines = resolve_module.decide_levers(config.mode.trains, config.channels_last, CPU, arch, amp, amp_dtype, False)
     assert capsys.readouterr().out == "" and lines
     plan = resolve(config, CPU)
     said = capsys.readouterr().out.splitlines()

@@ -32,17 +32,20 @@ from runtime.checkpoint import Saved, trained_network
 from runtime.predict.scan import ScanInference, segment_scan, volume_probabilities
 from segmenters import segmenter
 from runtime.inference.predictor import FLIPS, build_predictor, options_from
-from runtime.resolve import decide_architecture
+from runtime.plan import InferencePlan, PrecisionPlan
+from runtime.resolve import asked_architecture, decide_architecture
 
 
-def window_predictor(model, config, device):
-    return build_predictor(model, device, options_from(config))
+def window_predictor(model, inference, device):
+    """The window predictor of ``inference`` (predict's section) in float32, as the flags' defaults compute."""
+    return build_predictor(model, device, options_from(PrecisionPlan(False, "auto"), inference))
 
 
 def model_architecture(config, checkpoint, path):
     """The network flags predict resolves from a checkpoint."""
     as_predict = dataclasses.replace(config, exec_mode="predict")  # the flags, as predict's
-    architecture, _ = decide_architecture(as_predict, trained_network(Saved(path, checkpoint, resume=False)))
+    architecture, _ = decide_architecture(*asked_architecture(as_predict),
+                                          trained_network(Saved(path, checkpoint, resume=False)), predicts=True)
     return SimpleNamespace(**architecture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,8 +218,11 @@ class SymmetricConv(nn.Module):
 
 
 def window_config(*flags):
-    return parse_args(["--exec_mode", "predict", "--input", ROOT, "--output_dir", "/tmp", "--load_ckpt_path",
-                       __file__, "--val_input_shape", "32", "32", "32", "--sw_batch_size", "3", *flags])
+    """Predict's inference section of these flags: their window, overlap, window batch and ``--tta``
+    (no checkpoint resolved)."""
+    config = parse_args(["--exec_mode", "predict", "--input", ROOT, "--output_dir", "/tmp", "--load_ckpt_path",
+                         __file__, "--val_input_shape", "32", "32", "32", "--sw_batch_size", "3", *flags])
+    return InferencePlan("torch", tuple(config.val_input_shape), config.overlap, config.sw_batch_size, tta=config.tta)
 
 
 @pytest.mark.parametrize("flags", [(), ("--tta",)], ids=["plain", "tta"])

@@ -248,7 +248,7 @@ def test_segmenter_arrays_in_any_layout_give_the_command_lines_labels(tmp_path, 
     cli_labels, cli_probabilities = labels(tmp_path / "out"), saved(tmp_path / "out")
 
     segmenter = Segmenter.from_checkpoint(two, PredictOptions(device="cpu", verbose=False))
-    assert segmenter.config.val_input_shape == (128, 128, 128)  # the checkpoints' window, as the CLI's
+    assert segmenter.plan.inference.window == (128, 128, 128)  # the checkpoints' window, as the CLI's
     ras = nibabel.load(path)
     array = np.asarray(ras.dataobj)
     got, probabilities = segmenter.segment_array(array, ras.affine, probabilities=True)

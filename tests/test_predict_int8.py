@@ -35,8 +35,8 @@ def int8_stand_in(monkeypatch):
     monkeypatch.setattr(backends, "_openvino_version", lambda: "stand-in")
     built = []
 
-    def convert(model, config, say=print, calibration=None, checkpoint=""):
-        assert config.backend == "openvino" and calibration is not None
+    def convert(model, network, precision, inference, say=print, calibration=None, checkpoint=""):
+        assert inference.backend == "openvino" and calibration is not None
         built.append([scan.name for scan in calibration.scans])
         shift = int(calibration.digest()[:8], 16) / 16 ** 8  # in [0, 1): the set moves the labels
 

@@ -77,7 +77,7 @@ def test_the_windows_are_monais(shape, roi, overlap):
             return model(batch)
         return predict
 
-    config = dataclasses.replace(window_config(), val_input_shape=roi, overlap=overlap, sw_batch_size=2)  # any roi
+    config = dataclasses.replace(window_config(), window=roi, overlap=overlap, window_batch=2)  # any roi
     with torch.no_grad():
         got = volume_probabilities(recorded(ours), image, config, CPU)
     expected = monai_probabilities(recorded(theirs), image, roi, overlap, 2)

@@ -55,7 +55,7 @@ def write_log(folder, index: int, epochs: int, unit: str, world: int = 4, batch:
     log.hyperparameters(cfg, world)
     for epoch in [e for e in range(20, epochs, 20)] + [epochs]:
         at = {"samples": eval_metadata(cfg, epoch), "epochs": {"epoch_num": epoch},
-              "padded": {"epoch_num": epoch * cfg.samples_per_epoch}}[unit]
+              "padded": {"epoch_num": epoch * cfg.training.samples_per_epoch}}[unit]
         log.start(C.EVAL_START, metadata=at)
         log.event(C.EVAL_ACCURACY, value=0.95 if epoch == epochs else 0.5, metadata=at)
         log.end(C.EVAL_STOP, metadata=at)
@@ -104,7 +104,7 @@ def test_runs_faster_than_the_rcp_fail_in_samples_trained_where_padding_hid_them
     mean): it fails them in samples trained; counted with padding (192 per epoch, 14% more) they
     would have passed."""
     cfg = plan(0, 1, 64, "2.0")
-    assert (cfg.samples_per_epoch, cfg.samples_trained_per_epoch) == (192, 168)
+    assert (cfg.training.samples_per_epoch, cfg.training.samples_trained_per_epoch) == (192, 168)
     folder = tmp_path / unit
     folder.mkdir()
     for index, epoch in enumerate(rcp_epochs("unet3d_ref_64")):

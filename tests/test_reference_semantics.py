@@ -90,6 +90,13 @@ class _Loader:
     def set_epoch(self, epoch):
         pass
 
+    @property
+    def samples_trained(self):
+        return self.batches  # one sample a batch, no padding
+
+    def step_weights(self, batch_index):
+        return None
+
     def __iter__(self):
         return iter([(torch.zeros(1, 1, 2, 2, 2), torch.zeros(1, 1, 2, 2, 2, dtype=torch.uint8))] * self.batches)
 
@@ -110,11 +117,11 @@ def project_optimizer_steps(semantics: str, batches: int, ga_steps: int, epochs:
         return torch.zeros((), dtype=torch.float64)
 
     cfg = SimpleNamespace(ga_steps=ga_steps, semantics=semantics, learning_rate=0.1, init_learning_rate=0.1,
-                          lr_warmup_epochs=0, lr_decay_epochs=(), lr_decay_factor=1.0, batch_size=1,
-                          channels_last=False)
+                          lr_warmup_epochs=0, lr_decay_epochs=(), lr_decay_factor=1.0, batch_size=1)
+    plan = SimpleNamespace(config=cfg, precision=SimpleNamespace(channels_last=False))  # what train_epoch reads
     dist = SimpleNamespace(device=torch.device("cpu"), is_main=True, world_size=1, distributed=False)
     state = SimpleNamespace(epoch=0, step_in_epoch=0, epoch_loss_sum=0.0)
-    components = SimpleNamespace(config=cfg, state=state, train_loader=_Loader(batches), dist=dist,
+    components = SimpleNamespace(plan=plan, state=state, train_loader=_Loader(batches), dist=dist,
                                  optimizer=optimizer, step=step)
     for epoch in range(1, epochs + 1):
         loop.train_epoch(components, loop.Reporters(), epoch)

@@ -122,11 +122,15 @@ def test_the_benchmarks_prediction_names_the_network_and_patch_it_measured():
     from runtime.arguments import parse_args
     from runtime.division import cost_reasons
 
+    def costs(config):  # the network, patch, window and overlap of the flags
+        network = {name: getattr(config, name) for name in ("filters", "normalization", "activation")}
+        return cost_reasons(network, config.input_shape, config.val_input_shape, config.overlap)
+
     small = parse_args(["--data_dir", "/", "--filters", "4", "8", "16", "32", "32", "--input_shape", "64", "64", "64"])
-    differs = cost_reasons(small)
+    differs = costs(small)
     assert differs == ["--filters 4 8 16 32 32 is not the reference's model",
                        "--input_shape 64x64x64 is not the fixed 128x128x128"]
-    assert cost_reasons(parse_args(["--data_dir", "/"])) == []  # the benchmark's own
+    assert costs(parse_args(["--data_dir", "/"])) == []  # the benchmark's own
     text = "\n".join(T.prediction_lines(T.predict(608.0, 1.67, 56, T.Schedule(168, 1000, 20), differs=differs)))
     assert "NOT the benchmark's network or shapes: --filters 4 8 16 32 32" in text and "64x64x64" in text
     plain = "\n".join(T.prediction_lines(T.predict(608.0, 1.67, 56, T.Schedule(168, 1000, 20))))

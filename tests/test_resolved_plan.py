@@ -83,7 +83,7 @@ def install_hooks(monkeypatch) -> dict:
         def wrapped(config, *args, **kwargs):
             seen.setdefault("build_in", []).append(config)
             components = original(config, *args, **kwargs)
-            seen.setdefault("built", []).append(components.config)
+            seen.setdefault("built", []).append(components.plan)
             return components
         return wrapped
 
@@ -91,7 +91,7 @@ def install_hooks(monkeypatch) -> dict:
         def wrapper(original):
             def wrapped(*args, **kwargs):
                 given = args[position]
-                plan = given if isinstance(given, RunPlan) else getattr(given, "config", given)
+                plan = given if isinstance(given, RunPlan) else getattr(given, "plan", given)
                 seen.setdefault("body", []).append(plan)
                 return original(*args, **kwargs)
             return wrapped
@@ -139,7 +139,7 @@ def test_training_runs_the_resolved_config(tmp_path, capsys, seen):
     out, err = train(tmp_path, capsys)
     assert_runs_as_resolved(seen)
     (resolved,) = seen["resolved"]
-    assert resolved.amp is False and resolved.decision("precision").value == "float32"
+    assert resolved.precision.amp is False and resolved.decision("precision").value == "float32"
     assert out.count("training in float32 instead") == 1  # said once, as before
     assert "plan: " not in out + err  # the whole plan only with --verbose
     assert {"precision", "fused_optimizer", "host_memory", "backend", "window", "window_batch", "seed",

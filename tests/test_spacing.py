@@ -53,9 +53,9 @@ def test_the_plan_and_the_checkpoint_carry_the_datas_spacing(tmp_path):
     described = ds.parse_description({"labels": {"background": 0, "organ": 1}, "target_spacing": list(OWN)},
                                      "d/dataset.json")
     config = parse_args(TINY)
-    assert resolve(config, cpu).target_spacing == S.KITS19_SPACING
+    assert resolve(config, cpu).network.target_spacing == S.KITS19_SPACING
     plan = resolve(config, cpu, dataset=described)
-    assert plan.target_spacing == OWN and "d/dataset.json" in plan.why("target_spacing")
+    assert plan.network.target_spacing == OWN and "d/dataset.json" in plan.why("target_spacing")
     saved = Saved("s.pt", {"config": saved_values(plan)}, resume=False)
     assert trained_network(saved).target_spacing == OWN
     old = Saved("o.pt", checkpoint_dict(architecture((4, 8, 16, 32, 32))), resume=False)
@@ -70,7 +70,7 @@ def test_the_plan_and_the_checkpoint_carry_the_datas_spacing(tmp_path):
         resolve(evaluate, cpu, None, Saved("c.pt", kits, resume=False), dataset=described)
     assert "\n" not in str(info.value) and "c.pt" in str(info.value) and "4 x 3 x 3 mm" in str(info.value)
     plan = resolve(evaluate, cpu, None, Saved("c.pt", with_spacing(kits, OWN), resume=False), dataset=described)
-    assert plan.target_spacing == OWN
+    assert plan.network.target_spacing == OWN
 
 
 @pytest.mark.parametrize("recorded", [None, OWN])

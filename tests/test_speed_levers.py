@@ -26,6 +26,7 @@ from runtime.levers.gpu.graphs import (GraphedTrainStep, _graph_safe_autocast, c
 from runtime.inference.predictor import PredictorOptions, build_predictor
 from runtime.inference.sliding_window import sliding_window_inference
 from runtime.optimizers import fused_step, make_optimizer
+from runtime.plan import PrecisionPlan
 from runtime.compiling import CompiledModule, compile_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -130,8 +131,7 @@ def test_bf16_autocast_close_to_fp32_on_cpu():
     image, label = batch()
     model = tiny_model()
     logits0, loss0, grads0 = forward_backward(model, image, label)
-    bf16, scaler = autocast_factory(dataclasses.replace(Config(loader="synthetic"), amp=True, amp_dtype="bf16"),
-                                    torch.device("cpu"))
+    bf16, scaler = autocast_factory(PrecisionPlan(amp=True, amp_dtype="bf16"), torch.device("cpu"))
     assert not scaler.is_enabled()
     logits1, loss1, grads1 = forward_backward(model, image, label, bf16)
     assert not torch.equal(logits1, logits0)

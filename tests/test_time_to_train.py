@@ -236,17 +236,18 @@ def test_prediction_text_names_the_rcp_the_band_and_the_rule():
 @pytest.mark.parametrize("semantics", ["reference", "project"])
 def test_benchmark_predicts_the_evaluations_the_loop_makes_under_either_semantics(tmp_path, semantics):
     from runtime.arguments import parse_args
+    from checkpoints import flags_plan
     from runtime.training.benchmark import benchmark_schedule
 
     flags = ["--data_dir", str(tmp_path), "--batch_size", "128", "--start_eval_at", "1313", "--evaluate_every", "27",
              "--semantics", semantics]
     # the rules' padded last batch: 256 samples an epoch, but 168 trained (padding weighs 0): epoch
     # 3000 has trained 504000, then 1313 + 63 * 27 (counting the padding, 1969 and 1988, was wrong)
-    padded = benchmark_schedule(parse_args(flags), world_size=1)
+    padded = benchmark_schedule(flags_plan(parse_args(flags)), world_size=1)
     assert (padded.samples_per_epoch, padded.trained_per_epoch) == (256, 168)
     assert padded.converged_epoch(504000) == 3014
     # the reference's drop: 128 an epoch, epoch 3938 trains them, then 1313 + 98 * 27
-    drop = benchmark_schedule(parse_args([*flags, "--last_batch", "drop"]), world_size=1)
+    drop = benchmark_schedule(flags_plan(parse_args([*flags, "--last_batch", "drop"])), world_size=1)
     assert drop.converged_epoch(504000) == 3959
 
 

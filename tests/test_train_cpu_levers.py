@@ -474,17 +474,19 @@ def test_amp_trains_in_bf16_only_with_native_bf16(monkeypatch, capsys, native):
 
     monkeypatch.setattr(resolve, "native_bf16", lambda: (native, "because"))
     cfg = train_config(amp=True, amp_dtype="bf16")
-    amp, _, precision = resolve.decide_precision(cfg, torch.device("cpu"))
+    amp, _, precision = resolve.decide_amp(cfg.amp, cfg.amp_dtype, cfg.int8, cfg.mode.trains, torch.device("cpu"))
     assert capsys.readouterr().out == ""  # pure: the run says the line once the plan is built
     line = precision.why
     assert amp is native and line.count("\n") == 0 and "because" in line
-    assert ("float32" in line) is not native and resolve.trains_bf16_on_cpu(cfg, "bf16", torch.device("cpu"))
+    assert ("float32" in line) is not native
+    assert resolve.trains_bf16_on_cpu(cfg.mode.trains, cfg.amp, "bf16", torch.device("cpu"))
     # fp32 runs, other devices and evaluation are not touched (nothing said)
     for cfg, device in ((train_config(), "cpu"), (train_config(amp=True, amp_dtype="bf16"), "meta"),
                         (dataclasses.replace(cfg, exec_mode="evaluate"), "cpu")):
-        amp, amp_dtype, decision = resolve.decide_precision(cfg, torch.device(device))
+        amp, amp_dtype, decision = resolve.decide_amp(cfg.amp, cfg.amp_dtype, cfg.int8, cfg.mode.trains,
+                                                      torch.device(device))
         assert amp is cfg.amp and amp_dtype == cfg.amp_dtype and decision.why == "", (cfg, device, decision)
-        assert not resolve.trains_bf16_on_cpu(cfg, "bf16", torch.device(device))
+        assert not resolve.trains_bf16_on_cpu(cfg.mode.trains, cfg.amp, "bf16", torch.device(device))
     assert capsys.readouterr().out == ""
 
 

@@ -18,6 +18,7 @@ from runtime.clocked.reporters import Reporters
 from runtime.inference.predictor import build_predictor, options_from
 from runtime.inference.sliding_window import flush_sliding_window_inference, sliding_window_inference, trim_like_window
 from runtime.labels import KITS19_SET, LabelSet
+from runtime.plan import RunPlan
 
 
 def evaluate(predict: Callable[[torch.Tensor], torch.Tensor], volumes: Iterable, loss_fn, score_fn,
@@ -114,33 +115,35 @@ def case_scores(case_id: str, loss: torch.Tensor, scores: torch.Tensor, inside: 
     return record
 
 
-def eval_metadata(cfg, epoch: int) -> dict:
+def eval_metadata(plan: RunPlan, epoch: int) -> dict:
     """The metadata of an evaluation's MLPerf events after ``epoch``: ``epoch_num`` in samples
-    trained (``epoch x samples_trained_per_epoch``, padding not counted), the unit of the RCPs and
-    of real v4.0 unet3d logs, which the official ``rcp_checker`` reads; ``epoch`` the epoch index
-    (this project's report)."""
-    return {"epoch_num": epoch * (cfg.samples_trained_per_epoch or 0), "epoch": epoch}
+    trained (``epoch x samples_trained_per_epoch``, padding not counted; 0 in a plan that trains
+    nothing), the unit of the RCPs and of real v4.0 unet3d logs, which the official
+    ``rcp_checker`` reads; ``epoch`` the epoch index (this project's report)."""
+    trained = plan.training.samples_trained_per_epoch if plan.training is not None else None
+    return {"epoch_num": epoch * (trained or 0), "epoch": epoch}
 
 
 def run_evaluation(components: Components, out: Reporters, epoch: int, cases: list | None = None) -> dict:
     """Sliding-window evaluation of all evaluation cases (MLPerf eval events around it);
     ``cases`` receives this rank's per-case scores (:func:`case_scores`)."""
-    cfg = components.config
+    plan = components.plan
+    inference = plan.inference
     # Evaluation bypasses DDP; with batch norm every rank must use rank 0's running statistics
     # (the ones the checkpoint holds), not the ones its own last training forward left.
     D.broadcast_buffers(ckpt.unwrap(components.model))
-    at = eval_metadata(cfg, epoch)
+    at = eval_metadata(plan, epoch)
     out.mlperf.start(C.EVAL_START, metadata=at)
     loader = components.val_loader
     model = components.eval_model
     model.eval()
     try:
-        metrics = evaluate(build_predictor(model, components.dist.device, options_from(cfg)), loader,
-                           components.loss_fn, components.score_fn, cfg.val_input_shape, cfg.overlap,
-                           cfg.sw_batch_size, components.dist.device,
+        metrics = evaluate(build_predictor(model, components.dist.device, options_from(plan.precision, inference)),
+                           loader, components.loss_fn, components.score_fn, inference.window, inference.overlap,
+                           inference.window_batch, components.dist.device,
                            progress=lambda it: out.progress(it, desc=f"eval {epoch} cases", total=len(loader),
                                                             always=True),
-                           cases=cases, scan_region=getattr(loader, "scan_region", None), label_set=cfg.label_set)
+                           cases=cases, scan_region=loader.scan_region, label_set=plan.network.label_set)
     finally:
         model.train()
     out.mlperf.event(C.EVAL_ACCURACY, value=metrics["mean_dice"], metadata=at)

@@ -11,7 +11,6 @@ from mlperf_logging.mllog import constants as C
 
 from runtime import checkpoint as ckpt
 from runtime import distributed as D
-from runtime.arguments import Config
 from runtime.build import Components, build_components, warm_up, with_loaders
 from runtime.clocked.reporters import Reporters, abort_clock_on_error, start_clock
 from runtime.host import record_run
@@ -19,7 +18,7 @@ from runtime.mode import Session
 from runtime.outputs import move_previous_run
 from runtime.plan import RunPlan
 from runtime.progress import make_progress
-from runtime.resolve import apply_host_memory, resolve, resolve_data
+from runtime.resolve import apply_host_memory, data_use, resolve, resolve_data
 from runtime.run_files import resumed_log_name
 from runtime.run_log import MetricsWriter, MLPerfLogger
 
@@ -36,9 +35,11 @@ def already_ended(saved: ckpt.Saved | None) -> str | None:
             f"{saved.checkpoint.get('epoch')}); nothing to resume")
 
 
-def starting_point(config: Config, dist_info: D.DistInfo) -> ckpt.Saved | None:
+def starting_point(session: Session) -> ckpt.Saved | None:
+    """The checkpoint the session's run starts from (``runtime.checkpoint.saved_for`` its flags), or None."""
+    config = session.config
     saved = ckpt.saved_for(config)
-    if config.resume and (saved is None or not saved.resume) and dist_info.is_main:
+    if config.resume and (saved is None or not saved.resume) and session.dist.is_main:
         print(f"--resume: no checkpoint at {config.save_ckpt_path} yet, starting a new run")
     return saved
 
@@ -53,31 +54,31 @@ def make_reporters(session: Session, plan: RunPlan, saved: ckpt.Saved | None,
     (``move_previous_run``: one folder holds one run; nothing deleted, said in one line each); a
     resumed attempt writes an MLPerf log of its own. The attempt's log then says when it is not
     an MLPerf result: resumed from a checkpoint, or checkpoints written on the clock."""
-    main, mode = session.dist.is_main, session.mode
+    main, mode, flags = session.dist.is_main, session.mode, plan.config
     resuming = saved is not None and saved.resume
     mlperf_on = main and mode.mlperf_run
     name = resumed_log_name() if resuming else None
     if mode.mlperf_run and not resuming:
-        if plan.load_ckpt_path:  # every rank has read it (it may be --save_ckpt_path) before it moves
+        if flags.load_ckpt_path:  # every rank has read it (it may be --save_ckpt_path) before it moves
             D.barrier()
         if main:
-            for line in move_previous_run(plan.log_dir, plan.save_ckpt_path):
+            for line in move_previous_run(flags.log_dir, flags.save_ckpt_path):
                 print(line)
-    plotter = curves(plan.log_dir, plan.quality_threshold) if curves and plan.plot and mlperf_on else None
-    mlperf = MLPerfLogger(plan.log_dir, enabled=mlperf_on, name=name)
+    plotter = curves(flags.log_dir, flags.quality_threshold) if curves and flags.plot and mlperf_on else None
+    mlperf = MLPerfLogger(flags.log_dir, enabled=mlperf_on, name=name)
     resumed_from = None
     if saved is not None and mode.mlperf_run:  # --resume, or a warm start from --load_ckpt_path's weights
         resumed_from = (saved.path, int(saved.checkpoint.get("epoch", 0) or 0),
                         int(saved.checkpoint.get("step_in_epoch", 0) or 0) if saved.resume else 0)
-    mlperf.not_a_result(resumed_from, plan.save_ckpt_path if plan.checkpoints_on_the_clock else "",
+    mlperf.not_a_result(resumed_from, flags.save_ckpt_path if flags.checkpoints_on_the_clock else "",
                         weights_only=saved is not None and not saved.resume)
-    if main and plan.checkpoints_on_the_clock:
-        print(f"checkpoints on the clock: {plan.save_ckpt_path} is written during the run "
+    if main and flags.checkpoints_on_the_clock:
+        print(f"checkpoints on the clock: {flags.save_ckpt_path} is written during the run "
               "(--ckpt_during_run or --ckpt_every_epochs), so this run is not an MLPerf result")
     return Reporters(
         mlperf=mlperf,
-        metrics=MetricsWriter(plan.log_dir, enabled=main and mode.writes_metrics_for(plan)),
-        progress=make_progress(plan, main), preempt=session.preempt, is_main=main, curves=plotter)
+        metrics=MetricsWriter(flags.log_dir, enabled=main and mode.writes_metrics_for(flags)),
+        progress=make_progress(flags.verbose, main), preempt=session.preempt, is_main=main, curves=plotter)
 
 
 def close_reporters(out: Reporters) -> None:
@@ -102,16 +103,17 @@ def start_run(session: Session, saved: ckpt.Saved | None,
     from data_loading.data_loader import data_source
 
     data = session.source if session.source is not None else data_source(session.config)
-    config = resolve(session.config, session.dist, None, saved, dataset=data.description())
-    apply_host_memory(config)
-    out = make_reporters(session, config, saved, curves)
+    plan = resolve(session.config, session.dist, None, saved, dataset=data.description())
+    apply_host_memory(plan, session.config.verbose)
+    out = make_reporters(session, plan, saved, curves)
     session.on_exit.callback(close_reporters, out)
-    out.mlperf.submission_info(config)
+    out.mlperf.submission_info(plan)
     if session.mode.mlperf_run and not (saved is not None and saved.resume):
-        record_run(session.config, session.dist)  # what runs (runtime/host.py), before the clock
+        # what runs (runtime/host.py), before the clock
+        record_run(session.recipe, session.config.log_dir, session.dist)
     out.mlperf.start(C.INIT_START)
-    components = build_components(config, session.dist, None, saved)
-    out.mlperf.weights_initialization(config)
+    components = build_components(plan, session.dist, None, saved)
+    out.mlperf.weights_initialization(plan.network)
     if saved is not None and saved.resume:
         state = components.state
         out.say(f"resuming {saved.path} after epoch {state.epoch}"
@@ -120,19 +122,19 @@ def start_run(session: Session, saved: ckpt.Saved | None,
     session.on_exit.push(abort_clock_on_error(out, components.state))
     start_clock(out)
     # -- the clock runs: the data from here on
-    config = resolve_data(components.config, session.dist, data.summary(components.config))
-    out.epoch_samples = config.samples_trained_per_epoch or 0
-    not_closed = config.decision("not_closed")  # its log said closed; the data is not KiTS19's
+    plan = resolve_data(components.plan, session.dist, data.summary(data_use(components.plan)))
+    out.epoch_samples = (plan.training.samples_trained_per_epoch or 0) if plan.training is not None else 0
+    not_closed = plan.decision("not_closed")  # its log said closed; the data is not KiTS19's
     if not_closed is not None:
         out.mlperf.not_closed(not_closed.value)
-    return out, with_loaders(components, data, config)
+    return out, with_loaders(components, data, plan)
 
 
 def started(session: Session, curves: Callable[[str, float], object] | None = None
             ) -> tuple[tuple[Reporters, Components] | None, ckpt.Saved | None]:
     """The run's reporters and components, or None when ``--resume`` finds an ended run;
     ``curves``: see :func:`make_reporters`."""
-    saved = starting_point(session.config, session.dist)
+    saved = starting_point(session)
     ended = already_ended(saved)
     if ended:
         if session.dist.is_main:

@@ -23,7 +23,8 @@ def evaluate_body(session: Session) -> int:
     if parts is None:
         return 0
     out, components = parts
-    log_dir = components.config.log_dir
+    plan = components.plan
+    log_dir = plan.config.log_dir
     own = holds_training_run(log_dir)  # before this run writes anything
     if own:
         out = dataclasses.replace(out, metrics=OwnRecords(log_dir, out.metrics.enabled))
@@ -34,16 +35,16 @@ def evaluate_body(session: Session) -> int:
     metrics = run_evaluation(components, out, epoch=0, cases=cases)
     cases = [case for part in D.all_gather_objects(cases) for case in part]
     out.say(f"mean_dice {metrics['mean_dice']:.4f}")
-    per_label = "  ".join(f"{key} {metrics[key]:.4f}" for key in components.config.label_set.keys)
+    per_label = "  ".join(f"{key} {metrics[key]:.4f}" for key in plan.network.label_set.keys)
     out.say(f"{per_label}  eval_loss {metrics['eval_loss']:.4f}  cases {metrics['eval_cases']}")
     if saved is not None:
         out.say(f"weights: {ckpt.weights_description(saved.checkpoint)} of {saved.path}")
-    out.say(window_line(components.config))  # the benchmark's 128³ unless --val_input_shape
-    out.say(f"backend: {components.config.why('backend')}")  # PyTorch unless --backend asks for another
-    for line in explain_scores(cases, components.config):
+    out.say(window_line(plan))  # the benchmark's 128³ unless --val_input_shape
+    out.say(f"backend: {plan.why('backend')}")  # PyTorch unless --backend asks for another
+    for line in explain_scores(cases, plan):
         out.say(line)
-    out.metrics.write(BACKEND, backend=components.config.backend, why=components.config.why("backend"))
-    out.metrics.write(EVAL, epoch=0, checkpoint=components.config.load_ckpt_path, **metrics)
+    out.metrics.write(BACKEND, backend=plan.inference.backend, why=plan.why("backend"))
+    out.metrics.write(EVAL, epoch=0, checkpoint=plan.config.load_ckpt_path, **metrics)
     if out.is_main:
         written = write_case_scores(log_dir, cases, OWN_CASES) if own else write_case_scores(log_dir, cases)
         out.say(f"per-case Dice: {written}")

@@ -16,9 +16,10 @@ def evaluation_components(components: Components, out: Reporters) -> Components:
     refused by the flag checks). ``out``: the conversion's lines go to stderr with ``--verbose``
     only, since evaluate's stdout is its result (evaluate prints the backend's line there, with
     its scores)."""
-    config = components.config
-    say = say_on(out.is_main and config.verbose, sys.stderr)
-    if config.backend == "torch":
+    plan = components.plan
+    say = say_on(out.is_main and plan.config.verbose, sys.stderr)
+    if plan.inference.backend == "torch":
         return components
-    module = BACKENDS[config.backend].convert(unwrap(components.model).eval(), config, say)
+    module = BACKENDS[plan.inference.backend].convert(unwrap(components.model).eval(), plan.network, plan.precision,
+                                                      plan.inference, say)
     return dataclasses.replace(components, eval_model=module)

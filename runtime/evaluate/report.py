@@ -22,6 +22,7 @@ import numpy as np
 from data_loading.atomic import atomic_write
 from data_loading.write_errors import write_or_raise
 from runtime.outputs import OutputError
+from runtime.plan import RunPlan
 from runtime.run_files import (EVAL_CASES_COLUMNS, EVAL_CASES_CSV, METRICS_LOG, MLPERF_LOG, RESULT, RESUMED_LOG_GLOB,
                                TRAIN)
 from runtime.run_log import MetricsWriter
@@ -52,22 +53,23 @@ def scan_means(cases: Sequence[dict]) -> dict | None:
     return {**means, "cases": len(inside)}
 
 
-def own_data_scored(plan) -> list[str]:
+def own_data_scored(plan: RunPlan) -> list[str]:
     """What evaluate scored on own data (``plan``: the run's), and how it relates to predict's."""
     from runtime.resolve import shape_text
     from runtime.spacing import spacing_text
 
     return [f"scored: nnU-Net's Dice on each scan's own voxels (the padding preprocessing added left out), "
-            f"resampled to {spacing_text(plan.target_spacing)}, every voxel windowed as predict windows it; the mean "
-            "over cases of each label present in the truth or the prediction",
-            f"predict uses the same window ({shape_text(plan.val_input_shape)}) and backend ({plan.backend}) by "
+            f"resampled to {spacing_text(plan.network.target_spacing)}, every voxel windowed as predict windows it; "
+            "the mean over cases of each label present in the truth or the prediction",
+            f"predict uses the same window ({shape_text(plan.inference.window)}) and backend "
+            f"({plan.inference.backend}) by "
             "default: its Dice differs from this only by the grid (the scan's own voxels, not the resampled ones)"]
 
 
-def explain_scores(cases: Sequence[dict], plan=None) -> list[str]:
+def explain_scores(cases: Sequence[dict], plan: RunPlan | None = None) -> list[str]:
     """Lines that say what was scored, and the Dice inside the scans where it is known (the
     benchmark's data; own data's numbers are the scans' own: :func:`own_data_scored`)."""
-    if plan is not None and not plan.label_set.benchmark_data:
+    if plan is not None and not plan.network.label_set.benchmark_data:
         return own_data_scored(plan)
     lines = [SCORED]
     inside = scan_means(cases)

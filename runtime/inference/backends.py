@@ -34,11 +34,12 @@ from typing import Callable
 
 import torch
 
-from runtime.arguments import Config, UsageError
 from runtime.compiling import compile_model
+from runtime.config import PredictOptions, UsageError
 from runtime.inference.predictor import Predict, build_predictor, options_from
 from runtime.levers.cpu.convert import prepare_for_inference
-from runtime.plan import RunPlan
+from runtime.mode import Mode
+from runtime.plan import InferencePlan, NetworkPlan, PrecisionPlan
 
 INSTALL_HINT = "pip install -r requirements-openvino.txt"
 TORCH_ONLY_LEVERS = ("amp", "compile", "channels_last")
@@ -65,35 +66,39 @@ def openvino_missing(int8: bool = False) -> str | None:
     return None
 
 
-def _torch_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=None,
-                  checkpoint: str = "") -> torch.nn.Module:
-    if not plan.inference_copy:  # evaluate: the trained network, as built (runtime.resolve)
+def _torch_module(model: torch.nn.Module, network: NetworkPlan, precision: PrecisionPlan, inference: InferencePlan,
+                  say: Say, calibration=None, checkpoint: str = "") -> torch.nn.Module:
+    if not inference.inference_copy:  # evaluate: the trained network, as built (runtime.resolve)
         return model
-    if plan.channels_last:
+    if precision.channels_last:
         model = prepare_for_inference(model, channels_last=True)
-    return compile_model(model.eval(), plan.compile)
+    return compile_model(model.eval(), precision.compile)
 
 
-def _openvino_module(model: torch.nn.Module, plan: RunPlan, say: Say, calibration=None,
-                     checkpoint: str = "") -> torch.nn.Module:
+def _openvino_module(model: torch.nn.Module, network: NetworkPlan, precision: PrecisionPlan,
+                     inference: InferencePlan, say: Say, calibration=None, checkpoint: str = "") -> torch.nn.Module:
     from runtime.inference.openvino.compiled import OpenVINOWindows, cached_openvino_model
 
-    compiled = cached_openvino_model(model, plan, checkpoint or plan.load_ckpt_path, calibration, say=say)
-    return OpenVINOWindows(compiled, tuple(plan.val_input_shape))
+    compiled = cached_openvino_model(model, network, inference, checkpoint or inference.checkpoint, calibration,
+                                     say=say)
+    return OpenVINOWindows(compiled, tuple(inference.window))
 
 
-def _openvino_calibration(plan: RunPlan, scans):
+def _openvino_calibration(inference: InferencePlan, scans):
     from runtime.inference.openvino.calibration import scan_calibration
 
-    return scan_calibration(plan, scans, plan.overflow_fix)  # as planned (runtime.resolve.decide_calibration)
+    # as planned (runtime.resolve.decide_calibration)
+    return scan_calibration(inference.window, scans, inference.overflow_fix)
 
 
 @dataclass(frozen=True)
 class Backend:
     """A runtime for the windows: the precisions it computes, its converter
-    ``convert(model, config, say, calibration, checkpoint) -> module`` (``calibration``: an int8
-    calibration set; ``checkpoint``: the weights' path, default the plan's ``load_ckpt_path``),
-    and with int8 its ``calibrate(config, scans) -> calibration set`` (:func:`int8_calibration`)."""
+    ``convert(model, network, precision, inference, say, calibration, checkpoint) -> module`` (the
+    plan's sections: the network's architecture keys OpenVINO's cache, the precision the PyTorch
+    copy's layout and compile; ``calibration``: an int8 calibration set; ``checkpoint``: the
+    weights' path, default the inference section's first), and with int8 its
+    ``calibrate(inference, scans) -> calibration set`` (:func:`int8_calibration`)."""
 
     precisions: tuple[str, ...]
     convert: Callable[..., torch.nn.Module]
@@ -104,11 +109,11 @@ BACKENDS = {"torch": Backend(("fp32",), _torch_module),
             "openvino": Backend(("fp32", "int8"), _openvino_module, _openvino_calibration)}
 
 
-def int8_calibration(plan: RunPlan, scans):
-    """The int8 calibration set of the resolved ``plan``'s backend on ``scans`` (``(name, path)``
+def int8_calibration(inference: InferencePlan, scans):
+    """The int8 calibration set of the ``inference`` section's backend on ``scans`` (``(name, path)``
     of the scans to calibrate on, in order): it has ``digest()`` (recorded beside each
     segmentation) and ``describe()``; see :mod:`runtime.inference.openvino.calibration`."""
-    return BACKENDS[plan.backend].calibrate(plan, scans)
+    return BACKENDS[inference.backend].calibrate(inference, scans)
 
 
 def _openvino_version() -> str:
@@ -117,49 +122,55 @@ def _openvino_version() -> str:
     return openvino.__version__.split("-")[0]
 
 
-def decide_backend(config: Config, device: torch.device, benchmark: bool = True) -> tuple[str, str]:
-    """``(backend, why)``: the backend (``torch`` or ``openvino``) this run uses on ``device`` and
-    one line saying why (see the module docstring), for ``resolve()`` to record. ``benchmark``:
-    the data is the benchmark's (evaluate's ``auto`` runs the network as trained); on own data
-    evaluate's ``auto`` chooses as predict's does, so that the two score one network alike. Raises
-    :class:`UsageError` (one line) when ``--backend openvino`` or ``--int8`` cannot run here."""
-    asked = config.backend
-    if not config.mode.chooses_backend:
+def decide_backend(options: PredictOptions, mode: Mode, device: torch.device,
+                   benchmark: bool = True) -> tuple[str, str]:
+    """``(backend, why)``: the backend (``torch`` or ``openvino``) a run of ``mode`` uses on
+    ``device`` for ``options`` (the inference inputs: ``--backend``, ``--int8``, the PyTorch levers
+    asked) and one line saying why (see the module docstring), for ``resolve()`` to record.
+    ``benchmark``: the data is the benchmark's (evaluate's ``auto`` runs the network as trained);
+    on own data evaluate's ``auto`` chooses as predict's does, so that the two score one network
+    alike. Raises :class:`UsageError` (one line) when ``--backend openvino`` or ``--int8`` cannot
+    run here."""
+    asked, int8 = options.backend, options.int8
+    if not mode.chooses_backend:
         return "torch", "PyTorch (training and --benchmark run PyTorch)"
     if asked == "torch":
-        if config.int8 and "int8" not in BACKENDS["torch"].precisions:
+        if int8 and "int8" not in BACKENDS["torch"].precisions:
             raise UsageError("--int8 is OpenVINO's int8 (NNCF); --backend torch computes fp32: drop one of them")
         return "torch", "--backend torch: PyTorch"
-    if asked == "auto" and config.mode.scores_as_trained and benchmark:
+    if asked == "auto" and mode.scores_as_trained and benchmark:
         return "torch", ("--backend auto: PyTorch, the network as trained "
                          "(evaluate computes the benchmark's Dice; --backend openvino asks for OpenVINO)")
-    levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if getattr(config, name)]
+    asked_levers = {"amp": options.amp, "compile": options.compile, "channels_last": options.channels_last}
+    levers = [f"--{name}" for name in TORCH_ONLY_LEVERS if asked_levers[name]]
     problems = []
     if device.type != "cpu":
         problems.append(f"OpenVINO runs on the CPU here and this run's device is {device.type}")
     if levers:
         problems.append(f"{', '.join(levers)} {'is a' if len(levers) == 1 else 'are'} PyTorch lever"
                         f"{'' if len(levers) == 1 else 's'}")
-    missing = openvino_missing(int8=config.int8)
+    missing = openvino_missing(int8=int8)
     if missing:
         problems.append(missing)
-    if problems and (asked == "openvino" or config.int8):
-        raise UsageError(f"{'--int8' if config.int8 else '--backend openvino'}: {problems[0]}")
+    if problems and (asked == "openvino" or int8):
+        raise UsageError(f"{'--int8' if int8 else '--backend openvino'}: {problems[0]}")
     if problems:
         return "torch", f"--backend auto: PyTorch ({problems[0]})"
-    calibrated = (f"calibrated once on --int8_calibration {config.int8_calibration}" if config.int8_calibration
+    calibrated = (f"calibrated once on --int8_calibration {options.int8_calibration}" if options.int8_calibration
                   else "calibrated on each scan alone")
-    precision = f"int8 (NNCF post-training quantisation, {calibrated})" if config.int8 else "fp32"
+    precision = f"int8 (NNCF post-training quantisation, {calibrated})" if int8 else "fp32"
     return "openvino", f"--backend {asked}: OpenVINO {_openvino_version()} on the CPU, {precision}"
 
 
-def window_predictor(model: torch.nn.Module, plan: RunPlan, device: torch.device, say: Say = print,
-                     calibration=None, checkpoint: str = "") -> Predict:
+def window_predictor(model: torch.nn.Module, network: NetworkPlan, precision: PrecisionPlan,
+                     inference: InferencePlan, device: torch.device, say: Say = print, calibration=None,
+                     checkpoint: str = "") -> Predict:
     """Predict's window predictor: ``model`` (eval mode, the weights of ``checkpoint``, default
-    the plan's ``load_ckpt_path``; fp32) converted by the resolved ``plan``'s backend
-    (``calibration``: the int8 calibration set with ``--int8``), wrapped by :func:`build_predictor`."""
-    module = BACKENDS[plan.backend].convert(model, plan, say, calibration, checkpoint)
-    return build_predictor(module, device, options_from(plan))
+    the inference section's first; fp32) converted by the ``inference`` section's backend
+    (``calibration``: the int8 calibration set with ``--int8``; OpenVINO keys its cache with the
+    ``network``'s flags), wrapped by :func:`build_predictor` in the ``precision`` that runs."""
+    module = BACKENDS[inference.backend].convert(model, network, precision, inference, say, calibration, checkpoint)
+    return build_predictor(module, device, options_from(precision, inference))
 
 
 def say_on(is_main: bool, stream=None) -> Say:

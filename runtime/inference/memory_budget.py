@@ -26,7 +26,7 @@ import os
 from typing import Callable
 
 from data_loading.memory_limits import read_memory
-from runtime.arguments import Config, UsageError
+from runtime.config import UsageError
 
 GB = 1e9
 BASE_BYTES = 1.0 * GB  # interpreter, PyTorch and its libraries, the network's weights
@@ -51,45 +51,47 @@ def local_processes() -> int:
         return 1
 
 
-def first_activation_bytes(config: Config) -> float:
-    return 4.0 * config.filters[0] * math.prod(config.val_input_shape)
+def first_activation_bytes(filters, window) -> float:
+    """Bytes of the network's first activation on one window: ``filters[0]`` channels of float32."""
+    return 4.0 * filters[0] * math.prod(window)
 
 
-def estimate_bytes(config: Config, backend: str, batch: int) -> float:
-    """Estimated peak resident bytes of predict with ``batch`` windows per forward."""
-    first = first_activation_bytes(config)
+def estimate_bytes(filters, window, backend: str, batch: int) -> float:
+    """Estimated peak resident bytes of predict with ``batch`` windows per forward, for a network
+    of ``filters`` on ``window``-sized windows."""
+    first = first_activation_bytes(filters, window)
     windows = OPENVINO_WINDOW_FACTOR * first if backend == "openvino" else TORCH_WINDOW_FACTOR * first * batch
     return BASE_BYTES + VOLUME_BYTES + windows
 
 
-def bounded_window_batch(config: Config, backend: str, say: Callable[[str], None] = print,
+def bounded_window_batch(asked: int, max_memory_gb: float, filters, window, backend: str,
+                         say: Callable[[str], None] = print,
                          available: Callable[[], float | None] = available_bytes) -> int:
-    """The window batch: ``config.sw_batch_size`` lowered until the estimate fits the limit (see the
-    module docstring; ``config``: the flags with the network's filters and the window that run);
-    one line when it is lowered. :class:`UsageError` when an explicit
-    ``--max_memory_gb`` cannot hold one window."""
-    explicit = config.max_memory_gb > 0
-    limit = config.max_memory_gb * GB if explicit else available()
+    """The window batch: ``asked`` (``--sw_batch_size``) lowered until the estimate for the network's
+    ``filters`` and the ``window`` that run fits the limit (``--max_memory_gb``, 0: the memory
+    available; see the module docstring); one line when it is lowered. :class:`UsageError` when
+    an explicit ``--max_memory_gb`` cannot hold one window."""
+    explicit = max_memory_gb > 0
+    limit = max_memory_gb * GB if explicit else available()
     if limit is None:
-        return config.sw_batch_size
-    source = f"--max_memory_gb {config.max_memory_gb:g}" if explicit else "the memory available now"
+        return asked
+    source = f"--max_memory_gb {max_memory_gb:g}" if explicit else "the memory available now"
     if not explicit and available is available_bytes:
         source += f" ({read_memory().available_source})"
     if not explicit and local_processes() > 1:  # torchrun: the node's ranks share what is available
         limit /= local_processes()
         source += f" shared by {local_processes()} processes on this node"
-    if estimate_bytes(config, backend, 1) > limit:
+    one = estimate_bytes(filters, window, backend, 1)
+    if one > limit:
         if explicit:
-            raise UsageError(f"--max_memory_gb {config.max_memory_gb:g}: predict needs about "
-                             f"{estimate_bytes(config, backend, 1) / GB:.1f} GB with one window per forward "
-                             f"({backend}, {list(config.val_input_shape)} windows)")
-        say(f"memory: about {estimate_bytes(config, backend, 1) / GB:.1f} GB needed, "
-            f"{limit / GB:.1f} GB available; one window per forward")
+            raise UsageError(f"--max_memory_gb {max_memory_gb:g}: predict needs about {one / GB:.1f} GB with one "
+                             f"window per forward ({backend}, {list(window)} windows)")
+        say(f"memory: about {one / GB:.1f} GB needed, {limit / GB:.1f} GB available; one window per forward")
         return 1
-    batch = config.sw_batch_size
-    while batch > 1 and estimate_bytes(config, backend, batch) > limit:
+    batch = asked
+    while batch > 1 and estimate_bytes(filters, window, backend, batch) > limit:
         batch -= 1
-    if batch != config.sw_batch_size:
-        say(f"memory: --sw_batch_size {config.sw_batch_size} lowered to {batch} to stay within {source} "
-            f"({limit / GB:.1f} GB; about {estimate_bytes(config, backend, batch) / GB:.1f} GB estimated)")
+    if batch != asked:
+        say(f"memory: --sw_batch_size {asked} lowered to {batch} to stay within {source} "
+            f"({limit / GB:.1f} GB; about {estimate_bytes(filters, window, backend, batch) / GB:.1f} GB estimated)")
     return batch

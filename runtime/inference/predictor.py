@@ -13,14 +13,13 @@ backend's conversion of it (the same logits up to float32 rounding, or int8's ro
 from __future__ import annotations
 
 import itertools
-from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 import torch
 
-from runtime.plan import RunPlan
+from runtime.precision import autocast_context
+from runtime.plan import InferencePlan, PrecisionPlan
 
 
 FLIPS = [dims for n in range(4) for dims in itertools.combinations((2, 3, 4), n)]  # 8, () first
@@ -36,19 +35,11 @@ class PredictorOptions:
     tta: bool = False
 
 
-def options_from(plan: RunPlan) -> PredictorOptions:
-    """The predictor options of a resolved plan (:class:`runtime.plan.RunPlan`; ``tta`` as decided:
-    predict's ``--tta``, evaluation scores the logits)."""
-    return PredictorOptions(channels_last=plan.channels_last,
-                            amp_dtype=plan.amp_dtype if plan.amp else None, tta=plan.tta)
-
-
-def autocast_context(amp_dtype: str | None, device: torch.device) -> Callable[[], object]:
-    """``() -> context`` for the (resolved) autocast type, a null context for fp32."""
-    if amp_dtype is None:
-        return nullcontext
-    dtype = torch.float16 if amp_dtype == "fp16" else torch.bfloat16
-    return partial(torch.autocast, device_type=device.type, dtype=dtype)
+def options_from(precision: PrecisionPlan, inference: InferencePlan) -> PredictorOptions:
+    """The predictor options of a resolved plan's sections (``runtime.plan``): the layout and the
+    autocast type of ``precision``, and ``inference``'s ``tta`` (predict's ``--tta``; evaluation
+    scores the logits)."""
+    return PredictorOptions(channels_last=precision.channels_last, amp_dtype=precision.autocast, tta=inference.tta)
 
 
 def build_predictor(model: torch.nn.Module, device: torch.device, options: PredictorOptions) -> Predict:

@@ -8,28 +8,28 @@
     segmenter = Segmenter.from_network(network, PredictOptions(window=(128, 128, 128)))  # built already
     dice = score(result.labels, truth)                    # Dice: NaN for a label absent from both
 
-``--exec_mode predict`` runs every scan through a :class:`Segmenter` made from its resolved
-config (:meth:`Segmenter.from_config`), so the command line and the notebook share one code
-path: the same window (the checkpoint's training patch unless given), the same preprocessing,
-the same sliding window, the same way back to the input's own grid and axes.
+The API comes first, as nnU-Net's predictor: :class:`PredictOptions` are what the plan's inference
+and precision sections are decided from (``runtime.resolve.resolve_predict``); no command line is
+parsed. ``--exec_mode predict`` builds its options from its flags and runs every scan through a
+:class:`Segmenter` made from its resolved plan (:meth:`Segmenter.from_plan`), so the command line
+and the notebook share one code path: the same window (the checkpoint's training patch unless
+given), the same preprocessing, the same sliding window, the same way back to the input's own grid
+and axes.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import partial
-from numbers import Integral
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from data_loading.scans import RawScan, read_scan
-from model.unet3d import SHAPE_DIVISOR
-from runtime.arguments import Config, UsageError, checkpoint_path_problem
 from runtime.checkpoint import Saved
+from runtime.config import PredictOptions, UsageError, checkpoint_path_problem  # noqa: F401 - the API's options
 from runtime.inference.backends import say_on, window_predictor
-from runtime.mode import int8_problems, problems
+from runtime.plan import RunPlan
 from runtime.predict.calibration import calibration_policy
 from runtime.predict.records import Dice, score  # noqa: F401 - the API's Dice (NaN: a label absent from both)
 from runtime.predict.scan import (EnsembleInference, ScanInference, Segmentation, StageTimer, load_trained_model,
@@ -61,83 +61,11 @@ def raw_from_array(array: np.ndarray, affine: np.ndarray, spacing: Sequence[floa
     return RawScan(kits[None], orientation.spacing_to_kits(file_spacing), None, orientation, file_spacing)
 
 
-DEVICES = ("auto", "cpu", "cuda")  # --device's choices
-BACKENDS = ("auto", "torch", "openvino")  # --backend's choices
-
-
-@dataclass(frozen=True)
-class PredictOptions:
-    """Predict's knobs, each its flag's value with the flag's default: ``device`` (``--device``:
-    auto, cpu, cuda), ``window`` (``--val_input_shape``; None: the checkpoint's training patch,
-    128³ for :meth:`Segmenter.from_network`), ``overlap``, ``sw_batch_size``, ``tta``, ``amp``,
-    ``backend`` (``--backend``: auto, torch, openvino), ``int8``, ``int8_calibration``
-    (``--int8_calibration``: a scan file or folder to calibrate on once; "": each file alone),
-    ``channels_last``; ``verbose`` prints the lines predict prints (window, weights, backend).
-    Checked when made: a bad value raises ``UsageError``, the command line's one line naming
-    the flag."""
-
-    device: str = Config.device
-    window: tuple[int, ...] | None = None
-    overlap: float = Config.overlap
-    sw_batch_size: int = Config.sw_batch_size
-    tta: bool = Config.tta
-    amp: bool = Config.amp
-    backend: str = Config.backend
-    int8: bool = Config.int8
-    int8_calibration: str = Config.int8_calibration
-    channels_last: bool = Config.channels_last
-    verbose: bool = True
-
-    def __post_init__(self):
-        errors = self.errors()
-        if errors:
-            raise UsageError(errors[0])
-
-    def errors(self) -> list[str]:
-        """Every problem with these options, one line each, in the words of the flags' checks
-        (:func:`runtime.arguments.validate`)."""
-        from runtime.arguments import cuda_available
-
-        window = None if self.window is None else list(self.window)
-        checks = [
-            (self.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}"),
-            (self.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"),
-            (window is None or len(window) == 3, f"--val_input_shape needs 3 sizes, got {len(window or ())}"),
-            (window is None or all(isinstance(s, Integral) and s > 0 and s % SHAPE_DIVISOR == 0 for s in window),
-             f"--val_input_shape sizes must be positive multiples of {SHAPE_DIVISOR}, got {window}"),
-            (0.0 <= self.overlap < 1.0, f"--overlap must be in [0, 1), got {self.overlap}"),
-            (isinstance(self.sw_batch_size, Integral) and self.sw_batch_size >= 1,
-             f"--sw_batch_size must be >= 1, got {self.sw_batch_size}"),
-            (self.device != "cuda" or cuda_available(),
-             "--device cuda: no CUDA or ROCm GPU is visible here; use --device cpu or auto"),
-        ]
-        return problems(*checks) + int8_problems(self.int8, self.int8_calibration, self.device, self.amp)
-
-    def config(self, checkpoints: Sequence[str] = ()) -> Config:
-        """Predict's config of these options on ``checkpoints`` (none: a network given), before
-        :func:`runtime.resolve.resolve`; a checkpoint that is no file raises ``UsageError`` (one
-        line naming it)."""
-        for path in checkpoints:
-            if not os.path.isfile(path):
-                raise UsageError(checkpoint_path_problem(path, "--load_ckpt_path"))
-        values = {"exec_mode": "predict", "device": self.device, "overlap": self.overlap,
-                  "sw_batch_size": self.sw_batch_size, "backend": self.backend}
-        if self.window is not None:
-            values["val_input_shape"] = tuple(int(size) for size in self.window)
-        values.update((name, getattr(self, name)) for name in ("tta", "amp", "int8", "int8_calibration",
-                                                               "channels_last") if getattr(self, name))
-        if checkpoints:
-            values["load_ckpt_path"] = checkpoints[0]
-        # the fields given, as if on the command line: the checkpoint's values fill the others
-        return Config(**values, load_ckpt_paths=tuple(checkpoints) if len(checkpoints) > 1 else (),
-                      explicit=frozenset(values))
-
-
-def _say_backend(config: Config, say: Callable[[str], None]) -> None:
-    """The resolved ``config``'s backend and why, and why the window batch was lowered, if it was."""
-    say(f"backend: {config.why('backend')}")
-    if config.why("window_batch"):
-        say(config.why("window_batch"))
+def _say_backend(plan: RunPlan, say: Callable[[str], None]) -> None:
+    """The resolved ``plan``'s backend and why, and why the window batch was lowered, if it was."""
+    say(f"backend: {plan.why('backend')}")
+    if plan.why("window_batch"):
+        say(plan.why("window_batch"))
 
 
 # builds the window inference of the networks for an int8 calibration set (None: fp32)
@@ -148,24 +76,24 @@ class Segmenter:
     """Trained network(s) loaded once, to segment many CT volumes.
 
     Made by :meth:`from_checkpoint` (one checkpoint, or several: an ensemble, the mean of their
-    softmax probabilities), :meth:`from_network` (a network built already) or :meth:`from_config`
-    (``--exec_mode predict``'s resolved config). With ``int8``, each file is calibrated on alone
-    (:meth:`segment_file`: its result can be reproduced from that file alone), unless
-    ``int8_calibration`` names the scans to calibrate on once, which an array
-    (:meth:`segment_array`) needs: ``policy`` (:mod:`runtime.predict.calibration`, from the
-    plan's decision). ``config`` is the resolved config (never changed after); ``calibration``
+    softmax probabilities), :meth:`from_network` (a network built already), both with
+    :class:`PredictOptions`, or :meth:`from_plan` (``--exec_mode predict``'s resolved plan). With
+    ``int8``, each file is calibrated on alone (:meth:`segment_file`: its result can be reproduced
+    from that file alone), unless ``int8_calibration`` names the scans to calibrate on once, which
+    an array (:meth:`segment_array`) needs: ``policy`` (:mod:`runtime.predict.calibration`, from
+    the plan's decision). ``plan`` is the resolved plan (never changed after); ``calibration``
     the int8 calibration set of the last volume segmented (None without int8).
 
     :meth:`segment_file` and :meth:`segment_array` return labels (0 background, 1 kidney,
     2 tumour) on the input's own grid and in its own axis order, whatever its orientation.
     """
 
-    def __init__(self, config: Config, build: Build, device: torch.device, verbose: bool = True):
+    def __init__(self, plan: RunPlan, build: Build, device: torch.device, verbose: bool = True):
         """``build(calibration)``: the window inference (preprocessed image -> probabilities) of
         the networks, int8 on ``calibration`` when given. Everything one set serves (fp32, or the
         set ``int8_calibration`` names) is built here; each scan's own set when the scan comes."""
-        self._say, self.device, self.config, self._build = say_on(verbose), device, config, build
-        self.policy = calibration_policy(config)
+        self._say, self.device, self.plan, self._build = say_on(verbose), device, plan, build
+        self.policy = calibration_policy(plan)
         self.calibration, self._digest, self._infer = None, None, None
         if not self.policy.per_scan:
             self._inference(self.policy.set_for(None, None))
@@ -175,13 +103,16 @@ class Segmenter:
                         options: PredictOptions = PredictOptions()) -> "Segmenter":
         """The segmenter of ``checkpoints`` (one path, or several: an ensemble; the same network and
         window, else a one-line ``UsageError`` naming both) with ``options``."""
-        from runtime.checkpoint import saved_ensemble, saved_for
+        from runtime.checkpoint import load_checkpoint
 
-        paths = [checkpoints] if isinstance(checkpoints, (str, os.PathLike)) else list(checkpoints)
-        config = options.config([os.fspath(path) for path in paths])
-        saved, ensemble = saved_for(config), saved_ensemble(config)
-        config, device = cls._resolved(config, options.verbose, saved, ensemble)
-        return cls.from_config(config, [saved, *ensemble], device, options.verbose)
+        paths = [os.fspath(path) for path in ([checkpoints] if isinstance(checkpoints, (str, os.PathLike))
+                                              else list(checkpoints))]
+        for path in paths:
+            if not os.path.isfile(path):
+                raise UsageError(checkpoint_path_problem(path, "--load_ckpt_path"))
+        saved = [Saved(path, load_checkpoint(path), resume=False) for path in paths]
+        plan, device = cls._resolved(options, saved[0] if saved else None, saved[1:])
+        return cls.from_plan(plan, saved, device, options.verbose)
 
     @classmethod
     def from_network(cls, network: torch.nn.Module | Sequence[torch.nn.Module],
@@ -190,47 +121,49 @@ class Segmenter:
         ensemble) with ``options``: the backend converts it as it converts a checkpoint's; the
         window is ``options.window`` (default 128³, there being no training patch to take)."""
         networks = [network] if isinstance(network, torch.nn.Module) else list(network)
-        config, device = cls._resolved(options.config(), options.verbose)
+        plan, device = cls._resolved(options)
         say = say_on(options.verbose)
-        _say_backend(config, say)
+        _say_backend(plan, say)
         members = [("", net.to(device).eval()) for net in networks]
-        return cls(config, partial(_window_inference, config, members, device, say), device, options.verbose)
+        return cls(plan, partial(_window_inference, plan, members, device, say), device, options.verbose)
 
     @classmethod
-    def from_inference(cls, infer: Callable[[np.ndarray], torch.Tensor], config: Config,
+    def from_inference(cls, infer: Callable[[np.ndarray], torch.Tensor], plan: RunPlan,
                        device: torch.device = torch.device("cpu")) -> "Segmenter":
         """The segmenter of a window inference given as it is (preprocessed image (1, D, H, W) ->
         probabilities (3, D, H, W), fp32: a benchmark's reference network) and its resolved
-        ``config``, for predict's folder (:func:`runtime.predict.folder.predict_cases`)."""
-        if config.int8:
+        ``plan``, for predict's folder (:func:`runtime.predict.folder.predict_cases`)."""
+        if plan.precision.int8:
             raise UsageError("--int8 quantises predict's own networks; a window inference given as it is "
                              "computes what it computes: drop --int8")
-        return cls(config, lambda calibration: infer, device, verbose=False)
+        return cls(plan, lambda calibration: infer, device, verbose=False)
 
     @staticmethod
-    def _resolved(config: Config, verbose: bool, saved: Saved | None = None,
-                  ensemble: Sequence[Saved] = ()) -> tuple[Config, torch.device]:
-        """``config`` resolved on this process's device (one process), its window line said."""
+    def _resolved(options: PredictOptions, saved: Saved | None = None,
+                  ensemble: Sequence[Saved] = ()) -> tuple[RunPlan, torch.device]:
+        """The plan of ``options`` on this process's device (one process), its window line said
+        (``options.verbose``)."""
         from runtime.distributed import DistInfo, select_device
-        from runtime.resolve import resolve, window_line
+        from runtime.resolve import resolve_predict, window_line
 
-        dist = DistInfo(rank=0, local_rank=0, world_size=1, device=select_device(config.device, 0))
-        config = resolve(config, dist, None, saved, ensemble)
-        if verbose:
-            print(window_line(config), flush=True)
-        return config, dist.device
+        dist = DistInfo(rank=0, local_rank=0, world_size=1, device=select_device(options.device, 0))
+        plan = resolve_predict(options, dist, saved, ensemble)
+        if options.verbose:
+            print(window_line(plan), flush=True)
+        return plan, dist.device
 
     @classmethod
-    def from_config(cls, config: Config, saved: Saved | Sequence[Saved], device: torch.device,
-                    verbose: bool = True) -> "Segmenter":
-        """The segmenter of a resolved predict ``config`` (:func:`runtime.resolve.resolve`) and its
+    def from_plan(cls, plan: RunPlan, saved: Saved | Sequence[Saved], device: torch.device,
+                  verbose: bool = True) -> "Segmenter":
+        """The segmenter of a resolved predict ``plan`` (``runtime.resolve.resolve_predict``) and its
         checkpoint(s) ``saved``, read already: what ``--exec_mode predict`` runs."""
         say = say_on(verbose)
-        _say_backend(config, say)
+        _say_backend(plan, say)
         members = []
         for one in [saved] if isinstance(saved, Saved) else list(saved):  # the same plan, each its weights
-            members.append((one.path, load_trained_model(config, one, device, say)))
-        return cls(config, partial(_window_inference, config, members, device, say), device, verbose)
+            members.append((one.path, load_trained_model(plan.network, one, device, say,
+                                                         plan.precision.channels_last)))
+        return cls(plan, partial(_window_inference, plan, members, device, say), device, verbose)
 
     def calibration_for(self, name: str, path: str):
         """The int8 calibration set the scan ``path`` (named ``name``) is segmented with (the
@@ -256,7 +189,7 @@ class Segmenter:
         """A volume read into the KiTS19 layout -> its :class:`Segmentation` on its own grid,
         int8 on ``calibration`` (:meth:`calibration_for`; None: the policy's one set, or fp32)."""
         infer = self._inference(calibration if calibration is not None else self.policy.set_for(None, None))
-        return segment_volume(raw, infer, timer or StageTimer(), probabilities, path, self.config.target_spacing)
+        return segment_volume(raw, infer, timer or StageTimer(), probabilities, path, self.plan.network.target_spacing)
 
     def segment_file(self, path: str | os.PathLike, probabilities: bool = False) -> Segmentation:
         """Segment one scan file (NIfTI; NRRD, MHA/MHD or a DICOM series with SimpleITK), any
@@ -293,12 +226,13 @@ class Segmenter:
         return result.labels, result.probabilities
 
 
-def _window_inference(plan: Config, members: Sequence[tuple[str, torch.nn.Module]], device: torch.device,
+def _window_inference(plan: RunPlan, members: Sequence[tuple[str, torch.nn.Module]], device: torch.device,
                       say: Callable[[str], None], calibration) -> ScanInference | EnsembleInference:
     """The window inference of every network of ``members`` (each with its checkpoint's path,
     "" for a network given) on the resolved ``plan``, converted by the backend, int8 on
     ``calibration`` (the backend's calibration set) when given: one network's, or the mean of
     their probabilities."""
-    inferences = [ScanInference(window_predictor(model, plan, device, say, calibration, checkpoint), plan, device)
+    inferences = [ScanInference(window_predictor(model, plan.network, plan.precision, plan.inference, device, say,
+                                                 calibration, checkpoint), plan.inference, device)
                   for checkpoint, model in members]
     return inferences[0] if len(inferences) == 1 else EnsembleInference(inferences)

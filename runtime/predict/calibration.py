@@ -22,8 +22,9 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
-from runtime.arguments import UsageError
+from runtime.config import UsageError
 from runtime.inference.backends import int8_calibration
+from runtime.plan import InferencePlan, RunPlan
 
 EACH_SCAN_ONLY = ("--int8 calibrates on each scan alone: segment a file (segment_file), or name the scans to "
                   "calibrate on once (int8_calibration)")
@@ -69,29 +70,30 @@ class FixedCalibration:
 @dataclass(frozen=True)
 class PerScanCalibration:
     """Each scan calibrated on alone (the default with ``--int8``): its set is made from the
-    scan itself, by the resolved ``config``'s backend; an array, which is no scan file, has none
-    (a :class:`runtime.arguments.UsageError` saying what to do)."""
+    scan itself, by the plan's ``inference`` backend; an array, which is no scan file, has none
+    (a :class:`runtime.config.UsageError` saying what to do)."""
 
-    config: object
+    inference: InferencePlan
     per_scan = True
     source = "this scan"
 
     def set_for(self, name: str | None, path: str | None):
         if path is None:
             raise UsageError(EACH_SCAN_ONLY)
-        return int8_calibration(self.config, [(name, path)])
+        return int8_calibration(self.inference, [(name, path)])
 
 
-def calibration_policy(config) -> CalibrationPolicy:
-    """The policy of the resolved ``config``'s decision ``calibration`` (none: no ``--int8``):
+def calibration_policy(plan: RunPlan) -> CalibrationPolicy:
+    """The policy of the resolved ``plan``'s decision ``calibration`` (none: no ``--int8``):
     the set ``--int8_calibration`` named (its scans found and read once, here), or each scan's
     own."""
-    made = config.decision("calibration")
+    made = plan.decision("calibration")
     if made is None:
         return NoCalibration()
     if made.asked:  # --int8_calibration: the scans to calibrate on once
         from data_loading.scans import find_scans
 
         named = find_scans(made.asked)
-        return FixedCalibration(made.asked, int8_calibration(config, [(scan.name, scan.image_path) for scan in named]))
-    return PerScanCalibration(config)
+        return FixedCalibration(made.asked, int8_calibration(plan.inference,
+                                                             [(scan.name, scan.image_path) for scan in named]))
+    return PerScanCalibration(plan.inference)

@@ -34,8 +34,9 @@ from data_loading.scan_io import input_digest, input_files
 from data_loading.scans import Scan, ScanError, find_inputs, output_path, with_truths
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
 from runtime import distributed as D
-from runtime.arguments import Config, UsageError
+from runtime.config import UsageError
 from runtime.outputs import OutputError
+from runtime.plan import RunPlan
 from runtime.progress import progress, write
 from runtime.predict.api import Segmenter
 from runtime.predict.provenance import (PendingRecord, difference, pending_records, read_record,
@@ -129,11 +130,12 @@ class ScanOutputs:
     writes: tuple[str, ...]
 
     @classmethod
-    def of(cls, scan: Scan, config: Config) -> "ScanOutputs":
-        path = output_path(config.output_dir, scan)
-        png, npz = preview_path(config.output_dir, scan), probabilities_path(config.output_dir, scan)
+    def of(cls, scan: Scan, plan: RunPlan) -> "ScanOutputs":
+        path = output_path(plan.config.output_dir, scan)
+        png, npz = preview_path(plan.config.output_dir, scan), probabilities_path(plan.config.output_dir, scan)
         return cls(path, record_path(path), png, npz,
-                   (path,) + ((png,) if config.preview else ()) + ((npz,) if config.save_probabilities else ()))
+                   (path,) + ((png,) if plan.config.preview else ())
+                   + ((npz,) if plan.config.save_probabilities else ()))
 
 
 @dataclass(frozen=True)
@@ -164,23 +166,23 @@ def earlier_outputs(outputs: ScanOutputs) -> Earlier:
 
 
 def reuse(scan: Scan, outputs: ScanOutputs, earlier: Earlier, current: dict,
-          config: Config) -> tuple[CaseResult | None, str]:
+          plan: RunPlan) -> tuple[CaseResult | None, str]:
     """Whether the scan's existing segmentation (``current``: this run's record of it, its input's
     digest too) is kept: ``(its result, "")`` when it is (its record matches this run, or it is
     another model's and there is no ``--force``), else ``(None, why it is replaced)``."""
     stored = earlier.record
     replaced = difference(stored, earlier.why_none, current)
-    if replaced is None and config.save_probabilities and not (stored.get("probabilities")
+    if replaced is None and plan.config.save_probabilities and not (stored.get("probabilities")
                                                                and os.path.exists(outputs.probabilities)):
         replaced = "without saved probabilities"
-    if another_model(stored, current) and not config.force:
-        result = summarise_existing(scan, outputs.segmentation, config.label_set)
+    if another_model(stored, current) and not plan.config.force:
+        result = summarise_existing(scan, outputs.segmentation, plan.network.label_set)
         result.status, result.provenance = "kept", stored
         result.error = (f"{outputs.segmentation} was made by another model ({model_text(stored)}): kept; --force "
                         "replaces it")
         return result, ""
-    if replaced is None and not config.force:
-        result = summarise_existing(scan, outputs.segmentation, config.label_set)
+    if replaced is None and not plan.config.force:
+        result = summarise_existing(scan, outputs.segmentation, plan.network.label_set)
         result.provenance = stored
         return result, ""
     if replaced and another_model(stored, current):
@@ -201,16 +203,16 @@ def remove_stale(outputs: ScanOutputs, earlier: Earlier, replaced: str, force: b
 
 
 def segment_recorded(scan: Scan, segmenter: Segmenter, calibration, outputs: ScanOutputs, current: dict,
-                     config: Config) -> CaseResult:
+                     plan: RunPlan) -> CaseResult:
     """Segment the scan with ``segmenter`` (int8 on ``calibration``), its record ``current``
     written first under a temporary name (:class:`PendingRecord`) and put in place only after
     the segmentation took its own."""
     pending = pending_record(outputs.record, current, outputs.segmentation)
     keep = False
     try:
-        result = segment_scan(scan, segmenter, config.output_dir, config.preview,
-                              probabilities=config.save_probabilities, calibration=calibration,
-                              label_set=config.label_set)
+        result = segment_scan(scan, segmenter, plan.config.output_dir, plan.config.preview,
+                              probabilities=plan.config.save_probabilities, calibration=calibration,
+                              label_set=plan.network.label_set)
         write_or_raise(pending.commit, lambda reason, exc: OutputWriteError(outputs.record, reason, is_full_disk(exc)))
     except BaseException:
         # stopped or failed with a segmentation there (this run's, or with --force the earlier
@@ -224,7 +226,7 @@ def segment_recorded(scan: Scan, segmenter: Segmenter, calibration, outputs: Sca
     return result
 
 
-def predict_one(scan: Scan, segmenter: Segmenter, config: Config) -> CaseResult:
+def predict_one(scan: Scan, segmenter: Segmenter, plan: RunPlan) -> CaseResult:
     """Segment (or reuse) one scan, its header checked before any voxel is read; every failure
     inside it (bad input, out of memory, an allocator error, a full output disk) is its result.
 
@@ -240,24 +242,24 @@ def predict_one(scan: Scan, segmenter: Segmenter, config: Config) -> CaseResult:
     ``--input`` that is no scan is its result as it is (:func:`entry_result`)."""
     if not scan.is_scan:
         return entry_result(scan)
-    outputs = ScanOutputs.of(scan, config)
+    outputs = ScanOutputs.of(scan, plan)
     try:
         calibration = segmenter.calibration_for(scan.name, scan.image_path)
-        current = dict(run_fields(config, calibration, segmenter.policy.source))
+        current = dict(run_fields(plan, calibration, segmenter.policy.source))
         earlier = earlier_outputs(outputs)
         replaced = ""
         if os.path.exists(outputs.segmentation):
             current["input_sha256"] = input_digest(scan.image_path)
-            kept, replaced = reuse(scan, outputs, earlier, current, config)
+            kept, replaced = reuse(scan, outputs, earlier, current, plan)
             if kept is not None:
                 return kept
-        remove_stale(outputs, earlier, replaced, config.force)
+        remove_stale(outputs, earlier, replaced, plan.config.force)
         check_header(scan.image_path)
         if "input_sha256" not in current:
             current["input_sha256"] = input_digest(scan.image_path)
-        current["probabilities"] = os.path.basename(outputs.probabilities) if config.save_probabilities else ""
+        current["probabilities"] = os.path.basename(outputs.probabilities) if plan.config.save_probabilities else ""
         current["files"] = [os.path.basename(f) for f in outputs.writes]
-        result = segment_recorded(scan, segmenter, calibration, outputs, current, config)
+        result = segment_recorded(scan, segmenter, calibration, outputs, current, plan)
         result.provenance, result.replaced = current, replaced
         return result
     except Stopped:  # SIGTERM / SIGUSR1: the run stops, it is no failure of this scan
@@ -267,9 +269,9 @@ def predict_one(scan: Scan, segmenter: Segmenter, config: Config) -> CaseResult:
                           full_disk=isinstance(exc, OutputWriteError) and exc.full)
 
 
-def predict_cases(scans: Sequence[Scan], segmenter: Segmenter, config: Config, show_progress: bool,
+def predict_cases(scans: Sequence[Scan], segmenter: Segmenter, plan: RunPlan, show_progress: bool,
                   results: list | None = None) -> list[CaseResult]:
-    """Segment (or skip) each scan of this rank with ``segmenter`` (of the resolved ``config``;
+    """Segment (or skip) each scan of this rank with ``segmenter`` (of the resolved ``plan``;
     a window inference given as it is: :meth:`Segmenter.from_inference`) into ``results``
     (returned); a scan that fails
     is one stderr line naming it. Once the output disk is full, the remaining scans are "not
@@ -281,7 +283,7 @@ def predict_cases(scans: Sequence[Scan], segmenter: Segmenter, config: Config, s
         if full_disk is not None:
             result = CaseResult(scan.name, "not run", scan.image_path, error=f"the output disk is full ({full_disk})")
         else:
-            result = predict_one(scan, segmenter, config)
+            result = predict_one(scan, segmenter, plan)
             full_disk = result.error if result.full_disk else None
         if result.status in ("failed", "kept") or (result.error and result.status not in ("not run", "left out")):
             write(f"main.py: error: {result.error}", sys.stderr)
@@ -322,7 +324,7 @@ def is_summary(path: str) -> bool:
     return isinstance(row, dict) and "case" in row and "status" in row
 
 
-def check_outputs(config: Config, scans: Sequence[Scan]) -> None:
+def check_outputs(output_dir: str, scans: Sequence[Scan]) -> None:
     """Before any work: no name predict may write in ``--output_dir`` is a file of an input scan
     (every file of each scan, its ground truth too: ``os.path.samefile``), and a summary there
     is predict's own; else one :class:`UsageError` line naming the clash."""
@@ -337,29 +339,30 @@ def check_outputs(config: Config, scans: Sequence[Scan]) -> None:
             key = _file_id(name)
             if key is not None:
                 inputs.setdefault(key, name)
-    names = [os.path.join(config.output_dir, n) for n in SUMMARY_FILES]
+    names = [os.path.join(output_dir, n) for n in SUMMARY_FILES]
     for scan in scans:
-        path = output_path(config.output_dir, scan)
-        names += [path, record_path(path), preview_path(config.output_dir, scan),
-                  probabilities_path(config.output_dir, scan)]
+        path = output_path(output_dir, scan)
+        names += [path, record_path(path), preview_path(output_dir, scan),
+                  probabilities_path(output_dir, scan)]
     for name in names:
         key = _file_id(name)
         if key is not None and key in inputs:
-            raise UsageError(f"--output_dir {config.output_dir}: {name} would be written over the input "
+            raise UsageError(f"--output_dir {output_dir}: {name} would be written over the input "
                              f"{inputs[key]}; predict never replaces an input (choose another --output_dir)")
     for name in names[:len(SUMMARY_FILES)]:
         if os.path.lexists(name) and not is_summary(name):
-            raise UsageError(f"--output_dir {config.output_dir}: {name} exists and is no summary of predict; "
+            raise UsageError(f"--output_dir {output_dir}: {name} exists and is no summary of predict; "
                              "predict never replaces it (move it away, or choose another --output_dir)")
 
 
-def scans_to_predict(config: Config) -> list[Scan]:
+def scans_to_predict(input: str, output_dir: str, truth: str = "", preview: bool = False) -> list[Scan]:
     """The scans of ``--input`` and its entries that are none (:func:`data_loading.scans.find_inputs`:
-    each named in the summary), none of whose files (nor a file of someone else) would be written
-    over (:func:`check_outputs`); ``--preview`` needs matplotlib (all checked before any work)."""
-    scans = with_truths(find_inputs(config.input, config.output_dir), config.truth)
-    check_outputs(config, scans)
-    if config.preview:
+    each named in the summary), their truths (``--truth``), none of whose files (nor a file of
+    someone else) would be written over in ``--output_dir`` (:func:`check_outputs`); ``--preview``
+    needs matplotlib (all checked before any work)."""
+    scans = with_truths(find_inputs(input, output_dir), truth)
+    check_outputs(output_dir, scans)
+    if preview:
         from runtime.predict.preview import matplotlib_missing
 
         if matplotlib_missing():
@@ -367,19 +370,19 @@ def scans_to_predict(config: Config) -> list[Scan]:
     return scans
 
 
-def predict_scans(config: Config, segmenter: Segmenter, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
+def predict_scans(plan: RunPlan, segmenter: Segmenter, scans: Sequence[Scan], dist_info: D.DistInfo) -> int:
     """Segment this rank's share of ``scans`` with ``segmenter`` (the run's
-    :class:`runtime.predict.api.Segmenter`, of the resolved ``config``), write the summary
+    :class:`runtime.predict.api.Segmenter`, of the resolved ``plan``), write the summary
     (rank 0); the exit code."""
     results: list[CaseResult] = []
     try:
-        predict_cases(scans[dist_info.rank::dist_info.world_size], segmenter, config, dist_info.is_main, results)
+        predict_cases(scans[dist_info.rank::dist_info.world_size], segmenter, plan, dist_info.is_main, results)
     except BaseException:
         if not dist_info.distributed:  # stopped (a signal, Ctrl-C): what is finished is summarised
-            save_summary(config.output_dir, results)
+            save_summary(plan.config.output_dir, results)
         raise
     everything = [r for part in D.all_gather_objects(results) for r in part]
     code = 0
     if dist_info.is_main:
-        code = print_outcome(everything, config.output_dir, save_summary(config.output_dir, everything))
+        code = print_outcome(everything, plan.config.output_dir, save_summary(plan.config.output_dir, everything))
     return 1 if any(not r.ok for r in everything) else code

@@ -30,6 +30,7 @@ import os
 
 from data_loading.scans import RECORD_SUFFIX, is_record, recorded_files  # noqa: F401 - re-exported
 from runtime import __version__
+from runtime.plan import RunPlan
 
 # What made a segmentation: an output is reused only when its record has this run's values.
 MADE_BY = ("version", "weights_sha256", "backend", "int8", "int8_calibration", "amp", "tta", "window_shape", "overlap",
@@ -42,26 +43,27 @@ FIELDS = ("version", "checkpoint", "weights_sha256", "backend", "int8", "int8_ca
           "amp", "tta", "window_shape", "overlap", "input_sha256", "probabilities")
 
 
-def run_fields(config, calibration=None, calibrated_on: str = "") -> dict:
-    """The fields of :data:`FIELDS` this run of a resolved, backend-chosen ``config`` gives a
+def run_fields(plan: RunPlan, calibration=None, calibrated_on: str = "") -> dict:
+    """The fields of :data:`FIELDS` this run of a resolved, backend-chosen ``plan`` gives a
     scan (``calibration``: the int8 calibration set it is segmented with, and ``calibrated_on``
     what that set is for the record: ``"this scan"``, the path ``--int8_calibration`` named, or
     "" without ``--int8``: :mod:`runtime.predict.calibration`), but ``input_sha256`` (the scan's
     own) and ``probabilities`` (the name of the saved probabilities, only when
     ``--save_probabilities`` wrote them). An ensemble's ``checkpoint`` and ``weights_sha256`` are
     lists, every checkpoint's in order (one checkpoint: strings)."""
-    if len(config.checkpoints) > 1:
-        checkpoint = [os.path.abspath(path) for path in config.checkpoints]
-        weights = list(config.ensemble_sha256)
+    inference, precision = plan.inference, plan.precision
+    if len(inference.checkpoints) > 1:
+        checkpoint = [os.path.abspath(path) for path in inference.checkpoints]
+        weights = list(inference.ensemble_sha256)
     else:
-        checkpoint = os.path.abspath(config.load_ckpt_path) if config.load_ckpt_path else ""
-        weights = config.weights_sha256
+        checkpoint = os.path.abspath(inference.checkpoint) if inference.checkpoint else ""
+        weights = inference.weights_sha256
     return {"version": __version__, "checkpoint": checkpoint,
-            "weights_sha256": weights, "backend": config.backend, "int8": bool(config.int8),
+            "weights_sha256": weights, "backend": inference.backend, "int8": bool(precision.int8),
             "int8_calibration": calibration.digest() if calibration is not None else "",
             "int8_calibration_set": calibrated_on,
-            "amp": config.amp_dtype if config.amp else "off", "tta": bool(config.tta),
-            "window_shape": [int(s) for s in config.val_input_shape], "overlap": float(config.overlap)}
+            "amp": precision.amp_dtype if precision.amp else "off", "tta": bool(inference.tta),
+            "window_shape": [int(s) for s in inference.window], "overlap": float(inference.overlap)}
 
 
 def record_path(output: str) -> str:

@@ -33,10 +33,10 @@ from data_loading.scans import (RawScan, Scan, ScanGeometry, class_volumes_ml, c
                                 output_path, preprocess_scan, read_label, read_labels_file, read_scan,
                                 write_segmentation)
 from data_loading.write_errors import is_full_disk, write_or_raise
-from runtime.arguments import Config
 from runtime.build import build_model
 from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
 from runtime.outputs import OutputError
+from runtime.plan import InferencePlan, NetworkPlan
 from runtime.predict.records import CaseResult, own_label_numbers
 from runtime.signals import Stopped
 from runtime.inference.sliding_window import flush_sliding_window_inference
@@ -45,11 +45,12 @@ from runtime.inference.sliding_window import flush_sliding_window_inference
 # ----------------------------------------------------------------------------- the model
 
 
-def load_trained_model(config: Config, saved: Saved, device: torch.device,
-                       say: Callable[[str], None] | None = None) -> torch.nn.Module:
-    """The network of a resolved ``config`` with ``saved``'s weights, in eval mode; ``say`` is
-    told which weights were loaded (the best, or the last ones before any evaluation)."""
-    model = build_model(config, device)
+def load_trained_model(network: NetworkPlan, saved: Saved, device: torch.device,
+                       say: Callable[[str], None] | None = None, channels_last: bool = False) -> torch.nn.Module:
+    """The plan's ``network`` with ``saved``'s weights, in eval mode (channels-last with
+    ``channels_last``); ``say`` is told which weights were loaded (the best, or the last ones
+    before any evaluation)."""
+    model = build_model(network, device, channels_last=channels_last)
     load_model_weights(model, model_state_from(saved.checkpoint, prefer="best"), saved.path)
     if say is not None:
         say(f"weights: {weights_description(saved.checkpoint)} of {saved.path}")
@@ -57,7 +58,8 @@ def load_trained_model(config: Config, saved: Saved, device: torch.device,
 
 
 def volume_probabilities(predict: Callable[[torch.Tensor], torch.Tensor], image: np.ndarray,
-                         config: Config, device: torch.device, probabilities_out: bool = False) -> torch.Tensor:
+                         inference: InferencePlan, device: torch.device,
+                         probabilities_out: bool = False) -> torch.Tensor:
     """Class probabilities (3, D, H, W) float32 of one preprocessed image (1, D, H, W).
 
     ``predict`` maps windows to logits, or to probabilities when ``probabilities_out`` (TTA):
@@ -67,8 +69,8 @@ def volume_probabilities(predict: Callable[[torch.Tensor], torch.Tensor], image:
     """
     volume = torch.from_numpy(np.ascontiguousarray(image))[None].to(device)
     with torch.no_grad():
-        out = flush_sliding_window_inference(predict, volume, config.val_input_shape, config.overlap,
-                                             config.sw_batch_size)[0]
+        out = flush_sliding_window_inference(predict, volume, inference.window, inference.overlap,
+                                             inference.window_batch)[0]
     if tuple(out.shape[1:]) != tuple(image.shape[1:]):
         raise AssertionError(f"sliding window returned {tuple(out.shape[1:])} for {tuple(image.shape[1:])}")
     return out if probabilities_out else torch.softmax(out, dim=0)
@@ -79,8 +81,8 @@ class ScanInference:
     predictor ``predict`` (:func:`runtime.inference.predictor.build_predictor`); ``windows``: how many
     windows the last call ran through ``predict`` (counted as they pass, a TTA window once)."""
 
-    def __init__(self, predict: Callable[[torch.Tensor], torch.Tensor], config: Config, device: torch.device):
-        self.predict, self.config, self.device = predict, config, device
+    def __init__(self, predict: Callable[[torch.Tensor], torch.Tensor], inference: InferencePlan, device: torch.device):
+        self.predict, self.inference, self.device = predict, inference, device
         self.windows = 0
 
     def _counted(self, batch: torch.Tensor) -> torch.Tensor:
@@ -89,8 +91,8 @@ class ScanInference:
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         self.windows = 0
-        return volume_probabilities(self._counted, image, self.config, self.device,
-                                    probabilities_out=self.config.tta)
+        return volume_probabilities(self._counted, image, self.inference, self.device,
+                                    probabilities_out=self.inference.tta)
 
 
 class EnsembleInference:

@@ -197,22 +197,19 @@ def measured_differences(attempt: Attempt) -> list[str]:
     (``runtime.division.cost_reasons``): the shapes from its MLPerf log, the network from the
     flags its ``run_description.json`` recorded (a flag not given is the reference's default); a
     network not recorded is not judged."""
-    from types import SimpleNamespace
-
     from runtime.division import network_reasons, shape_reasons
     from runtime.run_files import RUN_DESCRIPTION
 
     shapes = attempt.shapes
-    found = SimpleNamespace(input_shape=tuple(shapes.get("training_input_shape") or (128, 128, 128)),
-                            val_input_shape=tuple(shapes.get("validation_input_shape") or (128, 128, 128)),
-                            overlap=shapes.get("validation_overlap", 0.5))
-    reasons = shape_reasons(found)
+    reasons = shape_reasons(tuple(shapes.get("training_input_shape") or (128, 128, 128)),
+                            tuple(shapes.get("validation_input_shape") or (128, 128, 128)),
+                            shapes.get("validation_overlap", 0.5))
     try:
         with open(os.path.join(os.path.dirname(attempt.path), RUN_DESCRIPTION), encoding="utf-8") as handle:
             flags = json.load(handle)["recipe"]["flags"]
     except (OSError, ValueError, KeyError, TypeError):
         return reasons
-    from runtime.arguments import Config
+    from runtime.config import Config
 
     given: dict[str, list[str]] = {}
     for token in flags:
@@ -221,10 +218,9 @@ def measured_differences(attempt: Attempt) -> list[str]:
         elif given:
             current.append(token)
     defaults = Config()
-    network = SimpleNamespace(
-        filters=tuple(int(f) for f in given["filters"]) if given.get("filters") else defaults.filters,
-        normalization=(given.get("normalization") or [defaults.normalization])[0],
-        activation=(given.get("activation") or [defaults.activation])[0])
+    network = dict(filters=tuple(int(f) for f in given["filters"]) if given.get("filters") else defaults.filters,
+                   normalization=(given.get("normalization") or [defaults.normalization])[0],
+                   activation=(given.get("activation") or [defaults.activation])[0])
     return network_reasons(network) + reasons
 
 

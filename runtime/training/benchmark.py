@@ -30,7 +30,8 @@ import torch
 
 from data_loading.windows import window_geometry
 from runtime import distributed as D
-from runtime.arguments import Config, UsageError
+from runtime.config import UsageError
+from data_loading.source import EvalLoader
 from runtime.build import Components
 from runtime.clocked.reporters import Reporters
 from runtime.division import cost_reasons
@@ -38,7 +39,7 @@ from runtime.inference.predictor import build_predictor, options_from
 from runtime.results import time_to_train as T
 from runtime.schedule import eval_schedule, samples_per_epoch, samples_trained_per_epoch
 from runtime.inference.sliding_window import sliding_window_inference
-from runtime.plan import RunPlan
+from runtime.plan import InferencePlan, RunPlan
 from runtime.run_files import BENCHMARK
 from runtime.training.latency import format_summary, latency_summary, reference_stats
 from runtime.training.loop import set_learning_rate, step_inputs
@@ -57,8 +58,8 @@ class Budget:
     seconds: float = 0.0
 
     @classmethod
-    def of(cls, cfg: Config) -> "Budget":
-        return cls(cfg.benchmark_steps, cfg.benchmark_seconds)
+    def of(cls, plan: RunPlan) -> "Budget":
+        return cls(plan.config.benchmark_steps, plan.config.benchmark_seconds)
 
     @property
     def given(self) -> bool:
@@ -72,10 +73,17 @@ class Budget:
             return f"--benchmark_seconds {self.seconds:g}"
         return None
 
-    def epochs(self, cfg: Config) -> int | None:
-        """The epochs to run: ``--epochs``, or no limit when a budget ends the run and
-        ``--epochs`` was not given."""
-        return None if self.given and "epochs" not in cfg.explicit else cfg.epochs
+    def epochs(self, plan: RunPlan) -> int | None:
+        """The epochs to run: ``--epochs`` (training's as planned: ``auto`` decided), or no limit
+        when a budget ends the run and ``--epochs`` was not given."""
+        if self.given and "epochs" not in plan.config.explicit:
+            return None
+        return planned_epochs(plan)
+
+
+def planned_epochs(plan: RunPlan) -> int:
+    """``--epochs``: the training section's (``auto`` decided), else the flag (evaluate's passes)."""
+    return plan.training.epochs if plan.training is not None else plan.config.epochs
 
 
 def agreed_stop(reason: str | None, budget: Budget, device: torch.device) -> str | None:
@@ -87,18 +95,19 @@ def agreed_stop(reason: str | None, budget: Budget, device: torch.device) -> str
     return (reason or f"--benchmark_seconds {budget.seconds:g} (rank 0)") if stop else None
 
 
-def check_something_to_time(iterations: int, what: str, cfg) -> None:
+def check_something_to_time(iterations: int, what: str, plan: RunPlan) -> None:
     """A :class:`UsageError` before any work when ``--warmup_steps`` would leave no iteration
     timed (the benchmark would run to its end and then have no number)."""
-    if iterations <= cfg.warmup_steps:
-        raise UsageError(f"--benchmark: {what} x --epochs {cfg.epochs} = {iterations} iterations, none left to time "
-                         f"after --warmup_steps {cfg.warmup_steps}; lower --warmup_steps or raise --epochs")
+    warmup = plan.config.warmup_steps
+    if iterations <= warmup:
+        raise UsageError(f"--benchmark: {what} x --epochs {planned_epochs(plan)} = {iterations} iterations, none left "
+                         f"to time after --warmup_steps {warmup}; lower --warmup_steps or raise --epochs")
 
 
-def epochs_of(loader, epochs: int | None, what: str, cfg: Config) -> Iterable[int]:
+def epochs_of(loader, epochs: int | None, what: str, plan: RunPlan) -> Iterable[int]:
     """The epochs to iterate (checked to leave something to time): 1..epochs or unbounded."""
     if epochs is not None:
-        check_something_to_time(len(loader) * epochs, f"{len(loader)} {what} per epoch", cfg)
+        check_something_to_time(len(loader) * epochs, f"{len(loader)} {what} per epoch", plan)
         return range(1, epochs + 1)
     if len(loader) == 0:
         raise UsageError(f"--benchmark: no {what} on this rank to time")
@@ -151,8 +160,9 @@ def stopped_line(reason: str | None, timed: int, unit: str) -> list[str]:
 def time_training(components: Components, out: Reporters, budget: Budget) -> tuple[list[float], str | None]:
     """Every training step's seconds after ``--warmup_steps`` (device-synchronised), until the
     epochs or the budget end; ``(times, why the budget stopped it or None)``."""
-    cfg, loader, device = components.config, components.train_loader, components.dist.device
-    epochs = epochs_of(loader, budget.epochs(cfg), "batches", cfg)
+    plan, loader, device = components.plan, components.train_loader, components.dist.device
+    cfg = plan.config
+    epochs = epochs_of(loader, budget.epochs(plan), "batches", plan)
     sync = _synchronizer(device)
     set_learning_rate(components.optimizer, cfg.learning_rate)
     components.model.train()
@@ -177,19 +187,10 @@ def time_training(components: Components, out: Reporters, budget: Budget) -> tup
                                                      budget, device))
 
 
-def volume_shapes(loader) -> list[tuple[int, ...]] | None:
-    """The spatial shapes of this rank's evaluation volumes, from the loader's cases (None when
-    the loader does not tell them)."""
-    cases = getattr(loader, "cases", None)
-    if not cases or not all(hasattr(case, "shape") for case in cases):
-        return None
-    return [tuple(case.shape) for case in cases]
-
-
-def rank_windows(loader, roi: Sequence[int], overlap: float) -> int | None:
+def rank_windows(loader: EvalLoader, roi: Sequence[int], overlap: float) -> int | None:
     """The sliding windows of all this rank's evaluation volumes, from their shapes (None when
     the loader does not tell its volumes' shapes)."""
-    shapes = volume_shapes(loader)
+    shapes = loader.volume_shapes()
     if shapes is None:
         return None
     return sum(window_geometry(shape, roi, overlap).n_windows for shape in shapes)
@@ -227,16 +228,17 @@ class ShapesSeen:
         return self.predict(batch)
 
 
-def warm_window_batches(predict: ShapesSeen, loader, plan: RunPlan, device: torch.device, sync) -> list[int]:
+def warm_window_batches(predict: ShapesSeen, loader: EvalLoader, inference: InferencePlan, device: torch.device,
+                        sync) -> list[int]:
     """Runs every window batch this rank's timed evaluation will run once, untimed: each batch
-    size of :func:`window_batch_sizes` over the loader's volume shapes (``--sw_batch_size``
-    alone when the loader does not tell them: :func:`timed_volume_warm` then re-times a volume
-    that met a new one). Returns the sizes run."""
-    shapes = volume_shapes(loader)
-    sizes = ([plan.sw_batch_size] if shapes is None else
-             window_batch_sizes(shapes, plan.val_input_shape, plan.overlap, plan.sw_batch_size))
+    size of :func:`window_batch_sizes` over the loader's volume shapes (the window batch alone
+    when the loader does not tell them: :func:`timed_volume_warm` then re-times a volume that met
+    a new one). Returns the sizes run."""
+    shapes = loader.volume_shapes()
+    sizes = ([inference.window_batch] if shapes is None else
+             window_batch_sizes(shapes, inference.window, inference.overlap, inference.window_batch))
     for size in sizes:
-        predict(torch.zeros((size, 1, *plan.val_input_shape), device=device))
+        predict(torch.zeros((size, 1, *inference.window), device=device))
     sync()
     return sizes
 
@@ -256,49 +258,50 @@ def eval_volumes(out: Reporters, loader):
     return out.progress(loader, desc="benchmark eval volumes", total=len(loader), always=True)
 
 
-def timed_volume(predict, image, cfg, sync) -> float:
+def timed_volume(predict, image, inference: InferencePlan, sync) -> float:
     """Seconds of one volume's sliding-window inference, the device synchronised around it."""
     sync()
     tick = time.perf_counter()
-    sliding_window_inference(predict, image, cfg.val_input_shape, cfg.overlap, cfg.sw_batch_size)
+    sliding_window_inference(predict, image, inference.window, inference.overlap, inference.window_batch)
     sync()
     return time.perf_counter() - tick
 
 
-def timed_volume_warm(predict: ShapesSeen, image, cfg, sync) -> float:
+def timed_volume_warm(predict: ShapesSeen, image, inference: InferencePlan, sync) -> float:
     """:func:`timed_volume`, timed again when its run met a window batch shape not run before
     (what it timed was that shape's one-time cost, not an evaluation's)."""
     predict.new = False
-    seconds = timed_volume(predict, image, cfg, sync)
+    seconds = timed_volume(predict, image, inference, sync)
     if predict.new:
-        seconds = timed_volume(predict, image, cfg, sync)
+        seconds = timed_volume(predict, image, inference, sync)
     return seconds
 
 def time_evaluation_pass(components: Components, out: Reporters, budget: Budget) -> tuple[float | None, str]:
     """Seconds one evaluation of every evaluation case takes on all ranks (the slowest rank's
     share), and how it was found. None when no rank has an evaluation volume."""
-    cfg, device, loader = components.config, components.dist.device, components.val_loader
+    plan, device, loader = components.plan, components.dist.device, components.val_loader
+    inference = plan.inference
     sync = _synchronizer(device)
     model = components.eval_model
     model.eval()
-    predict = ShapesSeen(build_predictor(model, device, options_from(cfg)))
+    predict = ShapesSeen(build_predictor(model, device, options_from(plan.precision, inference)))
     windows: list[int] = []
     def volume(item) -> float:
         image = item[0]
-        seconds = timed_volume_warm(predict, image.to(device), cfg, sync)
-        windows.append(window_geometry(image.shape[2:], cfg.val_input_shape, cfg.overlap).n_windows)
+        seconds = timed_volume_warm(predict, image.to(device), inference, sync)
+        windows.append(window_geometry(image.shape[2:], inference.window, inference.overlap).n_windows)
         return seconds
 
     try:
         with torch.no_grad():
             if len(loader):
-                warm_window_batches(predict, loader, cfg, device, sync)
+                warm_window_batches(predict, loader, inference, device, sync)
             # one pass; a budget times one volume (steps alone) or volumes until its seconds have run
             times, _ = timed_loop([1], lambda epoch: eval_volumes(out, loader), volume, 0, stop=lambda times: (
                 "the budget" if budget.given and (not budget.seconds or sum(times) >= budget.seconds) else None))
     finally:
         model.train()
-    share = (share_seconds(times, windows, len(loader), rank_windows(loader, cfg.val_input_shape, cfg.overlap))
+    share = (share_seconds(times, windows, len(loader), rank_windows(loader, inference.window, inference.overlap))
              if times else 0.0)
     shares = D.all_gather_objects((share, len(times), len(loader)))
     timed, volumes = sum(s[1] for s in shares), sum(s[2] for s in shares)
@@ -309,9 +312,10 @@ def time_evaluation_pass(components: Components, out: Reporters, budget: Budget)
     return max(s[0] for s in shares), how
 
 
-def benchmark_schedule(cfg: Config, world_size: int) -> T.Schedule:
+def benchmark_schedule(plan: RunPlan, world_size: int) -> T.Schedule:
     """The run's schedule on KiTS19's 168 training cases (the RCPs' data) at this world size and
     batch; ``--start_eval_at`` / ``--evaluate_every`` when given."""
+    cfg = plan.config
     spe = samples_per_epoch(T.TRAIN_CASES, world_size, cfg.batch_size, cfg.ga_steps, cfg.last_batch)
     if spe <= 0:
         raise T.TimeToTrainError(f"KiTS19's {T.TRAIN_CASES} training cases make no full batch of {cfg.batch_size} "
@@ -323,8 +327,15 @@ def benchmark_schedule(cfg: Config, world_size: int) -> T.Schedule:
     return T.Schedule(spe, schedule.start_eval_at, schedule.evaluate_every, trained)
 
 
-def global_batch(cfg: Config, world_size: int) -> int:
-    return cfg.batch_size * world_size * cfg.ga_steps
+def global_batch(plan: RunPlan, world_size: int) -> int:
+    return plan.config.batch_size * world_size * plan.config.ga_steps
+
+
+def measured_differences(plan: RunPlan) -> list[str]:
+    """What makes this run's step or evaluation cost other than the benchmark's
+    (``runtime.division.cost_reasons``): the network that runs, the patch, the window and overlap."""
+    return cost_reasons(plan.network.architecture, plan.config.input_shape, plan.inference.window,
+                        plan.inference.overlap)
 
 
 def per_benchmark_evaluation(seconds: float, num_eval_cases: int | None) -> tuple[float, str]:
@@ -357,8 +368,9 @@ def write_record(out: Reporters, times: Sequence[float], items: int, mode: str, 
 def benchmark_train(components: Components, out: Reporters) -> dict:
     """Time the training steps, then one evaluation pass; print both and the predicted MLPerf
     time to train."""
-    cfg, world = components.config, components.dist.world_size
-    budget = Budget.of(cfg)
+    plan, world = components.plan, components.dist.world_size
+    cfg = plan.config
+    budget = Budget.of(plan)
     times, reason = time_training(components, out, budget)
     summary = latency_summary(times, cfg.batch_size * world)
     out.say(format_summary("throughput_train", summary, "samples"))
@@ -369,15 +381,15 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
         write_record(out, times, cfg.batch_size * world, "train", None)
         out.say(f"time to train: not predicted: {how} (nothing to time an evaluation with)")
         return summary
-    eval_seconds, scaled = per_benchmark_evaluation(eval_seconds, cfg.num_eval_cases)
+    eval_seconds, scaled = per_benchmark_evaluation(eval_seconds, plan.data.num_eval_cases if plan.data else None)
     out.say(f"evaluation: {eval_seconds:.4g} s per evaluation on {world} rank(s) ({how}){scaled}")
     summary = {**summary, "eval_seconds": eval_seconds}
     write_record(out, times, cfg.batch_size * world, "train", eval_seconds)
 
     def lines():
         rcps = T.installed_rcps()
-        prediction = T.predict(summary["throughput"], eval_seconds, global_batch(cfg, world),
-                               benchmark_schedule(cfg, world), world, rcps, cost_reasons(cfg))
+        prediction = T.predict(summary["throughput"], eval_seconds, global_batch(plan, world),
+                               benchmark_schedule(plan, world), world, rcps, measured_differences(plan))
         summary["time_to_train"] = prediction.as_dict()
         return T.prediction_lines(prediction, list(rcps))
 
@@ -390,19 +402,19 @@ def benchmark_train(components: Components, out: Reporters) -> dict:
 def benchmark_evaluate(components: Components, out: Reporters) -> dict:
     """Time the sliding-window evaluation of each volume after ``--warmup_steps`` volumes; print
     the evaluations' part of the time to train."""
-    cfg, dev, loader = components.config, components.dist.device, components.val_loader
-    world = components.dist.world_size
-    budget = Budget.of(cfg)
-    epochs = epochs_of(loader, budget.epochs(cfg), "evaluation volumes", cfg)
+    plan, dev, loader = components.plan, components.dist.device, components.val_loader
+    inference, world = plan.inference, components.dist.world_size
+    budget = Budget.of(plan)
+    epochs = epochs_of(loader, budget.epochs(plan), "evaluation volumes", plan)
     sync = _synchronizer(dev)
     components.eval_model.eval()
-    predict = ShapesSeen(build_predictor(components.eval_model, dev, options_from(cfg)))
+    predict = ShapesSeen(build_predictor(components.eval_model, dev, options_from(plan.precision, inference)))
     with torch.no_grad():
         if len(loader):
-            warm_window_batches(predict, loader, cfg, dev, sync)
+            warm_window_batches(predict, loader, inference, dev, sync)
         times, reason = timed_loop(epochs, lambda epoch: eval_volumes(out, loader),
-                                   lambda item: timed_volume_warm(predict, item[0].to(dev), cfg, sync),
-                                   cfg.warmup_steps, stop=lambda times: budget.spent(len(times), sum(times))
+                                   lambda item: timed_volume_warm(predict, item[0].to(dev), inference, sync),
+                                   plan.config.warmup_steps, stop=lambda times: budget.spent(len(times), sum(times))
                                    if times else None)
     summary = latency_summary(times, world)
     out.say(format_summary("throughput_eval", summary, "volumes"))
@@ -413,7 +425,7 @@ def benchmark_evaluate(components: Components, out: Reporters) -> dict:
             "(from the throughput)")
     summary = {**summary, "eval_seconds": eval_seconds}
     write_record(out, times, world, "eval", eval_seconds)
-    say_prediction(out, lambda: T.evaluation_share_lines(eval_seconds, global_batch(cfg, world),
-                                                         benchmark_schedule(cfg, world), world,
-                                                         differs=cost_reasons(cfg)))
+    say_prediction(out, lambda: T.evaluation_share_lines(eval_seconds, global_batch(plan, world),
+                                                         benchmark_schedule(plan, world), world,
+                                                         differs=measured_differences(plan)))
     return summary

@@ -19,6 +19,8 @@ from data_loading.write_errors import write_failure
 from runtime.build import Components
 from runtime.clocked.evaluation import run_evaluation
 from runtime.clocked.reporters import Reporters, epoch_metadata, start_clock, stop_clock
+from runtime.labels import LabelSet
+from runtime.plan import TrainingPlan
 from runtime.run_files import DIVERGED_DICE, EVAL, RESULT, TRAIN
 from runtime.outputs import OutputError
 from runtime.schedule import EvalSchedule, learning_rate_at
@@ -43,17 +45,17 @@ class RunResult:
 
 # -- pure decisions ---------------------------------------------------------------------------
 
-def eval_schedule_of(cfg) -> EvalSchedule:
-    """The run's evaluation epochs (resolved values): the one the loop follows."""
-    return EvalSchedule(cfg.start_eval_at, cfg.evaluate_every, cfg.fail_epoch)
+def eval_schedule_of(training: TrainingPlan) -> EvalSchedule:
+    """The run's evaluation epochs (the training section's, resolved with the data): the one the loop follows."""
+    return EvalSchedule(training.start_eval_at, training.evaluate_every, training.fail_epoch)
 
 
-def schedule_text(cfg) -> str:
+def schedule_text(training: TrainingPlan) -> str:
     """The schedule line's evaluation part; says so when no evaluation falls within ``--epochs``."""
-    first = eval_schedule_of(cfg).first_eval_epoch
-    text = f"first eval at epoch {first}, then every {cfg.evaluate_every}"
-    if first > cfg.epochs:
-        text += f"; no evaluation within --epochs {cfg.epochs}"
+    first = eval_schedule_of(training).first_eval_epoch
+    text = f"first eval at epoch {first}, then every {training.evaluate_every}"
+    if first > training.epochs:
+        text += f"; no evaluation within --epochs {training.epochs}"
     return text
 
 
@@ -84,7 +86,7 @@ def step_inputs(components: Components, image: torch.Tensor, label: torch.Tensor
     the loader already delivered it there)."""
     image = image.to(components.dist.device, non_blocking=True)
     label = label.to(components.dist.device, non_blocking=True)
-    if components.config.channels_last:
+    if components.plan.precision.channels_last:
         image = image.contiguous(memory_format=torch.channels_last_3d)
     return image, label
 
@@ -101,11 +103,12 @@ def save_checkpoint(components: Components, status: str, required: bool = True) 
     checkpoint intact and no temporary file; it raises :class:`OutputError` when ``required``,
     else returns the reason (None: saved, or nothing to save).
     """
-    cfg, failed = components.config, None
+    plan, failed = components.plan, None
+    cfg = plan.config
     if cfg.save_ckpt_path and components.dist.is_main:
         try:
             ckpt.save(cfg.save_ckpt_path, components.model, components.optimizer, components.scaler,
-                      components.state, cfg, components.dist.device, status)
+                      components.state, plan, components.dist.device, status)
         except Exception as err:  # noqa: BLE001 - a write failure is one line, anything else a bug
             reason = write_failure(err)
             if reason is None:
@@ -137,7 +140,7 @@ class PeriodicCheckpoints:
         self.last_epoch, self.last_time = epoch, time.time()
 
     def maybe_save(self, epoch: int) -> None:
-        cfg = self.components.config
+        cfg = self.components.plan.config
         if not cfg.checkpoints_on_the_clock:
             return
         due = periodic_save_due(epoch - self.last_epoch, (time.time() - self.last_time) / 60,
@@ -167,7 +170,7 @@ def should_stop_for_preemption(preempt: PreemptionFlag, dist_info: D.DistInfo, s
 
 def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResult:
     """One epoch of this rank's batches (skipping those a pre-empted attempt already trained)."""
-    cfg, state, loader = components.config, components.state, components.train_loader
+    cfg, state, loader = components.plan.config, components.state, components.train_loader
     set_learning_rate(components.optimizer, learning_rate_at(
         epoch, cfg.learning_rate, cfg.init_learning_rate, cfg.lr_warmup_epochs, cfg.lr_decay_epochs,
         cfg.lr_decay_factor))
@@ -177,14 +180,13 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
         loss_sum += state.epoch_loss_sum
     skip, state.epoch_loss_sum = state.step_in_epoch, 0.0
     start, steps_done = time.time(), 0
-    weights_of = getattr(loader, "step_weights", lambda _: None)
     for step, (image, label) in enumerate(out.progress(loader, desc=f"epoch {epoch}", total=len(loader))):
         if step < skip:  # resumed mid-epoch: these batches were trained before pre-emption
             continue
         image, label = step_inputs(components, image, label)
         last = step + 1 == len(loader)
         boundary = (step + 1) % cfg.ga_steps == 0 or (last and cfg.semantics == "project")
-        weights = weights_of(step)  # None but in a padded step (--last_batch pad)
+        weights = loader.step_weights(step)  # None but in a padded step (--last_batch pad)
         if weights is None:
             loss_sum += components.step(image, label, boundary)
         else:
@@ -199,8 +201,8 @@ def train_epoch(components: Components, out: Reporters, epoch: int) -> EpochResu
     # One host sync per epoch: the summed loss of all ranks, each batch's the mean of its real
     # samples' losses times their share of the batch (a full batch: its mean).
     world = components.dist.world_size
-    trained = getattr(loader, "samples_trained", None)
-    padded = trained is not None and trained != len(loader) * world * cfg.batch_size
+    trained = loader.samples_trained
+    padded = trained != len(loader) * world * cfg.batch_size
     batches = trained / cfg.batch_size if padded else max(1, len(loader) * world)
     mean_loss = float(D.all_reduce_sum(loss_sum).item()) / batches
     throughput = steps_done * cfg.batch_size * world / max(time.time() - start, 1e-9)
@@ -218,7 +220,8 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
     out.metrics.write(EVAL, epoch=epoch, **metrics)
     if out.curves is not None:
         out.curves.request()  # drawn in a background thread: the next step does not wait
-    out.say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} ({per_label_text(metrics, components.config)}) "
+    out.say(f"eval epoch {epoch}: mean_dice {metrics['mean_dice']:.4f} "
+            f"({per_label_text(metrics, components.plan.network.label_set)}) "
             f"eval_loss {metrics['eval_loss']:.4f}")
     if metrics["mean_dice"] > state.best_mean_dice:
         state.best_mean_dice, state.best_epoch = metrics["mean_dice"], epoch
@@ -226,10 +229,9 @@ def maybe_evaluate(components: Components, out: Reporters, schedule: EvalSchedul
     return metrics
 
 
-def per_label_text(metrics: dict, config) -> str:
+def per_label_text(metrics: dict, label_set: LabelSet) -> str:
     """``kidney 0.9000, tumour 0.8000`` (KiTS19's words) or ``kidney 0.9000, tumor 0.8000, cyst nan``
     (the run's labels, ``runtime.labels``)."""
-    label_set = config.label_set
     if label_set.benchmark_data:
         return f"kidney {metrics['l1_dice']:.4f}, tumour {metrics['l2_dice']:.4f}"
     return ", ".join(f"{name} {metrics[key]:.4f}" for (name, _), key in zip(label_set.foreground, label_set.keys))
@@ -239,7 +241,7 @@ def report_epoch(components: Components, out: Reporters, epoch: int, result: Epo
     lr = components.optimizer.param_groups[0]["lr"]
     out.mlperf.end(C.EPOCH_STOP, metadata=epoch_metadata(out, epoch))
     out.metrics.write(TRAIN, epoch=epoch, loss=result.mean_loss, lr=lr, throughput=result.throughput)
-    out.say(f"epoch {epoch}/{components.config.epochs}  loss {result.mean_loss:.4f}  lr {lr:.3g}  "
+    out.say(f"epoch {epoch}/{components.plan.training.epochs}  loss {result.mean_loss:.4f}  lr {lr:.3g}  "
             f"{result.throughput:.2f} samples/s")
 
 
@@ -270,7 +272,7 @@ class MLPerfBlocks:
 
 
 def stop_for_preemption(components: Components, out: Reporters, epoch: int) -> RunResult:
-    cfg, state = components.config, components.state
+    cfg, state = components.plan.config, components.state
     when = "" if cfg.checkpoints_on_the_clock else " after run_stop"
     out.say(f"pre-empted ({out.preempt.received or 'signal on another rank'}) in epoch {epoch} after "
             f"{state.step_in_epoch} batches: " + (f"saving {cfg.save_ckpt_path}{when}" if cfg.save_ckpt_path else
@@ -282,13 +284,13 @@ def stop_for_preemption(components: Components, out: Reporters, epoch: int) -> R
 
 def train(components: Components, out: Reporters) -> RunResult:
     """Train until the target, divergence, pre-emption or ``--epochs``."""
-    cfg, state = components.config, components.state
-    schedule = eval_schedule_of(cfg)
-    blocks = MLPerfBlocks(out, schedule, cfg.epochs)
+    cfg, training, state = components.plan.config, components.plan.training, components.state
+    schedule = eval_schedule_of(training)
+    blocks = MLPerfBlocks(out, schedule, training.epochs)
     periodic = PeriodicCheckpoints(components, out)
     components.model.train()
     status = None
-    for epoch in range(state.epoch + 1, cfg.epochs + 1):
+    for epoch in range(state.epoch + 1, training.epochs + 1):
         blocks.begin(epoch)
         result = train_epoch(components, out, epoch)
         if result.preempted:
@@ -299,7 +301,7 @@ def train(components: Components, out: Reporters) -> RunResult:
                                  cfg.quality_threshold)
         if why:
             out.say(why)
-        if status or metrics or epoch == cfg.epochs:
+        if status or metrics or epoch == training.epochs:
             blocks.end()
             if cfg.checkpoints_on_the_clock:  # else once, after run_stop (run_training)
                 save_checkpoint(components, status or "finished")
@@ -315,22 +317,23 @@ def run_training(components: Components, out: Reporters) -> int:
     """The timed MLPerf run of a built ``components`` (the clock started, the loaders built:
     ``runtime.clocked.start.start_run``): the hyper-parameters, the epochs, run stop, the RUN_SUMMARY line;
     returns the exit code."""
-    cfg = components.config
+    plan = components.plan
+    cfg, training = plan.config, plan.training
     if out.run_start is None:  # a caller that built its loaders itself
         start_clock(out)
-    out.mlperf.hyperparameters(cfg, components.dist.world_size)
-    out.epoch_samples = cfg.samples_trained_per_epoch or 0  # the unit of every epoch_num (set by start_run too)
+    out.mlperf.hyperparameters(plan, components.dist.world_size)
+    out.epoch_samples = training.samples_trained_per_epoch or 0  # the unit of every epoch_num (set by start_run too)
     run_start = out.run_start
-    out.say(f"training: {cfg.num_train_cases} cases, {cfg.samples_per_epoch} samples/epoch, {schedule_text(cfg)}; "
-            f"seed {cfg.seed}")
+    out.say(f"training: {plan.data.num_train_cases} cases, {training.samples_per_epoch} samples/epoch, "
+            f"{schedule_text(training)}; seed {plan.seed}")
     result = train(components, out)
     D.barrier()
     mlperf_status = "success" if result.status == "success" else "aborted"
     stop_clock(out, mlperf_status, result.epoch)
     # MLPerf knows success and aborted only; the report tells a run that ran its --epochs apart
-    out.metrics.write(RESULT, status=result.status, epoch=result.epoch, epochs=cfg.epochs)
+    out.metrics.write(RESULT, status=result.status, epoch=result.epoch, epochs=training.epochs)
     # A name of its own: the reference's RESULT line (its run_and_time.sh) has other fields.
-    out.say(f"RUN_SUMMARY,image_segmentation,{cfg.seed},{time.time() - run_start:.1f},{result.status},"
+    out.say(f"RUN_SUMMARY,image_segmentation,{plan.seed},{time.time() - run_start:.1f},{result.status},"
             f"best_mean_dice={result.best_mean_dice:.4f},epochs={result.epoch}")
     sys.stdout.flush()
     if not cfg.checkpoints_on_the_clock:  # the reference's timed run: the weights after run_stop

@@ -27,7 +27,6 @@ from typing import Callable
 
 import torch
 
-from runtime.arguments import Config
 from runtime.checkpoint import weights_digest
 
 FORMAT = 2  # bump when the conversion itself changes (trace shape, options)
@@ -52,14 +51,16 @@ def _version(module: str) -> str | None:
         return None
 
 
-def cache_fields(model: torch.nn.Module, config: Config, calibration=None) -> dict:
-    """What the converted network depends on (JSON-serialisable)."""
+def cache_fields(model: torch.nn.Module, architecture: dict, window, calibration=None) -> dict:
+    """What the converted network depends on (JSON-serialisable): ``model``'s weights, its
+    ``architecture`` (the network flags: ``filters``, ``normalization``, ``activation``), the
+    ``window`` and the int8 ``calibration`` set, the versions and the code."""
     return {
         "format": FORMAT,
         "weights_sha256": weights_digest(model.state_dict()),
-        "architecture": {"filters": list(config.filters), "normalization": config.normalization,
-                         "activation": config.activation, "module": type(model).__name__},
-        "window": list(config.val_input_shape),
+        "architecture": {"filters": list(architecture["filters"]), "normalization": architecture["normalization"],
+                         "activation": architecture["activation"], "module": type(model).__name__},
+        "window": list(window),
         "precision": "int8" if calibration is not None else "fp32",
         "calibration": calibration.fields() if calibration is not None else None,
         "openvino": _version("openvino"),

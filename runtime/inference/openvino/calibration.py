@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from model.losses import foreground_agreement
-from runtime.arguments import Config, UsageError
+from runtime.config import UsageError
 from runtime.inference.sliding_window import pad_short_axes
 
 CALIBRATION_SCANS = 8  # at most, evenly spaced over the run's scans
@@ -118,8 +118,8 @@ def shares(total: int, parts: int) -> list[int]:
     return [total // parts + (i < total % parts) for i in range(parts)] if parts else []
 
 
-def scan_calibration(config: Config, scans: Sequence[tuple[str, str]], overflow_fix: str) -> CalibrationSet:
-    """The calibration set of a resolved ``config`` (its window) on ``scans`` (``(name, path)``
+def scan_calibration(window: Sequence[int], scans: Sequence[tuple[str, str]], overflow_fix: str) -> CalibrationSet:
+    """The calibration set of ``window``-sized windows (the plan's) on ``scans`` (``(name, path)``
     of the scans to calibrate on: the scan being segmented, or those ``--int8_calibration`` names, in
     order) with NNCF's ``overflow_fix`` (the plan's: ``runtime.resolve.decide_calibration``): see
     the module docstring."""
@@ -129,7 +129,7 @@ def scan_calibration(config: Config, scans: Sequence[tuple[str, str]], overflow_
         raise CalibrationError("--int8: there are no scans to calibrate on")
     chosen = [CalibrationScan(name, os.path.abspath(path), input_digest(path))
               for name, path in spread(list(scans), CALIBRATION_SCANS)]
-    return CalibrationSet(tuple(config.val_input_shape), tuple(chosen), overflow_fix, CALIBRATION_WINDOWS)
+    return CalibrationSet(tuple(window), tuple(chosen), overflow_fix, CALIBRATION_WINDOWS)
 
 
 def grid_origins(shape: Sequence[int], roi: Sequence[int]) -> list[tuple[int, ...]]:

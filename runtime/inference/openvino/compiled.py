@@ -22,9 +22,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from runtime.arguments import Config
 from runtime.inference.openvino.cache import CacheEntry, cache_fields, cache_folder
 from runtime.inference.openvino.decoder_split import split_decoder_inputs
+from runtime.plan import InferencePlan, NetworkPlan
 
 TRACE_EDGE = 64  # traced at 64³ (cheap; 32³ would leave one bottleneck voxel, which instance norm refuses), then reshaped
 
@@ -64,34 +64,35 @@ def compile_for_cpu(ov_model):
     return ov.Core().compile_model(ov_model, "CPU", config)
 
 
-def compile_openvino_model(model: torch.nn.Module, config: Config, calibration, say: Callable[[str], None] = print) -> object:
-    """The uncompiled OpenVINO model of ``model`` for ``config``'s window, int8-quantised on
+def compile_openvino_model(model: torch.nn.Module, window: tuple[int, ...], calibration,
+                           say: Callable[[str], None] = print) -> object:
+    """The uncompiled OpenVINO model of ``model`` for ``window``-sized windows, int8-quantised on
     ``calibration`` (a :class:`runtime.inference.openvino.calibration.CalibrationSet`) when it is given."""
     if calibration is None:
-        return convert(model, tuple(config.val_input_shape))
+        return convert(model, tuple(window))
     from runtime.inference.openvino.calibration import quantize
 
     # each half of a decoder's input on its own int8 grid: see runtime.inference.openvino.decoder_split
-    converted = convert(split_decoder_inputs(model), tuple(config.val_input_shape))
+    converted = convert(split_decoder_inputs(model), tuple(window))
     return quantize(converted, calibration, compile_for_cpu, say=say)
 
 
-def cached_openvino_model(model: torch.nn.Module, config: Config, checkpoint_path: str, calibration=None,
-                          say: Callable[[str], None] = print):
-    """The compiled OpenVINO model of ``model`` (the weights of ``checkpoint_path``) for
-    ``config``, from the cache (``config.cache_dir``) when its key matches, else converted
-    (and stored atomically). A cache that cannot be written is one line: the conversion then
-    lives for this run only."""
+def cached_openvino_model(model: torch.nn.Module, network: NetworkPlan, inference: InferencePlan,
+                          checkpoint_path: str, calibration=None, say: Callable[[str], None] = print):
+    """The compiled OpenVINO model of ``model`` (the ``network`` of the weights of
+    ``checkpoint_path``) for the ``inference`` section's window, from its cache folder
+    (``inference.cache_dir``) when its key matches, else converted (and stored atomically). A
+    cache that cannot be written is one line: the conversion then lives for this run only."""
     import openvino as ov
 
-    fields = cache_fields(model, config, calibration)
-    entry = CacheEntry(cache_folder(checkpoint_path, config.cache_dir), fields)
+    fields = cache_fields(model, network.architecture, inference.window, calibration)
+    entry = CacheEntry(cache_folder(checkpoint_path, inference.cache_dir), fields)
     ov_model = entry.load(ov.Core(), say)
     if ov_model is None:
         what = "int8 (NNCF calibration on " + calibration.describe() + ")" if calibration else "fp32"
-        say(f"openvino: converting the network for {_shape_text(config.val_input_shape)} windows, {what}; "
+        say(f"openvino: converting the network for {_shape_text(inference.window)} windows, {what}; "
             f"cached in {entry.folder}")
-        ov_model = compile_openvino_model(model, config, calibration, say=say)
+        ov_model = compile_openvino_model(model, inference.window, calibration, say=say)
         entry.store(ov_model, say)
     else:
         say(f"openvino: using the converted network in {entry.path}")
