@@ -18,7 +18,7 @@ temporary name before the scan is segmented (:class:`PendingRecord`: a disk that
 the segmentation cannot keep it from being written), and renamed into place only once the
 segmentation itself was renamed into place (:meth:`PendingRecord.commit`).
 
-Predict replaces or removes only what a record says it wrote (:func:`recorded_files`): a file of
+Predict replaces or removes only what a record says it wrote (:func:`data_loading.scans.recorded_files`): a file of
 the output folder that no record vouches for (the user's own ``<case>.png``, a scan copied there
 as ``<case>.nii.gz``, a JSON file that is no record of this project) is never touched.
 """
@@ -28,7 +28,7 @@ import json
 import os
 
 
-from data_loading.scans import RECORD_SUFFIX, is_record, recorded_files  # noqa: F401 - re-exported
+from data_loading.scans import RECORD_SUFFIX, is_record
 from runtime import __version__
 
 # What made a segmentation: an output is reused only when its record has this run's values.
@@ -86,14 +86,15 @@ def read_record(path: str) -> tuple[dict | None, str]:
     return record, ""
 
 
+def short(digest) -> str:
+    """A digest (or an ensemble's list of them) cut to 12 characters each, joined by ``+``."""
+    return "+".join(str(v)[:12] for v in digest) if isinstance(digest, list) else str(digest)[:12]
+
+
 def _text(name: str, value) -> str:
-    if isinstance(value, list) and name.endswith("sha256"):
-        return "+".join(str(v)[:12] for v in value)
-    if isinstance(value, list):
-        return "x".join(map(str, value))
-    if name.endswith("sha256") and isinstance(value, str):
-        return value[:12]
-    return str(value)
+    if name.endswith("sha256") and isinstance(value, (list, str)):
+        return short(value)
+    return "x".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def difference(stored: dict | None, why_none: str, current: dict) -> str | None:
