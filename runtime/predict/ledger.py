@@ -1,35 +1,31 @@
 """One ledger per scan for predict's outputs in ``--output_dir``: what the scan may claim of them,
 and what it leaves there whether it succeeds or not.
 
-:meth:`OutputLedger.claim` reads what earlier runs left and decides (:class:`Claim`):
-
-- ``FRESH``: nothing of the scan there, or predict's own output made otherwise (another version,
-  window, input...: ``why`` says how, and it is replaced), or ``--force``: the scan is segmented;
-- ``REUSE``: an output made the way this run would make it (its record holds this run's digests
-  and settings: :func:`runtime.predict.provenance.difference`): skipped;
-- ``REFUSE``: a file predict did not write (``foreign``: no record of this project lists it), or
-  without ``--force`` another model's output (other weights): left as it is.
-
-A fresh scan then :meth:`~OutputLedger.clear`\\ s what claimed or showed the earlier output (only
-the files a record says predict wrote) and :meth:`~OutputLedger.begin`\\ s: this run's record is
-written and fsynced under a hidden temporary name (:class:`runtime.predict.provenance.PendingRecord`)
-before any voxel is segmented. :meth:`~OutputLedger.commit` renames it into place after the
-segmentation took its own, so that a segmentation with its record beside it marks the scan done;
-:meth:`~OutputLedger.abandon` (a failure, a signal) cleans up only what this run wrote, and keeps
-the pending record where a segmentation stays without one: the next run knows the files it lists
-as predict's own. Predict never replaces or removes a file that no record vouches for.
+:meth:`OutputLedger.claim` reads what earlier runs left and decides (:class:`Claim`). For a fresh
+scan, :meth:`~OutputLedger.clear` removes what showed or claimed its earlier output, and
+:meth:`~OutputLedger.begin` writes and fsyncs this run's record under a hidden temporary name
+before the scan is segmented (a disk that fills up meanwhile cannot keep it from being
+written). :meth:`~OutputLedger.commit` renames it into place after the segmentation took its
+own: a segmentation with its record beside it marks the scan done, and no record claims an
+output that was not completely written. :meth:`~OutputLedger.abandon` removes only what this
+run wrote; where a segmentation stays without its record, so does the pending record: it is no
+record (nothing is reused on its word), but the next run knows the files it lists as predict's
+own (:func:`pending_records`). Predict replaces or removes only the files a record lists
+(:func:`data_loading.scans.recorded_files`), never the user's ``<case>.png``, a scan copied there
+as ``<case>.nii.gz`` or a JSON file that is no record of this project.
 """
 from __future__ import annotations
 
 import json
 import os
+from contextlib import suppress
 from dataclasses import dataclass
 from enum import Enum
 
 from data_loading.scan_io import input_digest
 from data_loading.scans import Scan, output_path, recorded_files
 from data_loading.write_errors import is_full_disk, write_failure, write_or_raise
-from runtime.predict.provenance import PendingRecord, difference, pending_records, read_record, record_path, short
+from runtime.predict.provenance import difference, read_record, record_path, short
 from runtime.predict.records import SUMMARY_FIELDS, CaseResult
 from runtime.predict.scan import OutputWriteError, probabilities_path, write_output
 
@@ -37,9 +33,9 @@ from runtime.predict.scan import OutputWriteError, probabilities_path, write_out
 class Claim(Enum):
     """A scan's claim on its outputs (:meth:`OutputLedger.claim`)."""
 
-    FRESH = "fresh"    # segment it (an earlier output of predict made otherwise is replaced)
-    REUSE = "reuse"    # its output was made the same way: skipped
-    REFUSE = "refuse"  # a file predict did not write, or another model's output: kept as it is
+    FRESH = "fresh"    # segment it: nothing there, predict's own output made otherwise (replaced), or --force
+    REUSE = "reuse"    # an output made the way this run would make it (its record's digests): skipped
+    REFUSE = "refuse"  # a file predict did not write, or without --force another model's output: kept
 
 
 @dataclass(frozen=True)
@@ -79,6 +75,32 @@ def another_model(stored: dict | None, current: dict) -> bool:
     return stored is not None and stored.get("weights_sha256", current["weights_sha256"]) != current["weights_sha256"]
 
 
+def pending_records(record: str) -> list[tuple[str, dict]]:
+    """``(path, record)`` of each pending record of ``record`` left beside it by a run stopped,
+    failed or killed while it wrote that scan's outputs: the files it lists are predict's own."""
+    folder, name = os.path.split(os.path.abspath(record))
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    found = [(os.path.join(folder, n), read_record(os.path.join(folder, n))[0]) for n in names
+             if n.startswith(f".{name}.") and n.endswith(".tmp")]
+    return [(path, stored) for path, stored in found if stored is not None]
+
+
+def write_synced(path: str, data: bytes) -> None:
+    """``data`` as ``path``, fsynced; nothing left on failure."""
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        with suppress(OSError):
+            os.remove(path)
+        raise
+
+
 def remove_output(path: str) -> None:
     """Remove ``path`` if it exists; a failure is an :class:`OutputWriteError` naming it."""
     try:
@@ -90,13 +112,12 @@ def remove_output(path: str) -> None:
 
 
 class OutputLedger:
-    """One scan's outputs (``outputs``) and ``record``, this run's record of them but the input's
-    digest (added from ``input_path`` when needed). Read at once: ``stored``, the record beside
-    the segmentation (None: ``why_none``); ``leftovers``, the pending records ``(path, record)``
-    of a run stopped while it wrote them; ``owned``, the names of the files those records say
-    predict wrote (the only ones it replaces or removes). After :meth:`claim`: ``why`` (FRESH:
-    why the earlier output is replaced, "" when none is; REFUSE: the one line) and ``foreign``
-    (REFUSE: the file is not predict's)."""
+    """One scan's ``outputs`` and ``record``, this run's record of them (the digest of the scan
+    ``input_path`` added when needed). Read at once: ``stored``, the record beside the
+    segmentation (None: ``why_none``), the pending records of stopped runs (``leftovers``), and
+    the names of the files they all say predict wrote (``owned``: the only ones it replaces or
+    removes). After :meth:`claim`: ``why`` (FRESH: why the earlier output is replaced, or "";
+    REFUSE: the one line) and ``foreign`` (REFUSE: the file is not predict's)."""
 
     def __init__(self, outputs: ScanOutputs, record: dict, input_path: str, force: bool = False):
         self.outputs, self.record, self.input_path, self.force = outputs, record, input_path, force
@@ -105,7 +126,7 @@ class OutputLedger:
         path = outputs.segmentation
         self.owned = frozenset(recorded_files(self.stored, path).union(
             *(recorded_files(r, path) for _, r in self.leftovers)))
-        self.why, self.foreign, self.pending = "", False, None
+        self.why, self.foreign, self.pending = "", False, ""
 
     def claim(self) -> Claim:
         """FRESH, REUSE or REFUSE (:class:`Claim`); nothing is written or removed."""
@@ -158,15 +179,17 @@ class OutputLedger:
         record["files"] = [os.path.basename(f) for f in outputs.writes]
         saved = outputs.probabilities in outputs.writes
         record["probabilities"] = os.path.basename(outputs.probabilities) if saved else ""
-        self.pending = write_or_raise(lambda: PendingRecord(outputs.record, record), lambda reason, exc:
-                                      OutputWriteError(outputs.record, f"{reason} (the record of "
-                                                       f"{outputs.segmentation})", is_full_disk(exc)))
+        folder, name = os.path.split(os.path.abspath(outputs.record))
+        pending, data = os.path.join(folder, f".{name}.{os.getpid()}.tmp"), json.dumps(record, indent=1) + "\n"
+        write_or_raise(lambda: write_synced(pending, data.encode("utf-8")), lambda reason, exc: OutputWriteError(
+            outputs.record, f"{reason} (the record of {outputs.segmentation})", is_full_disk(exc)))
+        self.pending = pending
 
     def commit(self, result: CaseResult) -> CaseResult:
         """The record put in place, once the segmentation took its own: ``result`` with it, and
         why the earlier output was replaced."""
-        write_output(self.outputs.record, self.pending.commit)
-        self.pending = None
+        write_output(self.outputs.record, lambda: os.replace(self.pending, self.outputs.record))
+        self.pending = ""
         result.provenance, result.replaced = self.record, self.why
         return result
 
@@ -175,12 +198,12 @@ class OutputLedger:
         the earlier one, whose record is gone) the pending record stays, hidden (it is no record:
         nothing is reused on its word); else the files this run wrote (the probabilities written
         before the segmentation) go with it. Nothing else is touched."""
-        if self.pending is None or os.path.lexists(self.outputs.segmentation):
+        if not self.pending or os.path.lexists(self.outputs.segmentation):
             return
-        for path in self.outputs.writes:  # each absent at begin (clear, or claim's refusal): this run's own
-            remove_output(path)
-        self.pending.discard()
-        self.pending = None
+        for path in self.outputs.writes + (self.pending,):  # none of them was there at begin: this run's own
+            with suppress(OSError):  # best effort: the failure or signal being handled is what the run reports
+                os.remove(path)
+        self.pending = ""
 
 
 def is_summary(path: str) -> bool:

@@ -343,45 +343,25 @@ def summary_texts(results: Sequence[CaseResult], earlier: Sequence[dict] = ()) -
     return {"summary.csv": text.getvalue(), "summary.jsonl": "".join(json.dumps(row) + "\n" for row in rows)}
 
 
-def write_summary(output_dir: str, results: Sequence[CaseResult]) -> list[str]:
+def save_summary(output_dir: str, results: Sequence[CaseResult]) -> list[str]:
     """``summary.csv`` and ``summary.jsonl`` (this run's rows and the earlier summary's others:
-    :func:`earlier_rows`), each written atomically; the names written, in that order. A file that
-    cannot be written raises :class:`SummaryWriteError` naming it and what was written before."""
-    written: list[str] = []
-    for name, text in summary_texts(results, earlier_rows(output_dir)).items():
-        data = text.encode("utf-8")
+    :func:`earlier_rows`), each written atomically; the names written, in that order (a list
+    that is false when none was). When the output disk refuses a file, one stderr line names it
+    and the reason, and the rows go to stdout instead."""
+    texts, written = summary_texts(results, earlier_rows(output_dir)), []
+    for name, text in texts.items():
         try:
-            atomic_write(os.path.join(output_dir, name), lambda handle, data=data: handle.write(data))
+            atomic_write(os.path.join(output_dir, name), lambda handle, data=text.encode("utf-8"): handle.write(data))
         except Exception as exc:  # noqa: BLE001 - a write failure is one line, anything else a bug
             reason = write_failure(exc)
             if reason is None:
                 raise
-            raise SummaryWriteError(name, reason, written) from exc
+            print(f"main.py: error: cannot write {os.path.join(output_dir, name)}: {reason}; the summary's rows "
+                  "follow on stdout", file=sys.stderr)
+            sys.stdout.write(texts["summary.jsonl"])
+            return written
         written.append(name)
     return written
-
-
-class SummaryWriteError(OSError):
-    """A file of the summary (``name``) that could not be written (``reason``); ``written``: the
-    summary's files written before it."""
-
-    def __init__(self, name: str, reason: str, written: Sequence[str]):
-        super().__init__(f"cannot write {name}: {reason}")
-        self.name, self.reason, self.written = name, reason, list(written)
-
-
-def save_summary(output_dir: str, results: Sequence[CaseResult]) -> list[str]:
-    """:func:`write_summary`; when the output disk refuses a file of it, one stderr line names
-    that file and the reason, and the rows go to stdout instead. Returns the names written (a
-    list that is false when none was)."""
-    try:
-        return write_summary(output_dir, results)
-    except SummaryWriteError as exc:
-        failure = exc
-    print(f"main.py: error: cannot write {os.path.join(output_dir, failure.name)}: {failure.reason}; the "
-          "summary's rows follow on stdout", file=sys.stderr)
-    sys.stdout.write(summary_texts(results, earlier_rows(output_dir))["summary.jsonl"])
-    return failure.written
 
 
 def summary_place(output_dir: str, written: Sequence[str] | bool) -> str:
