@@ -12,15 +12,8 @@ output is reused only when its record holds this run's value of every field of :
 (everything but the checkpoint's path: the same weights moved elsewhere make the same
 segmentation); otherwise it is segmented again (:func:`difference` says why).
 
-A record never claims an output that was not completely written: the old record goes before
-anything else is done to a scan's outputs; the new one is written and fsynced under a
-temporary name before the scan is segmented (:class:`PendingRecord`: a disk that fills up during
-the segmentation cannot keep it from being written), and renamed into place only once the
-segmentation itself was renamed into place (:meth:`PendingRecord.commit`).
-
-Predict replaces or removes only what a record says it wrote (:func:`recorded_files`): a file of
-the output folder that no record vouches for (the user's own ``<case>.png``, a scan copied there
-as ``<case>.nii.gz``, a JSON file that is no record of this project) is never touched.
+How records are written, and what predict may replace or remove on their word, is
+:mod:`runtime.predict.ledger`'s.
 """
 from __future__ import annotations
 
@@ -28,7 +21,7 @@ import json
 import os
 
 
-from data_loading.scans import RECORD_SUFFIX, is_record, recorded_files  # noqa: F401 - re-exported
+from data_loading.scans import RECORD_SUFFIX, is_record
 from runtime import __version__
 from runtime.plan import RunPlan
 
@@ -88,14 +81,15 @@ def read_record(path: str) -> tuple[dict | None, str]:
     return record, ""
 
 
+def short(digest) -> str:
+    """A digest (or an ensemble's list of them) cut to 12 characters each, joined by ``+``."""
+    return "+".join(str(v)[:12] for v in digest) if isinstance(digest, list) else str(digest)[:12]
+
+
 def _text(name: str, value) -> str:
-    if isinstance(value, list) and name.endswith("sha256"):
-        return "+".join(str(v)[:12] for v in value)
-    if isinstance(value, list):
-        return "x".join(map(str, value))
-    if name.endswith("sha256") and isinstance(value, str):
-        return value[:12]
-    return str(value)
+    if name.endswith("sha256") and isinstance(value, (list, str)):
+        return short(value)
+    return "x".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def difference(stored: dict | None, why_none: str, current: dict) -> str | None:
@@ -111,49 +105,3 @@ def difference(stored: dict | None, why_none: str, current: dict) -> str | None:
         if value != current[name]:
             return f"made with {name} {_text(name, value)}, not {_text(name, current[name])}"
     return None
-
-
-def pending_records(record: str) -> list[tuple[str, dict]]:
-    """``(path, record)`` of each pending record of ``record`` left beside it (a
-    :class:`PendingRecord`'s hidden temporary file, kept by a run that was stopped or failed
-    after it had begun writing that scan's outputs, or left by a killed one): the files it lists
-    are predict's own, to be replaced or removed."""
-    folder, name = os.path.split(os.path.abspath(record))
-    found = []
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return []
-    for entry in names:
-        if entry.startswith(f".{name}.") and entry.endswith(".tmp"):
-            stored, _ = read_record(os.path.join(folder, entry))
-            if stored is not None:
-                found.append((os.path.join(folder, entry), stored))
-    return found
-
-
-class PendingRecord:
-    """``record`` written and fsynced under a hidden temporary name beside ``path`` at once
-    (nothing left on failure); :meth:`commit` renames it to ``path``, :meth:`discard` removes it."""
-
-    def __init__(self, path: str, record: dict):
-        folder, name = os.path.split(os.path.abspath(path))
-        self.path, self.temp = path, os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-        data = (json.dumps(record, indent=1) + "\n").encode("utf-8")
-        try:
-            with open(self.temp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        except BaseException:
-            self.discard()
-            raise
-
-    def commit(self) -> None:
-        os.replace(self.temp, self.path)
-
-    def discard(self) -> None:
-        try:
-            os.remove(self.temp)
-        except FileNotFoundError:
-            pass

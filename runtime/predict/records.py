@@ -29,11 +29,13 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Sequence
 
 import numpy as np
 
 from data_loading.atomic import atomic_write
+from data_loading.scans import SUMMARY_NAMES
 from data_loading.write_errors import write_failure
 from runtime.labels import LabelSet
 from runtime.predict.provenance import FIELDS as PROVENANCE_FIELDS
@@ -43,10 +45,23 @@ STAGES = ("read", "preprocess", "infer", "restore", "write", "preview")  # a sca
 STAGE_FIELDS = tuple(f"{stage}_seconds" for stage in STAGES)
 SUMMARY_FIELDS = ("case", "status", "shape", "spacing", "kidney_ml", "tumour_ml", "seconds", *STAGE_FIELDS, "windows",
                   *DICE_FIELDS, "image", "error", *PROVENANCE_FIELDS)
-# segmented | skipped (its output was made the same way) | failed | not run (stopped: the output disk is full)
-# | kept (the output of another model, kept: --force replaces it) | left out (an entry of --input that is
-# no scan: its reason in ``error``)
-STATUSES = ("segmented", "skipped", "failed", "not run", "kept", "left out")
+
+
+class Status(str, Enum):
+    """What became of one entry of ``--input``; its text is the summary's ``status``."""
+
+    SEGMENTED = "segmented"
+    SKIPPED = "skipped"    # its output was made the same way: reused
+    FAILED = "failed"
+    NOT_RUN = "not run"    # stopped: the output disk is full
+    KEPT = "kept"          # the output of another model, kept: --force replaces it
+    LEFT_OUT = "left out"  # an entry of --input that is no scan: its reason in ``error``
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATUSES = tuple(status.value for status in Status)  # the statuses a summary's rows may hold
 AGGREGATES = ("count", "mean")  # the rows after the scans': how many scans each mean is over, the means
 
 
@@ -142,7 +157,7 @@ def _number(value) -> float | None:
 
 @dataclass
 class CaseResult:
-    """One scan's outcome. ``status``: one of ``STATUSES``. ``shape`` (D, H, W) and
+    """One scan's outcome (``status``). ``shape`` (D, H, W) and
     ``spacing`` (mm) of the scan; volumes in mL from the labels on the original grid; Dice
     against the ground truth there when one lies beside the scan (:meth:`score`); ``error`` why
     it failed (or, for a segmented scan, why its preview is missing); ``full_disk`` when the
@@ -151,7 +166,7 @@ class CaseResult:
     record of what made its segmentation; ``replaced`` why an earlier output was not reused."""
 
     case: str
-    status: str
+    status: Status
     image: str
     shape: tuple[int, ...] | None = None
     spacing: tuple[float, ...] | None = None
@@ -180,7 +195,7 @@ class CaseResult:
 
     def line(self) -> str:
         """One console line."""
-        if self.status in ("failed", "not run", "left out", "kept"):
+        if self.status not in (Status.SEGMENTED, Status.SKIPPED):
             return f"{self.case}: {self.status}: {self.error}"
         text = f"{self.case}: {self.status}, {'x'.join(map(str, self.shape))} voxels, "
         if self.per_label:
@@ -203,7 +218,7 @@ class CaseResult:
     @property
     def ok(self) -> bool:
         """Nothing went wrong: segmented or reused without an error, or an entry that is no scan."""
-        return self.status == "left out" or (self.status in ("segmented", "skipped") and not self.error)
+        return self.status == Status.LEFT_OUT or (self.status in (Status.SEGMENTED, Status.SKIPPED) and not self.error)
 
 
 def result_row(result: CaseResult) -> dict:
@@ -328,45 +343,25 @@ def summary_texts(results: Sequence[CaseResult], earlier: Sequence[dict] = ()) -
     return {"summary.csv": text.getvalue(), "summary.jsonl": "".join(json.dumps(row) + "\n" for row in rows)}
 
 
-def write_summary(output_dir: str, results: Sequence[CaseResult]) -> list[str]:
+def save_summary(output_dir: str, results: Sequence[CaseResult]) -> list[str]:
     """``summary.csv`` and ``summary.jsonl`` (this run's rows and the earlier summary's others:
-    :func:`earlier_rows`), each written atomically; the names written, in that order. A file that
-    cannot be written raises :class:`SummaryWriteError` naming it and what was written before."""
-    written: list[str] = []
-    for name, text in summary_texts(results, earlier_rows(output_dir)).items():
-        data = text.encode("utf-8")
+    :func:`earlier_rows`), each written atomically; the names written, in that order (a list
+    that is false when none was). When the output disk refuses a file, one stderr line names it
+    and the reason, and the rows go to stdout instead."""
+    texts, written = summary_texts(results, earlier_rows(output_dir)), []
+    for name, text in texts.items():
         try:
-            atomic_write(os.path.join(output_dir, name), lambda handle, data=data: handle.write(data))
+            atomic_write(os.path.join(output_dir, name), lambda handle, data=text.encode("utf-8"): handle.write(data))
         except Exception as exc:  # noqa: BLE001 - a write failure is one line, anything else a bug
             reason = write_failure(exc)
             if reason is None:
                 raise
-            raise SummaryWriteError(name, reason, written) from exc
+            print(f"main.py: error: cannot write {os.path.join(output_dir, name)}: {reason}; the summary's rows "
+                  "follow on stdout", file=sys.stderr)
+            sys.stdout.write(texts["summary.jsonl"])
+            return written
         written.append(name)
     return written
-
-
-class SummaryWriteError(OSError):
-    """A file of the summary (``name``) that could not be written (``reason``); ``written``: the
-    summary's files written before it."""
-
-    def __init__(self, name: str, reason: str, written: Sequence[str]):
-        super().__init__(f"cannot write {name}: {reason}")
-        self.name, self.reason, self.written = name, reason, list(written)
-
-
-def save_summary(output_dir: str, results: Sequence[CaseResult]) -> list[str]:
-    """:func:`write_summary`; when the output disk refuses a file of it, one stderr line names
-    that file and the reason, and the rows go to stdout instead. Returns the names written (a
-    list that is false when none was)."""
-    try:
-        return write_summary(output_dir, results)
-    except SummaryWriteError as exc:
-        failure = exc
-    print(f"main.py: error: cannot write {os.path.join(output_dir, failure.name)}: {failure.reason}; the "
-          "summary's rows follow on stdout", file=sys.stderr)
-    sys.stdout.write(summary_texts(results, earlier_rows(output_dir))["summary.jsonl"])
-    return failure.written
 
 
 def summary_place(output_dir: str, written: Sequence[str] | bool) -> str:
@@ -379,9 +374,6 @@ def summary_place(output_dir: str, written: Sequence[str] | bool) -> str:
     return os.path.join(output_dir, written[0]) + (f" ({', '.join(missing)} not written)" if missing else "")
 
 
-SUMMARY_NAMES = ("summary.csv", "summary.jsonl")
-
-
 def _mean_text(values: Sequence[float]) -> str:
     values = [v for v in values if not math.isnan(v)]
     return f"{np.mean(values):.4f} over {len(values)}" if values else "none"
@@ -392,19 +384,19 @@ def print_outcome(results: Sequence[CaseResult], output_dir: str, written: Seque
     ``--input`` left out (no scans) and why, the mean Dice of this run's scans; the exit code: 1
     if any scan failed, was not run or kept (or a preview or a file of the summary is missing),
     else 0."""
-    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    count = {s: sum(r.status == s for r in results) for s in Status}
     where = summary_place(output_dir, written)
     replaced = sum(bool(r.replaced) for r in results)
-    found = len(results) - counts["left out"]
-    print(f"predict: {found} scan{'' if found == 1 else 's'} found: {counts['segmented']} segmented, "
-          f"{counts['skipped']} skipped (output made the same way already; --force redoes them), "
-          f"{counts['failed']} failed"
-          + (f", {counts['not run']} not run" if counts["not run"] else "")
-          + (f", {counts['kept']} kept (the output of another model; --force replaces it)" if counts["kept"] else "")
+    found, left_out = len(results) - count[Status.LEFT_OUT], count[Status.LEFT_OUT]
+    print(f"predict: {found} scan{'' if found == 1 else 's'} found: {count[Status.SEGMENTED]} segmented, "
+          f"{count[Status.SKIPPED]} skipped (output made the same way already; --force redoes them), "
+          f"{count[Status.FAILED]} failed"
+          + (f", {count[Status.NOT_RUN]} not run" if count[Status.NOT_RUN] else "")
+          + (f", {count[Status.KEPT]} kept (the output of another model; --force replaces it)"
+             if count[Status.KEPT] else "")
           + f" of {found} scans"
           + (f"; replaced {replaced} earlier output{'' if replaced == 1 else 's'} made otherwise" if replaced else "")
-          + (f"; {counts['left out']} entr{'y' if counts['left out'] == 1 else 'ies'} of --input left out (no scans)"
-             if counts["left out"] else "")
+          + (f"; {left_out} entr{'y' if left_out == 1 else 'ies'} of --input left out (no scans)" if left_out else "")
           + f"; summary in {where}")
     scored = [r for r in results if r.mean_dice is not None]
     own = [r for r in scored if r.per_label]
@@ -420,15 +412,15 @@ def print_outcome(results: Sequence[CaseResult], output_dir: str, written: Seque
         print(f"mean_dice {over('mean_dice')} of {len(scored)} cases with ground truth (l1 {over('l1_dice')}, "
               f"l2 {over('l2_dice')}; KiTS19 kidney {over('kits_kidney_dice')}, tumour {over('kits_tumour_dice')}; "
               "a label absent from both the ground truth and the prediction is not scored)")
-    for status, title in (("failed", "failed scans"), ("not run", "not run (the output disk is full)"),
-                          ("kept", "kept (the output of another model; --force replaces it)")):
+    for status, title in ((Status.FAILED, "failed scans"), (Status.NOT_RUN, "not run (the output disk is full)"),
+                          (Status.KEPT, "kept (the output of another model; --force replaces it)")):
         names = sorted(r.case for r in results if r.status == status)
         if names:
             print(f"{title}: {', '.join(names)}")
     others = sorted((r for r in results if r.replaced.startswith("of another model")), key=lambda r: r.case)
     if others:
         print(f"replaced the outputs of another model (--force): {', '.join(r.case for r in others)}")
-    left = sorted((r for r in results if r.status == "left out"), key=lambda r: r.case)
+    left = sorted((r for r in results if r.status == Status.LEFT_OUT), key=lambda r: r.case)
     if left:
         print(f"left out: {'; '.join(f'{r.case} ({r.error})' for r in left)}")
     complete = bool(written) and (written is True or len(list(written)) == len(SUMMARY_NAMES))

@@ -37,7 +37,7 @@ from runtime.build import build_model
 from runtime.checkpoint import Saved, load_model_weights, model_state_from, weights_description
 from runtime.outputs import OutputError
 from runtime.plan import InferencePlan, NetworkPlan
-from runtime.predict.records import CaseResult, own_label_numbers
+from runtime.predict.records import CaseResult, Status, own_label_numbers
 from runtime.signals import Stopped
 from runtime.inference.sliding_window import flush_sliding_window_inference
 
@@ -266,7 +266,7 @@ def label_values_of(label_set, truth: bool = False) -> dict:
     return {"label_values": values + ((label_set.ignore,) if truth and label_set.ignore is not None else ())}
 
 
-def scored_result(scan: Scan, status: str, labels: np.ndarray, truth: np.ndarray | None,
+def scored_result(scan: Scan, status: Status, labels: np.ndarray, truth: np.ndarray | None,
                   spacing: Sequence[float], seconds: float | None = None, stages: dict | None = None,
                   label_set=None) -> CaseResult:
     """A :class:`CaseResult` from the labels on the scan's grid (and the ground truth).
@@ -326,7 +326,7 @@ def segment_scan(scan: Scan, segmenter: VolumeSegmenter, output_dir: str,
             write_output(npz, lambda: write_probabilities(npz, segmentation.probabilities))
             segmentation.probabilities = None
         write_output(path, lambda: write_segmentation(path, file_labels, raw.nifti))
-    result = scored_result(scan, "segmented", file_labels, truth, raw.file_spacing or raw.spacing,
+    result = scored_result(scan, Status.SEGMENTED, file_labels, truth, raw.file_spacing or raw.spacing,
                            stages=timer.seconds, label_set=label_set)
     result.windows = segmentation.windows
     if preview:
@@ -364,4 +364,4 @@ def summarise_existing(scan: Scan, path: str, label_set=None) -> CaseResult:
     labels, spacing = read_labels_file(path, **label_values_of(label_set))
     truth = (read_label(scan.label_path, labels.shape, scan_path=scan.image_path, **label_values_of(label_set, True))
              if scan.label_path else None)
-    return scored_result(scan, "skipped", labels, truth, spacing, label_set=label_set)
+    return scored_result(scan, Status.SKIPPED, labels, truth, spacing, label_set=label_set)
