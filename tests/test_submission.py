@@ -28,7 +28,7 @@ from runtime.report.cli import make_report
 from runtime.submission.cli import main as submission_main
 from runtime.submission.driver import (REPO, Found, SweepRequest, Surroundings, check_sweep, next_step, plan_seeds,
                                        plan_sweep, run_names, run_sweep)
-from runtime.submission.package import assemble
+from runtime.submission.package import CHECKERS, SEED_CHECKER, Checked, assemble
 from runtime.submission.system import REQUIRED_FIELDS, describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -425,6 +425,44 @@ def test_package_refuses_a_used_output_folder_and_runs_of_two_systems(one_run, t
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "submission_platform" in err and "cpu-big" in err
     assert not (tmp_path / "p").exists()
+
+
+def test_the_checkers_table_builds_each_command_and_reads_each_verdict(tmp_path):
+    """One row per official checker: its command line and how its verdict reads, known answers on
+    canned outputs (the real checkers run in the next test)."""
+    results = tmp_path / "org" / "results" / "sys" / "unet3d"
+    results.mkdir(parents=True)
+    for name in ("result_1.txt", "result_0.txt", "run_description_0.json"):
+        (results / name).write_text("")
+    package = Checked(str(tmp_path / "org"), str(results), "4.0.0")
+    table = {checker.name: checker for checker in CHECKERS}
+    assert list(table) == ["package_checker", "rcp_checker", "seed_checker"]
+    assert table["package_checker"].arguments(package, "L") == [
+        "-m", "mlperf_logging.package_checker", str(tmp_path / "org"), "training", "4.0.0", "--log_output", "L"]
+    assert table["rcp_checker"].arguments(package, "L") == [
+        "-m", "mlperf_logging.rcp_checker", str(results), "--rcp_usage", "training", "--rcp_version", "4.0.0",
+        "--log_output", "L"]
+    assert table["seed_checker"].arguments(package, "L") == ["-c", SEED_CHECKER, "4.0.0", str(results / "result_0.txt"),
+                                                             str(results / "result_1.txt")]
+    assert [checker.writes_its_log for checker in CHECKERS] == [True, True, False]
+
+    def verdict(name, code, text, stderr=""):
+        return table[name].verdict(subprocess.CompletedProcess([], code, text, stderr), text)
+
+    assert verdict("package_checker", 0, "INFO - x\nPACKAGE CHECKER FOUND NO ERRORS, SUCCESS\n") == {
+        "passed": True, "summary": "no errors, SUCCESS", "errors": [], "warnings": []}
+    assert verdict("package_checker", 0, "ERROR - expected 40 files\nWARNING - odd file\n") == {
+        "passed": False, "summary": "found errors", "errors": ["expected 40 files"], "warnings": ["odd file"]}
+    assert verdict("package_checker", 1, "", "Traceback\nImportError: no module") == {
+        "passed": False, "summary": "found errors", "errors": ["ImportError: no module"], "warnings": []}
+    assert verdict("rcp_checker", 0, "INFO - RCP Record: 1\nINFO - Submission mean 2\nINFO - RCP Test Passed\n") == {
+        "passed": True, "summary": "RCP Test Passed", "errors": [], "warnings": [],
+        "details": ["RCP Record: 1", "Submission mean 2"]}
+    assert verdict("rcp_checker", 1, "", "  no such folder \n")["summary"] == "no such folder"
+    assert verdict("seed_checker", 0, "INFO - fine\n") == {
+        "passed": True, "summary": "every run logs its own seed", "errors": [], "warnings": []}
+    assert verdict("seed_checker", 1, "ERROR - the same seed\n") == {
+        "passed": False, "summary": "failed", "errors": ["the same seed"], "warnings": []}
 
 
 def test_two_runs_with_one_seed_fail_the_official_seed_checker(one_run, tmp_path, capsys):
