@@ -129,16 +129,57 @@ def train_rows(groups: set[str], args) -> list[TrainRow]:
 
 
 def lever_row(text: str) -> TrainRow:
-    """A ``--levers`` row: ``bf16+compile`` or ``bf16+compile@7`` (a batch size of its own)."""
+    """A ``--levers`` row: ``bf16+compile`` or ``bf16+compile@7`` (a batch size of its own); ValueError: why not."""
     names, _, batch = text.partition("@")
     levers = tuple(name for name in names.split("+") if name)
     unknown = [name for name in levers if name not in LEVERS]
     if unknown or (batch and not batch.isdigit()):
-        raise SystemExit(f"bench_throughput: --levers {text!r}: " + (f"unknown lever(s) {unknown}; choose from "
-                         f"{', '.join(LEVERS)}" if unknown else "the batch after @ is a whole number"))
+        raise ValueError(f"--levers {text!r}: " + (f"unknown lever(s) {unknown}; choose from {', '.join(LEVERS)}"
+                                                   if unknown else "the batch after @ is a whole number"))
     levers = tuple(lever for lever in LADDER if lever in levers)   # the ladder's order, whatever the text's
     return TrainRow(" + ".join(LABELS[lever] for lever in levers) + (f", batch {batch}" if batch else ""),
                     levers, batch_size=int(batch) if batch else None)
+
+
+def check(args) -> list[str]:
+    """Every refusal of the command line, one line each ([]: none): before any device, volume or row."""
+    problems = [f"--patch takes 1 or 3 sizes, got {args.patch}"] if len(args.patch) not in (1, 3) else []
+    for text in args.levers:
+        try:
+            lever_row(text)
+        except ValueError as error:
+            problems.append(str(error))
+    unknown = {g for g in args.rows.split(",") if g} - set(ROW_GROUPS)
+    return problems + ([f"unknown --rows {sorted(unknown)}; choose from {ROW_GROUPS}"] if unknown else [])
+
+
+def plan_ladder(args, cuda: bool) -> tuple[list[TrainRow], list[tuple[str, list[str]]]]:
+    """The rows to measure, in order: training (the groups', then ``--levers``') and evaluation (name, flags)."""
+    optimised = LEVERS["bf16"] + LEVERS["channels_last"] + ["--sw_batch_size", str(args.eval_sw_batch)]
+    evaluation = [("plain: fp32, 1 window per forward", ["--sw_batch_size", "1"]),
+                  (f"bf16 + {args.eval_sw_batch} windows per forward + channels_last", optimised)]
+    evaluation += [("+ cudnn benchmark + compile", optimised + ["--cudnn_benchmark", "--compile"])] if cuda else []
+    return (train_rows({g for g in args.rows.split(",") if g}, args) + list(map(lever_row, args.levers)),
+            [] if args.no_eval else evaluation)
+
+
+def row_runs(rows, unavailable: dict, batch_size: int, largest: dict) -> tuple[list, set[str]]:
+    """(row, the row run here: its levers measured here and its batch, or None, why not) of each row, and the levers
+    left out. ``unavailable``: lever -> why not here (None: it is); ``largest``: per (bf16, channels_last)."""
+    runs, dropped = [], set()
+    for row in rows:
+        why = unavailable[row.levers[-1]] if row.levers else None
+        if why and (len(row.levers) == 1 or row.name.startswith("+")):
+            runs.append((row, None, f"n/a: {why}"))
+            continue
+        active = tuple(lever for lever in row.levers if not unavailable[lever])
+        dropped |= set(row.levers) - set(active)
+        key, batch = ("bf16" in active, "channels_last" in active), row.batch_size or batch_size
+        if batch == "max" and key not in largest:
+            runs.append((row, None, "n/a: the largest-batch search runs on a GPU only"))
+        else:
+            runs.append((row, TrainRow(row.name, active, row.loader, largest[key][0] if batch == "max" else batch), ""))
+    return runs, dropped
 
 
 def synchronize(device: torch.device) -> None:
@@ -367,26 +408,84 @@ def eval_table(results: list[Result], cuda: bool) -> str:
         for r in results])
 
 
+def measure(rows: list[TrainRow], evaluation: list, args, argv0: list[str], device: torch.device) -> tuple:
+    """The rows measured in order on ``device``: (training results, evaluation results, levers left out)."""
+    plain_config = parse_args(argv0, prog="bench_throughput")
+    largest: dict[tuple[bool, bool], tuple[int, str]] = {}
+    for key in [(False, False), (True, True)] if device.type == "cuda" else []:
+        flags = (LEVERS["bf16"] if key[0] else []) + (LEVERS["channels_last"] if key[1] else [])
+        config = parse_args(argv0 + flags + ["--batch_size", "1"], prog="bench_throughput")
+        largest[key] = largest_batch(config, device, min(args.max_batch_limit, args.cases))
+        print(f"largest batch (bf16={key[0]}, channels_last={key[1]}): {largest[key][0]} "
+              f"(next size: {largest[key][1]})", flush=True)
+    results, loaders = [], LoaderCache()
+    # untimed: process-wide first-use costs (allocator, kernel caches, first DataLoader) would land on plain
+    run_train_row(TrainRow("process warm-up", ()), argparse.Namespace(**{**vars(args), "steps": 1}),
+                  argv0, device, args.batch_size, loaders)
+    unavailable = {lever: lever_unavailable(lever, device, args, plain_config) for lever in LEVERS}
+    runs, dropped = row_runs(rows, unavailable, args.batch_size, largest)
+    for row, run, why in runs:
+        if run is None:
+            results.append(Result(row, notes=[why]))
+            print(f"{row.name}: {why}", flush=True)
+            continue
+        result = run_train_row(run, args, argv0, device, run.batch_size, loaders)
+        key = ("bf16" in run.levers, "channels_last" in run.levers)
+        result.row, result.largest_batch = row, str(largest[key][0]) if key in largest else "n/a"
+        results.append(result)
+        print(f"{row.name}: {number_text(result.samples_per_s, '.2f')} samples/s, "
+              f"{number_text(result.ms_per_step, '.1f')} ms/step {'; '.join(result.notes)}", flush=True)
+    loaders, eval_results = None, []
+    for name, flags in evaluation:
+        eval_results.append(run_eval_row(name, flags, argv0, device))
+        print(f"eval {name}: {number_text(eval_results[-1].seconds, '.2f')} s for {eval_results[-1].volumes} volumes "
+              f"{'; '.join(eval_results[-1].notes)}", flush=True)
+    return results, eval_results, dropped
+
+
+def tables(args, argv, device: torch.device, flops: int, results: list, eval_results: list, dropped: set[str]) -> str:
+    """The report: the device, the training and the evaluation tables, as markdown."""
+    cuda, patch = device.type == "cuda", "x".join(map(str, args.patch))
+    if cuda:
+        props = torch.cuda.get_device_properties(device)
+        what = (f"{props.name}, {props.total_memory / 2**30:.0f} GiB; CUDA {torch.version.cuda}, "
+                f"cuDNN {torch.backends.cudnn.version()}")
+    else:
+        what = f"CPU, torch threads: {torch.get_num_threads()} (peak memory and the largest-batch search: GPU only)"
+    lines = ["## Training throughput", "", header("bench_throughput", argv), "", f"- device: {what}",
+             f"- model filters {args.filters or 'default (32 64 128 256 320)'}; patch {patch}; "
+             f"{args.steps} timed steps after {args.warmup} warm-up steps per row; training volumes "
+             f"{tuple(args.case_shape)} ({args.distinct} distinct, {args.cases} case ids); learning rate 0.01",
+             "", train_table(results, flops, args.ceiling_tflops, cuda), "",
+             f"TFLOP/s = samples/s x {flops_text(flops)} per sample (forward + backward, FlopCounterMode); "
+             f"ceiling {args.ceiling_tflops:g} TFLOP/s. Largest batch: eager steps with the row's precision "
+             "and memory format."]
+    if dropped:
+        lines.append(f"Levers left out of the later rows on this run: {', '.join(sorted(dropped))}.")
+    if eval_results:
+        lines += ["", "## Evaluation", "", f"{args.eval_volumes} synthetic volumes of {tuple(args.eval_shape)}, "
+                  f"window {patch}, overlap 0.5, loss and Dice included; one untimed volume first.", "",
+                  eval_table(eval_results, cuda)]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
+    """Check the command line (a refusal: one line, before any work), plan the ladder, measure it, write the tables."""
     parser = build_parser()
     args = parser.parse_args(argv)
     for name, value in SMOKE.items() if args.smoke else ():   # values given on the command line are kept
         if getattr(args, name) == parser.get_default(name):
             setattr(args, name, value)
-    if len(args.patch) not in (1, 3):
-        raise SystemExit(f"bench_throughput: --patch takes 1 or 3 sizes, got {args.patch}")
+    problems = check(args)
+    if problems:
+        raise SystemExit(f"bench_throughput: {problems[0]}")
     args.patch = args.patch * 3 if len(args.patch) == 1 else args.patch
-    extra_rows = [lever_row(text) for text in args.levers]   # a wrong --levers stops here, before any volume is written
-    patch = "x".join(map(str, args.patch))
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = D.select_device("cpu" if args.smoke else "auto", 0)
-    cuda = device.type == "cuda"
-    if cuda:
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    groups = {g for g in args.rows.split(",") if g}
-    if groups - set(ROW_GROUPS):
-        raise SystemExit(f"bench_throughput: unknown --rows {sorted(groups - set(ROW_GROUPS))}; choose from {ROW_GROUPS}")
+    rows, evaluation = plan_ladder(args, device.type == "cuda")
     folder = Path(args.data_dir or tempfile.mkdtemp(prefix="bench_throughput_"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
@@ -400,74 +499,9 @@ def main(argv=None) -> int:
         plain_config = parse_args(argv0, prog="bench_throughput")
         with (meta := torch.device("meta")):  # shapes only: no memory, no initialisation cost
             flops = flop_count_per_sample(build_model(network_of_flags(plain_config), meta), args.patch)[1]
-        print(f"model: {flops_text(flops)} per sample (forward + backward) at {patch}", flush=True)
-
-        largest: dict[tuple[bool, bool], tuple[int, str]] = {}
-        for key in [(False, False), (True, True)] if cuda else []:
-            flags = (LEVERS["bf16"] if key[0] else []) + (LEVERS["channels_last"] if key[1] else [])
-            config = parse_args(argv0 + flags + ["--batch_size", "1"], prog="bench_throughput")
-            largest[key] = largest_batch(config, device, min(args.max_batch_limit, args.cases))
-            print(f"largest batch (bf16={key[0]}, channels_last={key[1]}): {largest[key][0]} "
-                  f"(next size: {largest[key][1]})", flush=True)
-
-        results: list[Result] = []
-        loaders = LoaderCache()
-        # untimed: process-wide first-use costs (allocator, kernel caches, first DataLoader) would land on plain
-        run_train_row(TrainRow("process warm-up", ()), argparse.Namespace(**{**vars(args), "steps": 1}),
-                      argv0, device, args.batch_size, loaders)
-        dropped: set[str] = set()
-        for row in train_rows(groups, args) + extra_rows:
-            skipped = {lever: lever_unavailable(lever, device, args, plain_config) for lever in row.levers}
-            if row.levers and (why := skipped[row.levers[-1]]) and (len(row.levers) == 1 or row.name.startswith("+")):
-                results.append(Result(row, notes=[f"n/a: {why}"]))
-                print(f"{row.name}: n/a ({why})", flush=True)
-                continue
-            active = tuple(lever for lever in row.levers if not skipped[lever])
-            dropped |= set(row.levers) - set(active)
-            key = ("bf16" in active, "channels_last" in active)
-            batch = row.batch_size or args.batch_size
-            if batch == "max" and key not in largest:
-                results.append(Result(row, notes=["n/a: the largest-batch search runs on a GPU only"]))
-                continue
-            batch = largest[key][0] if batch == "max" else batch
-            result = run_train_row(TrainRow(row.name, active, row.loader), args, argv0, device, batch, loaders)
-            result.row, result.largest_batch = row, str(largest[key][0]) if key in largest else "n/a"
-            results.append(result)
-            print(f"{row.name}: {number_text(result.samples_per_s, '.2f')} samples/s, "
-                  f"{number_text(result.ms_per_step, '.1f')} ms/step {'; '.join(result.notes)}", flush=True)
-        loaders = None
-
-        eval_results: list[Result] = []
-        optimised = LEVERS["bf16"] + LEVERS["channels_last"] + ["--sw_batch_size", str(args.eval_sw_batch)]
-        eval_rows = [("plain: fp32, 1 window per forward", ["--sw_batch_size", "1"]),
-                     (f"bf16 + {args.eval_sw_batch} windows per forward + channels_last", optimised)]
-        eval_rows += [("+ cudnn benchmark + compile", optimised + ["--cudnn_benchmark", "--compile"])] if cuda else []
-        for name, flags in [] if args.no_eval else eval_rows:
-            eval_results.append(run_eval_row(name, flags, argv0, device))
-            print(f"eval {name}: {number_text(eval_results[-1].seconds, '.2f')} s for {eval_results[-1].volumes} volumes "
-                  f"{'; '.join(eval_results[-1].notes)}", flush=True)
-
-        if cuda:
-            props = torch.cuda.get_device_properties(device)
-            what = (f"{props.name}, {props.total_memory / 2**30:.0f} GiB; CUDA {torch.version.cuda}, "
-                    f"cuDNN {torch.backends.cudnn.version()}")
-        else:
-            what = f"CPU, torch threads: {torch.get_num_threads()} (peak memory and the largest-batch search: GPU only)"
-        lines = ["## Training throughput", "", header("bench_throughput", argv), "", f"- device: {what}",
-                 f"- model filters {args.filters or 'default (32 64 128 256 320)'}; patch {patch}; "
-                 f"{args.steps} timed steps after {args.warmup} warm-up steps per row; training volumes "
-                 f"{tuple(args.case_shape)} ({args.distinct} distinct, {args.cases} case ids); learning rate 0.01",
-                 "", train_table(results, flops, args.ceiling_tflops, cuda), "",
-                 f"TFLOP/s = samples/s x {flops_text(flops)} per sample (forward + backward, FlopCounterMode); "
-                 f"ceiling {args.ceiling_tflops:g} TFLOP/s. Largest batch: eager steps with the row's precision "
-                 "and memory format."]
-        if dropped:
-            lines.append(f"Levers left out of the later rows on this run: {', '.join(sorted(dropped))}.")
-        if eval_results:
-            lines += ["", "## Evaluation", "", f"{args.eval_volumes} synthetic volumes of {tuple(args.eval_shape)}, "
-                      f"window {patch}, overlap 0.5, loss and Dice included; one untimed volume first.", "",
-                      eval_table(eval_results, cuda)]
-        report("\n".join(lines), args.out)
+        print(f"model: {flops_text(flops)} per sample (forward + backward) at {'x'.join(map(str, args.patch))}",
+              flush=True)
+        report(tables(args, argv, device, flops, *measure(rows, evaluation, args, argv0, device)), args.out)
         return 0
     finally:
         if not args.data_dir:

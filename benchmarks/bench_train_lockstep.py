@@ -9,6 +9,8 @@ ran at the best one's rate (``--per_layer``: layer by layer). ``--isa AVX2``: un
 from __future__ import annotations
 
 import argparse
+import collections
+import copy
 import functools
 import json
 import os
@@ -21,10 +23,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks.harness import (ROOT, checked_variants, flop_count_per_sample, header, lockstep, loads,
-                                parse_with_reference, ratios, table)
+                                parse_with_reference, ratios, table, timed)
 from model.unet3d import Unet3D
+from runtime.levers.cpu.blocks import FastConvBlock, FastUpsampleBlock, conv_of_concatenation, transposed_conv_as_gemm
+from runtime.levers.cpu.convert import SPLIT_CONCATENATION, WIDEST_NCDHW, apply_levers
+from runtime.levers.cpu.host_memory import reuse_freed_memory
 
 VARIANTS = {"mlcommons": [], "fp32": [], "bf16": ["--amp", "--amp_dtype", "bf16"], "fast": ["--amp", "--channels_last", "--fused_optimizer"]}
 TIMED = re.compile(r"timed step \d+: ([0-9.]+) ms")
@@ -69,93 +75,101 @@ def run_mlcommons_child(code_dir: str, flags: list[str]) -> int:
     return 0
 
 
-# GFLOP/s of a 64-channel convolution (forward and backward), NCDHW and channels-last, per type given
-CONV_RATE = r"""
-import json, sys, torch, torch.nn.functional as F
-from benchmarks.harness import timed
-from runtime.levers.cpu.host_memory import reuse_freed_memory
-reuse_freed_memory()  # the kernels' rate, not the page faults of fresh outputs
-out = {}
-side = int(sys.argv[1])
-for dt in sys.argv[2:]:
-    for cl in (False, True):
-        mf = torch.channels_last_3d if cl else torch.contiguous_format
-        x = torch.randn(1, 64, side, side, side, dtype=getattr(torch, dt)).contiguous(memory_format=mf).requires_grad_()
-        w = torch.randn(64, 64, 3, 3, 3, dtype=x.dtype).contiguous(memory_format=mf).requires_grad_()
-        g = torch.randn_like(F.conv3d(x, w, padding=1))
-        f = lambda: torch.autograd.grad(F.conv3d(x, w, padding=1), (x, w), g)
-        f()
-        out[dt + ("_cl" if cl else "")] = 3 * 2 * 64 * 64 * 27 * side ** 3 / timed(f, 3) / 1e9
-print(json.dumps(out))
-"""
+def conv_rate(side: int, dtypes: list[str]) -> dict[str, float]:
+    """GFLOP/s of a 64-channel 3³ convolution on ``side``³ (forward and both gradients) per type of ``dtypes``
+    (``float32``, ``bfloat16``), NCDHW and channels-last (``<type>_cl``)."""
+    out = {}
+    for dt in dtypes:
+        for cl in (False, True):
+            mf = torch.channels_last_3d if cl else torch.contiguous_format
+            x = torch.randn(1, 64, side, side, side, dtype=getattr(torch, dt)).contiguous(memory_format=mf)
+            x.requires_grad_()
+            w = torch.randn(64, 64, 3, 3, 3, dtype=x.dtype).contiguous(memory_format=mf).requires_grad_()
+            g = torch.randn_like(F.conv3d(x, w, padding=1))
+            f = lambda: torch.autograd.grad(F.conv3d(x, w, padding=1), (x, w), g)  # noqa: E731
+            f()
+            out[dt + ("_cl" if cl else "")] = 3 * 2 * 64 * 64 * 27 * side ** 3 / timed(f, 3) / 1e9
+    return out
 
 
-# Per key (type and layout): "seconds" per step of the network's convolutions alone, each at its shape
-# in the step, forward and backward, and "layers": [name, input shape, calls per step, s per call, GFLOP per call]
-CONV_FLOOR = r"""
-import collections, copy, json, sys, torch
-from benchmarks.harness import timed
-from model.unet3d import Unet3D
-from runtime.levers.cpu.blocks import FastConvBlock, FastUpsampleBlock, conv_of_concatenation, transposed_conv_as_gemm
-from runtime.levers.cpu.convert import SPLIT_CONCATENATION, WIDEST_NCDHW, apply_levers
-from runtime.levers.cpu.host_memory import reuse_freed_memory
-reuse_freed_memory()
-side, batch, keys = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-layers = collections.Counter()
-with torch.device("meta"):
-    model = Unet3D()
-hooks = [m.register_forward_hook(lambda m, i, o: layers.update([(m, tuple(i[0].shape))]))
-         for m in model.modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d))]
-model(torch.empty(batch, 1, side, side, side, device="meta"))
-for hook in hooks:
-    hook.remove()
-assert sum(layers.values()) == len(hooks), "every convolution once per step"
-out = {}
-names = {m: name for name, m in model.named_modules()}
-apply_levers(model, (SPLIT_CONCATENATION, WIDEST_NCDHW), compile=False)
-in_ncdhw = {block[0] for block in model.modules() if isinstance(block, FastConvBlock) and block.ncdhw}
-after_concatenation = {block.conv1[0] for block in model.modules()
-                       if isinstance(block, FastUpsampleBlock) and block.split_concatenation} - in_ncdhw
-for key in keys:
-    dtype, mf = getattr(torch, key.split("_")[0]), torch.channels_last_3d if key.endswith("_cl") else torch.contiguous_format
-    total, rows = 0.0, []
+def step_convolutions(side: int, batch: int) -> list[tuple]:
+    """The network's convolutions in a ``batch`` x ``side``³ training step, shapes only: (layer, name, input shape,
+    calls per step, GFLOP per call (multiply-adds x 2, x 3 with the input's gradient), in NCDHW in float32, after a
+    concatenation: one convolution per part in float32), as channels-last CPU training runs them (``convert``)."""
+    layers = collections.Counter()
+    with torch.device("meta"):
+        model = Unet3D()
+    hooks = [m.register_forward_hook(lambda m, i, o: layers.update([(m, tuple(i[0].shape))]))
+             for m in model.modules() if isinstance(m, (torch.nn.Conv3d, torch.nn.ConvTranspose3d))]
+    model(torch.empty(batch, 1, side, side, side, device="meta"))
+    for hook in hooks:
+        hook.remove()
+    assert sum(layers.values()) == len(hooks), "every convolution once per step"
+    names = {m: name for name, m in model.named_modules()}
+    apply_levers(model, (SPLIT_CONCATENATION, WIDEST_NCDHW), compile=False)
+    in_ncdhw = {block[0] for block in model.modules() if isinstance(block, FastConvBlock) and block.ncdhw}
+    after_concatenation = {block.conv1[0] for block in model.modules()
+                           if isinstance(block, FastUpsampleBlock) and block.split_concatenation} - in_ncdhw
+    found = []
     for (m, shape), count in layers.items():
-        layer_mf = torch.contiguous_format if (m in in_ncdhw and key == "float32_cl") else mf
-        layer = copy.deepcopy(m).to_empty(device="cpu")
-        for t in layer.parameters():
-            torch.nn.init.normal_(t, std=0.05)
-        layer = layer.to(dtype=dtype, memory_format=layer_mf)
-        x = torch.randn(shape, dtype=dtype).contiguous(memory_format=layer_mf).requires_grad_(shape[1] > 1)
-        wanted = ([x] if x.requires_grad else []) + list(layer.parameters())
-        # as channels-last CPU training computes them (runtime.levers.cpu.convert): transposed convolutions as one
-        # GEMM each; in float32 one convolution per part after a concatenation, the widest blocks' in NCDHW
-        if isinstance(layer, torch.nn.ConvTranspose3d) and key.endswith("_cl"):
-            run = lambda: transposed_conv_as_gemm(x, layer.weight, layer.bias)
-        elif m in after_concatenation and key == "float32_cl":
-            parts = [p.detach().contiguous(memory_format=mf).requires_grad_() for p in x.chunk(2, dim=1)]
-            wanted = parts + list(layer.parameters())
-            run = lambda: conv_of_concatenation(layer, tuple(parts))
-        else:
-            run = lambda: layer(x)
-        g = torch.randn_like(run())
-        f = lambda: torch.autograd.grad(run(), wanted, g)
-        f()
-        seconds = timed(f, 2)
-        # multiply-adds of the forward x 2 FLOPs, x 3 with the input's gradient (x 2 without)
-        per = x if isinstance(layer, torch.nn.ConvTranspose3d) else g   # a kernel per input / output voxel
-        voxels = per.numel() // per.shape[1]
-        macs = layer.in_channels * layer.out_channels * layer.weight[0, 0].numel() * voxels // layer.groups
-        rows.append([names[m], list(shape), count, seconds, 2 * macs * (3 if x.requires_grad else 2) / 1e9])
-        total += count * seconds
-    out[key] = {"seconds": total, "layers": rows}
-print(json.dumps(out))
-"""
+        x = torch.empty(shape, device="meta")
+        per = x if isinstance(m, torch.nn.ConvTranspose3d) else m(x)   # a kernel per input / output voxel
+        macs = m.in_channels * m.out_channels * m.weight[0, 0].numel() * (per.numel() // per.shape[1]) // m.groups
+        found.append((m, names[m], shape, count, 2 * macs * (3 if shape[1] > 1 else 2) / 1e9, m in in_ncdhw,
+                      m in after_concatenation))
+    return found
 
 
-def child_json(script: str, args: list, env: dict, what: str):
-    """The JSON that ``script`` (run with ``args`` in a fresh process under ``env``) prints last."""
-    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True,
-                          cwd=ROOT)
+def conv_floor(side: int, batch: int, keys: list[str]) -> dict[str, dict]:
+    """Per key (``float32``, ``bfloat16``, ``_cl``: channels-last): ``seconds`` per step of :func:`step_convolutions`
+    alone, forward and backward, and ``layers``: [name, input shape, calls per step, s per call, GFLOP per call]."""
+    convolutions, out = step_convolutions(side, batch), {}
+    for key in keys:
+        rows = [[name, list(shape), count, _seconds(m, shape, key, ncdhw, after), gflop]
+                for m, name, shape, count, gflop, ncdhw, after in convolutions]
+        out[key] = {"seconds": sum(count * seconds for _, _, count, seconds, _ in rows), "layers": rows}
+    return out
+
+
+def _seconds(m: torch.nn.Module, shape: tuple, key: str, ncdhw: bool, after_concatenation: bool) -> float:
+    """Seconds per forward and backward of a CPU copy of layer ``m`` on a random input of ``shape``, in ``key``'s
+    type and layout, as CPU training computes it: channels-last transposed convolutions as one GEMM each."""
+    dtype = getattr(torch, key.split("_")[0])
+    mf = torch.channels_last_3d if key.endswith("_cl") else torch.contiguous_format
+    layer_mf = torch.contiguous_format if (ncdhw and key == "float32_cl") else mf
+    layer = copy.deepcopy(m).to_empty(device="cpu")
+    for t in layer.parameters():
+        torch.nn.init.normal_(t, std=0.05)
+    layer = layer.to(dtype=dtype, memory_format=layer_mf)
+    x = torch.randn(shape, dtype=dtype).contiguous(memory_format=layer_mf).requires_grad_(shape[1] > 1)
+    wanted = ([x] if x.requires_grad else []) + list(layer.parameters())
+    if isinstance(layer, torch.nn.ConvTranspose3d) and key.endswith("_cl"):
+        run = lambda: transposed_conv_as_gemm(x, layer.weight, layer.bias)  # noqa: E731
+    elif after_concatenation and key == "float32_cl":
+        parts = [p.detach().contiguous(memory_format=mf).requires_grad_() for p in x.chunk(2, dim=1)]
+        wanted = parts + list(layer.parameters())
+        run = lambda: conv_of_concatenation(layer, tuple(parts))  # noqa: E731
+    else:
+        run = lambda: layer(x)  # noqa: E731
+    g = torch.randn_like(run())
+    f = lambda: torch.autograd.grad(run(), wanted, g)  # noqa: E731
+    f()
+    return timed(f, 2)
+
+
+def run_conv_child(what: str, side: str, *rest: str) -> int:
+    """``--child_conv rate SIDE DTYPE...``, ``floor SIDE BATCH KEY...`` or ``layers SIDE BATCH``: its JSON."""
+    reuse_freed_memory()  # the kernels' rate, not the page faults of fresh outputs
+    side, rest = int(side), list(rest)
+    print(json.dumps({"rate": lambda: conv_rate(side, rest), "floor": lambda: conv_floor(side, int(rest[0]), rest[1:]),
+                      "layers": lambda: [row[1:] for row in step_convolutions(side, int(rest[0]))]}[what]()))
+    return 0
+
+
+def child_json(args: list, env: dict, what: str):
+    """The JSON that this module's ``--child_conv ARGS`` prints last, in a fresh process under ``env``."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_train_lockstep", "--child_conv", *map(str, args)],
+                          env=env, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise SystemExit(f"{what} measurement failed: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -185,7 +199,10 @@ def main(argv=None) -> int:
     p.add_argument("--conv_side", type=int, default=64, help="the convolution rate's volume side (64: 64³)")
     p.add_argument("--per_layer", action="store_true",
                    help="print the convolution floor layer by layer: seconds, GFLOP/s, share of the best layer's rate")
+    p.add_argument("--child_conv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)   # run_conv_child's
     args = parse_with_reference(p, argv, run_mlcommons_child)
+    if args.child_conv:
+        return run_conv_child(*args.child_conv)
     variants, args.reference_code = checked_variants("bench_train_lockstep", args.variants, VARIANTS,
                                                      args.reference_code)
     if not args.data_dir:
@@ -198,7 +215,7 @@ def main(argv=None) -> int:
         env.update({"ONEDNN_MAX_CPU_ISA": isa} if isa != "native" else {})
         env.update({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})
         # capped, training runs float32 (and oneDNN's emulated bf16 takes minutes)
-        rates = child_json(CONV_RATE, [args.conv_side, "float32"] + (["bfloat16"] if isa == "native" else []), env,
+        rates = child_json(["rate", args.conv_side, "float32"] + (["bfloat16"] if isa == "native" else []), env,
                            "conv rate")
         print(f"\n## {isa}, threads {args.threads or 'default'}: convolution rate (GFLOP/s) "
               + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()))
@@ -216,7 +233,7 @@ def main(argv=None) -> int:
             base = variants[0]
             print(loads(runs))
             speed = ratios(times, base)
-            floors = child_json(CONV_FLOOR, [side, batch, *sorted(set(keys.values()))], env, "conv floor")
+            floors = child_json(["floor", side, batch, *sorted(set(keys.values()))], env, "conv floor")
             rows, floor_lines = [], []
             for key, floor in floors.items():
                 gflop = sum(count * work for _, _, count, _, work in floor["layers"])

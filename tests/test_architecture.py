@@ -234,4 +234,5 @@ def test_build_components_calls_the_levers_once():
 
 def test_sizes_a_newcomer_can_read():
     assert _lines([os.path.join(ROOT, "docs", "performance.md")]) <= 400
-    assert _lines(_python_files("benchmarks")) <= 1600
+    # 1600 until issue 58 (check, plan, run in bench_throughput; the convolution floor as code, not a string)
+    assert _lines(_python_files("benchmarks")) <= 1660

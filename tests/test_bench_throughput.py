@@ -82,3 +82,58 @@ def test_search_largest_batch():
         assert got == expected
         assert why == ("out of memory" if fits_up_to < limit else f"limit {limit}")
         assert tried <= 2 * limit.bit_length() + 1
+
+
+LADDER = """
+import json, sys
+from benchmarks.bench_throughput import LEVERS, build_parser, check, plan_ladder, row_runs
+out = {"check": [check(build_parser().parse_args(argv)) for argv in json.loads(sys.argv[1])]}
+args = build_parser().parse_args(["--rows", "ladder,single,sweep", "--levers", "compile+bf16@3", "--batch_size", "2"])
+out["evaluation"] = [[name for name, _ in plan_ladder(args, cuda)[1]] for cuda in (False, True)]
+rows = plan_ladder(args, False)[0]
+out["rows"] = [[r.name, list(r.levers), r.batch_size] for r in rows]
+unavailable = {lever: "not here" if lever in ("fused_optimizer", "cuda_graphs") else None for lever in LEVERS}
+for largest in ({}, {(True, True): (6, "out of memory")}):
+    runs, dropped = row_runs(rows, unavailable, 2, largest)
+    out.setdefault("runs", []).append({row.name: run and [list(run.levers), run.batch_size] or why
+                                       for row, run, why in runs})
+    out.setdefault("dropped", []).append(sorted(dropped))
+print(json.dumps(out))
+"""
+
+
+def test_check_and_plan_of_the_ladder():
+    """The pure steps before any work, known answers in a child process: every refusal of the command line in one
+    line, the rows planned in order, and each row as a machine without some levers runs it."""
+    argvs = [[], ["--patch", "64", "32"], ["--levers", "bf16+fast", "bf16@x"],
+             ["--patch", "1", "2", "--rows", "ladder,x"]]
+    proc = subprocess.run([sys.executable, "-c", LADDER, json.dumps(argvs)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    groups = "choose from ('ladder', 'single', 'synthetic', 'sweep')"
+    assert out["check"] == [[], ["--patch takes 1 or 3 sizes, got [64, 32]"],
+                            ["--levers 'bf16+fast': unknown lever(s) ['fast']; choose from bf16, channels_last, "
+                             "device_cache, fused_optimizer, cudnn_benchmark, compile, cuda_graphs",
+                             "--levers 'bf16@x': the batch after @ is a whole number"],
+                            ["--patch takes 1 or 3 sizes, got [1, 2]", f"unknown --rows ['x']; {groups}"]]
+    assert out["evaluation"] == [["plain: fp32, 1 window per forward", "bf16 + 4 windows per forward + channels_last"],
+                                 ["plain: fp32, 1 window per forward", "bf16 + 4 windows per forward + channels_last",
+                                  "+ cudnn benchmark + compile"]]
+    names = [name for name, _, _ in out["rows"]]
+    assert names[:8] == ["plain", "+ bf16", "+ channels_last", "+ device cache", "+ fused optimizer",
+                         "+ cudnn benchmark", "+ compile", "+ cuda graphs"]
+    assert names[8:] == ["plain + channels_last only", "plain + device cache only", "plain + compile only",
+                         "plain + cuda graphs only", "all levers, batch 4", "all levers, batch 8",
+                         "all levers, largest batch", "bf16 + compile, batch 3"]   # --levers: the ladder's order
+    assert out["rows"][-1] == ["bf16 + compile, batch 3", ["bf16", "compile"], 3]
+    fast = ["bf16", "channels_last", "device_cache", "cudnn_benchmark", "compile"]   # all but the two missing
+    for runs, largest in zip(out["runs"], (None, 6)):
+        # a ladder row or a single lever whose lever is missing is n/a; a row of several runs without it
+        assert runs["+ fused optimizer"] == runs["+ cuda graphs"] == runs["plain + cuda graphs only"] == \
+            "n/a: not here"
+        assert runs["+ compile"] == [fast, 2] and runs["all levers, batch 4"] == [fast, 4]
+        assert runs["plain"] == [[], 2] and runs["bf16 + compile, batch 3"] == [["bf16", "compile"], 3]
+        assert runs["all levers, largest batch"] == (
+            [fast, largest] if largest else "n/a: the largest-batch search runs on a GPU only")
+    assert out["dropped"] == [["cuda_graphs", "fused_optimizer"]] * 2

@@ -68,6 +68,23 @@ def test_flop_count_reproduces_the_spec_and_scales_with_voxels():
     assert small_forward * 8 == forward and abs(small_total * 8 - total) / total < 1e-3
 
 
+def test_the_convolution_floor_counts_every_convolution_of_a_step_once():
+    """The convolution floor's layers (``bench_train_lockstep --child_conv layers SIDE BATCH``, untimed): the
+    network's 23 convolutions and 5 transposed ones at their shapes in a 64³ step of batch 2, their GFLOP the
+    network's (FlopCounterMode: 357521031168 FLOP per 64³ sample, ``python -m benchmarks.harness flops 64 64 64``),
+    the six of the 320-filter blocks in NCDHW in float32, the four upsampling blocks' first after their
+    concatenation split."""
+    layers = json.loads(bench("benchmarks.bench_train_lockstep", "--child_conv", "layers", "64", "2"))
+    assert len(layers) == 28 and sum("upsample_conv" in name for name, *_ in layers) == 5
+    assert all(count == 1 and shape[0] == 2 for _, shape, count, *_ in layers)
+    assert layers[0][:4] == ["input_block.conv1.0", [2, 1, 64, 64, 64], 1, 2 * 2 * 32 * 27 * 64 ** 3 * 2 / 1e9]
+    assert sum(count * gflop for _, _, count, gflop, _, _ in layers) == pytest.approx(2 * 357.521031168, rel=1e-9)
+    assert [name for name, *_, ncdhw, _ in layers if ncdhw] == [
+        "downsample.3.conv1.0", "downsample.3.conv2.0", "bottleneck.conv1.0", "bottleneck.conv2.0",
+        "upsample.0.conv1.0", "upsample.0.conv2.0"]
+    assert [name for name, *_, split in layers if split] == [f"upsample.{i}.conv1.0" for i in range(1, 5)]
+
+
 @pytest.mark.slow
 def test_pipeline(tmp_path):
     out = bench("benchmarks.bench_pipeline", "--cases", "2", "--shape", "100", "100", "100", "--patch", "64",

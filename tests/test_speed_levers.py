@@ -3,12 +3,11 @@
 CPU where possible (channels-last, bf16 autocast, the fused optimizer's CPU fallback, batched
 sliding windows, the CUDA-graph step's optimizer and state handling); GPU-only paths (fp16 with
 the scaler, CUDA graphs, fused and foreach CUDA optimizers) skip without CUDA;
-``torch.compile`` on the CPU takes over a minute on two cores, so its equivalence test runs only
-with ``RUN_SLOW=1``.
+``torch.compile`` on the CPU takes over a minute on two cores, so its equivalence test is marked
+``slow`` (``make test-slow``, which CI runs).
 """
 import copy
 import dataclasses
-import os
 import warnings
 from contextlib import nullcontext
 from functools import lru_cache, partial
@@ -30,9 +29,6 @@ from runtime.plan import PrecisionPlan
 from runtime.compiling import CompiledModule, compile_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1",
-                          reason="torch.compile on the CPU takes minutes; set RUN_SLOW=1")
-
 
 
 @lru_cache(maxsize=None)
@@ -272,7 +268,7 @@ def test_compiled_module_reraises_out_of_memory(monkeypatch):
     assert wrapped.compile_failed is None
 
 
-@slow
+@pytest.mark.slow  # torch.compile on the CPU: about a minute on two cores
 def test_compile_same_function_on_cpu():
     image, label = batch(n=2, shape=(32, 32, 32))
     plain = tiny_model(normalization="batchnorm")

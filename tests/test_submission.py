@@ -7,6 +7,7 @@ runs (main.py's code in this process, or main.py as a subprocess)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -25,8 +26,9 @@ from runtime.arguments import parse_args
 from runtime.results import validity as V
 from runtime.report.cli import make_report
 from runtime.submission.cli import main as submission_main
-from runtime.submission.driver import run_names, run_sweep
-from runtime.submission.package import assemble
+from runtime.submission.driver import (REPO, Found, SweepRequest, Surroundings, check_sweep, next_step, plan_seeds,
+                                       plan_sweep, run_names, run_sweep)
+from runtime.submission.package import CHECKERS, SEED_CHECKER, Checked, assemble
 from runtime.submission.system import REQUIRED_FIELDS, describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -319,6 +321,92 @@ def test_a_recipe_that_cannot_apply_is_refused(fake_repo, tmp_path, capsys, args
     assert message in capsys.readouterr().err and not fake_repo.exists()
 
 
+# -- the driver's check and plan: pure, known answers ------------------------------------------------------------
+
+GOOD = SweepRequest("/sweep", 2)
+HERE = Surroundings(dataset="/kits19", dataset_found=True, job_script="/jobs/one.sbatch", job_script_found=True,
+                    recipes=("gbs28", "gbs56"))
+
+
+@pytest.mark.parametrize("asked, there, problem", [
+    (dict(count=0), {}, "--runs 0: at least 1"),
+    (dict(launcher="srun"), {}, "--launcher 'srun': one of run_and_time, main"),
+    ({}, dict(output_is_file=True), "--output /sweep is a file, not a folder"),
+    (dict(flags=("--epochs", "9", "--seed=7")), {}, "-- --seed=7: runs gives every run its own seed"),
+    (dict(first_seed=5), {}, "--first_seed 5: seeds 5, 6, ... are not allowed in the closed division"),
+    (dict(recipe="gbs99"), {}, "--recipe gbs99: no such recipe in "),
+    (dict(recipe="gbs28", launcher="main"), {}, "--recipe gbs28: recipes are run_and_time.sh's"),
+    ({}, dict(dataset=""), "DATASET_DIR is not set and /data holds no preprocessed dataset"),
+    ({}, dict(dataset="/nowhere", dataset_found=False), "DATASET_DIR=/nowhere: no such folder"),
+    (dict(slurm=True), dict(job_script_found=False), "--job_script /jobs/one.sbatch not found"),
+    (dict(slurm=True, output="/a,b"), {}, "--output /a,b: a comma in the path would break sbatch --export"),
+    ({}, dict(unreadable=("cannot read /sweep/seeds.json: not a JSON object",)), "cannot read /sweep/seeds.json"),
+    (dict(first_seed=5, flags=("--submission_division", "open")), dict(seeds={"run_00": 6}),
+     "seed 6 for run_01 is already another run's (in seeds.json)"),
+])
+def test_check_sweep_names_each_refusal_in_one_line(asked, there, problem):
+    problems = check_sweep(dataclasses.replace(GOOD, **asked), dataclasses.replace(HERE, **there))
+    assert len(problems) == 1 and problems[0].startswith(problem) and "\n" not in problems[0], problems
+
+
+def test_check_sweep_passes_a_good_request_and_tells_every_problem_in_order():
+    assert check_sweep(GOOD, HERE) == []
+    # SLURM runs read the dataset on the cluster; --recipe with --launcher main is fine under --slurm
+    assert check_sweep(dataclasses.replace(GOOD, slurm=True, launcher="main", recipe="gbs28"),
+                       dataclasses.replace(HERE, dataset="")) == []
+    assert check_sweep(dataclasses.replace(GOOD, count=0), dataclasses.replace(HERE, dataset="", output_is_file=True)) \
+        == ["--runs 0: at least 1", "--output /sweep is a file, not a folder",
+            "DATASET_DIR is not set and /data holds no preprocessed dataset: run_and_time.sh would train every run on "
+            "generated synthetic data; set it to the preprocessed KiTS19 folder"]
+
+
+@pytest.mark.parametrize("found, slurm, runs, said", [
+    (Found(), False, True, ""),
+    (Found(exists=True, holds_a_run=True), True, False, "run_03: /s/run_03 holds a run, not run again"),
+    (Found(exists=True), False, True, "run_03: /s/run_03 holds no run (no run_start): run again, its files kept aside"),
+    (Found(exists=True), True, False, "run_03: /s/run_03 holds no run yet and no job of it is known: not submitted "
+                                      "again"),
+    (Found(True, False, "7", ""), True, True, "run_03: /s/run_03 holds no run and its job 7 has left the queue: "
+                                              "submitted again"),
+    (Found(True, False, "7", "PENDING"), True, False, "run_03: /s/run_03 holds no run yet, its job 7 is pending: not "
+                                                      "submitted again"),
+    (Found(True, False, "7", None), True, False, "run_03: /s/run_03 holds no run yet, squeue cannot tell of job 7: "
+                                                 "not submitted again"),
+])
+def test_next_step_of_a_run_folder(found, slurm, runs, said):
+    assert next_step("run_03", "/s/run_03", found, slurm) == (runs, said)
+
+
+def test_plan_seeds_keeps_known_seeds_and_never_reuses_one():
+    draws = iter([3, 3, 4, 9])
+    assert plan_seeds(run_names(3), {"run_00": 3}, None, draw=lambda: next(draws)) == {
+        "run_00": 3, "run_01": 4, "run_02": 9}
+    assert plan_seeds(run_names(3), {"run_01": 50}, 10) == {"run_00": 10, "run_01": 50, "run_02": 12}
+
+
+def test_plan_sweep_launches_the_runs_not_made_yet_with_their_seeds_and_folders():
+    asked = SweepRequest("/s", 3, ("--epochs", "9", "--submission_division", "open"), "main", first_seed=10)
+    found = {"run_00": Found(), "run_01": Found(exists=True, holds_a_run=True), "run_02": Found(exists=True)}
+    plan = plan_sweep(asked, dataclasses.replace(HERE, seeds={"run_01": 50}), found)
+    assert plan.seeds == {"run_00": 10, "run_01": 50, "run_02": 12} and not plan.slurm
+    assert [(run.name, run.folder, run.seed) for run in plan.launches] == [("run_00", "/s/run_00", 10),
+                                                                        ("run_02", "/s/run_02", 12)]
+    assert plan.launches[1].command == (sys.executable, os.path.join(REPO, "main.py"), "--seed", "12", "--log_dir",
+                                        "/s/run_02", "--epochs", "9", "--submission_division", "open")
+    assert plan.launches[1].env == {"UNET3D_SEED_SOURCE": "given"}
+    assert plan.notes == ("run_01: /s/run_01 holds a run, not run again",
+                          "run_02: /s/run_02 holds no run (no run_start): run again, its files kept aside")
+    # under --slurm: one sbatch per run, its seed, folder and recipe exported; a job still queued waits
+    asked = SweepRequest("/s", 2, ("--epochs", "9"), slurm=True, sbatch_args=("-p", "gpu"), recipe="gbs28")
+    plan = plan_sweep(asked, dataclasses.replace(HERE, seeds={"run_00": 4, "run_01": 5}, jobs={"run_01": "8"}),
+                      {"run_00": Found(True, False, "7", ""), "run_01": Found(True, False, "8", "RUNNING")})
+    (run,) = plan.launches
+    assert run.command == ("sbatch", "--job-name", "unet3d-run_00", "--export",
+                           "ALL,SEED=4,RESULTS_DIR=/s/run_00,RECIPE=gbs28,UNET3D_SEED_SOURCE=os", "-p", "gpu",
+                           "/jobs/one.sbatch", "--epochs", "9") and run.env == {}
+    assert plan.jobs == {"run_01": "8"} and plan.notes[1].endswith("its job 8 is running: not submitted again")
+
+
 # -- the package ------------------------------------------------------------------------------------------------
 
 
@@ -337,6 +425,44 @@ def test_package_refuses_a_used_output_folder_and_runs_of_two_systems(one_run, t
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "submission_platform" in err and "cpu-big" in err
     assert not (tmp_path / "p").exists()
+
+
+def test_the_checkers_table_builds_each_command_and_reads_each_verdict(tmp_path):
+    """One row per official checker: its command line and how its verdict reads, known answers on
+    canned outputs (the real checkers run in the next test)."""
+    results = tmp_path / "org" / "results" / "sys" / "unet3d"
+    results.mkdir(parents=True)
+    for name in ("result_1.txt", "result_0.txt", "run_description_0.json"):
+        (results / name).write_text("")
+    package = Checked(str(tmp_path / "org"), str(results), "4.0.0")
+    table = {checker.name: checker for checker in CHECKERS}
+    assert list(table) == ["package_checker", "rcp_checker", "seed_checker"]
+    assert table["package_checker"].arguments(package, "L") == [
+        "-m", "mlperf_logging.package_checker", str(tmp_path / "org"), "training", "4.0.0", "--log_output", "L"]
+    assert table["rcp_checker"].arguments(package, "L") == [
+        "-m", "mlperf_logging.rcp_checker", str(results), "--rcp_usage", "training", "--rcp_version", "4.0.0",
+        "--log_output", "L"]
+    assert table["seed_checker"].arguments(package, "L") == ["-c", SEED_CHECKER, "4.0.0", str(results / "result_0.txt"),
+                                                             str(results / "result_1.txt")]
+    assert [checker.writes_its_log for checker in CHECKERS] == [True, True, False]
+
+    def verdict(name, code, text, stderr=""):
+        return table[name].verdict(subprocess.CompletedProcess([], code, text, stderr), text)
+
+    assert verdict("package_checker", 0, "INFO - x\nPACKAGE CHECKER FOUND NO ERRORS, SUCCESS\n") == {
+        "passed": True, "summary": "no errors, SUCCESS", "errors": [], "warnings": []}
+    assert verdict("package_checker", 0, "ERROR - expected 40 files\nWARNING - odd file\n") == {
+        "passed": False, "summary": "found errors", "errors": ["expected 40 files"], "warnings": ["odd file"]}
+    assert verdict("package_checker", 1, "", "Traceback\nImportError: no module") == {
+        "passed": False, "summary": "found errors", "errors": ["ImportError: no module"], "warnings": []}
+    assert verdict("rcp_checker", 0, "INFO - RCP Record: 1\nINFO - Submission mean 2\nINFO - RCP Test Passed\n") == {
+        "passed": True, "summary": "RCP Test Passed", "errors": [], "warnings": [],
+        "details": ["RCP Record: 1", "Submission mean 2"]}
+    assert verdict("rcp_checker", 1, "", "  no such folder \n")["summary"] == "no such folder"
+    assert verdict("seed_checker", 0, "INFO - fine\n") == {
+        "passed": True, "summary": "every run logs its own seed", "errors": [], "warnings": []}
+    assert verdict("seed_checker", 1, "ERROR - the same seed\n") == {
+        "passed": False, "summary": "failed", "errors": ["the same seed"], "warnings": []}
 
 
 def test_two_runs_with_one_seed_fail_the_official_seed_checker(one_run, tmp_path, capsys):

@@ -14,12 +14,11 @@
   blocks in NCDHW (float64), and float32 training puts exactly the 320-filter blocks there;
 - ``--amp`` trains in bf16 only where the CPU has native bf16 dot products (the flags and
   ``ONEDNN_MAX_CPU_ISA``), else in float32, and says so;
-- the compiled norms (``RUN_SLOW=1``: torch.compile takes tens of seconds on two cores) equal
+- the compiled norms (marked ``slow``: torch.compile takes tens of seconds on two cores) equal
   the eager ones.
 """
 import copy
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -39,8 +38,6 @@ from runtime.levers.cpu.norms import NORM_ACTIVATION_KERNELS, FusedNormActivatio
 
 CL = torch.channels_last_3d
 FILTERS = (2, 4, 4, 8, 8)
-slow = pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1",
-                          reason="torch.compile on the CPU takes tens of seconds; set RUN_SLOW=1")
 
 
 @pytest.fixture(autouse=True)
@@ -520,7 +517,7 @@ def test_fused_norms_only_for_channels_last_cpu_instance_norm(monkeypatch):
     assert not unavailable.applied and "torch.compile is unavailable" in unavailable.why
 
 
-@slow
+@pytest.mark.slow  # torch.compile on the CPU: tens of seconds on two cores
 def test_compiled_fused_norm_equals_eager():
     from runtime.compiling import CompiledFunction, compile_function
 

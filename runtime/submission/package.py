@@ -278,41 +278,80 @@ sys.exit(0 if SeedChecker(sys.argv[1]).check_seeds(sys.argv[2:]) else 1)
 """
 
 
+def _package_verdict(proc: subprocess.CompletedProcess, text: str) -> dict:
+    passed = proc.returncode == 0 and PACKAGE_CHECKER_SUCCESS in text
+    return {"passed": passed, "summary": "no errors, SUCCESS" if passed else "found errors",
+            "errors": _lines(text, "ERROR") or ([] if passed else [_last_line(proc.stderr)]),
+            "warnings": _lines(text, "WARNING")}
+
+
+def _rcp_verdict(proc: subprocess.CompletedProcess, text: str) -> dict:
+    return {"passed": proc.returncode == 0,
+            "summary": ((_lines(text, "INFO") + _lines(text, "ERROR")) or [proc.stderr.strip() or "no output"])[-1],
+            "errors": _lines(text, "ERROR"), "warnings": _lines(text, "WARNING"),
+            "details": [line for line in _lines(text, "INFO") if "RCP Record" in line or "Submission mean" in line]}
+
+
+def _seed_verdict(proc: subprocess.CompletedProcess, text: str) -> dict:
+    return {"passed": proc.returncode == 0,
+            "summary": "every run logs its own seed" if proc.returncode == 0 else "failed",
+            "errors": _lines(text, "ERROR") or ([] if proc.returncode == 0 else [_last_line(proc.stderr)]),
+            "warnings": _lines(text, "WARNING")}
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The package as the checkers are given it: its org folder, its results folder, the ruleset."""
+    org_folder: str
+    results: str
+    ruleset: str
+
+    def result_files(self) -> list[str]:
+        return sorted(os.path.join(self.results, n) for n in os.listdir(self.results) if n.startswith("result_"))
+
+
+@dataclass(frozen=True)
+class Checker:
+    """An official checker: ``python``'s arguments for it (given the package and its log's path),
+    whether it writes that log itself (``--log_output``; else its stdout and stderr are kept there)
+    and how its verdict reads (``verdict(process, its log's text)``: passed, summary, errors,
+    warnings and maybe details)."""
+    name: str
+    arguments: Callable[[Checked, str], list[str]]
+    verdict: Callable[[subprocess.CompletedProcess, str], dict]
+    writes_its_log: bool = True
+
+
+CHECKERS = (
+    Checker("package_checker", lambda p, log: ["-m", "mlperf_logging.package_checker", os.path.abspath(p.org_folder),
+                                               USAGE, p.ruleset, "--log_output", log], _package_verdict),
+    Checker("rcp_checker", lambda p, log: ["-m", "mlperf_logging.rcp_checker", os.path.abspath(p.results),
+                                           "--rcp_usage", USAGE, "--rcp_version", p.ruleset, "--log_output", log],
+            _rcp_verdict),
+    Checker("seed_checker", lambda p, log: ["-c", SEED_CHECKER, p.ruleset, *p.result_files()], _seed_verdict,
+            writes_its_log=False),
+)
+
+
 def run_checkers(output: str, org_folder: str, results: str, ruleset: str, timeout: float = 1800) -> dict:
-    """The official package, RCP and seed checkers on the package: {name: {"passed", "summary",
-    "errors", "log"}}; each in a process of its own (they configure the root logger)."""
+    """The official checkers of :data:`CHECKERS` (package, RCP, seed) on the package: {name:
+    {"passed", "log", "summary", "errors", "warnings"[, "details"]}}; each in a process of its own
+    (they configure the root logger), its log in ``<output>/checkers/<name>.log``."""
     logs = os.path.join(output, "checkers")
     os.makedirs(logs, exist_ok=True)
-    verdicts = {}
-    log = os.path.join(logs, "package_checker.log")
-    proc = _python(["-m", "mlperf_logging.package_checker", os.path.abspath(org_folder), USAGE, ruleset,
-                    "--log_output", log], logs, timeout)
-    text = open(log, encoding="utf-8", errors="replace").read() if os.path.isfile(log) else proc.stderr
-    passed = proc.returncode == 0 and PACKAGE_CHECKER_SUCCESS in text
-    verdicts["package_checker"] = {
-        "passed": passed, "log": log,
-        "summary": "no errors, SUCCESS" if passed else "found errors",
-        "errors": _lines(text, "ERROR") or ([] if passed else [_last_line(proc.stderr)]),
-        "warnings": _lines(text, "WARNING")}
-    log = os.path.join(logs, "rcp_checker.log")
-    proc = _python(["-m", "mlperf_logging.rcp_checker", os.path.abspath(results), "--rcp_usage", USAGE,
-                    "--rcp_version", ruleset, "--log_output", log], logs, timeout)
-    text = open(log, encoding="utf-8", errors="replace").read() if os.path.isfile(log) else proc.stderr
-    verdicts["rcp_checker"] = {
-        "passed": proc.returncode == 0, "log": log,
-        "summary": ((_lines(text, "INFO") + _lines(text, "ERROR")) or [proc.stderr.strip() or "no output"])[-1],
-        "errors": _lines(text, "ERROR"), "warnings": _lines(text, "WARNING"),
-        "details": [line for line in _lines(text, "INFO") if "RCP Record" in line or "Submission mean" in line]}
-    files = sorted(os.path.join(results, name) for name in os.listdir(results) if name.startswith("result_"))
-    proc = _python(["-c", SEED_CHECKER, ruleset, *files], logs, timeout)
-    log = os.path.join(logs, "seed_checker.log")
-    with open(log, "w", encoding="utf-8") as handle:
-        handle.write(proc.stdout + proc.stderr)
-    verdicts["seed_checker"] = {
-        "passed": proc.returncode == 0, "log": log,
-        "summary": "every run logs its own seed" if proc.returncode == 0 else "failed",
-        "errors": _lines(proc.stdout, "ERROR") or ([] if proc.returncode == 0 else [_last_line(proc.stderr)]),
-        "warnings": _lines(proc.stdout, "WARNING")}
+    package, verdicts = Checked(org_folder, results, ruleset), {}
+    for checker in CHECKERS:
+        log = os.path.join(logs, f"{checker.name}.log")
+        proc = _python(checker.arguments(package, log), logs, timeout)
+        text = proc.stderr if checker.writes_its_log else proc.stdout  # the seed checker logs to stdout
+        if checker.writes_its_log and os.path.isfile(log):
+            with open(log, encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        elif not checker.writes_its_log:
+            with open(log, "w", encoding="utf-8") as handle:
+                handle.write(proc.stdout + proc.stderr)
+        verdict = checker.verdict(proc, text)
+        verdicts[checker.name] = {"passed": verdict.pop("passed"), "log": log, **verdict}
     return verdicts
 
 
