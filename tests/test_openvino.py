@@ -499,12 +499,12 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     monkeypatch.setattr(calibration_module, "MAX_AGREEMENT_DROP", 0.0)
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1000)  # uncapped: the cap is checked below
     scan = write_scan(str(tmp_path / "in" / "s.nii.gz"), seed=1, shape=(26, 60, 60))
-    window = predict_config(tmp_path).val_input_shape
-    calibration = dataclasses.replace(scan_calibration(window, [("s", scan)], overflow_fix()), window_count=2)
+    shape = predict_config(tmp_path).val_input_shape
+    calibration = dataclasses.replace(scan_calibration(shape, [("s", scan)], overflow_fix()), window_count=2)
     torch.manual_seed(0)
     model = Unet3D(filters=TINY).eval()
     lines = []
-    quantised = compile_openvino_model(model, window, calibration, say=lines.append)
+    quantised = compile_openvino_model(model, shape, calibration, say=lines.append)
     # the fp32 network accuracy control compares with: the converted one, decoder inputs split
     fp32 = compile_for_cpu(convert(split_decoder_inputs(model), (32, 32, 64)))
     int8 = compile_for_cpu(quantised)
@@ -518,7 +518,7 @@ def test_accuracy_control_keeps_fp32_labels_on_the_validation_windows(tmp_path, 
     # one step at most: the line says whether the bar was reached, as the labels (run here) show
     monkeypatch.setattr(calibration_module, "MAX_STEPS", 1)
     lines.clear()
-    capped = compile_for_cpu(compile_openvino_model(model, window, calibration, say=lines.append))
+    capped = compile_for_cpu(compile_openvino_model(model, shape, calibration, say=lines.append))
     equal = all(np.array_equal(np.asarray(capped(w)[0]).argmax(1), np.asarray(fp32(w)[0]).argmax(1))
                 for w in checked)
     assert ("below the 100.0% asked for" in lines[-1]) == (not equal), lines[-1]
