@@ -25,3 +25,18 @@ def shared_runs(tmp_path_factory):
     from main_runs import SharedRuns
 
     return SharedRuns(tmp_path_factory.mktemp("shared_runs"))
+
+
+@pytest.fixture
+def configs_built(monkeypatch):
+    """How many Configs were built (a ``dataclasses.replace`` of one builds one) since it was reset."""
+    from runtime.config import Config
+
+    built = []
+    original = Config.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(kwargs)
+        original(self, *args, **kwargs)
+    monkeypatch.setattr(Config, "__init__", counted)
+    return built

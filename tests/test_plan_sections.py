@@ -23,7 +23,6 @@ import torch
 
 from main_runs import TINY
 from runtime.arguments import parse_args
-from runtime.config import Config
 from runtime.distributed import DistInfo
 from runtime.plan import InferencePlan, NetworkPlan, PrecisionPlan, RunPlan
 from runtime.resolve import resolve
@@ -130,21 +129,14 @@ def test_no_module_below_the_command_line_imports_an_argument_parser():
     assert found == {}
 
 
-def test_predicts_python_api_builds_no_config(monkeypatch):
+def test_predicts_python_api_builds_no_config(configs_built):
     """``Segmenter.from_network`` with ``PredictOptions``: the inference section's inputs, planned
     with no command line (no Config built), its window the options'."""
     from runtime.predict.api import PredictOptions, Segmenter
 
-    built = []
-    original = Config.__init__
-
-    def counted(self, *args, **kwargs):
-        built.append(kwargs)
-        original(self, *args, **kwargs)
-    monkeypatch.setattr(Config, "__init__", counted)
     segmenter = Segmenter.from_network(torch.nn.Conv3d(1, 3, 1), PredictOptions(device="cpu", window=(32, 32, 32),
                                                                                 backend="torch", verbose=False))
-    assert built == [] and segmenter.plan.config is None
+    assert configs_built == [] and segmenter.plan.config is None
     assert segmenter.plan.inference.window == (32, 32, 32) and segmenter.plan.training is None
     assert segmenter.plan.network.label_set.n_classes == 3  # no checkpoint: KiTS19's
 

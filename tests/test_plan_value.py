@@ -16,7 +16,7 @@ import torch
 
 from checkpoints import architecture, write_checkpoint
 from main_runs import TINY, used_in
-from runtime.arguments import Config, parse_args
+from runtime.arguments import parse_args
 from runtime.checkpoint import Saved, load_checkpoint, saved_plan
 from runtime.distributed import DistInfo
 from runtime.plan import RunPlan
@@ -44,19 +44,6 @@ def argv_of(mode: str, checkpoint: str, tmp_path) -> list[str]:
     if mode.startswith("evaluate"):
         argv += ["--exec_mode", "evaluate", "--load_ckpt_path", checkpoint]
     return argv + (["--benchmark", *BUDGET] if mode.endswith("--benchmark") else [])
-
-
-@pytest.fixture
-def configs_built(monkeypatch):
-    """How many Configs were built (a ``dataclasses.replace`` of one builds one) since it was reset."""
-    built = []
-    original = Config.__init__
-
-    def counted(self, *args, **kwargs):
-        built.append(kwargs)
-        original(self, *args, **kwargs)
-    monkeypatch.setattr(Config, "__init__", counted)
-    return built
 
 
 @pytest.mark.parametrize("mode", ["train", "train --benchmark", "evaluate", "evaluate --benchmark", "predict"])
