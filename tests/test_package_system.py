@@ -362,10 +362,10 @@ def described(out: Path) -> dict:
     ("host_processor_vcpu_count", "224", "the runs' records say"),
     ("host_memory_capacity", "2 TB", "the memory their kernel saw"),
     ("framework", "TensorFlow 2.15", "did not run TensorFlow"),
-    ("framework", "PyTorch 2.3.0", "the runs ran PyTorch"),
+    ("framework", "PyTorch 1.0.0", "the runs ran PyTorch"),
     ("framework", "JAX", "did not run JAX"),
     ("other_software_stack", "Python 3.10.12, CUDA 12.1, cuDNN 8902", "the runs ran Python"),
-    ("other_software_stack", "CUDA 12.1", "did not run CUDA"),
+    ("other_software_stack", "CUDA 9.0", "did not run CUDA"),
 ])
 def test_system_fields_that_contradict_the_runs_are_refused_in_one_line(run, tmp_path, field, value, named):
     """The records of a CPU run: no accelerator, this machine's cores and memory, this PyTorch."""
